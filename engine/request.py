@@ -1,0 +1,115 @@
+"""A request inside the engine core: its tokens, its progress, and its lifecycle."""
+from __future__ import annotations
+
+import enum
+import time
+from typing import TYPE_CHECKING
+
+from engine.sampling_params import SamplingParams
+
+if TYPE_CHECKING:
+    from grammar.backend import Grammar
+
+
+class RequestStatus(enum.IntEnum):
+    """Ordered so that `status > PREEMPTED` means finished."""
+
+    WAITING = 0
+    WAITING_FOR_STRUCTURED_OUTPUT_GRAMMAR = 1
+    RUNNING = 2
+    PREEMPTED = 3
+    FINISHED_STOPPED = 4
+    FINISHED_LENGTH_CAPPED = 5
+    FINISHED_ABORTED = 6
+    FINISHED_ERROR = 7
+
+    @property
+    def is_finished(self) -> bool:
+        return self > RequestStatus.PREEMPTED
+
+
+class FinishReason(enum.IntEnum):
+    """Why a request ended, as clients see it."""
+
+    STOP = 0  # EOS, a stop string / token id, or the grammar completed
+    LENGTH = 1  # max_tokens or the context length
+    ABORT = 2  # cancelled by the client or a deadline
+    ERROR = 3  # grammar compile failure or a grammar dead end
+
+
+FINISH_REASON_OF_STATUS = {
+    RequestStatus.FINISHED_STOPPED: FinishReason.STOP,
+    RequestStatus.FINISHED_LENGTH_CAPPED: FinishReason.LENGTH,
+    RequestStatus.FINISHED_ABORTED: FinishReason.ABORT,
+    RequestStatus.FINISHED_ERROR: FinishReason.ERROR,
+}
+
+
+class Request:
+    """Engine-core state of one request.
+
+    Invariant: `num_computed_tokens <= num_tokens`; the scheduler's only rule is to let
+    `num_computed_tokens` catch up with `num_tokens`.
+    """
+
+    def __init__(
+        self,
+        request_id: str,
+        prompt_token_ids: list[int],
+        sampling_params: SamplingParams,
+        eos_token_id: int | None = None,
+        arrival_time: float | None = None,
+        priority: int = 0,
+    ) -> None:
+        self.request_id = request_id
+        self.prompt_token_ids = list(prompt_token_ids)
+        self.sampling_params = sampling_params
+        self.eos_token_id = eos_token_id
+        self.arrival_time = time.monotonic() if arrival_time is None else arrival_time
+        self.priority = priority
+
+        self.status = RequestStatus.WAITING
+        self.all_token_ids: list[int] = list(prompt_token_ids)
+        self.num_output_tokens = 0  # sampled + jump-forward tokens
+        self.num_computed_tokens = 0
+        self.num_cached_tokens = -1  # prefix-cache hits at first schedule; -1 until then
+        self.num_preemptions = 0
+        self.stop_reason: int | str | None = None
+        self.error: str | None = None
+
+        # structured output
+        self.grammar: Grammar | None = None
+        self.num_forced_tokens_pending = 0  # jump-forward tokens appended but not yet reported
+
+        # timings (monotonic seconds) and counters reported to clients
+        self.first_scheduled_time: float | None = None
+        self.grammar_ready_time: float | None = None
+        self.num_forward_passes = 0
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.all_token_ids)
+
+    @property
+    def num_prompt_tokens(self) -> int:
+        return len(self.prompt_token_ids)
+
+    @property
+    def output_token_ids(self) -> list[int]:
+        return self.all_token_ids[self.num_prompt_tokens:]
+
+    @property
+    def is_finished(self) -> bool:
+        return self.status > RequestStatus.PREEMPTED
+
+    @property
+    def use_structured_output(self) -> bool:
+        return self.sampling_params.constraint is not None
+
+    def append_output_token_ids(self, token_ids: list[int]) -> None:
+        self.all_token_ids.extend(token_ids)
+        self.num_output_tokens += len(token_ids)
+
+    def __repr__(self) -> str:
+        return (f"Request({self.request_id!r}, {self.status.name}, tokens={self.num_tokens}, "
+                f"computed={self.num_computed_tokens})")

@@ -1,0 +1,112 @@
+"""What a request asks of generation: sampling knobs, stops, and an optional output constraint.
+
+Both structs cross the process boundary inside `EngineCoreRequest`, so they are msgspec structs
+(array_like, omit_defaults): compact on the wire, and an unset field costs nothing.
+"""
+from __future__ import annotations
+
+import json
+
+import msgspec
+
+CONSTRAINT_KINDS = ("json_schema", "json_object", "regex", "grammar", "choice")
+
+
+class Constraint(msgspec.Struct, array_like=True, omit_defaults=True, frozen=True):
+    """The shape the output must have.
+
+    kind: one of CONSTRAINT_KINDS.
+    spec: JSON Schema text (json_schema), a regex (regex), an EBNF grammar in xgrammar's syntax
+          (grammar); empty for json_object and choice.
+    choices: the allowed outputs, for kind "choice".
+    strict: a JSON-Schema keyword the backend cannot enforce is an error (True) or is reported in
+            the output as not enforced (False, best effort).
+    any_whitespace: allow free whitespace between JSON tokens; the default is compact JSON, so the
+                    model cannot loop on whitespace until max_tokens.
+    jump_forward: append text the grammar forces without sampling it (None: the engine's default).
+    """
+
+    kind: str
+    spec: str = ""
+    choices: list[str] = []
+    strict: bool = True
+    any_whitespace: bool = False
+    jump_forward: bool | None = None
+
+    def validate(self) -> None:
+        if self.kind not in CONSTRAINT_KINDS:
+            raise ValueError(f"unknown constraint kind {self.kind!r}; expected one of {', '.join(CONSTRAINT_KINDS)}")
+        if self.kind == "choice":
+            if not self.choices:
+                raise ValueError("a choice constraint needs at least one choice")
+            if any(not c for c in self.choices):
+                raise ValueError("choices must be non-empty strings")
+        elif self.kind in ("json_schema", "regex", "grammar") and not self.spec.strip():
+            raise ValueError(f"a {self.kind} constraint needs a non-empty spec")
+        if self.kind == "json_schema":
+            try:
+                schema = json.loads(self.spec)
+            except json.JSONDecodeError as e:
+                raise ValueError(f"json_schema is not valid JSON: {e}") from None
+            if not isinstance(schema, (dict, bool)):
+                raise ValueError("json_schema must be a JSON object (or a boolean schema)")
+
+    @property
+    def cache_key(self) -> tuple:
+        """(kind, canonical spec, options): equal keys compile to the same grammar."""
+        spec = self.spec
+        if self.kind == "json_schema":
+            spec = json.dumps(json.loads(spec), sort_keys=True, separators=(",", ":"))
+        return (self.kind, spec, tuple(self.choices), self.strict, self.any_whitespace)
+
+
+class SamplingParams(msgspec.Struct, array_like=True, omit_defaults=True):
+    """Sampling and stopping for one request. `validate()` raises ValueError naming the field."""
+
+    max_tokens: int = 256
+    temperature: float = 1.0  # 0 means greedy
+    top_p: float = 1.0
+    top_k: int = 0  # 0 disables
+    min_p: float = 0.0
+    seed: int | None = None
+    repetition_penalty: float = 1.0
+    frequency_penalty: float = 0.0
+    presence_penalty: float = 0.0
+    stop: list[str] = []
+    stop_token_ids: list[int] = []
+    ignore_eos: bool = False
+    include_stop_str_in_output: bool = False
+    logprobs: int | None = None  # top-n logprobs per sampled token (0: only the sampled token's)
+    constraint: Constraint | None = None
+
+    def validate(self, vocab_size: int | None = None) -> None:
+        if not isinstance(self.max_tokens, int) or self.max_tokens < 1:
+            raise ValueError(f"max_tokens must be an integer >= 1, got {self.max_tokens!r}")
+        if self.temperature < 0:
+            raise ValueError(f"temperature must be >= 0, got {self.temperature}")
+        if not 0 < self.top_p <= 1:
+            raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
+        if self.top_k < 0:
+            raise ValueError(f"top_k must be >= 0 (0 disables it), got {self.top_k}")
+        if not 0 <= self.min_p <= 1:
+            raise ValueError(f"min_p must be in [0, 1], got {self.min_p}")
+        if self.repetition_penalty <= 0:
+            raise ValueError(f"repetition_penalty must be > 0, got {self.repetition_penalty}")
+        for name in ("frequency_penalty", "presence_penalty"):
+            value = getattr(self, name)
+            if not -2 <= value <= 2:
+                raise ValueError(f"{name} must be in [-2, 2], got {value}")
+        if self.logprobs is not None and not 0 <= self.logprobs <= 20:
+            raise ValueError(f"logprobs must be in [0, 20], got {self.logprobs}")
+        if any(not s for s in self.stop):
+            raise ValueError("stop strings must be non-empty")
+        if vocab_size is not None:
+            bad = [t for t in self.stop_token_ids if not 0 <= t < vocab_size]
+            if bad:
+                raise ValueError(f"stop_token_ids out of range [0, {vocab_size}): {bad}")
+        if self.constraint is not None:
+            self.constraint.validate()
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0.0
