@@ -1,0 +1,93 @@
+"""Messages between the front end (service/ or the offline LLM) and the engine core.
+
+msgspec structs, array_like and omit_defaults: msgpack-encoded, they are compact and cheap to
+build, which matters because one crosses the process boundary every engine step.
+"""
+from __future__ import annotations
+
+import msgspec
+
+from engine.sampling_params import Constraint, SamplingParams
+
+
+class EngineCoreRequest(msgspec.Struct, array_like=True, omit_defaults=True, tag=True):
+    request_id: str
+    prompt_token_ids: list[int]
+    sampling_params: SamplingParams
+    arrival_time: float = 0.0  # time.monotonic() at the front end; 0: set by the core
+    priority: int = 0  # lower is served first
+
+
+class AbortRequests(msgspec.Struct, array_like=True, omit_defaults=True, tag=True):
+    request_ids: list[str]
+
+
+class ValidateConstraint(msgspec.Struct, array_like=True, omit_defaults=True, tag=True):
+    call_id: int
+    constraint: Constraint
+
+
+class GetStats(msgspec.Struct, array_like=True, omit_defaults=True, tag=True):
+    call_id: int
+
+
+class Shutdown(msgspec.Struct, array_like=True, omit_defaults=True, tag=True):
+    pass
+
+
+# everything the front end sends to the core
+EngineCoreInput = EngineCoreRequest | AbortRequests | ValidateConstraint | GetStats | Shutdown
+
+
+class TokenLogprob(msgspec.Struct, array_like=True, omit_defaults=True):
+    token_id: int
+    logprob: float
+    # top-n alternatives at this position: (token_id, logprob), most likely first
+    top: list[tuple[int, float]] = []
+
+
+class EngineCoreOutput(msgspec.Struct, array_like=True, omit_defaults=True):
+    """What one request produced in one step (only requests with news are reported)."""
+
+    request_id: str
+    new_token_ids: list[int] = []
+    new_logprobs: list[TokenLogprob] = []
+    finish_reason: int | None = None  # engine.request.FinishReason; None while running
+    stop_reason: int | str | None = None  # the stop token id that ended it, if any
+    error: str | None = None  # set with FinishReason.ERROR: a message the client can act on
+    # set on the final output only
+    num_prompt_tokens: int = 0
+    num_cached_tokens: int = 0  # prompt tokens served from the prefix cache
+    num_forward_passes: int = 0  # forward passes this request took part in
+    num_forced_tokens: int = 0  # output tokens appended by jump-forward, not sampled
+    queued_s: float = 0.0  # arrival -> first scheduled
+    grammar_wait_s: float = 0.0  # arrival -> grammar compiled
+    not_enforced: list[str] = []  # best-effort constraint: parts of the schema not enforced
+
+
+class EngineStats(msgspec.Struct, array_like=True, omit_defaults=True):
+    num_running: int = 0
+    num_waiting: int = 0
+    num_waiting_for_grammar: int = 0
+    num_free_blocks: int = 0
+    num_total_blocks: int = 0
+    num_cached_blocks: int = 0
+    num_steps: int = 0
+
+
+class ConstraintReport(msgspec.Struct, array_like=True, omit_defaults=True):
+    ok: bool
+    error: str = ""
+    compile_s: float = 0.0
+    cached: bool = False
+    not_enforced: list[str] = []
+
+
+class EngineCoreOutputs(msgspec.Struct, array_like=True, omit_defaults=True, tag=True):
+    """One step's news, or the answer to a call (stats / validate), from the core."""
+
+    outputs: list[EngineCoreOutput] = []
+    call_id: int = 0  # set when answering GetStats / ValidateConstraint
+    stats: EngineStats | None = None
+    report: ConstraintReport | None = None
+    timestamp: float = 0.0
