@@ -1,0 +1,60 @@
+"""Engine configuration: frozen dataclasses, validated on construction."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass(frozen=True)
+class SchedulerConfig:
+    max_num_seqs: int = 64  # requests in one step
+    max_num_batched_tokens: int = 512  # token budget of one step (prompt chunks + decodes + forced tokens)
+    max_num_waiting: int = 1024  # queue length; the front end answers RESOURCE_EXHAUSTED beyond it
+    enable_chunked_prefill: bool = True
+
+    def __post_init__(self) -> None:
+        if self.max_num_seqs < 1:
+            raise ValueError(f"max_num_seqs must be >= 1, got {self.max_num_seqs}")
+        if self.max_num_batched_tokens < 1:
+            raise ValueError(f"max_num_batched_tokens must be >= 1, got {self.max_num_batched_tokens}")
+
+
+@dataclass(frozen=True)
+class CacheConfig:
+    block_size: int = 16  # tokens per KV block
+    num_blocks: int | None = None  # None: derived from kv_cache_bytes
+    kv_cache_bytes: int = 1 << 30  # memory for K and V of all layers when num_blocks is None
+    enable_prefix_caching: bool = True
+
+    def __post_init__(self) -> None:
+        if self.block_size < 1:
+            raise ValueError(f"block_size must be >= 1, got {self.block_size}")
+        if self.num_blocks is not None and self.num_blocks < 1:
+            raise ValueError(f"num_blocks must be >= 1, got {self.num_blocks}")
+
+
+@dataclass(frozen=True)
+class GrammarConfig:
+    compile_timeout_s: float = 10.0
+    max_spec_bytes: int = 256 * 1024  # schema / regex / grammar text
+    max_schema_depth: int = 64
+    cache_bytes: int = 256 << 20
+    num_compile_threads: int = 1
+    jump_forward: bool = True  # engine default; a request may switch it off (or on)
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    model: str | None = None  # local Hugging Face folder; None: the packaged SmolLM2-135M-Instruct
+    device: str = "cpu"
+    dtype: str = "float32"  # float32 on CPU (no AVX-512/AMX here); bfloat16 on CUDA
+    max_model_len: int | None = None  # None: the model's own context length
+    num_threads: int | None = None  # torch intra-op threads; None: torch's default
+    scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
+    cache: CacheConfig = field(default_factory=CacheConfig)
+    grammar: GrammarConfig = field(default_factory=GrammarConfig)
+
+    def __post_init__(self) -> None:
+        if self.dtype not in ("float32", "bfloat16", "float16"):
+            raise ValueError(f"dtype must be float32, bfloat16 or float16, got {self.dtype!r}")
+        if self.max_model_len is not None and self.max_model_len < 2:
+            raise ValueError(f"max_model_len must be >= 2, got {self.max_model_len}")
