@@ -79,7 +79,8 @@ class Request:
 
         # structured output
         self.grammar: Grammar | None = None
-        self.num_forced_tokens_pending = 0  # jump-forward tokens appended but not yet reported
+        self.num_forced_tokens_pending = 0  # jump-forward tokens appended, not yet sent to the runner
+        self.num_forced_tokens = 0  # all jump-forward tokens of this request
 
         # timings (monotonic seconds) and counters reported to clients
         self.first_scheduled_time: float | None = None

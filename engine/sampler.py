@@ -1,0 +1,131 @@
+"""Turning logits into tokens.
+
+Order (DESIGN §6): logprobs from the raw logits → grammar bitmask → penalties → temperature →
+top-k / top-p / min-p → sample. The bitmask comes before anything that looks at probabilities.
+Greedy rows take a fast path (argmax); seeded rows draw from their own generator, so a seeded
+request samples the same tokens whatever else is in the batch.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from engine.protocol import TokenLogprob
+from grammar.bitmask import apply_bitmask
+
+
+@dataclass
+class SamplingMetadata:
+    """Per sampling row (one per request that samples this step)."""
+
+    temperature: np.ndarray  # [n] float32; 0 = greedy
+    top_k: np.ndarray  # [n] int; 0 = off
+    top_p: np.ndarray  # [n] float32; 1 = off
+    min_p: np.ndarray  # [n] float32; 0 = off
+    generators: list[torch.Generator | None]
+    # rows with a penalty: row -> (prompt+output token ids, output token ids, repetition, frequency, presence)
+    penalties: dict[int, tuple[np.ndarray, np.ndarray, float, float, float]]
+    num_logprobs: list[int | None]  # per row; None = not asked
+
+    @property
+    def all_greedy(self) -> bool:
+        return not self.temperature.any()
+
+
+@dataclass
+class SamplerOutput:
+    token_ids: np.ndarray  # [n] int64
+    logprobs: list[TokenLogprob | None]
+    dead_end_rows: np.ndarray  # rows whose bitmask allowed nothing (their token is meaningless)
+
+
+class Sampler:
+    def __call__(self, logits: torch.Tensor, meta: SamplingMetadata,
+                 bitmask: torch.Tensor | None = None, bitmask_rows: np.ndarray | None = None) -> SamplerOutput:
+        """logits: [n, vocab] float32, modified in place. bitmask_rows[i]: bitmask row of logits row i, -1 if none."""
+        n = logits.shape[0]
+        raw_logprobs = None
+        if any(k is not None for k in meta.num_logprobs):
+            raw_logprobs = torch.log_softmax(logits, dim=-1)
+        dead_end_rows = np.empty(0, dtype=np.int64)
+        if bitmask is not None and bitmask_rows is not None:
+            masked = np.flatnonzero(bitmask_rows >= 0)
+            if len(masked):
+                apply_bitmask(logits, bitmask, masked, bitmask_rows[masked])
+                row_max = logits[torch.from_numpy(masked)].amax(dim=-1)
+                dead_end_rows = masked[torch.isinf(row_max).numpy() & (row_max < 0).numpy()]
+        if meta.penalties:
+            self._apply_penalties(logits, meta.penalties)
+        if meta.all_greedy:
+            token_ids = logits.argmax(dim=-1)
+        else:
+            token_ids = self._sample(logits, meta)
+        logprobs: list[TokenLogprob | None] = [None] * n
+        if raw_logprobs is not None:
+            logprobs = self._gather_logprobs(raw_logprobs, token_ids, meta.num_logprobs)
+        return SamplerOutput(token_ids.numpy(), logprobs, dead_end_rows)
+
+    @staticmethod
+    def _apply_penalties(logits: torch.Tensor, penalties: dict) -> None:
+        vocab = logits.shape[1]
+        for row, (all_ids, output_ids, repetition, frequency, presence) in penalties.items():
+            if repetition != 1.0 and len(all_ids):
+                ids = torch.from_numpy(np.unique(all_ids).astype(np.int64))
+                vals = logits[row, ids]
+                logits[row, ids] = torch.where(vals > 0, vals / repetition, vals * repetition)
+            if (frequency or presence) and len(output_ids):
+                counts = torch.from_numpy(np.bincount(output_ids, minlength=vocab)[:vocab].astype(np.float32))
+                logits[row] -= frequency * counts + presence * (counts > 0).float()
+
+    @staticmethod
+    def _sample(logits: torch.Tensor, meta: SamplingMetadata) -> torch.Tensor:
+        greedy_rows = meta.temperature == 0
+        token_ids = torch.empty(logits.shape[0], dtype=torch.int64)
+        if greedy_rows.any():
+            rows = torch.from_numpy(np.flatnonzero(greedy_rows))
+            token_ids[rows] = logits[rows].argmax(dim=-1)
+        sample_rows_np = np.flatnonzero(~greedy_rows)
+        rows = torch.from_numpy(sample_rows_np)
+        x = logits[rows] / torch.from_numpy(meta.temperature[sample_rows_np]).unsqueeze(1)
+        top_k = meta.top_k[sample_rows_np]
+        if top_k.any():
+            k = np.where(top_k > 0, np.minimum(top_k, x.shape[1]), x.shape[1])
+            kth = torch.topk(x, int(k.max()), dim=-1).values
+            threshold = kth.gather(1, torch.from_numpy(k - 1).long().unsqueeze(1))
+            x = x.masked_fill(x < threshold, float("-inf"))
+        top_p = meta.top_p[sample_rows_np]
+        if (top_p < 1).any():
+            sorted_x, order = x.sort(dim=-1, descending=True)
+            cum = sorted_x.softmax(dim=-1).cumsum(dim=-1)
+            # drop a token when the tokens before it already reach top_p (always keep the first)
+            drop = (cum - sorted_x.softmax(dim=-1)) >= torch.from_numpy(top_p).unsqueeze(1)
+            sorted_x = sorted_x.masked_fill(drop, float("-inf"))
+            x = torch.empty_like(x).scatter_(1, order, sorted_x)
+        probs = x.softmax(dim=-1)
+        min_p = meta.min_p[sample_rows_np]
+        if min_p.any():
+            threshold = probs.amax(dim=-1, keepdim=True) * torch.from_numpy(min_p).unsqueeze(1)
+            probs = probs.masked_fill(probs < threshold, 0.0)
+        # exponential race (Gumbel-max): argmax(p / E) samples from p; seeded rows use their stream
+        noise = torch.empty_like(probs)
+        for i, row in enumerate(sample_rows_np):
+            noise[i].exponential_(generator=meta.generators[row])
+        token_ids[rows] = (probs / noise).argmax(dim=-1)
+        return token_ids
+
+    @staticmethod
+    def _gather_logprobs(raw: torch.Tensor, token_ids: torch.Tensor, num_logprobs: list[int | None]) -> list:
+        out: list[TokenLogprob | None] = []
+        for row, n in enumerate(num_logprobs):
+            if n is None:
+                out.append(None)
+                continue
+            token_id = int(token_ids[row])
+            top: list[tuple[int, float]] = []
+            if n > 0:
+                values, ids = raw[row].topk(n)
+                top = list(zip(ids.tolist(), values.tolist()))
+            out.append(TokenLogprob(token_id, float(raw[row, token_id]), top))
+        return out
