@@ -1,0 +1,40 @@
+"""Shared factories. Engine pieces are built small; the real model is loaded once per session."""
+from __future__ import annotations
+
+import itertools
+import os
+
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+
+import pytest
+
+from engine.config import CacheConfig, SchedulerConfig
+from engine.request import Request
+from engine.sampling_params import SamplingParams
+from engine.scheduler import Scheduler
+
+_ids = itertools.count()
+
+
+def make_scheduler(num_blocks: int = 64, block_size: int = 16, max_num_batched_tokens: int = 512,
+                   max_num_seqs: int = 16, max_model_len: int = 1024, enable_prefix_caching: bool = True,
+                   structured_output_manager=None) -> Scheduler:
+    return Scheduler(
+        SchedulerConfig(max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens),
+        CacheConfig(block_size=block_size, num_blocks=num_blocks, enable_prefix_caching=enable_prefix_caching),
+        num_blocks, max_model_len, structured_output_manager)
+
+
+def make_request(num_tokens: int = 10, max_tokens: int = 16, token_ids: list[int] | None = None,
+                 request_id: str | None = None, **params) -> Request:
+    if token_ids is None:
+        start = next(_ids) * 1000  # distinct prompts: no accidental prefix-cache hits
+        token_ids = [(start + i) % 30000 + 3 for i in range(num_tokens)]
+    return Request(request_id or f"req-{next(_ids)}", token_ids,
+                   SamplingParams(max_tokens=max_tokens, temperature=0, **params), eos_token_id=2)
+
+
+@pytest.fixture(scope="session")
+def model_dir():
+    from engine.model_files import resolve_model
+    return resolve_model(None)

@@ -1,0 +1,38 @@
+"""Flat step inputs against hand-computed arrays."""
+from __future__ import annotations
+
+import numpy as np
+
+from engine.input_batch import prepare_step_indices
+
+
+def test_scheduled_tokens_2_5_3():
+    block_size = 4
+    # three requests in batch rows 2, 0, 1 with 3, 0 and 6 tokens already cached
+    rows = np.array([2, 0, 1])
+    num_scheduled = np.array([2, 5, 3], dtype=np.int32)
+    num_computed = np.array([3, 0, 6], dtype=np.int32)
+    token_ids = np.arange(3 * 16, dtype=np.int32).reshape(3, 16) + 1000  # row r, position p -> 1000 + 16r + p
+    block_table = np.array([[7, 8, 0, 0], [3, 4, 5, 0], [9, 2, 0, 0]], dtype=np.int32)
+
+    s = prepare_step_indices(rows, num_scheduled, num_computed, token_ids, block_table, block_size)
+
+    assert s.req_indices.tolist() == [0, 0, 1, 1, 1, 1, 1, 2, 2, 2]
+    assert s.positions.tolist() == [3, 4, 0, 1, 2, 3, 4, 6, 7, 8]
+    assert s.input_ids.tolist() == [1035, 1036, 1000, 1001, 1002, 1003, 1004, 1022, 1023, 1024]
+    # row 2 (blocks 9, 2): pos 3 -> 9*4+3, pos 4 -> 2*4+0; row 0 (blocks 7, 8): pos 0..4;
+    # row 1 (blocks 3, 4, 5): pos 6 -> 4*4+2, 7 -> 4*4+3, 8 -> 5*4+0
+    assert s.slot_mapping.tolist() == [39, 8, 28, 29, 30, 31, 32, 18, 19, 20]
+    assert s.query_start_loc.tolist() == [0, 2, 7, 10]
+    assert s.seq_lens.tolist() == [5, 5, 9]
+    assert s.logits_indices.tolist() == [1, 6, 9]
+
+
+def test_all_decodes():
+    rows = np.array([0, 1])
+    s = prepare_step_indices(rows, np.array([1, 1], dtype=np.int32), np.array([5, 16], dtype=np.int32),
+                             np.arange(64, dtype=np.int32).reshape(2, 32), np.array([[1, 0], [2, 3]], dtype=np.int32), 16)
+    assert s.positions.tolist() == [5, 16]
+    assert s.input_ids.tolist() == [5, 48]
+    assert s.slot_mapping.tolist() == [16 + 5, 3 * 16]
+    assert s.logits_indices.tolist() == [0, 1]
