@@ -69,12 +69,15 @@ def test_token_ending_mid_character_is_held(tok):
 
 def test_finish_releases_incomplete_bytes(tok):
     token_ids = tok.encode("ok 世", add_special_tokens=False)[:-1]  # cut inside 世
+    full = tok.decode(token_ids)
+    assert full.endswith("\ufffd")
+    complete = full.rstrip("\ufffd")
     detok = IncrementalDetokenizer(tok)
-    detok.update(token_ids)
-    assert detok.get_delta() == "ok"
+    detok.update(token_ids)  # one update: the complete text before the cut is not held
+    assert detok.get_delta() == complete
     detok.finish()
-    assert detok.get_delta() == tok.decode(token_ids)[len("ok"):]
-    assert detok.output_text.endswith("\ufffd")
+    assert detok.get_delta() == full[len(complete):]
+    assert detok.output_text == full
 
 
 def test_window_stays_small(tok):
@@ -183,3 +186,27 @@ def test_update_after_stop_consumes_nothing(tok):
     assert detok.update(ids_of(tok, "a", "b")) == 2
     assert detok.update(ids_of(tok, "c")) == 0
     assert detok.output_text == "a"
+
+
+@pytest.mark.parametrize("stop", [(), ("\x00never",)])
+def test_random_tokens_match_full_decode(tok, stop):
+    """Arbitrary ids (invalid UTF-8 runs, special tokens) in random chunks: the text at the end is
+    exactly the full decode, and every delta extends the previous text."""
+    import random
+    rng = random.Random(1234)
+    byte_tokens = [i for i in range(tok.vocab_size) if "\ufffd" in tok.decode([i])][:300]
+    pool = byte_tokens + list(range(0, 17)) + tok.encode("plain words and 中文 🎉", add_special_tokens=False)
+    for _ in range(20):
+        token_ids = [rng.choice(pool) for _ in range(rng.randint(1, 40))]
+        detok = IncrementalDetokenizer(tok, stop=stop)
+        text = ""
+        start = 0
+        while start < len(token_ids):
+            size = rng.randint(1, 4)
+            detok.update(token_ids[start:start + size])
+            start += size
+            text += detok.get_delta()
+            assert tok.decode(token_ids[:start], skip_special_tokens=True).startswith(text)
+        detok.finish()
+        text += detok.get_delta()
+        assert text == detok.output_text == tok.decode(token_ids, skip_special_tokens=True)
