@@ -1,8 +1,6 @@
 """Incremental detokenization against tokenizer.decode of the full ids, and stop strings."""
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
 
 from engine.detokenizer import IncrementalDetokenizer
@@ -18,12 +16,8 @@ MULTI_BYTE_TEXTS = [
 
 
 @pytest.fixture(scope="module")
-def tok() -> Tokenizer:
-    from engine.model_files import resolve_model
-    try:
-        return Tokenizer.from_model_dir(resolve_model(None))
-    except ValueError as e:
-        pytest.skip(f"default model unavailable: {e}")
+def tok(model_dir) -> Tokenizer:
+    return Tokenizer.from_model_dir(model_dir)
 
 
 def ids_of(tok: Tokenizer, *pieces: str) -> list[int]:

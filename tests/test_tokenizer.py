@@ -35,15 +35,6 @@ CONVERSATIONS = {
 
 
 @pytest.fixture(scope="module")
-def model_dir() -> Path:
-    from engine.model_files import resolve_model
-    try:
-        return resolve_model(None)
-    except ValueError as e:
-        pytest.skip(f"default model unavailable: {e}")
-
-
-@pytest.fixture(scope="module")
 def tok(model_dir) -> Tokenizer:
     return Tokenizer.from_model_dir(model_dir)
 
