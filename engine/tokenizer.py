@@ -2,9 +2,10 @@
 
 Loaded from a local Hugging Face model folder: `tokenizer.json` through the `tokenizers` library
 (its post-processor decides bos/eos insertion, as in transformers 5), special-token names from
-`tokenizer_config.json`, stop ids from `generation_config.json`, and the chat template rendered with jinja2 the way transformers renders
-it (sandboxed, trim_blocks/lstrip_blocks, `raise_exception`, `tojson`, special-token variables), so
-prompts and token ids are identical to `AutoTokenizer.apply_chat_template` / `encode`.
+`tokenizer_config.json`, stop ids from `generation_config.json`, and the chat template rendered
+with jinja2 the way transformers renders it (sandboxed, trim_blocks/lstrip_blocks,
+`raise_exception`, `tojson`, special-token variables), so prompts and token ids are identical to
+`AutoTokenizer.apply_chat_template` / `encode`.
 
 The front end (service process, offline `LLM`) imports this module, so it must never import torch.
 """
@@ -65,7 +66,7 @@ class Tokenizer:
         eos_ids += [i for i in generation_eos_token_ids if i not in eos_ids]
         self.eos_token_ids: tuple[int, ...] = tuple(eos_ids)
 
-        # ids and token -> id for every added token marked special (skipped by skip_special_tokens)
+        # ids of the added tokens marked special (dropped by skip_special_tokens)
         self.special_token_ids: frozenset[int] = frozenset(
             i for i, tok in backend.get_added_tokens_decoder().items() if tok.special)
         self.vocab_size: int = backend.get_vocab_size(with_added_tokens=True)
@@ -96,8 +97,9 @@ class Tokenizer:
             logger.debug("%s: add_bos_token/add_eos_token in tokenizer_config are ignored, as transformers "
                          "does; tokenizer.json's post-processor decides", folder)
 
-        generation_config = _read_json(folder / "generation_config.json") or _read_json(folder / "config.json")
-        eos = generation_config.get("eos_token_id")
+        eos = _read_json(folder / "generation_config.json").get("eos_token_id")
+        if eos is None:
+            eos = _read_json(folder / "config.json").get("eos_token_id")
         generation_eos_ids = [eos] if isinstance(eos, int) else [i for i in (eos or []) if isinstance(i, int)]
 
         return cls(backend, special_tokens, chat_template=_find_chat_template(folder, config),
@@ -166,13 +168,15 @@ def validate_messages(messages: Any) -> list[dict]:
     ValueError names the offending message; the caller's dicts are never modified.
     """
     if not isinstance(messages, (list, tuple)):
-        raise ValueError(f"messages must be a list of {{'role': ..., 'content': ...}} dicts, got {type(messages).__name__}")
+        raise ValueError("messages must be a list of {'role': ..., 'content': ...} dicts, "
+                         f"got {type(messages).__name__}")
     if not messages:
         raise ValueError("messages must contain at least one message")
     chat = []
     for index, message in enumerate(messages):
         if not isinstance(message, dict):
-            raise ValueError(f"messages[{index}] must be a dict with 'role' and 'content', got {type(message).__name__}")
+            raise ValueError(f"messages[{index}] must be a dict with 'role' and 'content', "
+                             f"got {type(message).__name__}")
         for key in ("role", "content"):
             value = message.get(key)
             if not isinstance(value, str):
