@@ -48,6 +48,7 @@ class Scheduler:
         # outputs of requests that ended outside update_from_output (grammar compile failures)
         self._pending_outputs: list[EngineCoreOutput] = []
         self.num_steps = 0
+        self.num_preemptions = 0
 
     # ---- requests in and out -------------------------------------------------------------
 
@@ -200,6 +201,7 @@ class Scheduler:
         request.num_computed_tokens = 0
         request.num_forced_tokens_pending = 0
         request.num_preemptions += 1
+        self.num_preemptions += 1
         self.preempted_req_ids.add(request.request_id)
         self._enqueue_waiting(request)
         logger.debug("preempted %s", request.request_id)
@@ -251,6 +253,12 @@ class Scheduler:
             logprobs = runner_output.logprobs.get(req_id, [])
             if request.is_finished:
                 outputs.append(self._final_output(request, new_token_ids, logprobs))
+            elif request.num_output_tokens == len(new_token_ids):  # first tokens: the front end wants the counters
+                outputs.append(EngineCoreOutput(
+                    req_id, new_token_ids, logprobs, num_prompt_tokens=request.num_prompt_tokens,
+                    num_cached_tokens=max(request.num_cached_tokens, 0),
+                    queued_s=max((request.first_scheduled_time or 0.0) - request.arrival_time, 0.0),
+                    grammar_wait_s=self._grammar_wait_s(request)))
             else:
                 outputs.append(EngineCoreOutput(req_id, new_token_ids, logprobs))
         return outputs
@@ -323,6 +331,10 @@ class Scheduler:
             num_forward_passes=request.num_forward_passes,
             num_forced_tokens=request.num_forced_tokens,
             queued_s=max(first - request.arrival_time, 0.0),
-            grammar_wait_s=max((request.grammar_ready_time or request.arrival_time) - request.arrival_time, 0.0),
+            grammar_wait_s=self._grammar_wait_s(request),
             not_enforced=list(request.grammar.not_enforced) if request.grammar is not None else [],
         )
+
+    @staticmethod
+    def _grammar_wait_s(request: Request) -> float:
+        return max((request.grammar_ready_time or request.arrival_time) - request.arrival_time, 0.0)

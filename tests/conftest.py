@@ -38,3 +38,12 @@ def make_request(num_tokens: int = 10, max_tokens: int = 16, token_ids: list[int
 def model_dir():
     from engine.model_files import resolve_model
     return resolve_model(None)
+
+
+@pytest.fixture(scope="session")
+def llm(model_dir):
+    """The real model with default settings, shared by the whole session."""
+    from engine.llm import LLM
+    instance = LLM()
+    yield instance
+    instance.shutdown()

@@ -1,0 +1,93 @@
+"""`formwork bench offline`: Formwork vs transformers' batched generate on the same prompts.
+
+Both run greedy with EOS ignored so that both produce exactly num_prompts * max_tokens tokens.
+"""
+from __future__ import annotations
+
+import time
+
+import torch
+
+
+def measure_bandwidth_gbs(num_bytes: int = 1 << 29, repeats: int = 5) -> float:
+    """Memory bandwidth from a large copy (read + write counted)."""
+    src = torch.empty(num_bytes // 4, dtype=torch.float32).fill_(1.0)
+    dst = torch.empty_like(src)
+    best = float("inf")
+    for _ in range(repeats):
+        start = time.perf_counter()
+        dst.copy_(src)
+        best = min(best, time.perf_counter() - start)
+    return 2 * num_bytes / best / 1e9
+
+
+def run_formwork(llm, prompts, max_tokens: int) -> tuple[float, int]:
+    from engine.sampling_params import SamplingParams
+    params = SamplingParams(max_tokens=max_tokens, temperature=0, ignore_eos=True)
+    start = time.perf_counter()
+    outputs = llm.generate(prompts, params)
+    elapsed = time.perf_counter() - start
+    return elapsed, sum(o.num_output_tokens for o in outputs)
+
+
+def decode_step_time_batch1(llm, max_tokens: int = 64) -> float:
+    """Mean engine step time of one request, decode steps only."""
+    from engine.protocol import EngineCoreRequest
+    from engine.sampling_params import SamplingParams
+    engine = llm.engine
+    ids = llm.encode_prompt([{"role": "user", "content": "Tell me a long story about a lighthouse."}])
+    engine.add_request(EngineCoreRequest("bench-b1", ids, SamplingParams(max_tokens=max_tokens, temperature=0,
+                                                                         ignore_eos=True)))
+    engine.step()  # prefill
+    times = []
+    while engine.has_unfinished_requests():
+        start = time.perf_counter()
+        engine.step()
+        times.append(time.perf_counter() - start)
+    times.sort()
+    return times[len(times) // 2]
+
+
+def run_transformers(model_dir, tokenizer, prompts, max_tokens: int, batch_size: int) -> tuple[float, int]:
+    from transformers import AutoModelForCausalLM
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
+    texts = [tokenizer.apply_chat_template(p) for p in prompts]
+    from transformers import AutoTokenizer
+    hf_tok = AutoTokenizer.from_pretrained(model_dir, padding_side="left")
+    total_tokens = 0
+    start = time.perf_counter()
+    for i in range(0, len(texts), batch_size):
+        batch = hf_tok(texts[i:i + batch_size], return_tensors="pt", padding=True, add_special_tokens=False)
+        with torch.inference_mode():
+            out = model.generate(**batch, max_new_tokens=max_tokens, min_new_tokens=max_tokens, do_sample=False,
+                                 pad_token_id=hf_tok.pad_token_id)
+        total_tokens += (out.shape[1] - batch["input_ids"].shape[1]) * out.shape[0]
+    return time.perf_counter() - start, total_tokens
+
+
+def main(args, engine_config) -> int:
+    from bench.prompts import chat_prompts
+    from engine.llm import LLM
+
+    prompts = chat_prompts(args.num_prompts)
+    llm = LLM(config=engine_config)
+    print(f"model {llm.engine.model_name}, {args.num_prompts} prompts x {args.max_tokens} tokens, "
+          f"torch threads {torch.get_num_threads()}")
+    run_formwork(llm, prompts[:2], 4)  # warm-up
+    fw_s, fw_tokens = run_formwork(llm, prompts, args.max_tokens)
+    print(f"formwork:     {fw_tokens} tokens in {fw_s:.1f} s = {fw_tokens / fw_s:.1f} tok/s")
+    step_s = decode_step_time_batch1(llm)
+    weight_bytes = sum(p.numel() * p.element_size() for p in llm.engine.runner.model.parameters())
+    llm.shutdown()
+    bandwidth = measure_bandwidth_gbs()
+    floor_s = weight_bytes / (bandwidth * 1e9)
+    print(f"decode step at batch 1: {step_s * 1e3:.1f} ms; weight-read floor {floor_s * 1e3:.1f} ms "
+          f"({weight_bytes / 2**20:.0f} MiB / {bandwidth:.1f} GB/s) -> {step_s / floor_s:.2f}x the floor")
+    if args.skip_transformers:
+        return 0
+    hf_s, hf_tokens = run_transformers(llm.engine.model_dir, llm.tokenizer, prompts, args.max_tokens,
+                                       args.hf_batch_size)
+    print(f"transformers: {hf_tokens} tokens in {hf_s:.1f} s = {hf_tokens / hf_s:.1f} tok/s "
+          f"(generate, batch {args.hf_batch_size})")
+    print(f"ratio formwork / transformers: {(fw_tokens / fw_s) / (hf_tokens / hf_s):.2f}x")
+    return 0
