@@ -1,0 +1,209 @@
+"""Asynchronous, cached, time-limited grammar compilation: one GrammarCompiler per engine.
+
+The engine thread calls `submit` when a constrained request arrives and polls the returned
+future each step (the request waits in WAITING_FOR_STRUCTURED_OUTPUT_GRAMMAR meanwhile); the
+front end calls `compile_sync` to validate a constraint ahead of traffic. Both share one cache.
+"""
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections import OrderedDict
+from concurrent.futures import Future, InvalidStateError, ThreadPoolExecutor
+from typing import TYPE_CHECKING
+
+from grammar.backend import CompiledGrammar, GrammarBackend, GrammarError
+from grammar.schema_check import check_limits
+
+if TYPE_CHECKING:
+    from engine.config import GrammarConfig
+    from engine.sampling_params import Constraint
+
+logger = logging.getLogger(__name__)
+
+# what a cached failure costs besides its message (the exception object, the cache slot)
+_FAILURE_OVERHEAD_BYTES = 256
+
+
+class GrammarCompiler:
+    """Compiles constraints on a thread pool, caching results by `Constraint.cache_key`.
+
+    * The cache is an LRU bounded in bytes (CompiledGrammar.num_bytes plus the key's spec
+      text). A grammar larger than the whole cache is returned but not kept.
+    * Failures are cached too, so a bad schema sent a thousand times is compiled once.
+    * Identical constraints submitted while one is compiling share its future.
+    * A compile that runs past `compile_timeout_s` (counted from when a pool thread starts
+      it, not from submission) resolves its future with a GrammarError. Python cannot stop the
+      thread, so the compile runs on: while it does, the timeout is what the cache holds (so
+      duplicates fail fast instead of queueing more runaway compiles), and when it finishes its
+      outcome replaces the timeout in the cache, so the work is not wasted on the next request.
+      Meanwhile it occupies a pool thread; compiles queued behind it wait.
+
+    Thread-safe: any thread may submit; futures are resolved on pool or timer threads and never
+    change state afterwards. Futures cannot be cancelled (several requests may share one).
+    """
+
+    def __init__(self, backend: GrammarBackend, config: GrammarConfig | None = None) -> None:
+        if config is None:
+            from engine.config import GrammarConfig
+
+            config = GrammarConfig()
+        self.backend = backend
+        self.config = config
+        self._pool = ThreadPoolExecutor(max(1, config.num_compile_threads), thread_name_prefix="grammar-compile")
+        self._lock = threading.Lock()  # guards everything below
+        self._cache: OrderedDict[tuple, tuple[CompiledGrammar | GrammarError, int]] = OrderedDict()
+        self._cache_bytes = 0
+        self._in_flight: dict[tuple, Future[CompiledGrammar]] = {}
+        self.num_hits = 0
+        self.num_misses = 0
+        self.num_timeouts = 0
+
+    def submit(self, constraint: Constraint) -> Future[CompiledGrammar]:
+        """A future of the compiled grammar; already done on a cache hit. Never raises: every
+        problem (limits, a bad spec, a timeout) arrives as the future's GrammarError."""
+        return self._submit(constraint)[0]
+
+    def compile_sync(self, constraint: Constraint) -> tuple[CompiledGrammar, float, bool]:
+        """Compile (or fetch) now: (grammar, seconds spent, whether it came from the cache).
+
+        Raises GrammarError. Blocks the calling thread, at most about compile_timeout_s.
+        """
+        start = time.monotonic()
+        future, cached = self._submit(constraint)
+        compiled = future.result()
+        return compiled, time.monotonic() - start, cached
+
+    @property
+    def cache_bytes(self) -> int:
+        with self._lock:
+            return self._cache_bytes
+
+    @property
+    def num_cached(self) -> int:
+        with self._lock:
+            return len(self._cache)
+
+    def shutdown(self) -> None:
+        """Stop compiling: queued compiles are dropped and their futures fail; running ones
+        finish in the background."""
+        self._pool.shutdown(wait=False, cancel_futures=True)
+        with self._lock:
+            pending = list(self._in_flight.values())
+            self._in_flight.clear()
+        for future in pending:
+            _resolve(future, GrammarError("the grammar compiler was shut down"))
+
+    # -- internals ------------------------------------------------------------------------
+
+    def _submit(self, constraint: Constraint) -> tuple[Future[CompiledGrammar], bool]:
+        # the size limit first: cache_key parses the spec, and an oversized one should not be
+        spec_bytes = len(constraint.spec) + sum(len(c) for c in constraint.choices)
+        if spec_bytes > self.config.max_spec_bytes:  # chars <= bytes; the exact check runs later
+            return _failed(GrammarError(
+                f"{constraint.kind} spec is over the max_spec_bytes limit of {self.config.max_spec_bytes} "
+                f"({spec_bytes} characters)")), False
+        try:
+            key = constraint.cache_key
+        except ValueError as e:  # json.JSONDecodeError, or a RecursionError-free parse failure
+            return _failed(GrammarError(f"{constraint.kind} spec is not valid: {e}")), False
+        except RecursionError:
+            return _failed(GrammarError("json_schema is nested too deeply to parse")), False
+        with self._lock:
+            entry = self._cache.get(key)
+            if entry is not None:
+                self._cache.move_to_end(key)
+                self.num_hits += 1
+                return _done(entry[0]), True
+            future = self._in_flight.get(key)
+            if future is not None:
+                return future, False
+            self.num_misses += 1
+            future = Future()
+            future.set_running_or_notify_cancel()  # shared by requests: nobody may cancel it
+            self._in_flight[key] = future
+        self._pool.submit(self._run, key, constraint, future)
+        return future, False
+
+    def _run(self, key: tuple, constraint: Constraint, future: Future[CompiledGrammar]) -> None:
+        timeout_s = self.config.compile_timeout_s
+        timer = None
+        if timeout_s and timeout_s > 0:
+            timer = threading.Timer(timeout_s, self._expire, (key, constraint, future))
+            timer.daemon = True
+            timer.start()
+        start = time.monotonic()
+        outcome: CompiledGrammar | GrammarError
+        try:
+            check_limits(constraint, self.config.max_spec_bytes, self.config.max_schema_depth)
+            outcome = self.backend.compile(constraint)
+        except GrammarError as e:
+            outcome = e
+        except Exception as e:  # a backend bug must not strand the request
+            logger.exception("grammar backend failed on a %s constraint", constraint.kind)
+            outcome = GrammarError(f"{constraint.kind} could not be compiled: internal error {type(e).__name__}: {e}")
+        finally:
+            if timer is not None:
+                timer.cancel()
+        elapsed = time.monotonic() - start
+        if timeout_s and elapsed > timeout_s:
+            logger.warning("%s compile finished after %.1f s, past its %.1f s limit; caching its outcome",
+                           constraint.kind, elapsed, timeout_s)
+        with self._lock:
+            if self._in_flight.get(key) is future:
+                del self._in_flight[key]
+            self._store(key, constraint, outcome)
+        _resolve(future, outcome)
+
+    def _expire(self, key: tuple, constraint: Constraint, future: Future[CompiledGrammar]) -> None:
+        error = GrammarError(f"{constraint.kind} compile exceeded the {self.config.compile_timeout_s:.1f} s "
+                             "limit (compile_timeout_s); simplify the constraint")
+        with self._lock:
+            if self._in_flight.get(key) is not future:
+                return  # finished meanwhile
+            del self._in_flight[key]
+            self.num_timeouts += 1
+            self._store(key, constraint, error)
+        _resolve(future, error)
+
+    def _store(self, key: tuple, constraint: Constraint, outcome: CompiledGrammar | GrammarError) -> None:
+        """Insert or replace under the lock, then evict least recently used entries."""
+        key_bytes = len(constraint.spec) + sum(len(c) for c in constraint.choices)
+        if isinstance(outcome, GrammarError):
+            num_bytes = key_bytes + len(str(outcome)) + _FAILURE_OVERHEAD_BYTES
+        else:
+            num_bytes = key_bytes + outcome.num_bytes
+        old = self._cache.pop(key, None)
+        if old is not None:
+            self._cache_bytes -= old[1]
+        if num_bytes > self.config.cache_bytes:
+            return
+        self._cache[key] = (outcome, num_bytes)
+        self._cache_bytes += num_bytes
+        while self._cache_bytes > self.config.cache_bytes:
+            _, (_, evicted_bytes) = self._cache.popitem(last=False)
+            self._cache_bytes -= evicted_bytes
+
+
+def _done(outcome: CompiledGrammar | GrammarError) -> Future[CompiledGrammar]:
+    future: Future[CompiledGrammar] = Future()
+    future.set_running_or_notify_cancel()
+    _resolve(future, outcome)
+    return future
+
+
+def _failed(error: GrammarError) -> Future[CompiledGrammar]:
+    return _done(error)
+
+
+def _resolve(future: Future[CompiledGrammar], outcome: CompiledGrammar | GrammarError) -> None:
+    """Resolve once; the loser of a compile/timeout race is ignored."""
+    try:
+        if isinstance(outcome, GrammarError):
+            # a fresh exception per future: a shared one would collect every raiser's traceback
+            future.set_exception(GrammarError(str(outcome)))
+        else:
+            future.set_result(outcome)
+    except InvalidStateError:
+        pass

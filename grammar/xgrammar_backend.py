@@ -1,0 +1,316 @@
+"""xgrammar behind the GrammarBackend ABC. The only module in Formwork that imports xgrammar.
+
+Choices made here (docs/constraints-keywords.md has the measurements behind them):
+
+* JSON is compiled compact (separators "," and ":") unless the constraint asks for
+  any_whitespace; xgrammar's own default would be ", " / ": " with any_whitespace off.
+* xgrammar's strict_mode is always on: properties and items a schema does not declare are not
+  allowed, so the model cannot invent keys. That only narrows what a schema allows; the shapes
+  where it would narrow to nothing are rewritten first (schema_check.normalize).
+  Our Constraint.strict is a different thing: whether a keyword we cannot enforce is an error.
+* Object properties come out in the schema's declared order (xgrammar's any_order=False).
+* Unsupported keywords are found by schema_check before compiling, and xgrammar's own warnings
+  (printed by its C++ code) are captured and turned into findings too; in strict mode either one
+  is an error, so nothing is silently under-constrained.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import re
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import torch
+import xgrammar as xgr
+
+from grammar import bitmask as bitmask_ops
+from grammar import schema_check
+from grammar.backend import CompiledGrammar, Grammar, GrammarBackend, GrammarError
+from grammar.jump_forward import ForcedTextTokenizer
+from grammar.log_capture import capture_native_log, strip_native_prefix
+
+if TYPE_CHECKING:
+    from engine.sampling_params import Constraint
+
+logger = logging.getLogger(__name__)
+
+_COMPACT = (",", ":")
+_ONE_OF_WARNING = "oneOf with overlapping"
+
+
+class XGrammarCompiled(CompiledGrammar):
+    """A compiled xgrammar grammar plus what it does not enforce. Immutable, shareable."""
+
+    def __init__(self, compiled: xgr.CompiledGrammar, kind: str, not_enforced: list[str]) -> None:
+        self.compiled = compiled
+        self.kind = kind
+        self.not_enforced = list(not_enforced)
+        self._num_bytes = compiled.memory_size_bytes + 256  # + this wrapper, roughly
+
+    @property
+    def num_bytes(self) -> int:
+        return self._num_bytes
+
+
+class XGrammarGrammar(Grammar):
+    """One request's GrammarMatcher plus the token history that rollback and jump-forward need."""
+
+    def __init__(self, compiled: XGrammarCompiled, forced_text: ForcedTextTokenizer,
+                 stop_token_ids: list[int], vocab_size: int) -> None:
+        self._matcher = xgr.GrammarMatcher(compiled.compiled)
+        self._forced_text = forced_text
+        self._stop_token_ids = stop_token_ids
+        self._vocab_size = vocab_size
+        self.not_enforced = compiled.not_enforced
+        self._token_ids: list[int] = []  # accepted so far, for rollback and the jump-forward seam
+        self._scratch: torch.Tensor | None = None  # one bitmask row for the end-of-output check
+        self._ended_at: tuple[int, bool] | None = None  # (len(_token_ids), answer) cache
+
+    def fill_bitmask(self, bitmask: torch.Tensor, row: int) -> None:
+        self._matcher.fill_next_token_bitmask(bitmask, row)
+
+    def accept_tokens(self, token_ids: list[int]) -> bool:
+        """All or nothing: on a rejected token the matcher is rolled back to where it was."""
+        for num_accepted, token_id in enumerate(token_ids):
+            if not (0 <= token_id < self._vocab_size) or not self._matcher.accept_token(token_id):
+                if num_accepted:
+                    self._matcher.rollback(num_accepted)
+                    del self._token_ids[-num_accepted:]
+                return False
+            self._token_ids.append(token_id)
+        return True
+
+    def rollback(self, num_tokens: int) -> None:
+        if num_tokens <= 0:
+            return
+        if num_tokens > len(self._token_ids):
+            raise ValueError(f"cannot roll back {num_tokens} tokens; only {len(self._token_ids)} accepted")
+        self._matcher.rollback(num_tokens)
+        del self._token_ids[-num_tokens:]
+
+    def is_terminated(self) -> bool:
+        """True after a stop token, or once the output is complete and nothing may follow it
+        (the closing brace of a JSON object) — the engine need not wait for an EOS then."""
+        if self._matcher.is_terminated():
+            return True
+        if not self._matcher.is_completed():
+            return False
+        if self._ended_at is not None and self._ended_at[0] == len(self._token_ids):
+            return self._ended_at[1]
+        if self._scratch is None:
+            self._scratch = xgr.allocate_token_bitmask(1, self._vocab_size)
+        self._matcher.fill_next_token_bitmask(self._scratch, 0)
+        words = self._scratch.numpy().view(np.uint32)[0].copy()
+        for token_id in self._stop_token_ids:
+            words[token_id >> 5] &= np.uint32(~(1 << (token_id & 31)) & 0xFFFFFFFF)
+        ended = not words.any()
+        self._ended_at = (len(self._token_ids), ended)
+        return ended
+
+    def jump_forward_token_ids(self) -> list[int]:
+        """Forced tokens, already accepted; see grammar/jump_forward.py for what "safe" means.
+
+        The head seam is checked against the last accepted token. Every forced token is
+        accepted through the matcher; if one is rejected, nothing is forced. The tail chunk is
+        kept only when the grammar ends right after the forced text.
+        """
+        if self._matcher.is_terminated():
+            return []
+        text = self._matcher.find_jump_forward_string()
+        if not text:
+            return []
+        ids = self._forced_text.encode_after(self._token_ids, text)
+        if not ids or not self.accept_tokens(ids):
+            return []
+        if self.is_terminated():
+            return ids  # nothing can follow, so the last chunk cannot merge with anything
+        num_stable = self._forced_text.num_stable_tokens(text, ids)
+        self.rollback(len(ids) - num_stable)
+        return ids[:num_stable]
+
+
+class XGrammarBackend(GrammarBackend):
+    """Compiles every constraint kind for one tokenizer with xgrammar. `compile` is thread-safe.
+
+    Size and depth limits are the caller's job (GrammarCompiler checks them before calling).
+    """
+
+    def __init__(self, tokenizer_dir: str, vocab_size: int, *, num_threads: int = 1) -> None:
+        """`vocab_size` is the LM head's width; ids from the tokenizer's size up to it are
+        padding and are never allowed. `num_threads`: xgrammar's threads per compile."""
+        from transformers import AutoTokenizer
+
+        self.tokenizer = AutoTokenizer.from_pretrained(tokenizer_dir)
+        if vocab_size < len(self.tokenizer):
+            logger.warning("vocab_size %d is smaller than the tokenizer's %d; ids beyond it are never allowed",
+                           vocab_size, len(self.tokenizer))
+        self.vocab_size = vocab_size
+        self.tokenizer_info = xgr.TokenizerInfo.from_huggingface(self.tokenizer, vocab_size=vocab_size)
+        self.stop_token_ids = list(self.tokenizer_info.stop_token_ids)
+        self._compiler = xgr.GrammarCompiler(self.tokenizer_info, max_threads=num_threads, cache_enabled=False)
+        # a tokenizer that prepends a space to every encoded text cannot encode mid-output text
+        prefix_space = self.tokenizer_info.add_prefix_space
+        self.forced_text = ForcedTextTokenizer(self.tokenizer, enabled=not prefix_space)
+
+    def compile(self, constraint: Constraint) -> XGrammarCompiled:
+        kind = constraint.kind
+        not_enforced: list[str] = []
+        if kind in ("json_schema", "json_object"):
+            grammar, not_enforced = self._json_grammar(constraint)
+        elif kind == "regex":
+            grammar = self._convert("regex", constraint.strict, not_enforced, xgr.Grammar.from_regex, constraint.spec)
+        elif kind == "grammar":
+            grammar = self._convert("grammar", constraint.strict, not_enforced, xgr.Grammar.from_ebnf, constraint.spec)
+        elif kind == "choice":
+            grammar = self._convert("choice", True, not_enforced, xgr.Grammar.from_ebnf, choice_ebnf(constraint.choices))
+        else:
+            raise GrammarError(f"unknown constraint kind {kind!r}")
+        try:
+            compiled = self._compiler.compile_grammar(grammar)
+        except Exception as e:  # xgrammar raises RuntimeError/ValueError with a C++ prefix
+            raise GrammarError(f"{kind} does not compile: {strip_native_prefix(str(e))}") from None
+        return XGrammarCompiled(compiled, kind, not_enforced)
+
+    def make_grammar(self, compiled: CompiledGrammar) -> XGrammarGrammar:
+        if not isinstance(compiled, XGrammarCompiled):
+            raise TypeError(f"expected a grammar compiled by XGrammarBackend, got {type(compiled).__name__}")
+        return XGrammarGrammar(compiled, self.forced_text, self.stop_token_ids, self.vocab_size)
+
+    def allocate_bitmask(self, num_rows: int) -> torch.Tensor:
+        return xgr.allocate_token_bitmask(num_rows, self.vocab_size)
+
+    # -- JSON -------------------------------------------------------------------------------
+
+    def _json_grammar(self, constraint: Constraint) -> tuple[xgr.Grammar, list[str]]:
+        if constraint.kind == "json_object":
+            schema: Any = {"type": "object"}
+            findings: list[schema_check.Finding] = []
+        else:
+            schema = schema_check.parse_schema(constraint.spec)
+            findings = schema_check.find_unsupported(schema)
+        if constraint.strict and findings:
+            raise _unsupported_error(findings)
+        text = json.dumps(schema_check.normalize(schema))
+        with capture_native_log() as log_lines:
+            grammar = self._json_to_grammar(text, constraint.any_whitespace)
+        for finding in self._findings_from_log(log_lines, schema, findings, constraint.any_whitespace):
+            findings.append(finding)
+            if constraint.strict:
+                raise _unsupported_error([finding])
+        return grammar, [str(f) for f in findings]
+
+    @staticmethod
+    def _json_to_grammar(schema_text: str, any_whitespace: bool) -> xgr.Grammar:
+        try:
+            return xgr.Grammar.from_json_schema(
+                schema_text, any_whitespace=any_whitespace, separators=None if any_whitespace else _COMPACT,
+                strict_mode=True)
+        except Exception as e:
+            raise GrammarError(f"json_schema does not compile: {strip_native_prefix(str(e))}") from None
+
+    def _findings_from_log(self, lines: list[str], schema: Any, known: list[schema_check.Finding],
+                           any_whitespace: bool) -> list[schema_check.Finding]:
+        """Turn xgrammar's warnings into findings; a warning the static check already explains
+        adds nothing, and a oneOf warning is traced to the oneOf(s) that caused it."""
+        out: list[schema_check.Finding] = []
+        known_keywords = {f.keyword for f in known}
+        for line in dict.fromkeys(lines):  # de-duplicated, in order
+            if _ONE_OF_WARNING in line:
+                out += [schema_check.Finding("oneOf", p, "branches may overlap, so it is enforced as anyOf")
+                        for p in self._overlapping_one_ofs(schema, any_whitespace)]
+                continue
+            keywords = _warning_keywords(line)
+            if not keywords & known_keywords:
+                out.append(schema_check.Finding(min(keywords), None, f"xgrammar: {line}"))
+        return out
+
+    def _overlapping_one_ofs(self, schema: Any, any_whitespace: bool) -> list[str | None]:
+        """Pointers of the oneOfs xgrammar falls back to anyOf for: convert once per oneOf with
+        every other oneOf renamed to anyOf, and see whether the warning comes back."""
+        pointers = [p for p, node, _ in schema_check.iter_subschemas(schema)
+                    if isinstance(node, dict) and "oneOf" in node]
+        guilty: list[str | None] = []
+        for pointer in pointers:
+            trial = schema_check.normalize(schema)
+            for other, node, _ in schema_check.iter_subschemas(trial):
+                if isinstance(node, dict) and "oneOf" in node and other != pointer:
+                    node["anyOf"] = node.pop("oneOf")
+            with capture_native_log() as lines:
+                try:
+                    self._json_to_grammar(json.dumps(trial), any_whitespace)
+                except GrammarError:
+                    pass
+            if any(_ONE_OF_WARNING in line for line in lines):
+                guilty.append(pointer)
+        return guilty or [None]
+
+    # -- other kinds --------------------------------------------------------------------------
+
+    @staticmethod
+    def _convert(kind: str, strict: bool, not_enforced: list[str], convert, spec: str) -> xgr.Grammar:
+        with capture_native_log() as log_lines:
+            try:
+                grammar = convert(spec)
+            except Exception as e:
+                raise GrammarError(f"{kind} does not compile: {strip_native_prefix(str(e))}") from None
+        for line in dict.fromkeys(log_lines):
+            if strict:
+                raise GrammarError(f"{kind} is not fully enforceable: {line}")
+            not_enforced.append(f"{kind}: {line}")
+        return grammar
+
+
+def choice_ebnf(choices: list[str]) -> str:
+    """An EBNF grammar matching exactly one of `choices`, each taken literally."""
+    return "root ::= " + " | ".join(_ebnf_literal(c) for c in choices)
+
+
+def _ebnf_literal(text: str) -> str:
+    out = []
+    for char in text:
+        if char in ('"', "\\"):
+            out.append("\\" + char)
+        elif char == "\n":
+            out.append("\\n")
+        elif char == "\t":
+            out.append("\\t")
+        elif char == "\r":
+            out.append("\\r")
+        elif ord(char) < 0x20 or ord(char) == 0x7F:
+            out.append(f"\\x{ord(char):02x}")
+        else:
+            out.append(char)
+    return '"' + "".join(out) + '"'
+
+
+_WARNING_KEYWORDS = re.compile(
+    r"\b(minLength|maxLength|multipleOf|allOf|anyOf|oneOf|pattern|format|minItems|maxItems|"
+    r"minProperties|maxProperties|required|\$ref|items|prefixItems|properties)\b")
+
+
+def _warning_keywords(line: str) -> set[str]:
+    """The keyword(s) an xgrammar warning is about, to match it with a static finding."""
+    if "URI should" in line:
+        return {"$ref"}
+    found = set(_WARNING_KEYWORDS.findall(line))
+    if "minLength/maxLength" in line:
+        found = {"minLength", "maxLength"}
+    return found or {"(xgrammar warning)"}
+
+
+def _unsupported_error(findings: list[schema_check.Finding]) -> GrammarError:
+    shown = "; ".join(f.message for f in findings[:5])
+    more = f" (and {len(findings) - 5} more)" if len(findings) > 5 else ""
+    return GrammarError(f"{shown}{more}. Remove these keywords, or set strict=false to accept "
+                        "the schema with them listed as not enforced")
+
+
+def apply_bitmask_xgrammar(logits: torch.Tensor, bitmask: torch.Tensor, row_indices: list[int] | None) -> None:
+    """xgrammar's own kernel (CUDA, or its CPU loop): bitmask rows aligned with logits rows;
+    row_indices: the rows to mask (None: all)."""
+    xgr.apply_token_bitmask_inplace(logits, bitmask.to(logits.device, non_blocking=True), indices=row_indices)
+
+
+# xgrammar's CUDA kernel behind grammar.bitmask's device hook, so that module stays library-free
+bitmask_ops.register_device_kernel("cuda", apply_bitmask_xgrammar)
