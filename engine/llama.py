@@ -35,10 +35,14 @@ class RotaryEmbedding(nn.Module):
         self.register_buffer("cos", emb.cos(), persistent=False)
         self.register_buffer("sin", emb.sin(), persistent=False)
 
-    def forward(self, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        cos = self.cos[positions].unsqueeze(1).to(q.dtype)  # [tokens, 1, head_dim]
-        sin = self.sin[positions].unsqueeze(1).to(q.dtype)
-        return q * cos + _rotate_half(q) * sin, k * cos + _rotate_half(k) * sin
+    def forward(self, cos_sin: tuple[torch.Tensor, torch.Tensor], qk: torch.Tensor) -> torch.Tensor:
+        """Rotate queries and keys together: qk is [tokens, num_heads + num_kv_heads, head_dim]."""
+        cos, sin = cos_sin
+        return qk * cos + _rotate_half(qk) * sin
+
+    def cos_sin(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+        """Per-step tables, gathered once and shared by every layer: [tokens, 1, head_dim] each."""
+        return self.cos[positions].unsqueeze(1).to(dtype), self.sin[positions].unsqueeze(1).to(dtype)
 
 
 def _rotate_half(x: torch.Tensor) -> torch.Tensor:
@@ -65,16 +69,18 @@ class DecoderLayer(nn.Module):
         self.intermediate_size = inter
         self.scale = self.head_dim ** -0.5
 
-    def forward(self, hidden: torch.Tensor, positions: torch.Tensor, rotary: RotaryEmbedding,
+    def forward(self, hidden: torch.Tensor, cos_sin: tuple[torch.Tensor, torch.Tensor], rotary: RotaryEmbedding,
                 kv_cache: torch.Tensor, attn_backend: AttentionBackend, attn_metadata: object) -> torch.Tensor:
         num_tokens = hidden.shape[0]
         x = self.input_layernorm(hidden)
-        q, k, v = self.qkv_proj(x).split(self.qkv_sizes, dim=-1)
-        q = q.view(num_tokens, self.num_heads, self.head_dim)
-        k = k.view(num_tokens, self.num_kv_heads, self.head_dim)
-        v = v.view(num_tokens, self.num_kv_heads, self.head_dim)
-        q, k = rotary(positions, q, k)
-        attn = attn_backend.forward(q, k.contiguous(), v.contiguous(), kv_cache, attn_metadata)
+        qkv = self.qkv_proj(x)
+        q_size, kv_size, _ = self.qkv_sizes
+        # q and k sit side by side in the fused output: rotate both in one pass
+        qk = rotary(cos_sin, qkv[:, :q_size + kv_size].view(num_tokens, self.num_heads + self.num_kv_heads,
+                                                              self.head_dim))
+        q, k = qk.split((self.num_heads, self.num_kv_heads), dim=1)
+        v = qkv[:, q_size + kv_size:].reshape(num_tokens, self.num_kv_heads, self.head_dim)
+        attn = attn_backend.forward(q, k.contiguous(), v, kv_cache, attn_metadata)
         hidden = hidden + self.o_proj(attn.reshape(num_tokens, -1))
         x = self.post_attention_layernorm(hidden)
         gate, up = self.gate_up_proj(x).split(self.intermediate_size, dim=-1)
@@ -105,8 +111,9 @@ class LlamaForCausalLM(nn.Module):
                 logits_indices: torch.Tensor) -> torch.Tensor:
         """Flat 1-D batch in, logits [len(logits_indices), vocab] out (only where they are used)."""
         hidden = self.embed_tokens(input_ids)
+        cos_sin = self.rotary.cos_sin(positions, hidden.dtype)
         for layer, kv_cache in zip(self.layers, kv_caches):
-            hidden = layer(hidden, positions, self.rotary, kv_cache, attn_backend, attn_metadata)
+            hidden = layer(hidden, cos_sin, self.rotary, kv_cache, attn_backend, attn_metadata)
         hidden = self.norm(hidden.index_select(0, logits_indices))
         return F.linear(hidden, self.lm_head_weight).float()
 
