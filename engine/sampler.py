@@ -13,7 +13,7 @@ import numpy as np
 import torch
 
 from engine.protocol import TokenLogprob
-from grammar.bitmask import apply_bitmask
+from grammar.bitmask import apply_bitmask, masked_argmax
 
 
 @dataclass
@@ -50,18 +50,22 @@ class Sampler:
         if any(k is not None for k in meta.num_logprobs):
             raw_logprobs = torch.log_softmax(logits, dim=-1)
         dead_end_rows = np.empty(0, dtype=np.int64)
+        masked = np.empty(0, dtype=np.int64)
         if bitmask is not None and bitmask_rows is not None:
             masked = np.flatnonzero(bitmask_rows >= 0)
-            if len(masked):
-                apply_bitmask(logits, bitmask, masked, bitmask_rows[masked])
-                row_max = logits[torch.from_numpy(masked)].amax(dim=-1)
-                dead_end_rows = masked[torch.isinf(row_max).numpy() & (row_max < 0).numpy()]
-        if meta.penalties:
-            self._apply_penalties(logits, meta.penalties)
-        if meta.all_greedy:
+            bitmask = bitmask[torch.from_numpy(bitmask_rows[masked])]  # row k constrains logits row masked[k]
+            dead_end_rows = masked[~bitmask.any(dim=1).numpy()]
+        if meta.all_greedy and not meta.penalties:
+            # fast path: argmax, and over only the allowed ids where a grammar applies (logits untouched)
             token_ids = logits.argmax(dim=-1)
+            if len(masked):
+                token_ids[torch.from_numpy(masked)] = masked_argmax(logits, bitmask, masked)
         else:
-            token_ids = self._sample(logits, meta)
+            if len(masked):
+                apply_bitmask(logits, bitmask, masked)
+            if meta.penalties:
+                self._apply_penalties(logits, meta.penalties)
+            token_ids = logits.argmax(dim=-1) if meta.all_greedy else self._sample(logits, meta)
         logprobs: list[TokenLogprob | None] = [None] * n
         if raw_logprobs is not None:
             logprobs = self._gather_logprobs(raw_logprobs, token_ids, meta.num_logprobs)
