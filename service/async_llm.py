@@ -1,0 +1,212 @@
+"""The service's engine: prompts in, RequestOutputs out, over an EngineCoreClient. No gRPC here.
+
+Renders chat templates and tokenizes, admits requests (queue length, context length, KV
+capacity), detokenizes through the shared OutputProcessor, and aborts a request in the core
+whenever its consumer stops early (client cancellation, deadline, error): in every state
+(queued, waiting for its grammar, running) the core drops it and frees its KV blocks.
+Every refusal is a ServiceError with the gRPC code and a message naming the numbers.
+"""
+from __future__ import annotations
+
+import asyncio
+import functools
+import logging
+import time
+from collections.abc import AsyncIterator
+from typing import TYPE_CHECKING
+
+from engine.core_client import EngineDeadError
+from engine.output_processor import OutputProcessor, RequestOutput
+from engine.protocol import ConstraintReport, EngineCoreOutput, EngineCoreRequest, EngineStats
+from engine.request import FinishReason
+from engine.sampling_params import Constraint, SamplingParams
+from engine.tokenizer import Tokenizer
+from service.errors import FieldViolation, ServiceError, StatusCode, invalid_argument, unavailable
+
+if TYPE_CHECKING:
+    from engine.core_client import EngineCoreClient, RequestOutputStream
+    from engine.core_proc import EngineCoreReady
+    from service.conversion import PromptInput
+    from service.limits import ServiceLimits
+
+logger = logging.getLogger(__name__)
+
+_OFF_LOOP_CHARS = 32 * 1024  # tokenize prompts longer than this on a worker thread
+
+
+class AsyncLLM:
+    """Not thread-safe: use it from the one event loop that started it."""
+
+    def __init__(self, client: EngineCoreClient, limits: ServiceLimits) -> None:
+        self.client = client
+        self.limits = limits
+        self.info: EngineCoreReady | None = None  # set by start()
+        self.tokenizer: Tokenizer | None = None
+        self.output_processor: OutputProcessor | None = None
+        # request id -> its core output stream, from admission until the request ends here
+        self._streams: dict[str, RequestOutputStream] = {}
+        self._closing = False
+        # token id -> its text, for logprobs
+        self.token_text = functools.lru_cache(maxsize=1 << 16)(self._token_text)
+
+    async def start(self) -> EngineCoreReady:
+        """Start the core (loads the model) and the tokenizer; EngineDeadError if the core fails."""
+        info = await self.client.start()
+        self.tokenizer = await asyncio.to_thread(Tokenizer.from_model_dir, info.model_dir)
+        self.output_processor = OutputProcessor(self.tokenizer)
+        self.info = info
+        return info
+
+    async def warm_up(self) -> None:
+        """Send one short constrained request through the whole path (template, tokenizer, grammar
+        compile and bitmask, forward, sampler, detokenizer), so the first client does not pay for it."""
+        assert self.tokenizer is not None
+        prompt = self.tokenizer.encode_chat([{"role": "user", "content": "Say hello in JSON."}])
+        params = SamplingParams(max_tokens=4, temperature=0.0, constraint=Constraint(kind="json_object"))
+        final = None
+        async for final in self.generate(prompt, params, request_id="warm-up", stream=False):
+            pass
+        if final is None or final.finish_reason == FinishReason.ERROR:
+            raise RuntimeError(f"the warm-up request failed: {final.error if final else 'no output'}")
+
+    # ---- state --------------------------------------------------------------------------------
+
+    def check_available(self) -> None:
+        """UNAVAILABLE while loading, after the core died, and while shutting down."""
+        if self.info is None:
+            raise unavailable("the model is still loading; retry once health reports SERVING")
+        dead = self.client.dead_error
+        if dead is not None:
+            raise unavailable(f"the engine is unavailable: {dead}")
+        if self._closing:
+            raise unavailable("the server is shutting down")
+
+    @property
+    def num_in_flight(self) -> int:
+        return len(self._streams)
+
+    @property
+    def closing(self) -> bool:
+        return self._closing
+
+    def stop_accepting(self) -> None:
+        self._closing = True
+
+    def abort_all(self) -> int:
+        """End every in-flight request now: each ends with FinishReason.ABORT and its text so far."""
+        for request_id, stream in list(self._streams.items()):
+            self.client.abort_requests([request_id])
+            stream.put(EngineCoreOutput(request_id, finish_reason=int(FinishReason.ABORT)))
+        return len(self._streams)
+
+    # ---- requests -----------------------------------------------------------------------------
+
+    async def encode_prompt(self, prompt: PromptInput) -> tuple[list[int], str | None]:
+        """The prompt's token ids, and for a chat the text the template rendered."""
+        self.check_available()
+        tokenizer = self.tokenizer
+        assert tokenizer is not None
+        if prompt.token_ids is not None:
+            return prompt.token_ids, None
+        if prompt.messages is not None:
+            try:
+                text = tokenizer.apply_chat_template(prompt.messages, prompt.add_generation_prompt)
+            except ValueError as e:
+                raise invalid_argument("chat.messages", str(e)) from None
+            return await self._encode(text, add_special_tokens=False), text  # the template wrote them
+        assert prompt.text is not None
+        return await self._encode(prompt.text, add_special_tokens=True), None
+
+    async def _encode(self, text: str, add_special_tokens: bool) -> list[int]:
+        assert self.tokenizer is not None
+        if len(text) > _OFF_LOOP_CHARS:
+            return await asyncio.to_thread(self.tokenizer.encode, text, add_special_tokens)
+        return self.tokenizer.encode(text, add_special_tokens)
+
+    async def generate(self, prompt_token_ids: list[int], params: SamplingParams, *, request_id: str,
+                       priority: int = 0, arrival_time: float | None = None, stream: bool = True,
+                       prompt_field: str = "prompt") -> AsyncIterator[RequestOutput]:
+        """Run one request. Yields an output per step with new tokens (`stream`) or only the final
+        one; the last output has `finished` set.
+
+        Raises ServiceError before anything is queued if the request is refused, and UNAVAILABLE if
+        the core dies. Closing the generator early (use contextlib.aclosing) aborts the request in
+        the core. An output with FinishReason.ERROR is yielded, not raised: the caller decides.
+        """
+        self.check_available()
+        self._admit(len(prompt_token_ids), params.max_tokens, prompt_field)
+        assert self.output_processor is not None
+        arrival_time = time.monotonic() if arrival_time is None else arrival_time
+        self.output_processor.add_request(request_id, prompt_token_ids, params, arrival_time, stream)
+        try:
+            outputs = self.client.add_request(
+                EngineCoreRequest(request_id, prompt_token_ids, params, arrival_time=arrival_time, priority=priority))
+        except (EngineDeadError, ValueError) as e:
+            self.output_processor.abort(request_id)
+            if isinstance(e, ValueError):
+                raise invalid_argument("request_id", str(e)) from None
+            raise unavailable(f"the engine is unavailable: {e}") from None
+        self._streams[request_id] = outputs
+        finished = False
+        try:
+            while not finished:
+                core_output = await outputs.get()
+                request_outputs, to_abort = self.output_processor.process_outputs([core_output])
+                if to_abort:  # a stop string ended it here: free it in the core
+                    self.client.abort_requests(to_abort)
+                for output in request_outputs:
+                    finished = output.finished
+                    yield output
+        except EngineDeadError as e:
+            raise unavailable(f"the engine is unavailable: {e}") from None
+        finally:
+            del self._streams[request_id]
+            if not finished:  # cancelled, deadline, or the consumer stopped: free it in the core
+                self.client.abort_requests([request_id])
+                self.output_processor.abort(request_id)
+
+    def _admit(self, num_prompt_tokens: int, max_tokens: int, prompt_field: str) -> None:
+        info = self.info
+        assert info is not None
+        if num_prompt_tokens >= info.max_model_len:
+            description = (f"the prompt has {num_prompt_tokens} tokens; the context length is {info.max_model_len} "
+                           f"tokens (prompt + output), which leaves no room to generate")
+            raise ServiceError(StatusCode.INVALID_ARGUMENT, f"{prompt_field}: {description}",
+                               [FieldViolation(prompt_field, description)])
+        kv_tokens = info.num_total_blocks * info.block_size
+        num_tokens = min(num_prompt_tokens + max_tokens, info.max_model_len)
+        if num_tokens > kv_tokens:
+            raise ServiceError(StatusCode.RESOURCE_EXHAUSTED, (
+                f"the request needs KV cache for up to {num_tokens} tokens (prompt {num_prompt_tokens} + max_tokens "
+                f"{max_tokens}, within the context length {info.max_model_len}), but the engine's KV cache holds "
+                f"{kv_tokens} tokens ({info.num_total_blocks} blocks of {info.block_size}); shorten the prompt "
+                f"or lower max_tokens"))
+        capacity = info.max_num_seqs + info.max_num_waiting
+        if len(self._streams) >= capacity:
+            raise ServiceError(StatusCode.RESOURCE_EXHAUSTED, (
+                f"the queue is full: {len(self._streams)} requests in flight ({info.max_num_seqs} running + "
+                f"{info.max_num_waiting} waiting at most); retry later"))
+
+    # ---- calls --------------------------------------------------------------------------------
+
+    async def validate_constraint(self, constraint: Constraint) -> ConstraintReport:
+        self.check_available()
+        try:
+            return await self.client.validate_constraint(constraint)
+        except EngineDeadError as e:
+            raise unavailable(f"the engine is unavailable: {e}") from None
+
+    async def get_stats(self) -> EngineStats:
+        self.check_available()
+        try:
+            return await self.client.get_stats()
+        except EngineDeadError as e:
+            raise unavailable(f"the engine is unavailable: {e}") from None
+
+    def _token_text(self, token_id: int) -> str:
+        assert self.tokenizer is not None
+        return self.tokenizer.decode([token_id])
+
+    async def shutdown(self) -> None:
+        self._closing = True
+        await self.client.shutdown()

@@ -1,0 +1,127 @@
+"""`formwork serve`: the gRPC server on one engine core process.
+
+    formwork serve [--model PATH] [--host 127.0.0.1] [--port 50051] [engine options] [limits]
+    python -m service.cli serve ...   (the same, without the console script)
+
+The engine CLI (engine/cli.py) registers this subcommand with `add_serve_parser(subparsers)`; the
+parsed namespace carries `func`, which runs it and returns the exit code.
+"""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import sys
+
+from engine.config import CacheConfig, EngineConfig, GrammarConfig, SchedulerConfig
+from service.limits import ServiceLimits
+
+_ENGINE_DEFAULTS = EngineConfig()
+_LIMIT_DEFAULTS = ServiceLimits()
+
+
+def add_serve_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
+    parser = subparsers.add_parser("serve", help="serve the Generation gRPC API",
+                                   description="Serve formwork.v1.Generation (plus health and reflection) over gRPC.")
+    add_serve_arguments(parser)
+    parser.set_defaults(func=run_serve)
+    return parser
+
+
+def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
+    scheduler, cache, grammar = _ENGINE_DEFAULTS.scheduler, _ENGINE_DEFAULTS.cache, _ENGINE_DEFAULTS.grammar
+    parser.add_argument("--model", default=None, help="a local Hugging Face model folder (default: the packaged "
+                                                      "SmolLM2-135M-Instruct, prepared on first use)")
+    parser.add_argument("--host", default="127.0.0.1", help="address to listen on (default: %(default)s)")
+    parser.add_argument("--port", type=int, default=50051, help="port (default: %(default)s; 0: any free port)")
+    parser.add_argument("--log-level", default="INFO", choices=("DEBUG", "INFO", "WARNING", "ERROR"))
+
+    engine = parser.add_argument_group("engine")
+    engine.add_argument("--device", default=_ENGINE_DEFAULTS.device)
+    engine.add_argument("--dtype", default=_ENGINE_DEFAULTS.dtype, choices=("float32", "bfloat16", "float16"))
+    engine.add_argument("--max-model-len", type=int, default=None, help="context length (default: the model's)")
+    engine.add_argument("--num-threads", type=int, default=None, help="torch threads (default: torch's)")
+    engine.add_argument("--max-num-seqs", type=int, default=scheduler.max_num_seqs,
+                        help="requests in one batch (default: %(default)s)")
+    engine.add_argument("--max-num-batched-tokens", type=int, default=scheduler.max_num_batched_tokens,
+                        help="tokens in one step (default: %(default)s)")
+    engine.add_argument("--max-queue-len", type=int, default=scheduler.max_num_waiting,
+                        help="requests waiting beyond the batch; more get RESOURCE_EXHAUSTED (default: %(default)s)")
+    engine.add_argument("--num-kv-blocks", type=int, default=None,
+                        help=f"KV-cache blocks of {cache.block_size} tokens (default: from --kv-cache-mib)")
+    engine.add_argument("--kv-cache-mib", type=int, default=cache.kv_cache_bytes >> 20,
+                        help="KV-cache memory when --num-kv-blocks is not given (default: %(default)s)")
+    engine.add_argument("--no-prefix-caching", action="store_true", help="recompute every prompt")
+    engine.add_argument("--no-jump-forward", action="store_true",
+                        help="sample every token, even those the grammar forces")
+    engine.add_argument("--grammar-compile-timeout", type=float, default=grammar.compile_timeout_s,
+                        help="seconds (default: %(default)s)")
+
+    limits = parser.add_argument_group("limits")
+    limits.add_argument("--max-message-bytes", type=int, default=_LIMIT_DEFAULTS.max_message_bytes,
+                        help="largest request or response message (default: %(default)s)")
+    limits.add_argument("--max-constraint-bytes", type=int, default=_LIMIT_DEFAULTS.max_constraint_bytes,
+                        help="largest schema, regex, grammar or choice list (default: %(default)s)")
+    limits.add_argument("--max-tokens-cap", type=int, default=_LIMIT_DEFAULTS.max_tokens_cap,
+                        help="largest max_tokens a request may ask for (default: %(default)s)")
+    limits.add_argument("--default-max-tokens", type=int, default=_LIMIT_DEFAULTS.default_max_tokens,
+                        help="max_tokens of a request that leaves it unset (default: %(default)s)")
+    limits.add_argument("--shutdown-grace", type=float, default=_LIMIT_DEFAULTS.shutdown_grace_s,
+                        help="seconds in-flight requests get to finish after SIGTERM (default: %(default)s)")
+
+
+def engine_config_from_args(args: argparse.Namespace) -> EngineConfig:
+    return EngineConfig(
+        model=args.model,
+        device=args.device,
+        dtype=args.dtype,
+        max_model_len=args.max_model_len,
+        num_threads=args.num_threads,
+        scheduler=SchedulerConfig(max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.max_num_batched_tokens,
+                                  max_num_waiting=args.max_queue_len),
+        cache=CacheConfig(num_blocks=args.num_kv_blocks, kv_cache_bytes=args.kv_cache_mib << 20,
+                          enable_prefix_caching=not args.no_prefix_caching),
+        grammar=GrammarConfig(compile_timeout_s=args.grammar_compile_timeout, jump_forward=not args.no_jump_forward,
+                              max_spec_bytes=max(args.max_constraint_bytes, GrammarConfig().max_spec_bytes)),
+    )
+
+
+def limits_from_args(args: argparse.Namespace) -> ServiceLimits:
+    return ServiceLimits(max_message_bytes=args.max_message_bytes, max_constraint_bytes=args.max_constraint_bytes,
+                         max_tokens_cap=args.max_tokens_cap, default_max_tokens=args.default_max_tokens,
+                         shutdown_grace_s=args.shutdown_grace)
+
+
+def run_serve(args: argparse.Namespace) -> int:
+    """Serve until SIGTERM / Ctrl-C; the exit code (0 after a graceful stop)."""
+    from engine.core_client import AsyncMPClient
+    from service.server import GenerationServer, serve
+
+    log_level = getattr(logging, args.log_level)
+    logging.basicConfig(level=log_level, format="[formwork] %(levelname)s %(name)s: %(message)s")
+    try:
+        config, limits = engine_config_from_args(args), limits_from_args(args)
+    except ValueError as e:
+        print(f"formwork serve: {e}", file=sys.stderr)
+        return 2
+
+    def announce(server: GenerationServer) -> None:
+        assert server.llm.info is not None
+        address = f"{server.host}:{server.port}"
+        print(f"formwork: serving {server.llm.info.model_name} on {address} "
+              f"(try: grpcurl -plaintext {address} describe formwork.v1.Generation)", flush=True)
+
+    client = AsyncMPClient(config, log_level=log_level)
+    return asyncio.run(serve(client, limits, args.host, args.port, on_ready=announce))
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="formwork")
+    subparsers = parser.add_subparsers(dest="command", required=True)
+    add_serve_parser(subparsers)
+    args = parser.parse_args(argv)
+    return args.func(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,279 @@
+"""The gRPC layer: the Generation servicer, health, reflection, and the server's lifecycle.
+
+The only module of service/ that imports grpc; everything it serves is computed by AsyncLLM and
+service/conversion.py on plain messages. Lifecycle:
+
+    start()    bind the port, health NOT_SERVING, load the engine and warm it up in the background
+    ready      health SERVING
+    engine death   health NOT_SERVING; in-flight and new calls get UNAVAILABLE
+    stop()     (SIGTERM / SIGINT in serve()) health NOT_SERVING, refuse new calls, let in-flight
+               requests finish for the grace period, end the rest as FINISH_REASON_CANCELLED
+"""
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+import logging
+import signal
+import time
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass
+
+import grpc
+from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+from grpc_reflection.v1alpha import reflection, reflection_pb2, reflection_pb2_grpc
+
+from engine.core_client import EngineCoreClient
+from engine.output_processor import RequestOutput
+from engine.request import FinishReason
+from engine.sampling_params import SamplingParams
+from service import conversion
+from service._gen.formwork.v1 import generation_pb2 as pb
+from service._gen.formwork.v1 import generation_pb2_grpc as pb_grpc
+from service.async_llm import AsyncLLM
+from service.errors import STATUS_DETAILS_KEY, ServiceError, StatusCode, invalid_argument
+from service.limits import ServiceLimits
+from service.reflection import V1_SERVICE, V1ALPHA_SERVICE, add_v1_descriptor
+
+logger = logging.getLogger(__name__)
+
+GENERATION_SERVICE = pb.DESCRIPTOR.services_by_name["Generation"].full_name
+_SERVING = health_pb2.HealthCheckResponse.SERVING
+_NOT_SERVING = health_pb2.HealthCheckResponse.NOT_SERVING
+
+
+@dataclass(frozen=True)
+class _Prepared:
+    request_id: str  # the client's, or assigned
+    engine_request_id: str  # unique in the engine
+    prompt_token_ids: list[int]
+    prompt_field: str
+    params: SamplingParams
+    arrival_time: float
+
+
+class GenerationServicer(pb_grpc.GenerationServicer):
+    """formwork.v1.Generation. A client's cancellation or deadline cancels the handler task; the
+    generator it iterates is then closed, which aborts the request in the engine."""
+
+    def __init__(self, llm: AsyncLLM, limits: ServiceLimits) -> None:
+        self._llm = llm
+        self._limits = limits
+        self._ids = itertools.count(1)
+
+    async def Generate(self, request: pb.GenerateRequest, context: grpc.aio.ServicerContext) -> pb.GenerateResponse:
+        async with _status(context):
+            prepared = await self._prepare(request)
+            final = None
+            async with contextlib.aclosing(self._generate(prepared, request, stream=False)) as outputs:
+                async for final in outputs:
+                    pass
+            assert final is not None
+            return conversion.generate_response(final, prepared.request_id, self._llm.token_text, delta=False)
+
+    async def GenerateStream(self, request: pb.GenerateRequest, context: grpc.aio.ServicerContext) -> None:
+        async with _status(context):
+            prepared = await self._prepare(request)
+            async with contextlib.aclosing(self._generate(prepared, request, stream=True)) as outputs:
+                async for output in outputs:
+                    await context.write(
+                        conversion.generate_response(output, prepared.request_id, self._llm.token_text, delta=True))
+
+    async def ValidateConstraint(self, request: pb.ValidateConstraintRequest,
+                                 context: grpc.aio.ServicerContext) -> pb.ValidateConstraintResponse:
+        async with _status(context):
+            self._llm.check_available()
+            if not request.HasField("constraint") or request.constraint.WhichOneof("kind") is None:
+                raise invalid_argument("constraint", "set one of json_schema, json_schema_text, json_object, regex, "
+                                                     "grammar, choice")
+            try:
+                constraint = conversion.constraint_from_proto(request.constraint, self._limits)
+            except ServiceError as e:  # a bad constraint is this RPC's answer, not its failure
+                return pb.ValidateConstraintResponse(ok=False, error=e.message)
+            report = await self._llm.validate_constraint(constraint)
+            return conversion.validate_constraint_response(report)
+
+    async def GetModelInfo(self, request: pb.GetModelInfoRequest, context: grpc.aio.ServicerContext) -> pb.ModelInfo:
+        async with _status(context):
+            stats = await self._llm.get_stats()
+            assert self._llm.info is not None
+            return conversion.model_info(self._llm.info, stats, self._limits, self._llm.num_in_flight)
+
+    async def Tokenize(self, request: pb.TokenizeRequest, context: grpc.aio.ServicerContext) -> pb.TokenizeResponse:
+        async with _status(context):
+            self._llm.check_available()
+            assert self._llm.info is not None and self._llm.tokenizer is not None
+            prompt = conversion.prompt_from_proto(request, self._llm.info.vocab_size)
+            token_ids, rendered = await self._llm.encode_prompt(prompt)
+            tokens = self._llm.tokenizer.convert_ids_to_tokens(token_ids)
+            return pb.TokenizeResponse(token_ids=token_ids, tokens=[t or "" for t in tokens],
+                                       rendered_prompt=rendered or "")
+
+    # ---- helpers ------------------------------------------------------------------------------
+
+    async def _prepare(self, request: pb.GenerateRequest) -> _Prepared:
+        arrival_time = time.monotonic()
+        self._llm.check_available()
+        info = self._llm.info
+        assert info is not None
+        if len(request.request_id) > self._limits.max_request_id_len:
+            raise invalid_argument("request_id", f"is {len(request.request_id)} characters; the limit is "
+                                                 f"{self._limits.max_request_id_len}")
+        prompt = conversion.prompt_from_proto(request, info.vocab_size)
+        params = conversion.sampling_params_from_proto(request, self._limits, info.vocab_size)
+        token_ids, _ = await self._llm.encode_prompt(prompt)
+        number = next(self._ids)
+        request_id = request.request_id or f"req-{number}"
+        # the client's id need not be unique; the engine's must be
+        return _Prepared(request_id, f"{request_id}#{number}", token_ids, prompt.field, params, arrival_time)
+
+    async def _generate(self, prepared: _Prepared, request: pb.GenerateRequest,
+                        stream: bool) -> AsyncIterator[RequestOutput]:
+        """AsyncLLM.generate, with an ERROR output turned into the RPC's status."""
+        async with contextlib.aclosing(self._llm.generate(
+                prepared.prompt_token_ids, prepared.params, request_id=prepared.engine_request_id,
+                priority=request.priority, arrival_time=prepared.arrival_time, stream=stream,
+                prompt_field=prepared.prompt_field)) as outputs:
+            async for output in outputs:
+                if output.finish_reason == FinishReason.ERROR:
+                    logger.info("request %s failed: %s", prepared.engine_request_id, output.error)
+                    raise conversion.error_from_output(output, conversion.constraint_field(request))
+                yield output
+
+
+@contextlib.asynccontextmanager
+async def _status(context: grpc.aio.ServicerContext) -> AsyncIterator[None]:
+    """End the RPC with the status of a ServiceError (rich details in the trailer); any other
+    exception is a bug: INTERNAL, logged. Cancellation passes through."""
+    try:
+        yield
+    except ServiceError as e:
+        await _abort(context, e)
+    except Exception as e:
+        if isinstance(e, grpc.aio.AbortError):
+            raise
+        logger.exception("internal error")
+        await _abort(context, ServiceError(StatusCode.INTERNAL, f"internal error: {type(e).__name__}: {e}"))
+
+
+async def _abort(context: grpc.aio.ServicerContext, error: ServiceError) -> None:
+    details = error.status_proto().SerializeToString()
+    await context.abort(grpc.StatusCode[error.code.name], error.message,
+                        trailing_metadata=((STATUS_DETAILS_KEY, details),))
+
+
+def _v1_reflection_handler(servicer: reflection.aio.ReflectionServicer) -> grpc.GenericRpcHandler:
+    """grpc.reflection.v1 served by the v1alpha servicer: the messages are identical on the wire."""
+    method = grpc.stream_stream_rpc_method_handler(
+        servicer.ServerReflectionInfo,
+        request_deserializer=reflection_pb2.ServerReflectionRequest.FromString,
+        response_serializer=reflection_pb2.ServerReflectionResponse.SerializeToString)
+    return grpc.method_handlers_generic_handler(V1_SERVICE, {"ServerReflectionInfo": method})
+
+
+class GenerationServer:
+    """One gRPC server in front of one engine core client."""
+
+    def __init__(self, client: EngineCoreClient, limits: ServiceLimits, host: str = "127.0.0.1",
+                 port: int = 50051, warm_up: bool = True) -> None:
+        self.llm = AsyncLLM(client, limits)
+        self.limits = limits
+        self.host = host
+        self.port = port  # the bound port once started (useful with port 0)
+        self._warm_up = warm_up
+        self.health = health.aio.HealthServicer()
+        self.server = grpc.aio.server(options=[
+            ("grpc.max_receive_message_length", limits.max_message_bytes),
+            ("grpc.max_send_message_length", limits.max_message_bytes),
+            ("grpc.so_reuseport", 0),  # a port in use is an error, not a shared port
+        ])
+        pb_grpc.add_GenerationServicer_to_server(GenerationServicer(self.llm, limits), self.server)
+        health_pb2_grpc.add_HealthServicer_to_server(self.health, self.server)
+        add_v1_descriptor()
+        reflection_servicer = reflection.aio.ReflectionServicer(
+            (GENERATION_SERVICE, health.SERVICE_NAME, V1ALPHA_SERVICE, V1_SERVICE))
+        reflection_pb2_grpc.add_ServerReflectionServicer_to_server(reflection_servicer, self.server)
+        self.server.add_generic_rpc_handlers([_v1_reflection_handler(reflection_servicer)])
+        self.ready = asyncio.Event()
+        self._startup: asyncio.Task[None] | None = None
+        self._watchdog: asyncio.Task[None] | None = None
+
+    async def start(self) -> int:
+        """Bind and serve (health NOT_SERVING) and start loading the engine; returns the port."""
+        await self._set_health(_NOT_SERVING)
+        self.port = self.server.add_insecure_port(f"{self.host}:{self.port}")
+        await self.server.start()
+        self._startup = asyncio.create_task(self._load())
+        return self.port
+
+    async def wait_started(self) -> None:
+        """Return once the engine is loaded and warm; raise if it failed to start."""
+        assert self._startup is not None
+        await self._startup
+
+    async def _load(self) -> None:
+        started = time.monotonic()
+        info = await self.llm.start()
+        if self._warm_up:
+            await self.llm.warm_up()
+        await self._set_health(_SERVING)
+        self.ready.set()
+        self._watchdog = asyncio.create_task(self._watch_engine())
+        logger.info("%s loaded and warm in %.1f s", info.model_name, time.monotonic() - started)
+
+    async def _watch_engine(self) -> None:
+        error = await self.llm.client.wait_dead()
+        if not self.llm.closing:
+            logger.error("the engine is gone (%s); health is NOT_SERVING and calls answer UNAVAILABLE", error)
+        await self._set_health(_NOT_SERVING)
+
+    async def _set_health(self, status: int) -> None:
+        for name in ("", GENERATION_SERVICE):
+            await self.health.set(name, status)
+
+    async def stop(self, grace_s: float | None = None) -> None:
+        """Graceful stop: refuse new calls, give in-flight requests `grace_s` (default: the limit)
+        to finish, end the rest with FINISH_REASON_CANCELLED, then stop the engine."""
+        grace_s = self.limits.shutdown_grace_s if grace_s is None else grace_s
+        await self.health.enter_graceful_shutdown()
+        self.llm.stop_accepting()
+        if self._startup is not None and not self._startup.done():
+            self._startup.cancel()
+        logger.info("stopping: %d requests in flight, %.0f s grace", self.llm.num_in_flight, grace_s)
+        # new RPCs are refused from now; grpc cancels handlers still running at the end
+        server_stopped = asyncio.create_task(self.server.stop(grace_s + 5.0))
+        deadline = time.monotonic() + grace_s
+        while self.llm.num_in_flight and time.monotonic() < deadline:
+            await asyncio.sleep(0.05)
+        if self.llm.num_in_flight:
+            logger.warning("grace period over: cancelling %d requests", self.llm.abort_all())
+        await server_stopped
+        if self._watchdog is not None:
+            self._watchdog.cancel()
+        await self.llm.shutdown()
+
+
+async def serve(client: EngineCoreClient, limits: ServiceLimits, host: str, port: int,
+                on_ready: Callable[[GenerationServer], None] | None = None) -> int:
+    """Run a server until SIGTERM or SIGINT; returns the process exit code (0 after a graceful
+    stop, 1 if the engine failed to start)."""
+    server = GenerationServer(client, limits, host, port)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    await server.start()
+    stop_requested = asyncio.create_task(stop.wait())
+    started = asyncio.create_task(server.wait_started())
+    await asyncio.wait({stop_requested, started}, return_when=asyncio.FIRST_COMPLETED)
+    if started.done() and started.exception() is not None:
+        logger.error("the engine failed to start: %s", started.exception())
+        stop_requested.cancel()
+        await server.stop(0)
+        return 1
+    if started.done() and on_ready is not None:
+        on_ready(server)
+    await stop_requested
+    await server.stop()
+    return 0
