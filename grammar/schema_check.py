@@ -27,11 +27,16 @@ from grammar.backend import GrammarError
 if TYPE_CHECKING:
     from engine.sampling_params import Constraint
 
-# Keywords that assert nothing (annotations, identifiers, containers of definitions).
-ANNOTATIONS = frozenset({
-    "$schema", "$id", "$anchor", "$comment", "$vocabulary", "$defs", "definitions",
-    "title", "description", "default", "examples", "deprecated", "readOnly", "writeOnly",
-    "contentEncoding", "contentMediaType", "contentSchema",  # annotations only in 2020-12
+# Keywords that assert something about an instance, in any draft. Keywords outside this set
+# (annotations like "title", identifiers like "$id", vendor extensions) never constrain output.
+ASSERTIONS = frozenset({
+    "type", "enum", "const", "multipleOf", "maximum", "exclusiveMaximum", "minimum", "exclusiveMinimum",
+    "maxLength", "minLength", "pattern", "format", "maxItems", "minItems", "uniqueItems", "maxContains",
+    "minContains", "maxProperties", "minProperties", "required", "dependentRequired",
+    "allOf", "anyOf", "oneOf", "not", "if", "then", "else", "dependentSchemas", "dependencies",
+    "prefixItems", "items", "additionalItems", "contains", "properties", "patternProperties",
+    "additionalProperties", "propertyNames", "unevaluatedItems", "unevaluatedProperties",
+    "$ref", "$dynamicRef", "$recursiveRef",
 })
 
 # Keywords with a meaning in some JSON-Schema draft that xgrammar 0.2.9 never enforces
@@ -49,10 +54,7 @@ NEVER_ENFORCED = {
     "dependentSchemas": "dependencies between properties are ignored",
     "dependencies": "dependencies between properties are ignored",
     "$dynamicRef": "dynamic references are not resolved",
-    "$dynamicAnchor": "dynamic references are not resolved",
     "$recursiveRef": "recursive references are not resolved",
-    "$recursiveAnchor": "recursive references are not resolved",
-    "additionalItems": "draft-2019 tuple form is not supported",
 }
 
 # keyword -> the instance type it applies to; xgrammar ignores these unless "type" names it.
@@ -64,8 +66,10 @@ TYPED_KEYWORDS = {
     "required": "object", "minProperties": "object", "maxProperties": "object",
     "patternProperties": "object", "propertyNames": "object",
 }
-# xgrammar infers the type from these (narrowing, never loosening), so they need no "type".
-TYPE_INFERRING = frozenset({"items", "prefixItems", "properties", "additionalProperties"})
+# Without "type", xgrammar reads a schema with these keywords as an object / an array
+# (narrowing, never loosening) and then enforces that type's keywords too.
+_INFERS_OBJECT = ("properties", "additionalProperties")
+_INFERS_ARRAY = ("items", "prefixItems")
 
 # String formats xgrammar turns into a regex (measured with one valid and one invalid string each).
 SUPPORTED_FORMATS = frozenset({
@@ -170,12 +174,22 @@ def parse_schema(spec: str, max_schema_depth: int | None = None) -> Any:
         raise GrammarError(f"json_schema is not valid JSON: {e}") from None
 
 
-def _types(node: dict) -> set[str] | None:
+def _types(node: Any) -> set[str] | None:
+    """The instance types `node` enforces: declared, or inferred as xgrammar does; None: any."""
+    if not isinstance(node, dict):
+        return None
     declared = node.get("type")
     if isinstance(declared, str):
         return {declared}
     if isinstance(declared, list):
         return {t for t in declared if isinstance(t, str)}
+    if "enum" in node or "const" in node:
+        values = node["enum"] if isinstance(node.get("enum"), list) else [node.get("const")]
+        return {_json_type(v) for v in values}
+    if any(k in node for k in _INFERS_OBJECT):
+        return {"object"}
+    if any(k in node for k in _INFERS_ARRAY):
+        return {"array"}
     return None
 
 
@@ -199,14 +213,30 @@ def _json_type(value: Any) -> str:
     return "array" if isinstance(value, list) else "object"
 
 
-def _conforms(value: Any, types: set[str]) -> bool:
-    kind = _json_type(value)
-    return kind in types or (kind == "integer" and "number" in types)
-
-
 def _asserting(node: dict, *exclude: str) -> list[str]:
     """Keywords of `node` that assert something, in document order, minus `exclude`."""
-    return [k for k in node if k not in ANNOTATIONS and k not in exclude]
+    return [k for k in node if k in ASSERTIONS and k not in exclude]
+
+
+def _within(inner: set[str] | None, outer: set[str] | None) -> bool:
+    """Every type of `inner` is allowed by `outer` (so an outer "type" adds nothing)."""
+    if inner is None or outer is None:
+        return False
+    return all(t in outer or (t == "integer" and "number" in outer) for t in inner)
+
+
+def resolve_pointer(root: Any, ref: str) -> Any:
+    """The subschema a local "#/..." reference names, or None."""
+    node = root
+    for token in ref[2:].split("/") if ref.startswith("#/") else []:
+        token = token.replace("~1", "/").replace("~0", "~")
+        if isinstance(node, dict) and token in node:
+            node = node[token]
+        elif isinstance(node, list) and token.isdigit() and int(token) < len(node):
+            node = node[int(token)]
+        else:
+            return None
+    return node
 
 
 def find_unsupported(schema: Any) -> list[Finding]:
@@ -219,11 +249,11 @@ def find_unsupported(schema: Any) -> list[Finding]:
     findings: list[Finding] = []
     for pointer, node, _ in iter_subschemas(schema):
         if isinstance(node, dict):
-            findings += _check_node(node, pointer, uses_refs)
+            findings += _check_node(node, pointer, schema, uses_refs)
     return findings
 
 
-def _check_node(node: dict, pointer: str, uses_refs: bool) -> list[Finding]:
+def _check_node(node: dict, pointer: str, root: Any, uses_refs: bool) -> list[Finding]:
     out: list[Finding] = []
     types = _types(node)
 
@@ -241,14 +271,17 @@ def _check_node(node: dict, pointer: str, uses_refs: bool) -> list[Finding]:
     if ref is not None:
         if not isinstance(ref, str) or not (ref == "#" or ref.startswith("#/")):
             flag("$ref", f"only local JSON-pointer references (#/...) are resolved, not {ref!r}")
+        target = resolve_pointer(root, ref) if isinstance(ref, str) else None
         for keyword in _asserting(node, "$ref", *NEVER_ENFORCED):
+            if keyword == "type" and _within(_types(target), types):
+                continue  # the referenced schema already has (a subset of) this type
             flag(keyword, "keywords beside $ref are ignored")
         return out
     for fixed in ("enum", "const"):
         if fixed in node:
             values = node[fixed] if fixed == "enum" and isinstance(node[fixed], list) else [node[fixed]]
             for keyword in _asserting(node, "enum", "const", *NEVER_ENFORCED):
-                if keyword == "type" and types is not None and all(_conforms(v, types) for v in values):
+                if keyword == "type" and _within({_json_type(v) for v in values}, _declared(node)):
                     continue  # every allowed value already has the declared type
                 flag(keyword, f"keywords beside {fixed} are ignored")
             return out
@@ -259,14 +292,15 @@ def _check_node(node: dict, pointer: str, uses_refs: bool) -> list[Finding]:
         if main == "allOf" and len(branches) > 1:
             flag("allOf", "only an allOf with a single subschema is supported")
         for keyword in _asserting(node, main, *NEVER_ENFORCED):
-            if keyword == "type" and types is not None and _branches_within(branches, types):
-                continue  # every branch declares a type inside the outer one
+            if keyword == "type" and branches and all(_within(_branch_types(b, root), types) for b in branches):
+                continue  # every branch already has (a subset of) the outer type
             flag(keyword, f"keywords beside {main} are ignored")
         return out
 
-    for keyword, wanted in TYPED_KEYWORDS.items():
-        if keyword in node and not _has_type(types, wanted):
-            flag(keyword, f'ignored unless the schema declares "type": "{wanted}"')
+    if types is None:  # with a declared type that excludes theirs, these keywords are no-ops
+        for keyword, wanted in TYPED_KEYWORDS.items():
+            if keyword in node:
+                flag(keyword, f'ignored unless the schema declares "type": "{wanted}"')
     if _has_type(types, "string") and ("pattern" in node or "format" in node):
         for keyword in ("minLength", "maxLength"):
             if keyword in node:
@@ -285,19 +319,25 @@ def _check_node(node: dict, pointer: str, uses_refs: bool) -> list[Finding]:
         missing = [name for name in required if name not in declared]
         if missing:
             flag("required", f"names not declared in properties are not required: {missing}")
-    if "unevaluatedProperties" in node and (not _has_type(types, "object") or "additionalProperties" in node):
+    if "unevaluatedProperties" in node and (types is None or (_has_type(types, "object") and "additionalProperties" in node)):
         flag("unevaluatedProperties", 'enforced only in an object schema without additionalProperties')
-    if "unevaluatedItems" in node and (not _has_type(types, "array") or "items" in node):
+    if "unevaluatedItems" in node and (types is None or (_has_type(types, "array") and "items" in node)):
         flag("unevaluatedItems", 'enforced only in an array schema without items')
     return out
 
 
-def _branches_within(branches: list, types: set[str]) -> bool:
-    for branch in branches:
-        branch_types = _types(branch) if isinstance(branch, dict) else None
-        if branch_types is None or not all(_has_type(types, t) for t in branch_types):
-            return False
-    return True
+def _declared(node: dict) -> set[str] | None:
+    declared = node.get("type")
+    if isinstance(declared, str):
+        return {declared}
+    return {t for t in declared if isinstance(t, str)} if isinstance(declared, list) else None
+
+
+def _branch_types(branch: Any, root: Any) -> set[str] | None:
+    """A branch's types, following one local $ref (a branch is often just a reference)."""
+    if isinstance(branch, dict) and isinstance(branch.get("$ref"), str) and len(_asserting(branch)) == 1:
+        branch = resolve_pointer(root, branch["$ref"])
+    return _types(branch)
 
 
 def normalize(schema: Any) -> Any:

@@ -68,7 +68,12 @@ class XGrammarGrammar(Grammar):
         self._ended_at: tuple[int, bool] | None = None  # (len(_token_ids), answer) cache
 
     def fill_bitmask(self, bitmask: torch.Tensor, row: int) -> None:
+        """Also clears the last word's bits past vocab_size, which xgrammar leaves set, so that
+        "no bit set" reliably means "nothing allowed"."""
         self._matcher.fill_next_token_bitmask(bitmask, row)
+        if self._vocab_size % 32:
+            words = bitmask.numpy().view(np.uint32)
+            words[row, self._vocab_size >> 5] &= np.uint32((1 << (self._vocab_size % 32)) - 1)
 
     def accept_tokens(self, token_ids: list[int]) -> bool:
         """All or nothing: on a rejected token the matcher is rolled back to where it was."""

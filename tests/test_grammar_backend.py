@@ -1,0 +1,131 @@
+"""XGrammarBackend / XGrammarGrammar on the real SmolLM2 tokenizer."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from grammar_factories import VOCAB_PADDING, accepts, allowed_ids, encode, make_backend, make_constraint
+
+from grammar.backend import GrammarError
+
+TOKENIZER_VOCAB = 49152
+PERSON = {"type": "object", "properties": {"name": {"type": "string"}, "age": {"type": "integer"}},
+          "required": ["name", "age"]}
+
+
+@pytest.mark.parametrize("kind, spec, options, good, bad", [
+    ("json_schema", PERSON, {}, '{"name":"Bo","age":7}', '{"name":"Bo"}'),
+    ("json_object", "", {}, '{"x":[1,{"y":null}]}', "[1]"),
+    ("regex", r"[a-z]+@[a-z]+\.com", {}, "bob@example.com", "bob@example"),
+    ("grammar", 'root ::= "yes" | "no"', {}, "no", "maybe"),
+    ("choice", "", {"choices": ["red", "green"]}, "green", "blue"),
+])
+def test_every_kind_compiles_and_constrains(kind, spec, options, good, bad):
+    compiled = make_backend().compile(make_constraint(kind, spec, **options))
+    assert compiled.num_bytes > 0
+    assert accepts(compiled, good)
+    assert not accepts(compiled, bad)
+
+
+def test_json_is_compact_unless_any_whitespace():
+    compact = make_backend().compile(make_constraint(spec=PERSON))
+    loose = make_backend().compile(make_constraint(spec=PERSON, any_whitespace=True))
+    spaced = '{"name": "Bo", "age": 7}'
+    assert not accepts(compact, spaced)
+    assert accepts(loose, spaced)
+    assert accepts(loose, '{"name":"Bo","age":7}')
+
+
+def test_undeclared_properties_are_not_allowed_but_free_objects_stay_free():
+    backend = make_backend()
+    assert not accepts(backend.compile(make_constraint(spec=PERSON)), '{"name":"Bo","age":7,"x":1}')
+    # strict mode alone would read this as "no properties"; normalize keeps it free-form
+    free = backend.compile(make_constraint(spec={"type": "object", "maxProperties": 2}))
+    assert accepts(free, '{"a":1,"b":"x"}')
+    assert not accepts(free, '{"a":1,"b":2,"c":3}')
+
+
+def test_padding_ids_beyond_the_tokenizer_are_always_masked():
+    backend = make_backend()
+    assert backend.vocab_size == TOKENIZER_VOCAB + VOCAB_PADDING
+    bitmask = backend.allocate_bitmask(2)
+    assert bitmask.shape == (2, (backend.vocab_size + 31) // 32)
+    grammar = backend.make_grammar(backend.compile(make_constraint(spec=PERSON)))
+    assert grammar.accept_tokens(encode('{"name":"'))
+    grammar.fill_bitmask(bitmask, 1)  # inside a string: nearly everything is allowed
+    bits = np.unpackbits(bitmask[1].numpy().view(np.uint8), bitorder="little")
+    assert bits[:TOKENIZER_VOCAB].sum() > 40000
+    assert not bits[TOKENIZER_VOCAB:].any()  # padding ids and the last word's spare bits
+    assert not grammar.accept_tokens([TOKENIZER_VOCAB + 3])
+    assert not grammar.accept_tokens([backend.vocab_size + 100])
+
+
+def test_accept_rollback_and_termination():
+    backend = make_backend()
+    grammar = backend.make_grammar(backend.compile(make_constraint(spec=PERSON)))
+    ids = encode('{"name":"Al","age":12}')
+    assert grammar.accept_tokens(ids[:-1])
+    assert not grammar.is_terminated()
+    assert grammar.accept_tokens(ids[-1:])
+    assert grammar.is_terminated()  # the object is closed: nothing may follow, no EOS needed
+    grammar.rollback(1)
+    assert not grammar.is_terminated()
+    assert grammar.accept_tokens(ids[-1:])
+    assert grammar.is_terminated()
+
+
+def test_a_grammar_that_may_continue_terminates_only_on_a_stop_token():
+    backend = make_backend()
+    grammar = backend.make_grammar(backend.compile(make_constraint("regex", "a+")))
+    assert grammar.accept_tokens(encode("a"))
+    assert not grammar.is_terminated()
+    assert backend.stop_token_ids[0] in allowed_ids(grammar)
+    assert grammar.accept_tokens([backend.stop_token_ids[0]])
+    assert grammar.is_terminated()
+
+
+def test_accept_tokens_is_all_or_nothing():
+    backend = make_backend()
+    grammar = backend.make_grammar(backend.compile(make_constraint(spec=PERSON)))
+    good = encode('{"name":')
+    assert not grammar.accept_tokens(good + encode("}"))  # a string must follow the colon
+    assert grammar.accept_tokens(good)  # the first part was rolled back, so it is accepted again
+    with pytest.raises(ValueError, match="cannot roll back"):
+        grammar.rollback(len(good) + 1)
+
+
+@pytest.mark.parametrize("choice", ["a|b", ".*", 'say "hi"', "back\\slash", "line\nbreak", "tab\there",
+                                    "(x)[y]{z}+?", "é ünïcödé", "\x01"])
+def test_choices_are_taken_literally(choice):
+    others = ["plain", "a"]
+    compiled = make_backend().compile(make_constraint("choice", choices=[choice, *others]))
+    assert accepts(compiled, choice)
+    assert accepts(compiled, "a")
+    assert not accepts(compiled, choice + "x")
+    assert not accepts(compiled, "b" if choice == "a|b" else "ab")
+
+
+def test_a_choice_that_prefixes_another_still_terminates_properly():
+    compiled = make_backend().compile(make_constraint("choice", choices=["no", "none"]))
+    assert accepts(compiled, "no") and accepts(compiled, "none") and not accepts(compiled, "non")
+
+
+@pytest.mark.parametrize("kind, spec, message", [
+    ("regex", "(?=a)b", "Lookahead is not supported"),
+    ("regex", "a(b", "regex does not compile"),
+    ("grammar", "root ::= undefined_rule", "grammar does not compile"),
+    ("json_schema", {"type": "object", "properties": {"a": {"$ref": "#/$defs/missing"}}}, "json_schema"),
+])
+def test_bad_specs_raise_a_precise_grammar_error(kind, spec, message):
+    with pytest.raises(GrammarError, match=message):
+        make_backend().compile(make_constraint(kind, spec))
+
+
+def test_xgrammar_warnings_are_captured_and_located():
+    schema = {"type": "object", "properties": {
+        "ok": {"oneOf": [{"type": "integer"}, {"type": "string"}]},
+        "v": {"oneOf": [{"type": "integer"}, {"type": "number"}]}}}
+    with pytest.raises(GrammarError, match='unsupported keyword "oneOf" at /properties/v: branches may overlap'):
+        make_backend().compile(make_constraint(spec=schema))
+    compiled = make_backend().compile(make_constraint(spec=schema, strict=False))
+    assert compiled.not_enforced == ["oneOf at /properties/v"]
+    assert make_backend().make_grammar(compiled).not_enforced == ["oneOf at /properties/v"]
