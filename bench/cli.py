@@ -18,6 +18,13 @@ def add_bench_parser(subparsers, add_engine_args) -> None:
     add_engine_args(offline)
     offline.set_defaults(func=_run_offline)
 
+    coverage = which.add_parser("coverage", help="JSON-Schema coverage on jsonschemabench: compiled, rejected, valid")
+    coverage.add_argument("--subset", action="append", help="repeat for several (default: all)")
+    coverage.add_argument("--limit", type=int, default=10, help="schemas per subset")
+    coverage.add_argument("--max-tokens", type=int, default=256)
+    add_engine_args(coverage)
+    coverage.set_defaults(func=_run_coverage)
+
 
 def _run_offline(args: argparse.Namespace) -> int:
     from engine.cli import engine_config_from_args
@@ -27,3 +34,9 @@ def _run_offline(args: argparse.Namespace) -> int:
     else:
         from bench.offline import main
     return main(args, config)
+
+
+def _run_coverage(args: argparse.Namespace) -> int:
+    from bench.coverage import main
+    from engine.cli import engine_config_from_args
+    return main(args, engine_config_from_args(args))

@@ -1,0 +1,121 @@
+"""`formwork bench coverage`: which real-world schemas compile, and are the outputs valid?
+
+For each schema: compiled or rejected (with the reason), and for compiled ones whether the output
+finished because the grammar completed and validates with jsonschema (Draft 2020-12), or hit
+max_tokens (length-capped, never counted as success). `invalid` must be 0.
+"""
+from __future__ import annotations
+
+import json
+import re
+from collections import Counter, defaultdict
+from dataclasses import dataclass, field
+from pathlib import Path
+
+DATA_DIR = Path(__file__).resolve().parent.parent.parent / "shared" / "data" / "jsonschemabench"
+SUBSETS = ["Github_trivial", "Github_easy", "Github_medium", "Github_hard", "Github_ultra", "Glaiveai2K",
+           "JsonSchemaStore", "Kubernetes", "Snowplow", "WashingtonPost"]
+PROMPT = "Produce one realistic example JSON document for the schema you are given. Output only the JSON."
+
+
+def data_dir() -> Path:
+    for candidate in (DATA_DIR, Path.cwd().parent / "shared" / "data" / "jsonschemabench"):
+        if candidate.is_dir():
+            return candidate
+    raise FileNotFoundError("jsonschemabench data not found beside the project (../shared/data/jsonschemabench)")
+
+
+def load_schemas(subsets: list[str], limit: int, max_bytes: int = 20_000) -> list[tuple[str, str, dict]]:
+    """The first `limit` schemas (under max_bytes) of each subset: (subset, id, schema)."""
+    out = []
+    for subset in subsets:
+        taken = 0
+        with open(data_dir() / f"{subset}.jsonl", encoding="utf-8") as f:
+            for line in f:
+                item = json.loads(line)
+                if len(json.dumps(item["schema"])) > max_bytes:
+                    continue
+                out.append((subset, item["id"], item["schema"]))
+                taken += 1
+                if taken == limit:
+                    break
+    return out
+
+
+def rejection_reason(error: str) -> str:
+    m = re.match(r'unsupported keywords? ("[^"]+")', error)
+    if m:
+        return f"unsupported {m.group(1)}"
+    for needle, reason in (("exceeded", "compile time limit"), ("limit", "size/depth limit"),
+                           ("does not compile", "compile error")):
+        if needle in error:
+            return reason
+    return error.split(":")[0][:60]
+
+
+@dataclass
+class SubsetResult:
+    total: int = 0
+    compiled: int = 0
+    rejected: Counter = field(default_factory=Counter)
+    valid: int = 0
+    length_capped: int = 0
+    invalid: list[str] = field(default_factory=list)
+
+
+def run_coverage(llm, schemas: list[tuple[str, str, dict]], max_tokens: int) -> dict[str, SubsetResult]:
+    import jsonschema
+
+    from engine.request import FinishReason
+    from engine.sampling_params import Constraint, SamplingParams
+
+    prompts = [[{"role": "system", "content": PROMPT}, {"role": "user", "content": f"Schema id: {sid}"}]
+               for _, sid, _ in schemas]
+    params = [SamplingParams(temperature=0, max_tokens=max_tokens,
+                             constraint=Constraint(kind="json_schema", spec=json.dumps(schema)))
+              for _, _, schema in schemas]
+    outputs = llm.generate(prompts, params)
+    results: dict[str, SubsetResult] = defaultdict(SubsetResult)
+    for (subset, sid, schema), out in zip(schemas, outputs):
+        r = results[subset]
+        r.total += 1
+        if out.finish_reason == FinishReason.ERROR and out.num_output_tokens == 0:
+            r.rejected[rejection_reason(out.error or "")] += 1
+            continue
+        r.compiled += 1
+        if out.finish_reason == FinishReason.LENGTH:
+            r.length_capped += 1
+            continue
+        try:
+            jsonschema.Draft202012Validator(schema).validate(json.loads(out.text))
+        except (ValueError, jsonschema.ValidationError) as e:
+            r.invalid.append(f"{sid}: {type(e).__name__}: {str(e)[:200]} | output {out.text[:200]!r}")
+            continue
+        if out.finish_reason != FinishReason.STOP:
+            r.invalid.append(f"{sid}: finished {out.finish_reason} {out.error}")
+            continue
+        r.valid += 1
+    return dict(results)
+
+
+def print_report(results: dict[str, SubsetResult]) -> None:
+    print(f"{'subset':<16} {'total':>5} {'compiled':>8} {'rejected':>8} {'valid':>5} {'capped':>6} {'invalid':>7}")
+    for subset, r in results.items():
+        print(f"{subset:<16} {r.total:>5} {r.compiled:>8} {sum(r.rejected.values()):>8} {r.valid:>5} "
+              f"{r.length_capped:>6} {len(r.invalid):>7}")
+        for reason, count in r.rejected.most_common():
+            print(f"    rejected {count} x {reason}")
+        for line in r.invalid:
+            print(f"    INVALID {line}")
+
+
+def main(args, engine_config) -> int:
+    from engine.llm import LLM
+    subsets = args.subset or SUBSETS
+    llm = LLM(config=engine_config)
+    try:
+        results = run_coverage(llm, load_schemas(subsets, args.limit), args.max_tokens)
+    finally:
+        llm.shutdown()
+    print_report(results)
+    return 1 if any(r.invalid for r in results.values()) else 0
