@@ -1,0 +1,192 @@
+"""GrammarCompiler: cache hits, cached failures, time limit, LRU by bytes, thread safety.
+
+A fake backend stands in for xgrammar, so these tests control time and size exactly.
+"""
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+
+from engine.config import GrammarConfig
+from engine.sampling_params import Constraint
+from grammar.backend import CompiledGrammar, Grammar, GrammarBackend, GrammarError
+from grammar.compiler import GrammarCompiler
+
+
+class FakeCompiled(CompiledGrammar):
+    def __init__(self, spec: str, num_bytes: int) -> None:
+        self.spec = spec
+        self._num_bytes = num_bytes
+
+    @property
+    def num_bytes(self) -> int:
+        return self._num_bytes
+
+
+class FakeBackend(GrammarBackend):
+    """Compiles regex specs: "bad..." fails, "slow..." waits for `release`, others take `delay_s`.
+    A spec "size:N" makes a grammar of N bytes."""
+
+    def __init__(self, delay_s: float = 0.0) -> None:
+        self.delay_s = delay_s
+        self.release = threading.Event()
+        self.calls: list[str] = []
+        self._lock = threading.Lock()
+
+    def compile(self, constraint: Constraint) -> FakeCompiled:
+        with self._lock:
+            self.calls.append(constraint.spec)
+        if constraint.spec.startswith("bad"):
+            raise GrammarError(f"regex does not compile: {constraint.spec}")
+        if constraint.spec.startswith("slow"):
+            self.release.wait(10)
+        time.sleep(self.delay_s)
+        size = int(constraint.spec.split(":")[1]) if constraint.spec.startswith("size:") else 100
+        return FakeCompiled(constraint.spec, size)
+
+    def make_grammar(self, compiled: CompiledGrammar) -> Grammar:
+        raise NotImplementedError
+
+    def allocate_bitmask(self, num_rows: int):
+        raise NotImplementedError
+
+
+def make_compiler(backend: FakeBackend | None = None, **config) -> tuple[GrammarCompiler, FakeBackend]:
+    backend = backend or FakeBackend()
+    return GrammarCompiler(backend, GrammarConfig(**config)), backend
+
+
+def regex(spec: str) -> Constraint:
+    return Constraint("regex", spec)
+
+
+def test_cache_hit_returns_a_done_future_and_compiles_once():
+    compiler, backend = make_compiler(FakeBackend(delay_s=0.05))
+    first = compiler.submit(regex("a+"))
+    assert isinstance(first.result(timeout=5), FakeCompiled)
+    second = compiler.submit(regex("a+"))
+    assert second.done() and second.result().spec == "a+"
+    compiled, compile_s, cached = compiler.compile_sync(regex("a+"))
+    assert cached and compile_s < 0.05 and compiled.spec == "a+"
+    assert backend.calls == ["a+"]
+    assert (compiler.num_hits, compiler.num_misses) == (2, 1)
+
+
+def test_compile_sync_reports_a_miss_and_its_time():
+    compiler, _ = make_compiler(FakeBackend(delay_s=0.05))
+    _, compile_s, cached = compiler.compile_sync(regex("b+"))
+    assert not cached and compile_s >= 0.05
+
+
+def test_identical_submits_while_compiling_share_one_compile():
+    compiler, backend = make_compiler()
+    futures = [compiler.submit(regex("slow")) for _ in range(3)]
+    assert futures[0] is futures[1] is futures[2]
+    assert not futures[0].cancel()  # shared: nobody may cancel it for the others
+    backend.release.set()
+    assert futures[0].result(timeout=5).spec == "slow"
+    assert backend.calls == ["slow"]
+
+
+def test_failures_are_cached_as_failures():
+    compiler, backend = make_compiler()
+    with pytest.raises(GrammarError, match="bad-1") as first:
+        compiler.submit(regex("bad-1")).result(timeout=5)
+    again = compiler.submit(regex("bad-1"))
+    assert again.done()
+    with pytest.raises(GrammarError, match="bad-1") as second:
+        again.result()
+    assert first.value is not second.value  # a fresh exception per request
+    assert backend.calls == ["bad-1"]
+
+
+def test_a_compile_over_the_time_limit_fails_and_its_late_result_is_kept():
+    compiler, backend = make_compiler(compile_timeout_s=0.2)
+    start = time.monotonic()
+    future = compiler.submit(regex("slow"))
+    with pytest.raises(GrammarError, match=r"regex compile exceeded the 0.2 s limit"):
+        future.result(timeout=5)
+    assert time.monotonic() - start < 2
+    # while the runaway compile still runs, duplicates fail fast instead of queueing
+    duplicate = compiler.submit(regex("slow"))
+    assert duplicate.done() and isinstance(duplicate.exception(), GrammarError)
+    assert compiler.num_timeouts == 1
+    backend.release.set()
+    deadline = time.monotonic() + 5
+    while time.monotonic() < deadline:  # the thread finishes and replaces the timeout in the cache
+        late = compiler.submit(regex("slow"))
+        if late.exception() is None:
+            break
+        time.sleep(0.02)
+    assert late.result().spec == "slow"
+    assert backend.calls == ["slow"]
+
+
+def test_the_time_limit_counts_from_the_start_of_the_compile_not_the_queue():
+    compiler, backend = make_compiler(FakeBackend(delay_s=0.15), compile_timeout_s=0.25, num_compile_threads=1)
+    futures = [compiler.submit(regex(f"q{i}")) for i in range(3)]  # 0.45 s of work on one thread
+    assert all(isinstance(f.result(timeout=5), FakeCompiled) for f in futures)
+
+
+def test_lru_is_bounded_in_bytes():
+    compiler, backend = make_compiler(cache_bytes=1000)
+    key_bytes = len("size:400")
+    for spec in ("size:400", "size:401"):
+        compiler.compile_sync(regex(spec))
+    assert compiler.cache_bytes == 400 + 401 + 2 * key_bytes
+    compiler.compile_sync(regex("size:400"))  # touch: now size:401 is the least recently used
+    compiler.compile_sync(regex("size:402"))
+    assert compiler.num_cached == 2 and compiler.cache_bytes <= 1000
+    assert compiler.compile_sync(regex("size:400"))[2]  # still cached
+    assert not compiler.compile_sync(regex("size:401"))[2]  # was evicted, compiled again
+    assert backend.calls.count("size:401") == 2
+
+
+def test_a_grammar_larger_than_the_cache_is_returned_but_not_kept():
+    compiler, backend = make_compiler(cache_bytes=1000)
+    compiler.compile_sync(regex("size:100"))
+    compiled, _, cached = compiler.compile_sync(regex("size:5000"))
+    assert compiled.num_bytes == 5000 and not cached
+    assert compiler.num_cached == 1
+    assert not compiler.compile_sync(regex("size:5000"))[2]
+
+
+def test_concurrent_submits_from_many_threads_compile_once():
+    compiler, backend = make_compiler(FakeBackend(delay_s=0.05), num_compile_threads=2)
+    results: list[object] = []
+    barrier = threading.Barrier(8)
+
+    def worker() -> None:
+        barrier.wait()
+        results.append(compiler.submit(regex("shared")).result(timeout=5))
+
+    threads = [threading.Thread(target=worker) for _ in range(8)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert len(results) == 8 and all(r is results[0] for r in results)
+    assert backend.calls == ["shared"]
+
+
+def test_a_backend_crash_becomes_a_grammar_error():
+    class Crashing(FakeBackend):
+        def compile(self, constraint):
+            raise KeyError("boom")
+
+    compiler, _ = make_compiler(Crashing())
+    with pytest.raises(GrammarError, match="internal error KeyError"):
+        compiler.compile_sync(regex("x"))
+
+
+def test_shutdown_fails_queued_compiles():
+    compiler, backend = make_compiler(num_compile_threads=1)
+    running = compiler.submit(regex("slow"))
+    queued = compiler.submit(regex("queued"))
+    compiler.shutdown()
+    with pytest.raises(GrammarError, match="shut down"):
+        queued.result(timeout=5)
+    backend.release.set()
+    running.exception(timeout=5)  # resolved one way or the other, never left hanging
