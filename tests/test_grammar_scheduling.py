@@ -1,0 +1,120 @@
+"""Requests whose grammar compiles asynchronously: they wait, nobody waits for them."""
+from __future__ import annotations
+
+import threading
+
+import torch
+from conftest import make_request, make_scheduler
+
+from engine.config import GrammarConfig
+from engine.request import FinishReason, RequestStatus
+from engine.sampling_params import Constraint
+from engine.structured_output import StructuredOutputManager
+from grammar.backend import CompiledGrammar, Grammar, GrammarBackend, GrammarError
+from test_scheduler import sample
+
+
+class _Compiled(CompiledGrammar):
+    num_bytes = 64
+
+
+class _AnyToken(Grammar):
+    def fill_bitmask(self, bitmask, row):
+        bitmask[row] = -1
+
+    def accept_tokens(self, token_ids):
+        return True
+
+    def rollback(self, num_tokens):
+        pass
+
+    def is_terminated(self):
+        return False
+
+    def jump_forward_token_ids(self):
+        return []
+
+
+class GatedBackend(GrammarBackend):
+    """Compiles only when the test opens the gate: an artificially slow compiler."""
+
+    def __init__(self):
+        self.gate = threading.Event()
+
+    def compile(self, constraint):
+        self.gate.wait(timeout=30)
+        if constraint.spec == "bad":
+            raise GrammarError("regex does not compile: bad")
+        return _Compiled()
+
+    def make_grammar(self, compiled):
+        return _AnyToken()
+
+    def allocate_bitmask(self, num_rows):
+        return torch.zeros(num_rows, 2, dtype=torch.int32)
+
+
+def setup():
+    backend = GatedBackend()
+    manager = StructuredOutputManager(backend, GrammarConfig(compile_timeout_s=30))
+    return backend, manager, make_scheduler(structured_output_manager=manager)
+
+
+def wait_compiled(manager):
+    for future in list(manager._futures.values()):
+        try:
+            future.result(timeout=10)
+        except GrammarError:
+            pass
+
+
+def test_slow_compile_does_not_delay_others():
+    backend, manager, scheduler = setup()
+    slow = make_request(num_tokens=5, constraint=Constraint(kind="regex", spec="a+"))
+    plain = make_request(num_tokens=5)
+    scheduler.add_request(slow)
+    scheduler.add_request(plain)
+    assert slow.status == RequestStatus.WAITING_FOR_STRUCTURED_OUTPUT_GRAMMAR
+    for _ in range(3):  # the plain request runs; the constrained one keeps waiting in front of the queue
+        so = scheduler.schedule()
+        assert list(so.num_scheduled_tokens) == [plain.request_id]
+        sample(scheduler, so)
+    assert scheduler.num_waiting_for_grammar == 1 and slow.status == RequestStatus.WAITING_FOR_STRUCTURED_OUTPUT_GRAMMAR
+    backend.gate.set()
+    wait_compiled(manager)
+    so = scheduler.schedule()
+    assert so.num_scheduled_tokens == {plain.request_id: 1, slow.request_id: 5}
+    assert slow.status == RequestStatus.RUNNING and slow.grammar is not None
+    assert so.structured_output_request_ids == {slow.request_id: 0}
+    grammar_output = scheduler.get_grammar_bitmask(so)
+    assert grammar_output.grammar_bitmask.shape == (1, 2)
+
+
+def test_compile_failure_finishes_only_that_request():
+    backend, manager, scheduler = setup()
+    bad = make_request(num_tokens=5, constraint=Constraint(kind="regex", spec="bad"))
+    plain = make_request(num_tokens=5)
+    scheduler.add_request(bad)
+    scheduler.add_request(plain)
+    backend.gate.set()
+    wait_compiled(manager)
+    so = scheduler.schedule()
+    assert list(so.num_scheduled_tokens) == [plain.request_id]
+    assert bad.status == RequestStatus.FINISHED_ERROR
+    outputs = {o.request_id: o for o in sample(scheduler, so)}
+    assert outputs[bad.request_id].finish_reason == FinishReason.ERROR
+    assert "does not compile" in outputs[bad.request_id].error
+    assert plain.status == RequestStatus.RUNNING
+
+
+def test_abort_while_compiling():
+    backend, manager, scheduler = setup()
+    request = make_request(num_tokens=5, constraint=Constraint(kind="regex", spec="a+"))
+    scheduler.add_request(request)
+    scheduler.schedule()
+    scheduler.abort_requests([request.request_id])
+    assert request.status == RequestStatus.FINISHED_ABORTED
+    assert scheduler.num_waiting_for_grammar == 0 and not scheduler.has_unfinished_requests()
+    backend.gate.set()  # the compile finishing later touches nothing
+    wait_compiled(manager)
+    assert scheduler.schedule().is_empty
