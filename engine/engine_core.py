@@ -4,6 +4,7 @@ from __future__ import annotations
 import logging
 import os
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 from engine.config import EngineConfig
@@ -17,6 +18,19 @@ from engine.scheduler import Scheduler
 from engine.structured_output import StructuredOutputManager
 
 logger = logging.getLogger(__name__)
+
+
+@dataclass
+class StepTiming:
+    """One step's time split (seconds), collected when `EngineCore.step_timings` is a list."""
+
+    num_reqs: int
+    num_tokens: int
+    forward_s: float  # execute_model in the worker thread
+    fill_s: float  # grammar bitmask fill on the engine thread, beside the forward
+    wait_s: float  # engine thread blocked on the forward after the fill
+    sample_s: float  # bitmask application + sampling
+    total_s: float  # launch -> outputs built
 
 
 class EngineCore:
@@ -43,6 +57,7 @@ class EngineCore:
         from grammar.xgrammar_backend import XGrammarBackend
         self.structured_output_manager = StructuredOutputManager(
             XGrammarBackend(str(self.model_dir), self.vocab_size), config.grammar)
+        self.step_timings: list[StepTiming] | None = None  # set to [] to collect
         self.scheduler = Scheduler(config.scheduler, config.cache, self.runner.num_blocks, self.max_model_len,
                                    self.structured_output_manager)
 
@@ -90,12 +105,23 @@ class EngineCore:
             if self.scheduler.num_waiting_for_grammar:  # idle on the compile, not in a spin
                 self.structured_output_manager.wait_for_any(0.005)
             return self.scheduler.update_from_output(scheduler_output, None)
+        t0 = time.perf_counter()
         future = self.executor.execute_model(scheduler_output, non_block=True)
         grammar_output = self.scheduler.get_grammar_bitmask(scheduler_output)  # overlaps the forward
+        t1 = time.perf_counter()
         model_output = future.result()
+        t2 = time.perf_counter()
         if model_output is None:
             model_output = self.executor.sample_tokens(grammar_output)
-        return self.scheduler.update_from_output(scheduler_output, model_output)
+        t3 = time.perf_counter()
+        outputs = self.scheduler.update_from_output(scheduler_output, model_output)
+        if self.step_timings is not None:
+            self.step_timings.append(StepTiming(
+                num_reqs=len(scheduler_output.num_scheduled_tokens),
+                num_tokens=scheduler_output.total_num_scheduled_tokens,
+                forward_s=self.runner.last_forward_s, fill_s=t1 - t0, wait_s=t2 - t1, sample_s=t3 - t2,
+                total_s=time.perf_counter() - t0))
+        return outputs
 
     # ---- calls -------------------------------------------------------------------------
 

@@ -7,6 +7,7 @@ cache (the scheduler never sends sampled tokens back).
 from __future__ import annotations
 
 import logging
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -52,6 +53,7 @@ class ModelRunner:
         self.input_batch = InputBatch(config.scheduler.max_num_seqs, max_model_len, max_blocks_per_req)
         self.sampler = Sampler()
         self._parked: _ParkedLogits | None = None
+        self.last_forward_s = 0.0  # wall time of the last execute_model (benchmarks)
 
     def _determine_num_blocks(self, hf_config) -> int:
         if self.config.cache.num_blocks is not None:
@@ -63,9 +65,14 @@ class ModelRunner:
 
     # ---- the step --------------------------------------------------------------------
 
-    @torch.inference_mode()
     def execute_model(self, scheduler_output: SchedulerOutput) -> None:
         """Forward the scheduled tokens and park the logits of the requests that sample."""
+        start = time.perf_counter()
+        self._execute_model(scheduler_output)
+        self.last_forward_s = time.perf_counter() - start
+
+    @torch.inference_mode()
+    def _execute_model(self, scheduler_output: SchedulerOutput) -> None:
         self._update_states(scheduler_output)
         if scheduler_output.is_empty:
             self._parked = _ParkedLogits([], [], torch.empty(0, self.vocab_size))

@@ -1,0 +1,174 @@
+"""`formwork bench offline --workload json-extraction`: the price (or gain) of structure.
+
+One process, the same prompts: unconstrained, constrained, constrained with jump-forward, and
+transformers' generate with xgrammar's logits processor, at several batch sizes (all requests of a
+batch submitted at once). Prints tokens/s, the structured/unconstrained ratios, validity and field
+accuracy, and the step time split (forward vs bitmask fill vs mask+sample) that shows the overlap.
+"""
+from __future__ import annotations
+
+import json
+import statistics
+import time
+from dataclasses import dataclass
+
+from bench.workloads import extraction_prompt, load_json_extraction
+
+
+@dataclass
+class RunResult:
+    mode: str
+    batch_size: int
+    num_requests: int
+    seconds: float
+    output_tokens: int
+    forward_passes: int
+    valid: int
+    length_capped: int
+    field_accuracy: float
+    step_split: dict | None = None
+
+    @property
+    def tokens_per_s(self) -> float:
+        return self.output_tokens / self.seconds
+
+
+def field_accuracy(expected: dict, got: dict) -> float:
+    keys = list(expected)
+    return sum(1 for k in keys if got.get(k) == expected[k]) / max(len(keys), 1)
+
+
+def score(items, texts: list[str], schemas: list[dict]) -> tuple[int, float]:
+    import jsonschema
+    valid, accuracy = 0, []
+    for item, text, schema in zip(items, texts, schemas):
+        try:
+            value = json.loads(text)
+            jsonschema.Draft202012Validator(schema).validate(value)
+        except (ValueError, jsonschema.ValidationError):
+            accuracy.append(0.0)
+            continue
+        valid += 1
+        accuracy.append(field_accuracy(item["expected"], value))
+    return valid, statistics.mean(accuracy) if accuracy else 0.0
+
+
+def split_summary(timings) -> dict:
+    """Median step split over decode-only steps (one token per request)."""
+    decode = [t for t in timings if t.num_tokens == t.num_reqs] or timings
+    med = lambda xs: statistics.median(xs) if xs else 0.0  # noqa: E731
+    total = med([t.total_s for t in decode])
+    return {"steps": len(decode), "total_ms": 1e3 * total, "forward_ms": 1e3 * med([t.forward_s for t in decode]),
+            "fill_ms": 1e3 * med([t.fill_s for t in decode]), "wait_ms": 1e3 * med([t.wait_s for t in decode]),
+            "sample_ms": 1e3 * med([t.sample_s for t in decode]),
+            "sample_share": med([t.sample_s / t.total_s for t in decode])}
+
+
+def run_formwork(llm, items, mode: str, batch_size: int, max_tokens: int) -> RunResult:
+    from engine.request import FinishReason
+    from engine.sampling_params import Constraint, SamplingParams
+
+    params = []
+    for item in items:
+        constraint = None
+        if mode != "unconstrained":
+            constraint = Constraint(kind="json_schema", spec=json.dumps(item["schema"]),
+                                    jump_forward=(mode == "constrained+jf"))
+        params.append(SamplingParams(temperature=0, max_tokens=max_tokens, constraint=constraint))
+    prompts = [extraction_prompt(item) for item in items]
+    llm.engine.step_timings = []
+    start = time.perf_counter()
+    outputs = []
+    for i in range(0, len(items), batch_size):  # batch_size requests in flight, wave after wave
+        outputs += llm.generate(prompts[i:i + batch_size], params[i:i + batch_size])
+    seconds = time.perf_counter() - start
+    timings, llm.engine.step_timings = llm.engine.step_timings, None
+    valid, accuracy = score(items, [o.text for o in outputs], [item["schema"] for item in items])
+    return RunResult(mode, batch_size, len(items), seconds, sum(o.num_output_tokens for o in outputs),
+                     sum(o.num_forward_passes for o in outputs), valid,
+                     sum(o.finish_reason == FinishReason.LENGTH for o in outputs), accuracy, split_summary(timings))
+
+
+def run_transformers(model_dir, tokenizer, items, batch_size: int, max_tokens: int) -> RunResult:
+    """transformers generate (static batches) with xgrammar's logits processor."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from grammar.xgrammar_backend import hf_schema_logits_processor
+
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
+    hf_tok = AutoTokenizer.from_pretrained(model_dir, padding_side="left")
+    texts, output_tokens = [], 0
+    start = time.perf_counter()
+    for i in range(0, len(items), batch_size):
+        chunk = items[i:i + batch_size]
+        prompts = [tokenizer.apply_chat_template(extraction_prompt(item)) for item in chunk]
+        batch = hf_tok(prompts, return_tensors="pt", padding=True, add_special_tokens=False)
+        processor = hf_schema_logits_processor(hf_tok, model.config.vocab_size,
+                                               [json.dumps(item["schema"]) for item in chunk])
+        with torch.inference_mode():
+            out = model.generate(**batch, max_new_tokens=max_tokens, do_sample=False, logits_processor=[processor],
+                                 pad_token_id=hf_tok.pad_token_id)
+        for row in out[:, batch["input_ids"].shape[1]:].tolist():
+            ids = row[:row.index(hf_tok.eos_token_id) + 1] if hf_tok.eos_token_id in row else row
+            output_tokens += len(ids)
+            texts.append(hf_tok.decode(ids, skip_special_tokens=True))
+    seconds = time.perf_counter() - start
+    valid, accuracy = score(items, texts, [item["schema"] for item in items])
+    return RunResult("transformers+xgrammar", batch_size, len(items), seconds, output_tokens, 0, valid, 0, accuracy)
+
+
+def print_result(r: RunResult) -> None:
+    line = (f"{r.mode:<22} batch {r.batch_size:>3}: {r.tokens_per_s:7.1f} tok/s  {r.output_tokens:>5} tokens "
+            f"in {r.seconds:6.1f} s  valid {r.valid}/{r.num_requests}  capped {r.length_capped}  "
+            f"field acc {r.field_accuracy:.2f}")
+    if r.forward_passes:
+        line += f"  fwd/token {r.forward_passes / max(r.output_tokens, 1):.2f}"
+    print(line, flush=True)
+    s = r.step_split
+    if s and r.mode != "unconstrained":
+        print(f"{'':<24}decode step {s['total_ms']:.1f} ms: forward {s['forward_ms']:.1f}, bitmask fill "
+              f"{s['fill_ms']:.2f} (beside the forward), wait {s['wait_ms']:.1f}, mask+sample "
+              f"{s['sample_ms']:.2f} ms = {100 * s['sample_share']:.1f}% of the step", flush=True)
+
+
+def main(args, engine_config) -> int:
+    from dataclasses import replace
+
+    from engine.config import SchedulerConfig
+    from engine.llm import LLM
+
+    items = load_json_extraction()
+    batch_sizes = [int(b) for b in args.batch_sizes.split(",")]
+    max_batch = max(batch_sizes)
+    engine_config = replace(engine_config, scheduler=SchedulerConfig(
+        max_num_seqs=max(max_batch, engine_config.scheduler.max_num_seqs),
+        max_num_batched_tokens=engine_config.scheduler.max_num_batched_tokens))
+    llm = LLM(config=engine_config)
+    llm.generate([extraction_prompt(items[0])], None)  # warm-up
+    results = []
+    print(f"json-extraction: {len(items)} items, max_tokens {args.max_tokens}, greedy", flush=True)
+    for batch_size in batch_sizes:
+        # batch 1 is slow and needs fewer requests for a stable figure
+        n = min(len(items), max(batch_size, 8)) if batch_size < 8 else max(batch_size, min(len(items), 2 * batch_size))
+        chunk = [items[i % len(items)] for i in range(n)]
+        by_mode = {}
+        for mode in ("unconstrained", "constrained", "constrained+jf"):
+            by_mode[mode] = r = run_formwork(llm, chunk, mode, batch_size, args.max_tokens)
+            results.append(r)
+            print_result(r)
+        base = by_mode["unconstrained"].tokens_per_s
+        print(f"{'':<24}structured/unconstrained: {by_mode['constrained'].tokens_per_s / base:.3f} "
+              f"(jump-forward {by_mode['constrained+jf'].tokens_per_s / base:.3f})", flush=True)
+    model_dir, tokenizer = llm.engine.model_dir, llm.tokenizer
+    llm.shutdown()
+    if not args.skip_transformers:
+        for batch_size in [b for b in batch_sizes if b <= args.hf_max_batch]:
+            chunk = [items[i % len(items)] for i in range(max(batch_size, 8))]
+            r = run_transformers(model_dir, tokenizer, chunk, batch_size, args.max_tokens)
+            results.append(r)
+            print_result(r)
+    if args.output:
+        with open(args.output, "w") as f:
+            json.dump([r.__dict__ | {"tokens_per_s": r.tokens_per_s} for r in results], f, indent=1)
+    return 0
