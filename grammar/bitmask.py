@@ -75,9 +75,12 @@ def masked_argmax(logits: torch.Tensor, bitmask: torch.Tensor,
     """
     rows = _check(logits, bitmask, row_indices)
     if logits.device.type != "cpu":
-        masked = logits[torch.as_tensor(rows, device=logits.device)].clone()
+        index = torch.as_tensor(rows, device=logits.device)
+        masked = logits[index].clone()
         _apply_on_device(masked, bitmask, np.arange(len(rows)))
-        return masked.argmax(dim=1)
+        result = masked.argmax(dim=1)
+        empty = torch.from_numpy(~_words(bitmask).any(axis=1)).to(logits.device)
+        return torch.where(empty, logits[index].argmax(dim=1), result)  # nothing allowed: unmasked
     words = _words(bitmask)
     vocab_size = logits.shape[1]
     out = np.empty(len(rows), dtype=np.int64)

@@ -1,11 +1,14 @@
 """Microbenchmark: bitmask application on V=49,152 logits, xgrammar's kernel vs grammar.bitmask.
 
-    OMP_WAIT_POLICY=PASSIVE python -m grammar.bitmask_bench [--repeats 30]
+    OMP_WAIT_POLICY=PASSIVE python -m grammar.bitmask_bench [--repeats 30] [--device cuda] [--tokenizer DIR]
 
 Masks are real: rows recorded while feeding JSON documents through grammars compiled for the
 SmolLM2 tokenizer — "sparse" rows between JSON tokens (1-15 tokens allowed), "dense" rows inside
 strings (~48,800 allowed), and "mixed" batches drawn from all rows of the documents. Prints the
-median microseconds per row; torch runs on one thread, as xgrammar's CPU kernel does.
+median microseconds per row; on the CPU torch runs on one thread, as xgrammar's CPU kernel does.
+With --device cuda the logits live on the GPU and the (CPU-filled) bitmask is copied over in
+every call, as in the engine; "ours" is then grammar.bitmask's torch fallback for devices
+without a registered kernel.
 """
 from __future__ import annotations
 
@@ -43,13 +46,16 @@ _DOCUMENTS = [
 ]
 
 
-def record_masks() -> torch.Tensor:
+def record_masks(tokenizer_dir: str | None = None) -> torch.Tensor:
     """Bitmask rows at every position of the documents, under the schema's grammar."""
-    from engine.model_files import resolve_model
     from engine.sampling_params import Constraint
     from grammar.xgrammar_backend import XGrammarBackend
 
-    backend = XGrammarBackend(str(resolve_model(None)), VOCAB_SIZE)
+    if tokenizer_dir is None:
+        from engine.model_files import resolve_model
+
+        tokenizer_dir = str(resolve_model(None))
+    backend = XGrammarBackend(tokenizer_dir, VOCAB_SIZE)
     compiled = backend.compile(Constraint("json_schema", json.dumps(_SCHEMA)))
     rows = []
     for document in _DOCUMENTS:
@@ -73,17 +79,20 @@ def _median_us(fn, make_args, repeats: int) -> float:
     return sorted(times)[len(times) // 2] * 1e6
 
 
-def run(repeats: int = 30) -> list[dict]:
+def _pools(masks: torch.Tensor) -> dict[str, torch.Tensor]:
+    num_allowed = np.bitwise_count(masks.numpy().view(np.uint32)).sum(axis=1)
+    return {"sparse": masks[torch.from_numpy(num_allowed < 1000)],
+            "dense": masks[torch.from_numpy(num_allowed >= 1000)], "mixed": masks}
+
+
+def run(repeats: int = 30, tokenizer_dir: str | None = None) -> list[dict]:
+    """CPU: xgrammar's kernel vs apply_bitmask, and the greedy paths (us per row)."""
     from grammar.xgrammar_backend import apply_bitmask_xgrammar
 
     torch.set_num_threads(1)
-    masks = record_masks()
-    num_allowed = np.bitwise_count(masks.numpy().view(np.uint32)).sum(axis=1)
-    pools = {"sparse": masks[torch.from_numpy(num_allowed < 1000)],
-             "dense": masks[torch.from_numpy(num_allowed >= 1000)], "mixed": masks}
     rng = np.random.default_rng(0)
     results = []
-    for shape, pool in pools.items():
+    for shape, pool in _pools(record_masks(tokenizer_dir)).items():
         for batch in BATCH_SIZES:
             bitmask = pool[torch.from_numpy(rng.integers(0, len(pool), batch))].contiguous()
             logits = torch.randn(batch, VOCAB_SIZE)
@@ -91,8 +100,44 @@ def run(repeats: int = 30) -> list[dict]:
             row = {"shape": shape, "batch": batch}
             row["xgrammar"] = _median_us(lambda lg, bm: apply_bitmask_xgrammar(lg, bm, None), fresh, repeats) / batch
             row["apply_bitmask"] = _median_us(apply_bitmask, fresh, repeats) / batch
-            row["apply+argmax"] = _median_us(lambda lg, bm: (apply_bitmask(lg, bm), lg.argmax(dim=1)), fresh, repeats) / batch
+            row["apply+torch.argmax"] = _median_us(
+                lambda lg, bm: (apply_bitmask(lg, bm), lg.argmax(dim=1)), fresh, repeats) / batch
+            row["apply+numpy argmax"] = _median_us(
+                lambda lg, bm: (apply_bitmask(lg, bm), lg.numpy().argmax(axis=1)), fresh, repeats) / batch
             row["masked_argmax"] = _median_us(masked_argmax, fresh, repeats) / batch
+            results.append(row)
+    return results
+
+
+def run_cuda(repeats: int = 30, tokenizer_dir: str | None = None) -> list[dict]:
+    """CUDA: xgrammar's kernel (through grammar.bitmask's hook) vs the torch fallback."""
+    from grammar import bitmask as bitmask_ops
+    from grammar import xgrammar_backend  # registers the CUDA kernel
+
+    def timed(fn, make_args) -> float:
+        def call(*args):
+            fn(*args)
+            torch.cuda.synchronize()
+        return _median_us(call, make_args, repeats)
+
+    rng = np.random.default_rng(0)
+    results = []
+    for shape, pool in _pools(record_masks(tokenizer_dir)).items():
+        for batch in BATCH_SIZES:
+            bitmask = pool[torch.from_numpy(rng.integers(0, len(pool), batch))].contiguous()
+            logits = torch.randn(batch, VOCAB_SIZE, device="cuda")
+            fresh = lambda: (logits.clone(), bitmask)  # noqa: E731
+            for _ in range(3):  # warm up (triton compiles its kernel on first use)
+                apply_bitmask(*fresh())
+            row = {"shape": shape, "batch": batch}
+            row["xgrammar"] = timed(apply_bitmask, fresh) / batch
+            row["xgrammar masked_argmax"] = timed(masked_argmax, fresh) / batch
+            del bitmask_ops._device_kernels["cuda"]
+            try:
+                apply_bitmask(*fresh())
+                row["torch fallback"] = timed(apply_bitmask, fresh) / batch
+            finally:
+                bitmask_ops.register_device_kernel("cuda", xgrammar_backend.apply_bitmask_xgrammar)
             results.append(row)
     return results
 
@@ -100,9 +145,12 @@ def run(repeats: int = 30) -> list[dict]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeats", type=int, default=30)
+    parser.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
+    parser.add_argument("--tokenizer", help="model folder with the tokenizer (default: the prepared SmolLM2)")
     args = parser.parse_args()
-    results = run(args.repeats)
-    columns = ["xgrammar", "apply_bitmask", "apply+argmax", "masked_argmax"]
+    runner = run_cuda if args.device == "cuda" else run
+    results = runner(args.repeats, args.tokenizer)
+    columns = [c for c in results[0] if c not in ("shape", "batch")]
     print("| rows | batch | " + " | ".join(f"{c} (us/row)" for c in columns) + " |")
     print("|---|---|" + "---|" * len(columns))
     for row in results:

@@ -113,3 +113,30 @@ def test_a_bitmask_too_narrow_for_the_logits_is_refused():
         apply_bitmask(torch.zeros(1, 1000), torch.zeros(1, 31, dtype=torch.int32))
     with pytest.raises(ValueError, match="row_indices"):
         apply_bitmask(torch.zeros(3, 1000), torch.zeros(2, 32, dtype=torch.int32))
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("with_xgrammar_kernel", [True, False])
+def test_cuda_logits_match_the_cpu_result(with_xgrammar_kernel):
+    from grammar import bitmask as bitmask_ops
+
+    if with_xgrammar_kernel:
+        import grammar.xgrammar_backend  # noqa: F401  registers xgrammar's CUDA kernel
+    saved = bitmask_ops._device_kernels.pop("cuda", None) if not with_xgrammar_kernel else None
+    try:
+        vocab_size = 49152 + 40
+        bitmask = make_bitmask(10, (vocab_size + 31) // 32, seed=5)
+        cpu = torch.randn(12, vocab_size)
+        rows = [11, 0, 2, 3, 4, 5, 6, 7, 8, 1]
+        gpu = cpu.cuda()
+        apply_bitmask(cpu, bitmask, rows)
+        apply_bitmask(gpu, bitmask, rows)
+        assert torch.equal(gpu.cpu(), cpu)
+        fresh = torch.randn(12, vocab_size)
+        keep = [i for i in range(10) if i % 5 != 4]
+        expected = masked_argmax(fresh, bitmask[keep], [rows[i] for i in keep])
+        assert torch.equal(masked_argmax(fresh.cuda(), bitmask[keep], [rows[i] for i in keep]).cpu(), expected)
+    finally:
+        if saved is not None:
+            bitmask_ops.register_device_kernel("cuda", saved)
