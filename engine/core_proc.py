@@ -190,6 +190,8 @@ def run_engine_core(config: EngineConfig, conn: Connection,
                 ready.block_size)
     try:
         proc.run_busy_loop()
+    except (BrokenPipeError, ConnectionResetError):
+        logger.info("the front end is gone; stopping")  # nobody is left to tell
     except BaseException as e:
         logger.error("engine core failed:\n%s", traceback.format_exc())
         _send_last_words(send, f"the engine core failed: {type(e).__name__}: {e}")

@@ -3,8 +3,8 @@
     formwork serve [--model PATH] [--host 127.0.0.1] [--port 50051] [engine options] [limits]
     python -m service.cli serve ...   (the same, without the console script)
 
-The engine CLI (engine/cli.py) registers this subcommand with `add_serve_parser(subparsers)`; the
-parsed namespace carries `func`, which runs it and returns the exit code.
+The engine CLI (engine/cli.py) registers this subcommand with `add_serve_parser(subparsers,
+add_engine_args)`; the parsed namespace carries `func`, which runs it and returns the exit code.
 """
 from __future__ import annotations
 
@@ -13,51 +13,28 @@ import asyncio
 import logging
 import sys
 
-from engine.config import CacheConfig, EngineConfig, GrammarConfig, SchedulerConfig
+from collections.abc import Callable
+from dataclasses import replace
+
+from engine import cli as engine_cli
+from engine.config import EngineConfig, SchedulerConfig
 from service.limits import ServiceLimits
 
-_ENGINE_DEFAULTS = EngineConfig()
 _LIMIT_DEFAULTS = ServiceLimits()
 
 
-def add_serve_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
+def add_serve_parser(subparsers: argparse._SubParsersAction,
+                     add_engine_args: Callable[[argparse.ArgumentParser], None] | None = None) -> argparse.ArgumentParser:
+    """Register `serve`; `add_engine_args` adds the engine options (default: engine.cli's)."""
     parser = subparsers.add_parser("serve", help="serve the Generation gRPC API",
                                    description="Serve formwork.v1.Generation (plus health and reflection) over gRPC.")
-    add_serve_arguments(parser)
-    parser.set_defaults(func=run_serve)
-    return parser
-
-
-def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
-    scheduler, cache, grammar = _ENGINE_DEFAULTS.scheduler, _ENGINE_DEFAULTS.cache, _ENGINE_DEFAULTS.grammar
-    parser.add_argument("--model", default=None, help="a local Hugging Face model folder (default: the packaged "
-                                                      "SmolLM2-135M-Instruct, prepared on first use)")
     parser.add_argument("--host", default="127.0.0.1", help="address to listen on (default: %(default)s)")
     parser.add_argument("--port", type=int, default=50051, help="port (default: %(default)s; 0: any free port)")
     parser.add_argument("--log-level", default="INFO", choices=("DEBUG", "INFO", "WARNING", "ERROR"))
-
-    engine = parser.add_argument_group("engine")
-    engine.add_argument("--device", default=_ENGINE_DEFAULTS.device)
-    engine.add_argument("--dtype", default=_ENGINE_DEFAULTS.dtype, choices=("float32", "bfloat16", "float16"))
-    engine.add_argument("--max-model-len", type=int, default=None, help="context length (default: the model's)")
-    engine.add_argument("--num-threads", type=int, default=None, help="torch threads (default: torch's)")
-    engine.add_argument("--max-num-seqs", type=int, default=scheduler.max_num_seqs,
-                        help="requests in one batch (default: %(default)s)")
-    engine.add_argument("--max-num-batched-tokens", type=int, default=scheduler.max_num_batched_tokens,
-                        help="tokens in one step (default: %(default)s)")
-    engine.add_argument("--max-queue-len", type=int, default=scheduler.max_num_waiting,
-                        help="requests waiting beyond the batch; more get RESOURCE_EXHAUSTED (default: %(default)s)")
-    engine.add_argument("--num-kv-blocks", type=int, default=None,
-                        help=f"KV-cache blocks of {cache.block_size} tokens (default: from --kv-cache-mib)")
-    engine.add_argument("--kv-cache-mib", type=int, default=cache.kv_cache_bytes >> 20,
-                        help="KV-cache memory when --num-kv-blocks is not given (default: %(default)s)")
-    engine.add_argument("--no-prefix-caching", action="store_true", help="recompute every prompt")
-    engine.add_argument("--no-jump-forward", action="store_true",
-                        help="sample every token, even those the grammar forces")
-    engine.add_argument("--grammar-compile-timeout", type=float, default=grammar.compile_timeout_s,
-                        help="seconds (default: %(default)s)")
-
+    (add_engine_args or engine_cli.add_engine_args)(parser)
     limits = parser.add_argument_group("limits")
+    limits.add_argument("--max-queue-len", type=int, default=SchedulerConfig().max_num_waiting,
+                        help="requests waiting beyond the batch; more get RESOURCE_EXHAUSTED (default: %(default)s)")
     limits.add_argument("--max-message-bytes", type=int, default=_LIMIT_DEFAULTS.max_message_bytes,
                         help="largest request or response message (default: %(default)s)")
     limits.add_argument("--max-constraint-bytes", type=int, default=_LIMIT_DEFAULTS.max_constraint_bytes,
@@ -68,22 +45,16 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
                         help="max_tokens of a request that leaves it unset (default: %(default)s)")
     limits.add_argument("--shutdown-grace", type=float, default=_LIMIT_DEFAULTS.shutdown_grace_s,
                         help="seconds in-flight requests get to finish after SIGTERM (default: %(default)s)")
+    parser.set_defaults(func=run_serve)
+    return parser
 
 
 def engine_config_from_args(args: argparse.Namespace) -> EngineConfig:
-    return EngineConfig(
-        model=args.model,
-        device=args.device,
-        dtype=args.dtype,
-        max_model_len=args.max_model_len,
-        num_threads=args.num_threads,
-        scheduler=SchedulerConfig(max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.max_num_batched_tokens,
-                                  max_num_waiting=args.max_queue_len),
-        cache=CacheConfig(num_blocks=args.num_kv_blocks, kv_cache_bytes=args.kv_cache_mib << 20,
-                          enable_prefix_caching=not args.no_prefix_caching),
-        grammar=GrammarConfig(compile_timeout_s=args.grammar_compile_timeout, jump_forward=not args.no_jump_forward,
-                              max_spec_bytes=max(args.max_constraint_bytes, GrammarConfig().max_spec_bytes)),
-    )
+    """engine.cli's EngineConfig, with the service's queue length and constraint size."""
+    config = engine_cli.engine_config_from_args(args)
+    return replace(config, scheduler=replace(config.scheduler, max_num_waiting=args.max_queue_len),
+                   grammar=replace(config.grammar,
+                                   max_spec_bytes=max(args.max_constraint_bytes, config.grammar.max_spec_bytes)))
 
 
 def limits_from_args(args: argparse.Namespace) -> ServiceLimits:
