@@ -20,7 +20,8 @@ class GrammarError(ValueError):
 class CompiledGrammar(ABC):
     """An immutable compiled constraint, shareable by many requests (it lives in the cache)."""
 
-    # JSON pointers / keywords that are accepted but not enforced (best-effort mode only)
+    # what a best-effort constraint does not enforce, as "keyword at /json/pointer"
+    # (e.g. "uniqueItems at /properties/tags"); always empty for a strict constraint
     not_enforced: list[str] = []
 
     @property
@@ -36,19 +37,26 @@ class Grammar(ABC):
 
     @abstractmethod
     def fill_bitmask(self, bitmask: torch.Tensor, row: int) -> None:
-        """Write the allowed-token bits of the next position into `bitmask[row]`."""
+        """Write the allowed-token bits of the next position into `bitmask[row]` (CPU, int32).
+
+        Does not change the matcher. Bits of padding ids (past the tokenizer's vocabulary) and
+        past vocab_size are always 0, so a row with no bit set means nothing is allowed. Stop
+        tokens are allowed exactly where the output may end.
+        """
 
     @abstractmethod
     def accept_tokens(self, token_ids: list[int]) -> bool:
-        """Advance over `token_ids`; False (and no state change past the bad token) if one is rejected."""
+        """Advance over `token_ids`, all or nothing: on a rejected token, return False with the
+        matcher as it was before the call."""
 
     @abstractmethod
     def rollback(self, num_tokens: int) -> None:
-        """Undo the last `num_tokens` accepted tokens."""
+        """Undo the last `num_tokens` accepted tokens (jump-forward ones included)."""
 
     @abstractmethod
     def is_terminated(self) -> bool:
-        """True once the grammar accepted a complete output and nothing may follow."""
+        """True after a stop token was accepted, or once the output is complete and nothing may
+        follow it (a closed JSON object): the request can finish without sampling an EOS."""
 
     @abstractmethod
     def jump_forward_token_ids(self) -> list[int]:
@@ -65,7 +73,9 @@ class GrammarBackend(ABC):
 
     @abstractmethod
     def compile(self, constraint: Constraint) -> CompiledGrammar:
-        """Compile, raising GrammarError with a precise message on failure."""
+        """Compile, raising GrammarError with a precise message on failure (a bad spec, or in
+        strict mode a keyword the backend would not enforce). Size and depth limits are the
+        caller's: GrammarCompiler checks them first."""
 
     @abstractmethod
     def make_grammar(self, compiled: CompiledGrammar) -> Grammar:

@@ -55,7 +55,8 @@ _IMPLIED_TYPE = {
 # Our own probes: (row label, keywords to strip, schema, [(instance, valid)]).
 _S = {"type": "string"}
 PROBES: list[tuple[str, tuple[str, ...], Any, list[tuple[Any, bool]]]] = [
-    ("minLength + pattern", ("minLength",), {**_S, "pattern": "^[a-z]+$", "minLength": 3}, [("abc", True), ("ab", False)]),
+    ("minLength + pattern", ("minLength",), {**_S, "pattern": "^[a-z]+$", "minLength": 3},
+     [("abc", True), ("ab", False)]),
     ("maxLength + format", ("maxLength",), {**_S, "format": "date", "maxLength": 5}, [("2020-01-01", False)]),
     ("multipleOf (number)", ("multipleOf",), {"type": "number", "multipleOf": 1.5}, [(3, True), (4, False)]),
     ("multipleOf (integer)", ("multipleOf",), {"type": "integer", "multipleOf": 3}, [(6, True), (4, False)]),
@@ -73,9 +74,10 @@ PROBES: list[tuple[str, tuple[str, ...], Any, list[tuple[Any, bool]]]] = [
     ("oneOf (disjoint)", ("oneOf",), {"oneOf": [{"type": "integer"}, {"type": "string"}]}, [(1, True), (None, False)]),
     ("oneOf (overlapping)", ("oneOf",), {"type": "object", "properties": {"v": {"oneOf": [
         {"type": "integer"}, {"type": "number"}]}}}, [({"v": 1.5}, True), ({"v": 1}, False)]),
-    ("pattern (search vs full match)", ("pattern",), {**_S, "pattern": "b"}, [("b", True), ("abc", True), ("x", False)]),
-    ("uniqueItems (typed, items)", ("uniqueItems",), {"type": "array", "items": {"type": "integer"}, "uniqueItems": True},
-     [([1, 2], True), ([1, 1], False)]),
+    ("pattern (search vs full match)", ("pattern",), {**_S, "pattern": "b"},
+     [("b", True), ("abc", True), ("x", False)]),
+    ("uniqueItems (typed, items)", ("uniqueItems",),
+     {"type": "array", "items": {"type": "integer"}, "uniqueItems": True}, [([1, 2], True), ([1, 1], False)]),
     ("maxProperties (no properties)", ("maxProperties",), {"type": "object", "maxProperties": 1},
      [({"a": 1}, True), ({"a": 1, "b": 2}, False)]),
     ("minItems (no items)", ("minItems",), {"type": "array", "minItems": 1}, [([1], True), ([], False)]),

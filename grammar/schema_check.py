@@ -319,10 +319,10 @@ def _check_node(node: dict, pointer: str, root: Any, uses_refs: bool) -> list[Fi
         missing = [name for name in required if name not in declared]
         if missing:
             flag("required", f"names not declared in properties are not required: {missing}")
-    if "unevaluatedProperties" in node and (types is None or (_has_type(types, "object") and "additionalProperties" in node)):
-        flag("unevaluatedProperties", 'enforced only in an object schema without additionalProperties')
-    if "unevaluatedItems" in node and (types is None or (_has_type(types, "array") and "items" in node)):
-        flag("unevaluatedItems", 'enforced only in an array schema without items')
+    for keyword, wanted, sibling in (("unevaluatedProperties", "object", "additionalProperties"),
+                                     ("unevaluatedItems", "array", "items")):
+        if keyword in node and (types is None or (_has_type(types, wanted) and sibling in node)):
+            flag(keyword, f"enforced only in a typed {wanted} schema without {sibling}")
     return out
 
 

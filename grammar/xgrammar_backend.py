@@ -164,11 +164,11 @@ class XGrammarBackend(GrammarBackend):
         if kind in ("json_schema", "json_object"):
             grammar, not_enforced = self._json_grammar(constraint)
         elif kind == "regex":
-            grammar = self._convert("regex", constraint.strict, not_enforced, xgr.Grammar.from_regex, constraint.spec)
+            grammar = _convert(kind, constraint.strict, not_enforced, xgr.Grammar.from_regex, constraint.spec)
         elif kind == "grammar":
-            grammar = self._convert("grammar", constraint.strict, not_enforced, xgr.Grammar.from_ebnf, constraint.spec)
+            grammar = _convert(kind, constraint.strict, not_enforced, xgr.Grammar.from_ebnf, constraint.spec)
         elif kind == "choice":
-            grammar = self._convert("choice", True, not_enforced, xgr.Grammar.from_ebnf, choice_ebnf(constraint.choices))
+            grammar = _convert(kind, True, not_enforced, xgr.Grammar.from_ebnf, choice_ebnf(constraint.choices))
         else:
             raise GrammarError(f"unknown constraint kind {kind!r}")
         try:
@@ -250,20 +250,20 @@ class XGrammarBackend(GrammarBackend):
                 guilty.append(pointer)
         return guilty or [None]
 
-    # -- other kinds --------------------------------------------------------------------------
 
-    @staticmethod
-    def _convert(kind: str, strict: bool, not_enforced: list[str], convert, spec: str) -> xgr.Grammar:
-        with capture_native_log() as log_lines:
-            try:
-                grammar = convert(spec)
-            except Exception as e:
-                raise GrammarError(f"{kind} does not compile: {strip_native_prefix(str(e))}") from None
-        for line in dict.fromkeys(log_lines):
-            if strict:
-                raise GrammarError(f"{kind} is not fully enforceable: {line}")
-            not_enforced.append(f"{kind}: {line}")
-        return grammar
+def _convert(kind: str, strict: bool, not_enforced: list[str], convert, spec: str) -> xgr.Grammar:
+    """Run one of xgrammar's spec -> Grammar converters, turning its errors into GrammarError and
+    its printed warnings into an error (strict) or not_enforced entries."""
+    with capture_native_log() as log_lines:
+        try:
+            grammar = convert(spec)
+        except Exception as e:
+            raise GrammarError(f"{kind} does not compile: {strip_native_prefix(str(e))}") from None
+    for line in dict.fromkeys(log_lines):
+        if strict:
+            raise GrammarError(f"{kind} is not fully enforceable: {line}")
+        not_enforced.append(f"{kind}: {line}")
+    return grammar
 
 
 def choice_ebnf(choices: list[str]) -> str:
