@@ -1,0 +1,311 @@
+"""The server's behaviour in every request state, against a fake engine core (fast; no model run).
+
+The gRPC server runs in-process (GenerationServer on its own event loop thread) over an
+InprocClient driving tests/fake_engine_core.FakeEngineCore; the last tests run the fake core in a
+real child process through AsyncMPClient to check process death and start-up failure.
+"""
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import threading
+import time
+
+import grpc
+import pytest
+from google.protobuf import json_format
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
+
+from engine.config import EngineConfig
+from engine.core_client import AsyncMPClient, EngineDeadError, InprocClient
+from engine.protocol import EngineCoreRequest
+from engine.sampling_params import SamplingParams
+from fake_engine_core import CRASH_SEED, FakeEngineCore, fake_config, make_fake_core
+from live_server import error_of, field_violations
+from service._gen.formwork.v1 import generation_pb2 as pb
+from service._gen.formwork.v1 import generation_pb2_grpc as pb_grpc
+from service.limits import ServiceLimits
+from service.server import GenerationServer
+
+SERVING, NOT_SERVING = health_pb2.HealthCheckResponse.SERVING, health_pb2.HealthCheckResponse.NOT_SERVING
+
+
+class InprocServer:
+    """A GenerationServer on its own event-loop thread, in front of a FakeEngineCore."""
+
+    def __init__(self, limits: ServiceLimits = ServiceLimits(), wait_ready: bool = True, **core_kwargs) -> None:
+        self.core: FakeEngineCore | None = None
+        self.loop = asyncio.new_event_loop()
+        self.thread = threading.Thread(target=self.loop.run_forever, daemon=True)
+        self.thread.start()
+
+        def build_core() -> FakeEngineCore:
+            self.core = FakeEngineCore(core_kwargs.pop("config", fake_config()), **core_kwargs)
+            return self.core
+
+        async def make() -> GenerationServer:
+            return GenerationServer(InprocClient(build_core), limits, "127.0.0.1", 0)
+
+        self.server = self.run(make())
+        self.port = self.run(self.server.start())
+        self.channel = grpc.insecure_channel(f"127.0.0.1:{self.port}")
+        self.stub = pb_grpc.GenerationStub(self.channel)
+        self.health = health_pb2_grpc.HealthStub(self.channel)
+        if wait_ready:
+            self.run(self.server.wait_started())
+
+    def run(self, coroutine, timeout_s: float = 30.0):
+        return asyncio.run_coroutine_threadsafe(coroutine, self.loop).result(timeout_s)
+
+    def health_status(self) -> int:
+        return self.health.Check(health_pb2.HealthCheckRequest(service=""), timeout=5).status
+
+    def load(self) -> pb.Load:
+        return self.stub.GetModelInfo(pb.GetModelInfoRequest(), timeout=5).load
+
+    def wait_for(self, predicate, timeout_s: float = 5.0) -> pb.Load:
+        deadline = time.monotonic() + timeout_s
+        while not predicate(load := self.load()) and time.monotonic() < deadline:
+            time.sleep(0.01)
+        return load
+
+    def close(self) -> None:
+        self.channel.close()
+        try:
+            self.run(self.server.stop(0))
+        finally:
+            self.loop.call_soon_threadsafe(self.loop.stop)
+            self.thread.join(5)
+
+
+@pytest.fixture
+def make_server():
+    servers = []
+
+    def make(**kwargs) -> InprocServer:
+        servers.append(InprocServer(**kwargs))
+        return servers[-1]
+
+    yield make
+    for server in servers:
+        server.close()
+
+
+def long_request(**fields) -> pb.GenerateRequest:
+    return json_format.ParseDict({"prompt": "tell me a story", "max_tokens": 500, "ignore_eos": True, **fields},
+                                 pb.GenerateRequest())
+
+
+def idle(load: pb.Load) -> bool:
+    return (load.num_running == load.num_waiting == load.num_waiting_for_grammar == load.num_in_flight == 0
+            and load.num_free_kv_blocks == load.num_total_kv_blocks)
+
+
+# ---- start-up and health ----------------------------------------------------------------------
+
+
+def test_not_serving_and_unavailable_until_loaded_and_warm(make_server):
+    server = make_server(wait_ready=False, startup_s=1.0)
+    assert server.health_status() == NOT_SERVING
+    error = error_of(server.stub.Generate, pb.GenerateRequest(prompt="hi"), timeout=5)
+    assert error.code() == grpc.StatusCode.UNAVAILABLE and "loading" in error.details()
+    server.run(server.server.wait_started())
+    assert server.health_status() == SERVING
+    assert server.stub.Generate(pb.GenerateRequest(prompt="hi", max_tokens=3), timeout=5).usage.completion_tokens == 3
+    assert server.core.num_steps >= 4 + 3  # the warm-up (4 tokens) ran before this request
+
+
+def test_reflection_v1alpha_and_v1(make_server):
+    server = make_server()
+    names = {"formwork.v1.Generation", "grpc.health.v1.Health", "grpc.reflection.v1alpha.ServerReflection",
+             "grpc.reflection.v1.ServerReflection"}
+    v1alpha = reflection_pb2_grpc.ServerReflectionStub(server.channel)
+    # v1 has the same messages under another package: call it with the v1alpha classes
+    v1 = server.channel.stream_stream("/grpc.reflection.v1.ServerReflection/ServerReflectionInfo",
+                                      request_serializer=reflection_pb2.ServerReflectionRequest.SerializeToString,
+                                      response_deserializer=reflection_pb2.ServerReflectionResponse.FromString)
+    for call in (v1alpha.ServerReflectionInfo, v1):
+        requests = [reflection_pb2.ServerReflectionRequest(list_services=""),
+                    reflection_pb2.ServerReflectionRequest(file_containing_symbol="formwork.v1.Generation"),
+                    reflection_pb2.ServerReflectionRequest(file_containing_symbol="grpc.reflection.v1.ServerReflection")]
+        listed, generation_file, v1_file = list(call(iter(requests), timeout=5))
+        assert {s.name for s in listed.list_services_response.service} == names
+        assert generation_file.file_descriptor_response.file_descriptor_proto
+        assert v1_file.file_descriptor_response.file_descriptor_proto
+
+
+# ---- the queue and the KV cache ---------------------------------------------------------------
+
+
+def test_full_queue_is_resource_exhausted(make_server):
+    server = make_server(config=fake_config(max_num_seqs=2, max_num_waiting=2))
+    calls = [server.stub.GenerateStream(long_request(), timeout=30) for _ in range(4)]
+    load = server.wait_for(lambda load: load.num_running + load.num_waiting == 4)
+    assert (load.num_running, load.num_waiting, load.num_in_flight) == (2, 2, 4)
+    error = error_of(server.stub.Generate, pb.GenerateRequest(prompt="one more"), timeout=5)
+    assert error.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+    assert error.details() == "the queue is full: 4 requests in flight (2 running + 2 waiting at most); retry later"
+    for call in calls:
+        call.cancel()
+    assert idle(server.wait_for(idle))
+
+
+def test_request_larger_than_the_kv_cache_is_resource_exhausted_with_the_numbers(make_server):
+    server = make_server(config=fake_config(num_blocks=8))  # 128 tokens of KV
+    error = error_of(server.stub.Generate, pb.GenerateRequest(prompt="hi " * 40, max_tokens=100), timeout=5)
+    assert error.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+    assert "holds 128 tokens (8 blocks of 16)" in error.details() and "max_tokens 100" in error.details()
+
+
+def test_prompt_longer_than_the_context_is_invalid_argument(make_server):
+    server = make_server(max_model_len=64)
+    error = error_of(server.stub.Generate, pb.GenerateRequest(prompt_token_ids=pb.TokenIds(ids=[5] * 64)), timeout=5)
+    assert error.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert field_violations(error) == {"prompt_token_ids": "the prompt has 64 tokens; the context length is 64 tokens "
+                                                           "(prompt + output), which leaves no room to generate"}
+
+
+# ---- cancellation and deadlines in every state ------------------------------------------------
+
+
+@pytest.mark.parametrize("state", ["waiting", "waiting_for_grammar", "running"])
+def test_cancel_aborts_the_request_in_the_core_in_every_state(make_server, state):
+    server = make_server(config=fake_config(max_num_seqs=1))
+    blocker = server.stub.GenerateStream(long_request(), timeout=30) if state == "waiting" else None
+    if blocker is not None:
+        next(blocker)  # it runs, so the next request waits
+    fields = {"constraint": {"regex": "slow"}} if state == "waiting_for_grammar" else {}
+    call = server.stub.GenerateStream(long_request(request_id="victim", **fields), timeout=30)
+    load = server.wait_for(lambda load: getattr(load, f"num_{state}") == 1)
+    assert getattr(load, f"num_{state}") == 1, load
+    call.cancel()
+    if blocker is not None:
+        blocker.cancel()
+    load = server.wait_for(idle)
+    assert idle(load), load
+    assert any(r.startswith("victim#") for r in server.core.aborted)
+
+
+def test_deadline_aborts_a_request_waiting_for_its_grammar(make_server):
+    server = make_server()
+    started = time.monotonic()
+    error = error_of(server.stub.Generate, long_request(request_id="late", constraint={"regex": "slow"}), timeout=0.5)
+    assert error.code() == grpc.StatusCode.DEADLINE_EXCEEDED and time.monotonic() - started < 2
+    assert idle(server.wait_for(idle))
+    assert any(r.startswith("late#") for r in server.core.aborted)
+
+
+def test_stop_string_ends_the_request_and_aborts_it_in_the_core(make_server):
+    server = make_server()
+    response = server.stub.Generate(long_request(request_id="s", stop=["engine"]), timeout=10)
+    assert response.text == "Hello from the fake " and response.stop_string == "engine"
+    assert response.finish_reason == pb.FINISH_REASON_STOP
+    assert idle(server.wait_for(idle)) and any(r.startswith("s#") for r in server.core.aborted)
+
+
+# ---- errors after acceptance ------------------------------------------------------------------
+
+
+def test_grammar_failure_after_acceptance_ends_only_that_request(make_server):
+    server = make_server()
+    neighbour = server.stub.GenerateStream(long_request(max_tokens=30), timeout=30)
+    next(neighbour)
+    for call in (server.stub.Generate, server.stub.GenerateStream):
+        error = error_of(call, long_request(constraint={"regex": "(unbalanced"}), timeout=5)
+        assert error.code() == grpc.StatusCode.INVALID_ARGUMENT
+        assert field_violations(error) == {"constraint.regex": "regex: missing closing parenthesis at position 0"}
+    messages = list(neighbour)
+    assert messages[-1].finish_reason == pb.FINISH_REASON_LENGTH and messages[-1].usage.completion_tokens == 30
+
+
+def test_validate_constraint(make_server):
+    server = make_server()
+    ok = server.stub.ValidateConstraint(pb.ValidateConstraintRequest(constraint=pb.Constraint(regex="a+")), timeout=5)
+    assert ok.ok and not ok.error
+    bad = server.stub.ValidateConstraint(
+        pb.ValidateConstraintRequest(constraint=pb.Constraint(json_schema_text="{oops")), timeout=5)
+    assert not bad.ok and bad.error.startswith("constraint.json_schema_text: json_schema is not valid JSON")
+    error = error_of(server.stub.ValidateConstraint, pb.ValidateConstraintRequest(), timeout=5)
+    assert error.code() == grpc.StatusCode.INVALID_ARGUMENT and "constraint" in field_violations(error)
+
+
+# ---- engine death and shutdown ----------------------------------------------------------------
+
+
+def test_engine_failure_makes_calls_unavailable_and_health_not_serving(make_server):
+    server = make_server()
+    in_flight = server.stub.GenerateStream(long_request(), timeout=30)
+    next(in_flight)
+    error = error_of(server.stub.Generate, long_request(seed=CRASH_SEED), timeout=10)
+    assert error.code() == grpc.StatusCode.UNAVAILABLE and "fake engine crash" in error.details()
+    with pytest.raises(grpc.RpcError) as info:
+        list(in_flight)
+    assert info.value.code() == grpc.StatusCode.UNAVAILABLE
+    for call, message in ((server.stub.Generate, pb.GenerateRequest(prompt="x")),
+                          (server.stub.GetModelInfo, pb.GetModelInfoRequest())):
+        assert error_of(call, message, timeout=5).code() == grpc.StatusCode.UNAVAILABLE
+    deadline = time.monotonic() + 5
+    while server.health_status() != NOT_SERVING and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert server.health_status() == NOT_SERVING
+
+
+def test_graceful_stop_lets_short_requests_finish_and_cancels_the_rest(make_server):
+    server = make_server(step_s=0.02)
+    short = server.stub.GenerateStream(long_request(max_tokens=40), timeout=30)  # about 0.8 s
+    long = server.stub.GenerateStream(long_request(max_tokens=500), timeout=30)  # about 10 s
+    next(short), next(long)
+    stopping = asyncio.run_coroutine_threadsafe(server.server.stop(1.5), server.loop)
+    time.sleep(0.2)
+    refused = error_of(server.stub.Generate, pb.GenerateRequest(prompt="late"), timeout=5)
+    assert refused.code() == grpc.StatusCode.UNAVAILABLE
+    short_messages, long_messages = list(short), list(long)
+    stopping.result(10)
+    assert short_messages[-1].finish_reason == pb.FINISH_REASON_LENGTH
+    assert short_messages[-1].usage.completion_tokens == 40
+    last = long_messages[-1]
+    assert last.finish_reason == pb.FINISH_REASON_CANCELLED and 0 < last.usage.completion_tokens < 500
+    assert "".join(m.text for m in long_messages)  # the text so far came back
+
+
+# ---- the engine in a child process ------------------------------------------------------------
+
+
+async def _generate_until_death(client: AsyncMPClient) -> tuple[float, EngineDeadError]:
+    stream = client.add_request(EngineCoreRequest("r", [1, 2, 3], SamplingParams(max_tokens=10_000, ignore_eos=True)))
+    await stream.get()
+    os.kill(client.pid, signal.SIGKILL)
+    killed = time.monotonic()
+    with pytest.raises(EngineDeadError) as info:
+        while True:
+            await stream.get()
+    return time.monotonic() - killed, info.value
+
+
+def test_process_client_fails_in_flight_requests_promptly_when_the_engine_dies():
+    async def main():
+        client = AsyncMPClient(fake_config(), core_factory=make_fake_core)
+        info = await client.start()
+        assert info.pid == client.pid != os.getpid()
+        stats = await client.get_stats()
+        assert stats.num_total_blocks == 64
+        elapsed, error = await _generate_until_death(client)
+        assert elapsed < 1.0 and "killed by signal 9" in str(error)
+        assert not client.is_alive
+        with pytest.raises(EngineDeadError):
+            await client.get_stats()
+        await client.shutdown()
+
+    asyncio.run(main())
+
+
+def test_process_client_reports_a_failed_start():
+    async def main():
+        client = AsyncMPClient(EngineConfig(model="/nonexistent/model"), core_factory=make_fake_core)
+        with pytest.raises(EngineDeadError, match="the engine failed to start: .*nonexistent"):
+            await client.start()
+        await client.shutdown()
+
+    asyncio.run(main())
