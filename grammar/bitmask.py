@@ -130,7 +130,11 @@ def _words(bitmask: torch.Tensor) -> np.ndarray:
 
 def _sparse_rows(words: np.ndarray, vocab_size: int) -> np.ndarray:
     """True for rows where fewer than half the tokens are allowed (cheaper to write back)."""
-    return np.bitwise_count(words).sum(axis=1, dtype=np.int64) * 2 < vocab_size
+    if hasattr(np, "bitwise_count"):  # numpy >= 2.0
+        num_allowed = np.bitwise_count(words).sum(axis=1, dtype=np.int64)
+    else:
+        num_allowed = np.unpackbits(words.view(np.uint8), axis=1).sum(axis=1, dtype=np.int64)
+    return num_allowed * 2 < vocab_size
 
 
 def _flat_ids(words: np.ndarray, rows: np.ndarray, vocab_size: int, *, allowed: bool) -> np.ndarray:
