@@ -94,18 +94,20 @@ def run_transformers(model_dir, tokenizer, items, batch_size: int, max_tokens: i
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from grammar.xgrammar_backend import hf_schema_logits_processor
+    from engine.sampling_params import Constraint
+    from grammar.xgrammar_backend import XGrammarBackend, hf_logits_processor
 
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
     hf_tok = AutoTokenizer.from_pretrained(model_dir, padding_side="left")
+    backend = XGrammarBackend(str(model_dir), model.config.vocab_size)  # the same grammars Formwork uses
     texts, output_tokens = [], 0
     start = time.perf_counter()
     for i in range(0, len(items), batch_size):
         chunk = items[i:i + batch_size]
         prompts = [tokenizer.apply_chat_template(extraction_prompt(item)) for item in chunk]
         batch = hf_tok(prompts, return_tensors="pt", padding=True, add_special_tokens=False)
-        processor = hf_schema_logits_processor(hf_tok, model.config.vocab_size,
-                                               [json.dumps(item["schema"]) for item in chunk])
+        processor = hf_logits_processor(
+            [backend.compile(Constraint(kind="json_schema", spec=json.dumps(item["schema"]))) for item in chunk])
         with torch.inference_mode():
             out = model.generate(**batch, max_new_tokens=max_tokens, do_sample=False, logits_processor=[processor],
                                  pad_token_id=hf_tok.pad_token_id)

@@ -319,3 +319,12 @@ def apply_bitmask_xgrammar(logits: torch.Tensor, bitmask: torch.Tensor, row_indi
 
 # xgrammar's CUDA kernel behind grammar.bitmask's device hook, so that module stays library-free
 bitmask_ops.register_device_kernel("cuda", apply_bitmask_xgrammar)
+
+
+def hf_logits_processor(compiled: list[CompiledGrammar]):
+    """xgrammar's own logits processor for transformers' generate, one grammar per batch row.
+
+    Only the benchmarks use it: it is the baseline a user of transformers would reach for.
+    """
+    from xgrammar.contrib.hf import LogitsProcessor
+    return LogitsProcessor([c.compiled for c in compiled])  # type: ignore[attr-defined]
