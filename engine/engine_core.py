@@ -83,9 +83,8 @@ class EngineCore:
         try:
             self.validate_request(request)
         except ValueError as e:
-            self.scheduler._pending_outputs.append(
-                EngineCoreOutput(request.request_id, finish_reason=int(FinishReason.ERROR), error=str(e),
-                                 num_prompt_tokens=len(request.prompt_token_ids)))
+            self.scheduler.report(EngineCoreOutput(request.request_id, finish_reason=int(FinishReason.ERROR),
+                                                   error=str(e), num_prompt_tokens=len(request.prompt_token_ids)))
             return
         self.scheduler.add_request(Request(
             request.request_id, request.prompt_token_ids, request.sampling_params, self.eos_token_id,

@@ -82,6 +82,10 @@ class Scheduler:
         self.finished_req_ids.add(request.request_id)
         del self.requests[request.request_id]
 
+    def report(self, output: EngineCoreOutput) -> None:
+        """Queue an output for the next update_from_output (a request rejected before it was added)."""
+        self._pending_outputs.append(output)
+
     @property
     def num_waiting_for_grammar(self) -> int:
         return sum(r.status == RequestStatus.WAITING_FOR_STRUCTURED_OUTPUT_GRAMMAR for r in self.waiting)
