@@ -11,7 +11,7 @@ PINS := torch==2.13.0 transformers==5.24.0 tokenizers==0.23.3 xgrammar==0.2.9 gg
 	accelerate==1.15.0 grpcio==1.85.3 grpcio-tools==1.85.1 grpcio-reflection==1.85.1 \
 	grpcio-health-checking==1.85.1 protobuf==7.36.2 msgspec==0.23.0 jsonschema==4.26.0 numpy==2.4.6
 
-.PHONY: setup test test-fast model generate bench clean
+.PHONY: setup test test-fast model generate bench clean proto serve
 
 setup: $(STAMP)
 
@@ -31,6 +31,14 @@ test: $(STAMP)
 
 test-fast: $(STAMP)
 	$(PY) -m pytest -q -m "not slow" tests
+
+# the gRPC stubs in service/_gen/ from proto/ (committed; tests/test_service_conversion.py checks they are fresh)
+proto: $(STAMP)
+	$(PY) -m service.protogen
+
+# the gRPC API on 127.0.0.1:50051; prints "formwork: serving ... on 127.0.0.1:50051" once loaded and warm
+serve: model
+	$(VENV)/bin/formwork serve --host 127.0.0.1 --port 50051
 
 generate: $(STAMP)
 	$(VENV)/bin/formwork generate --prompt "What is the capital of France?"
