@@ -167,6 +167,13 @@ def test_prompt_longer_than_the_context_is_invalid_argument(make_server):
                                                            "(prompt + output), which leaves no room to generate"}
 
 
+def test_message_size_limit(make_server):
+    server = make_server(limits=ServiceLimits(max_message_bytes=4096))
+    error = error_of(server.stub.Generate, pb.GenerateRequest(prompt="x" * 5000), timeout=5)
+    assert error.code() == grpc.StatusCode.RESOURCE_EXHAUSTED and "4096" in error.details()
+    assert server.stub.Generate(pb.GenerateRequest(prompt="x" * 1000, max_tokens=2), timeout=5).usage.completion_tokens
+
+
 # ---- cancellation and deadlines in every state ------------------------------------------------
 
 
