@@ -129,10 +129,6 @@ class EngineCoreClient(ABC):
     def dead_error(self) -> EngineDeadError | None:
         return self._dead
 
-    @property
-    def num_unfinished_requests(self) -> int:
-        return len(self._streams)
-
     async def wait_dead(self) -> EngineDeadError:
         """Return once the core is dead (or shut down)."""
         await self._dead_event.wait()
