@@ -257,12 +257,18 @@ class GenerationServer:
 async def serve(client: EngineCoreClient, limits: ServiceLimits, host: str, port: int,
                 on_ready: Callable[[GenerationServer], None] | None = None) -> int:
     """Run a server until SIGTERM or SIGINT; returns the process exit code (0 after a graceful
-    stop, 1 if the engine failed to start)."""
+    stop, 1 if the engine failed to start). A second signal cuts the grace period short."""
     server = GenerationServer(client, limits, host, port)
     stop = asyncio.Event()
+
+    def on_signal() -> None:
+        if stop.is_set():
+            logger.warning("second signal: cancelling %d in-flight requests now", server.llm.abort_all())
+        stop.set()
+
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, stop.set)
+        loop.add_signal_handler(sig, on_signal)
     await server.start()
     stop_requested = asyncio.create_task(stop.wait())
     started = asyncio.create_task(server.wait_started())
