@@ -75,6 +75,12 @@ class EngineCore:
         if bad:
             raise ValueError(f"prompt token ids out of range [0, {self.vocab_size}): {bad[:5]}")
         request.sampling_params.validate(self.vocab_size)
+        # a request that cannot fit in the whole KV cache would preempt itself forever
+        capacity = (self.runner.num_blocks - 1) * self.config.cache.block_size
+        needed = min(num_prompt + request.sampling_params.max_tokens, self.max_model_len)
+        if needed > capacity:
+            raise ValueError(f"the prompt ({num_prompt} tokens) plus max_tokens ({request.sampling_params.max_tokens}) "
+                             f"needs {needed} tokens of KV cache, but the cache holds {capacity}; lower max_tokens")
         if request.request_id in self.scheduler.requests:
             raise ValueError(f"request id {request.request_id!r} is already in use")
 
@@ -101,6 +107,8 @@ class EngineCore:
     def step(self) -> list[EngineCoreOutput]:
         scheduler_output = self.scheduler.schedule()
         if scheduler_output.is_empty:
+            if scheduler_output.finished_req_ids or scheduler_output.preempted_req_ids:
+                self.executor.execute_model(scheduler_output)  # nothing to run, but the runner frees their rows
             if self.scheduler.num_waiting_for_grammar:  # idle on the compile, not in a spin
                 self.structured_output_manager.wait_for_any(0.005)
             return self.scheduler.update_from_output(scheduler_output, None)

@@ -6,6 +6,7 @@ Both structs cross the process boundary inside `EngineCoreRequest`, so they are 
 from __future__ import annotations
 
 import json
+import math
 
 import msgspec
 
@@ -80,6 +81,9 @@ class SamplingParams(msgspec.Struct, array_like=True, omit_defaults=True):
     constraint: Constraint | None = None
 
     def validate(self, vocab_size: int | None = None) -> None:
+        for name in ("temperature", "top_p", "min_p", "repetition_penalty", "frequency_penalty", "presence_penalty"):
+            if not math.isfinite(getattr(self, name)):
+                raise ValueError(f"{name} must be a finite number, got {getattr(self, name)}")
         if not isinstance(self.max_tokens, int) or self.max_tokens < 1:
             raise ValueError(f"max_tokens must be an integer >= 1, got {self.max_tokens!r}")
         if self.temperature < 0:

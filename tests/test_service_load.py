@@ -18,14 +18,6 @@ from service._gen.formwork.v1 import generation_pb2 as pb
 
 pytestmark = pytest.mark.slow
 
-# Until engine/engine_core.py passes SchedulerOutput.finished_req_ids / preempted_req_ids to the runner on an
-# empty schedule, one finished request followed by a step that only waits for a grammar (the server's own
-# warm-up then a new schema is enough) leaks an input-batch row, and the next full batch kills the engine.
-ENGINE_ROW_LEAK = ("engine bug: EngineCore.step() returns early on an empty schedule (every request waiting "
-                   "for its grammar) without passing SchedulerOutput.finished_req_ids to the runner, so finished "
-                   "and aborted requests keep their input-batch rows; the next full batch raises 'input batch is "
-                   "full' and the engine dies")
-
 
 @pytest.fixture(scope="module")
 def server():
@@ -34,7 +26,6 @@ def server():
     assert live.stop() == 0, live.log()
 
 
-@pytest.mark.xfail(reason=ENGINE_ROW_LEAK, raises=grpc.RpcError)
 def test_32_concurrent_streams_complete_with_schema_valid_outputs(server):
     def run(i: int) -> tuple[str, int]:
         request = chat(f"Invent person number {i}. Answer in JSON.", max_tokens=48, temperature=0.8, seed=i,
@@ -54,7 +45,6 @@ def test_32_concurrent_streams_complete_with_schema_valid_outputs(server):
     assert load.num_free_kv_blocks == load.num_total_kv_blocks
 
 
-@pytest.mark.xfail(reason=ENGINE_ROW_LEAK)
 def test_full_queue_is_resource_exhausted_and_cancelling_frees_queued_and_running(server):
     calls = [server.stub.GenerateStream(chat(f"Tell me a long story number {i}.", max_tokens=100), timeout=120)
              for i in range(MAX_NUM_SEQS + MAX_QUEUE_LEN)]
@@ -76,9 +66,8 @@ def test_full_queue_is_resource_exhausted_and_cancelling_frees_queued_and_runnin
     assert load.num_free_kv_blocks == load.num_total_kv_blocks, load
 
 
-@pytest.mark.xfail(strict=True, reason=ENGINE_ROW_LEAK)
 def test_aborts_then_a_grammar_wait_keep_the_engine_alive(server):
-    """Runs last: while the bug stands, it kills the module's engine."""
+    """Regression: finished requests must leave the runner even when a step only waits for a grammar."""
     calls = [server.stub.GenerateStream(chat(f"Tell me a story {i}.", max_tokens=100), timeout=60)
              for i in range(MAX_NUM_SEQS)]
     deadline = time.monotonic() + 30
