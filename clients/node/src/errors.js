@@ -1,0 +1,73 @@
+// What the client throws: FormworkError for a call that ended with a gRPC status (the server's
+// message and, for INVALID_ARGUMENT, the fields it names), IncompleteOutputError when extract()'s
+// output ended before its JSON was complete.
+import grpc from "@grpc/grpc-js";
+import protobuf from "protobufjs";
+
+const STATUS_DETAILS_KEY = "grpc-status-details-bin";
+const BAD_REQUEST_TYPE_URL = "type.googleapis.com/google.rpc.BadRequest";
+
+// google.rpc.Status and BadRequest, the rich error details the server sends in its trailers
+const rpc = protobuf.parse(`
+  syntax = "proto3";
+  package google.rpc;
+  message Any { string type_url = 1; bytes value = 2; }
+  message Status { int32 code = 1; string message = 2; repeated Any details = 3; }
+  message BadRequest {
+    message FieldViolation { string field = 1; string description = 2; }
+    repeated FieldViolation field_violations = 1;
+  }
+`, { keepCase: true }).root;
+const Status = rpc.lookupType("google.rpc.Status");
+const BadRequest = rpc.lookupType("google.rpc.BadRequest");
+
+const CODE_NAMES = Object.fromEntries(Object.entries(grpc.status).map(([name, number]) => [number, name]));
+
+export class FormworkError extends Error {
+  /**
+   * @param {number} grpcCode  the gRPC status code (grpc.status.*)
+   * @param {string} details  the server's message, as sent
+   * @param {{field: string, description: string}[]} fieldViolations
+   */
+  constructor(grpcCode, details, fieldViolations = []) {
+    const code = CODE_NAMES[grpcCode] ?? "UNKNOWN";
+    super(`${code}: ${details}`);
+    this.name = "FormworkError";
+    this.code = code; // "INVALID_ARGUMENT", "RESOURCE_EXHAUSTED", "UNAVAILABLE", "DEADLINE_EXCEEDED", ...
+    this.grpcCode = grpcCode;
+    this.details = details;
+    this.fieldViolations = fieldViolations;
+  }
+}
+
+export class IncompleteOutputError extends Error {
+  constructor(response) {
+    super(`the output ended with ${response.finish_reason} after ${response.usage?.completion_tokens ?? "?"} ` +
+      "tokens, before the JSON was complete; raise maxTokens or bound the schema's strings and arrays " +
+      "(maxLength, maxItems)");
+    this.name = "IncompleteOutputError";
+    this.response = response;
+    this.finishReason = response.finish_reason;
+    this.text = response.text; // the incomplete JSON text
+  }
+}
+
+/** The FormworkError for a grpc-js ServiceError (or the error itself if it carries no status). */
+export function fromServiceError(error) {
+  if (typeof error?.code !== "number") {
+    return error;
+  }
+  return new FormworkError(error.code, error.details ?? error.message, fieldViolations(error.metadata));
+}
+
+function fieldViolations(metadata) {
+  const [encoded] = metadata?.get(STATUS_DETAILS_KEY) ?? [];
+  if (!encoded) {
+    return [];
+  }
+  const status = Status.decode(encoded);
+  return status.details
+    .filter((detail) => detail.type_url === BAD_REQUEST_TYPE_URL)
+    .flatMap((detail) => BadRequest.decode(detail.value).field_violations)
+    .map(({ field, description }) => ({ field, description }));
+}

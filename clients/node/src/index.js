@@ -1,0 +1,8 @@
+// Node.js client for Formwork's gRPC API (formwork.v1.Generation): structured-output generation.
+//
+//   import { FormworkClient } from "formwork-client";
+//   const client = new FormworkClient("127.0.0.1:50051");
+//   const person = await client.extract(schema, "Ada Lovelace was born in 1815.");
+export { DEFAULT_ADDRESS, EXTRACT_INSTRUCTIONS, FormworkClient, loadGenerationService, PROTO_ROOT } from "./client.js";
+export { choice, grammar, jsonObject, jsonSchema, regex } from "./constraints.js";
+export { FormworkError, IncompleteOutputError } from "./errors.js";

@@ -1,0 +1,166 @@
+// The Node client against a live server: FORMWORK_ADDR=host:port node --test clients/node/test/
+// (tests/test_node_client.py starts one and runs this; `make test` runs that). Light on tokens:
+// the server may be a 2-core CPU machine.
+import assert from "node:assert/strict";
+import { execFileSync } from "node:child_process";
+import { createServer } from "node:net";
+import { after, before, describe, test } from "node:test";
+import { fileURLToPath } from "node:url";
+
+import {
+  choice, FormworkClient, FormworkError, IncompleteOutputError, jsonSchema, regex,
+} from "formwork-client";
+
+const ADDRESS = process.env.FORMWORK_ADDR;
+const PERSON_SCHEMA = {
+  type: "object",
+  properties: {
+    name: { type: "string", maxLength: 20 },
+    age: { type: "integer", minimum: 0, maximum: 150 },
+  },
+  required: ["name", "age"],
+  additionalProperties: false,
+};
+
+/** The checks PERSON_SCHEMA makes, by hand (no JSON-Schema validator among the dependencies). */
+function assertPerson(value) {
+  assert.equal(typeof value, "object");
+  assert.deepEqual(Object.keys(value).sort(), ["age", "name"]);
+  assert.equal(typeof value.name, "string");
+  assert.ok(value.name.length <= 20, value.name);
+  assert.ok(Number.isInteger(value.age) && value.age >= 0 && value.age <= 150, String(value.age));
+}
+
+async function rejection(promise) {
+  try {
+    await promise;
+  } catch (error) {
+    return error;
+  }
+  assert.fail("expected the call to fail");
+}
+
+async function freePort() {
+  const server = createServer();
+  await new Promise((resolve) => server.listen(0, "127.0.0.1", resolve));
+  const { port } = server.address();
+  await new Promise((resolve) => server.close(resolve));
+  return port; // nothing listens on it now
+}
+
+describe("FormworkClient against a live server", () => {
+  let client;
+
+  before(() => {
+    assert.ok(ADDRESS, "set FORMWORK_ADDR to the host:port of a running server (make serve: 127.0.0.1:50051)");
+    client = new FormworkClient(ADDRESS, { timeoutMs: 120_000 });
+  });
+
+  after(() => client?.close());
+
+  test("modelInfo: the model, limits and load", async () => {
+    const info = await client.modelInfo();
+    assert.equal(info.model_name, "SmolLM2-135M-Instruct");
+    assert.ok(info.limits.max_tokens_cap >= 32);
+    assert.ok(info.constraint_kinds.includes("json_schema"));
+    assert.equal(typeof info.load.num_steps, "number");
+  });
+
+  test("extract returns an object the schema accepts", async () => {
+    const person = await client.extract(PERSON_SCHEMA, "Ada Lovelace was 36 years old.", { maxTokens: 40 });
+    assertPerson(person);
+  });
+
+  test("generate with a choice constraint", async () => {
+    const response = await client.generate({
+      chat: { messages: [{ role: "user", content: "Is the sky blue? Answer yes or no." }] },
+      max_tokens: 4, temperature: 0, constraint: choice(["yes", "no"]),
+    });
+    assert.ok(["yes", "no"].includes(response.text), response.text);
+    assert.equal(response.finish_reason, "FINISH_REASON_STOP");
+    assert.ok(response.usage.completion_tokens >= 1);
+  });
+
+  test("stream: deltas, then the totals on the last message", async () => {
+    const messages = [];
+    for await (const response of client.stream({ prompt: "The three primary colors are", max_tokens: 6, temperature: 0 })) {
+      messages.push(response);
+    }
+    assert.ok(messages.length > 1);
+    assert.ok(messages.slice(0, -1).every((m) => m.finish_reason === "FINISH_REASON_UNSPECIFIED"));
+    const last = messages.at(-1);
+    assert.ok(["FINISH_REASON_STOP", "FINISH_REASON_LENGTH"].includes(last.finish_reason));
+    assert.equal(last.usage.completion_tokens, messages.reduce((n, m) => n + m.token_ids.length, 0));
+  });
+
+  test("leaving a stream early cancels the request on the server", async () => {
+    for await (const response of client.stream({ prompt: "Count: one, two,", max_tokens: 200, ignore_eos: true })) {
+      assert.equal(typeof response.text, "string");
+      break;
+    }
+    let load;
+    for (let i = 0; i < 100; i++) {
+      load = (await client.modelInfo()).load;
+      if (load.num_in_flight === 0 && load.num_running === 0) break;
+      await new Promise((resolve) => setTimeout(resolve, 50));
+    }
+    assert.equal(load.num_in_flight, 0);
+    assert.equal(load.num_running, 0);
+  });
+
+  test("validateConstraint: ok, or the compiler's error", async () => {
+    const good = await client.validateConstraint(regex("[A-Z]{3}-[0-9]{4}"));
+    assert.equal(good.ok, true);
+    const bad = await client.validateConstraint(jsonSchema({ type: "array", uniqueItems: true }));
+    assert.equal(bad.ok, false);
+    assert.match(bad.error, /uniqueItems/);
+    const bestEffort = await client.validateConstraint(jsonSchema({ type: "array", uniqueItems: true }, { strict: false }));
+    assert.equal(bestEffort.ok, true);
+    assert.ok(bestEffort.not_enforced.some((entry) => entry.includes("uniqueItems")));
+  });
+
+  test("INVALID_ARGUMENT names the field (max_tokens 0 is sent: optional presence survives)", async () => {
+    const error = await rejection(client.generate({ prompt: "hi", max_tokens: 0 }));
+    assert.ok(error instanceof FormworkError, String(error));
+    assert.equal(error.code, "INVALID_ARGUMENT");
+    assert.match(error.details, /^max_tokens: must be >= 1, got 0/);
+    assert.deepEqual(error.fieldViolations.map((v) => v.field), ["max_tokens"]);
+  });
+
+  test("a schema that does not compile is INVALID_ARGUMENT on its field", async () => {
+    const error = await rejection(client.extract({ type: "object", properties: { a: { type: "nonsense" } } }, "x"));
+    assert.equal(error.code, "INVALID_ARGUMENT");
+    assert.match(error.details, /Unsupported type "nonsense"/);
+    assert.deepEqual(error.fieldViolations.map((v) => v.field), ["constraint.json_schema_text"]);
+  });
+
+  test("a deadline that passes is DEADLINE_EXCEEDED", async () => {
+    const error = await rejection(client.generate({ prompt: "Once upon a time", max_tokens: 64, ignore_eos: true },
+      { timeoutMs: 1 }));
+    assert.equal(error.code, "DEADLINE_EXCEEDED");
+  });
+
+  test("extract with too few tokens is IncompleteOutputError", async () => {
+    const error = await rejection(client.extract(PERSON_SCHEMA, "Ada Lovelace was 36 years old.", { maxTokens: 2 }));
+    assert.ok(error instanceof IncompleteOutputError, String(error));
+    assert.equal(error.finishReason, "FINISH_REASON_LENGTH");
+  });
+
+  test("no server is UNAVAILABLE", async () => {
+    const nowhere = new FormworkClient(`127.0.0.1:${await freePort()}`, { timeoutMs: 10_000 });
+    try {
+      const error = await rejection(nowhere.modelInfo());
+      assert.equal(error.code, "UNAVAILABLE");
+    } finally {
+      nowhere.close();
+    }
+  });
+
+  test("the example script prints an extracted person", () => {
+    const script = fileURLToPath(new URL("../examples/extract.js", import.meta.url));
+    const output = execFileSync(process.execPath, [script, "Bob is a 20 year old baker."], {
+      env: { ...process.env, FORMWORK_ADDR: ADDRESS }, encoding: "utf8", timeout: 120_000,
+    });
+    assertPerson(JSON.parse(output));
+  });
+});

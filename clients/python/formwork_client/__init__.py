@@ -1,0 +1,25 @@
+"""Python client for Formwork's gRPC API (formwork.v1.Generation): structured-output generation.
+
+    from formwork_client import Client
+    with Client("127.0.0.1:50051") as client:
+        person = client.extract({"type": "object", ...}, "Ada Lovelace was born in 1815.")
+
+`Client` is synchronous and thread-safe; `AsyncClient` has the same calls for asyncio. Responses
+are the API's protobuf messages (`formwork_client.pb`); failures raise the StatusError subclass of
+their gRPC code (`formwork_client.errors`).
+"""
+from formwork_client._gen.formwork.v1 import generation_pb2 as pb
+from formwork_client.aio import AsyncClient
+from formwork_client.client import Client
+from formwork_client.constraints import choice, grammar, json_object, json_schema, regex
+from formwork_client.errors import (DeadlineExceededError, FieldViolation, FormworkError, IncompleteOutputError,
+                                    InternalError, InvalidArgumentError, RequestCancelledError,
+                                    ResourceExhaustedError, StatusError, UnavailableError)
+from formwork_client.request import DEFAULT_ADDRESS
+
+__all__ = [
+    "AsyncClient", "Client", "DEFAULT_ADDRESS", "pb",
+    "choice", "grammar", "json_object", "json_schema", "regex",
+    "DeadlineExceededError", "FieldViolation", "FormworkError", "IncompleteOutputError", "InternalError",
+    "InvalidArgumentError", "RequestCancelledError", "ResourceExhaustedError", "StatusError", "UnavailableError",
+]

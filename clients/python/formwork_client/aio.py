@@ -1,0 +1,99 @@
+"""The asyncio client: the same calls as Client, awaited, over a grpc.aio channel.
+
+Create it inside the running event loop (the channel belongs to that loop). Cancelling the task
+that awaits a call cancels the request on the server and raises asyncio.CancelledError as usual.
+"""
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Mapping, Sequence
+from typing import Any
+
+import grpc
+import grpc.aio
+
+from formwork_client import errors
+from formwork_client._gen.formwork.v1 import generation_pb2 as pb
+from formwork_client._gen.formwork.v1 import generation_pb2_grpc as pb_grpc
+from formwork_client.constraints import ConstraintLike, to_constraint
+from formwork_client.request import (DEFAULT_ADDRESS, Messages, extract_request, extraction_result,
+                                     generate_request, tokenize_request)
+
+
+class AsyncClient:
+    """A connection to one server. Use it with `async with`, or await close()."""
+
+    def __init__(self, address: str = DEFAULT_ADDRESS, *, timeout: float | None = None,
+                 channel: grpc.aio.Channel | None = None, options: Sequence[tuple[str, Any]] = ()) -> None:
+        """As Client: `channel` is a grpc.aio channel of your own (then not closed by the client)."""
+        self._own_channel = channel is None
+        self._channel = channel if channel is not None else grpc.aio.insecure_channel(address, options=list(options))
+        self._stub = pb_grpc.GenerationStub(self._channel)
+        self.timeout = timeout
+
+    async def generate(self, prompt: str | pb.GenerateRequest | None = None, *, timeout: float | None = None,
+                       **fields: Any) -> pb.GenerateResponse:
+        """The whole answer; arguments as Client.generate."""
+        request = generate_request(prompt, **fields)
+        try:
+            return await self._stub.Generate(request, timeout=self._timeout(timeout))
+        except grpc.RpcError as e:
+            raise errors.from_rpc_error(e) from e
+
+    def stream(self, prompt: str | pb.GenerateRequest | None = None, *, timeout: float | None = None,
+               **fields: Any) -> AsyncIterator[pb.GenerateResponse]:
+        """The answer as it is produced (`async for`); leaving the loop early, or closing the
+        iterator (aclose), cancels the request on the server. Arguments as Client.generate."""
+        request = generate_request(prompt, **fields)
+        return self._responses(self._stub.GenerateStream(request, timeout=self._timeout(timeout)))
+
+    @staticmethod
+    async def _responses(call: Any) -> AsyncIterator[pb.GenerateResponse]:
+        try:
+            async for response in call:
+                yield response
+        except grpc.RpcError as e:
+            raise errors.from_rpc_error(e) from e
+        finally:
+            call.cancel()  # no-op once the stream ended; aborts the request if the caller stopped early
+
+    async def extract(self, schema: Mapping[str, Any] | str, text: str, instructions: str | None = None, *,
+                      timeout: float | None = None, **options: Any) -> Any:
+        """The parsed JSON value in `text` that `schema` describes; as Client.extract."""
+        response = await self.generate(extract_request(schema, text, instructions, **options), timeout=timeout)
+        return extraction_result(response)
+
+    async def validate_constraint(self, constraint: ConstraintLike, *,
+                                  timeout: float | None = None) -> pb.ValidateConstraintResponse:
+        request = pb.ValidateConstraintRequest(constraint=to_constraint(constraint))
+        try:
+            return await self._stub.ValidateConstraint(request, timeout=self._timeout(timeout))
+        except grpc.RpcError as e:
+            raise errors.from_rpc_error(e) from e
+
+    async def model_info(self, *, timeout: float | None = None) -> pb.ModelInfo:
+        try:
+            return await self._stub.GetModelInfo(pb.GetModelInfoRequest(), timeout=self._timeout(timeout))
+        except grpc.RpcError as e:
+            raise errors.from_rpc_error(e) from e
+
+    async def tokenize(self, prompt: str | None = None, *, messages: Messages | None = None,
+                       add_generation_prompt: bool | None = None,
+                       timeout: float | None = None) -> pb.TokenizeResponse:
+        request = tokenize_request(prompt, messages=messages, add_generation_prompt=add_generation_prompt)
+        try:
+            return await self._stub.Tokenize(request, timeout=self._timeout(timeout))
+        except grpc.RpcError as e:
+            raise errors.from_rpc_error(e) from e
+
+    async def close(self) -> None:
+        if self._own_channel:
+            await self._channel.close()
+
+    async def __aenter__(self) -> AsyncClient:
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self.close()
+
+    def _timeout(self, timeout: float | None) -> float | None:
+        return self.timeout if timeout is None else timeout

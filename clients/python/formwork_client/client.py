@@ -1,0 +1,114 @@
+"""The synchronous client: one gRPC channel to a Formwork server, shared by every call.
+
+Thread-safe: calls from several threads share the channel (gRPC multiplexes them). Every call
+takes `timeout` (seconds; default: the client's, None = no deadline); when it passes, the server
+aborts the request and the call raises DeadlineExceededError. A failed call raises the
+StatusError subclass for its code (formwork_client.errors).
+"""
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping, Sequence
+from typing import Any
+
+import grpc
+
+from formwork_client import errors
+from formwork_client._gen.formwork.v1 import generation_pb2 as pb
+from formwork_client._gen.formwork.v1 import generation_pb2_grpc as pb_grpc
+from formwork_client.constraints import ConstraintLike, to_constraint
+from formwork_client.request import (DEFAULT_ADDRESS, Messages, extract_request, extraction_result,
+                                     generate_request, tokenize_request)
+
+
+class Client:
+    """A connection to one server. Use it as a context manager, or call close()."""
+
+    def __init__(self, address: str = DEFAULT_ADDRESS, *, timeout: float | None = None,
+                 channel: grpc.Channel | None = None,
+                 options: Sequence[tuple[str, Any]] = ()) -> None:
+        """`address`: host:port of `formwork serve` (plaintext). `channel`: a channel of your own
+        (TLS, interceptors) instead; the client then does not close it. `options`: gRPC channel
+        options, e.g. ("grpc.max_receive_message_length", 16 << 20)."""
+        self._own_channel = channel is None
+        self._channel = channel if channel is not None else grpc.insecure_channel(address, options=list(options))
+        self._stub = pb_grpc.GenerationStub(self._channel)
+        self.timeout = timeout
+
+    def generate(self, prompt: str | pb.GenerateRequest | None = None, *, timeout: float | None = None,
+                 **fields: Any) -> pb.GenerateResponse:
+        """The whole answer. Input: `prompt` (raw text), `messages=[{"role", "content"}, ...]` (a
+        chat) or `prompt_token_ids=[...]`; `constraint=` a Constraint (formwork_client.json_schema,
+        regex, ...) or a JSON Schema dict; any other GenerateRequest field by name (max_tokens,
+        temperature, seed, stop, logprobs, ...). See request.generate_request."""
+        request = generate_request(prompt, **fields)
+        try:
+            return self._stub.Generate(request, timeout=self._timeout(timeout))
+        except grpc.RpcError as e:
+            raise errors.from_rpc_error(e) from e
+
+    def stream(self, prompt: str | pb.GenerateRequest | None = None, *, timeout: float | None = None,
+               **fields: Any) -> Iterator[pb.GenerateResponse]:
+        """The answer as it is produced: each response carries the text and token ids it adds; the
+        last one has finish_reason, usage and timings. Leaving the loop early (or closing the
+        iterator) cancels the request on the server. Same arguments as generate()."""
+        request = generate_request(prompt, **fields)
+        return self._responses(self._stub.GenerateStream(request, timeout=self._timeout(timeout)))
+
+    @staticmethod
+    def _responses(call: Any) -> Iterator[pb.GenerateResponse]:
+        try:
+            yield from call
+        except grpc.RpcError as e:
+            raise errors.from_rpc_error(e) from e
+        finally:
+            call.cancel()  # no-op once the stream ended; aborts the request if the caller stopped early
+
+    def extract(self, schema: Mapping[str, Any] | str, text: str, instructions: str | None = None, *,
+                timeout: float | None = None, **options: Any) -> Any:
+        """Schema-constrained extraction in one call: the JSON value in `text` that `schema`
+        describes, parsed (a dict for an object schema). `options`: max_tokens, temperature
+        (default 0: greedy), strict, any_whitespace, jump_forward, request_id.
+
+        Raises InvalidArgumentError for a schema the server cannot enforce (message and
+        field_violations say why), IncompleteOutputError if max_tokens ran out first."""
+        response = self.generate(extract_request(schema, text, instructions, **options), timeout=timeout)
+        return extraction_result(response)
+
+    def validate_constraint(self, constraint: ConstraintLike, *,
+                            timeout: float | None = None) -> pb.ValidateConstraintResponse:
+        """Compile a constraint without generating: `ok`, or `error` with the compiler's message
+        (a bad constraint is this call's answer, not an exception). A dict is a JSON Schema."""
+        request = pb.ValidateConstraintRequest(constraint=to_constraint(constraint))
+        try:
+            return self._stub.ValidateConstraint(request, timeout=self._timeout(timeout))
+        except grpc.RpcError as e:
+            raise errors.from_rpc_error(e) from e
+
+    def model_info(self, *, timeout: float | None = None) -> pb.ModelInfo:
+        """The model, the server's limits, and its live load."""
+        try:
+            return self._stub.GetModelInfo(pb.GetModelInfoRequest(), timeout=self._timeout(timeout))
+        except grpc.RpcError as e:
+            raise errors.from_rpc_error(e) from e
+
+    def tokenize(self, prompt: str | None = None, *, messages: Messages | None = None,
+                 add_generation_prompt: bool | None = None, timeout: float | None = None) -> pb.TokenizeResponse:
+        """The prompt token ids generate() would use for the same input."""
+        request = tokenize_request(prompt, messages=messages, add_generation_prompt=add_generation_prompt)
+        try:
+            return self._stub.Tokenize(request, timeout=self._timeout(timeout))
+        except grpc.RpcError as e:
+            raise errors.from_rpc_error(e) from e
+
+    def close(self) -> None:
+        if self._own_channel:
+            self._channel.close()
+
+    def __enter__(self) -> Client:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+    def _timeout(self, timeout: float | None) -> float | None:
+        return self.timeout if timeout is None else timeout

@@ -1,0 +1,68 @@
+"""Constraint builders: the shape the output must have (formwork.v1.Constraint).
+
+    json_schema({"type": "object", ...})   json_object()   regex(r"[A-Z]{3}")
+    grammar('root ::= "yes" | "no"')       choice(["red", "green"])
+
+Every builder takes the three options; None (default) leaves the field unset, so the server's
+default applies: strict=True (unenforceable schema keywords are an error), any_whitespace=False
+(compact JSON), jump_forward=the server's setting (on unless started with --no-jump-forward).
+"""
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+from formwork_client._gen.formwork.v1 import generation_pb2 as pb
+
+# what calls accept where a constraint goes: a built Constraint, or a JSON Schema (dict, JSON text, bool)
+ConstraintLike = pb.Constraint | Mapping[str, Any] | str | bool
+
+
+def json_schema(schema: Mapping[str, Any] | str | bool, *, strict: bool | None = None,
+                any_whitespace: bool | None = None, jump_forward: bool | None = None) -> pb.Constraint:
+    """A JSON Schema (a dict, or JSON text). Sent as JSON text (`json_schema_text`), so the order of
+    properties, which is the order the model writes them in, and numbers are kept as written."""
+    text = schema if isinstance(schema, str) else json.dumps(schema, ensure_ascii=False)
+    return _options(pb.Constraint(json_schema_text=text), strict, any_whitespace, jump_forward)
+
+
+def json_object(*, any_whitespace: bool | None = None, jump_forward: bool | None = None) -> pb.Constraint:
+    """Any JSON object."""
+    return _options(pb.Constraint(json_object=pb.JsonObject()), None, any_whitespace, jump_forward)
+
+
+def regex(pattern: str, *, strict: bool | None = None, jump_forward: bool | None = None) -> pb.Constraint:
+    """A regular expression the whole output must match."""
+    return _options(pb.Constraint(regex=pattern), strict, None, jump_forward)
+
+
+def grammar(ebnf: str, *, strict: bool | None = None, jump_forward: bool | None = None) -> pb.Constraint:
+    """An EBNF grammar (xgrammar's GBNF dialect) whose start rule is named `root`."""
+    return _options(pb.Constraint(grammar=ebnf), strict, None, jump_forward)
+
+
+def choice(choices: Iterable[str], *, jump_forward: bool | None = None) -> pb.Constraint:
+    """Exactly one of the given (non-empty) strings."""
+    if isinstance(choices, str):
+        raise TypeError("choice() takes a list of strings, not one string")
+    return _options(pb.Constraint(choice=pb.Choice(choices=list(choices))), None, None, jump_forward)
+
+
+def to_constraint(constraint: ConstraintLike) -> pb.Constraint:
+    """A Constraint as it is; anything else is taken as a JSON Schema."""
+    if isinstance(constraint, pb.Constraint):
+        return constraint
+    if isinstance(constraint, (Mapping, str, bool)):
+        return json_schema(constraint)
+    raise TypeError(f"expected a formwork Constraint or a JSON Schema (dict, JSON text or bool), "
+                    f"got {type(constraint).__name__}")
+
+
+def _options(constraint: pb.Constraint, strict: bool | None, any_whitespace: bool | None,
+             jump_forward: bool | None) -> pb.Constraint:
+    # proto3 `optional`: set only what the caller chose, so the server's defaults apply otherwise
+    for name, value in (("strict", strict), ("any_whitespace", any_whitespace), ("jump_forward", jump_forward)):
+        if value is not None:
+            setattr(constraint, name, value)
+    return constraint

@@ -1,0 +1,107 @@
+"""What the client raises: one exception class per gRPC status the server answers with.
+
+Every status error carries the server's message unchanged (`message`) and, for INVALID_ARGUMENT,
+the fields it names (`field_violations`, from the google.rpc.BadRequest the server puts in the
+`grpc-status-details-bin` trailer). A client-side failure to connect is UNAVAILABLE too.
+"""
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import TYPE_CHECKING, NamedTuple
+
+import grpc
+from google.rpc import error_details_pb2, status_pb2
+
+if TYPE_CHECKING:
+    from formwork_client._gen.formwork.v1 import generation_pb2 as pb
+
+_STATUS_DETAILS_KEY = "grpc-status-details-bin"
+
+
+class FieldViolation(NamedTuple):
+    field: str  # the request field's path, e.g. "constraint.json_schema_text" or "chat.messages[1].role"
+    description: str
+
+
+class FormworkError(Exception):
+    """Base of everything this package raises about a call."""
+
+
+class StatusError(FormworkError):
+    """The call ended with a gRPC status other than OK."""
+
+    def __init__(self, code: grpc.StatusCode, message: str, field_violations: Iterable[FieldViolation] = ()) -> None:
+        super().__init__(f"{code.name}: {message}")
+        self.code = code
+        self.message = message  # the server's message, as sent
+        self.field_violations = tuple(field_violations)
+
+
+class InvalidArgumentError(StatusError):
+    """A bad parameter, schema, regex or grammar, or a prompt longer than the context."""
+
+
+class ResourceExhaustedError(StatusError):
+    """The server's queue is full, or the request needs more KV cache than the engine has."""
+
+
+class UnavailableError(StatusError):
+    """The model is still loading, the engine died, the server is shutting down, or it cannot be reached."""
+
+
+class DeadlineExceededError(StatusError):
+    """The call's timeout passed; the server aborted the request."""
+
+
+class RequestCancelledError(StatusError):
+    """The call was cancelled (gRPC CANCELLED); not asyncio.CancelledError, which passes through."""
+
+
+class InternalError(StatusError):
+    """The server failed: generation broke off after it started, or a bug."""
+
+
+class IncompleteOutputError(FormworkError):
+    """extract(): the output ended before the schema's JSON was complete (max_tokens or the context
+    length ran out, or the server cancelled the request while shutting down)."""
+
+    def __init__(self, response: pb.GenerateResponse, finish_reason: str) -> None:
+        super().__init__(f"the output ended with {finish_reason} after {response.usage.completion_tokens} tokens, "
+                         f"before the JSON was complete; raise max_tokens or bound the schema's strings and arrays "
+                         f"(maxLength, maxItems)")
+        self.response = response
+        self.finish_reason = finish_reason
+        self.text = response.text  # the incomplete JSON text
+
+
+_ERROR_CLASSES: dict[grpc.StatusCode, type[StatusError]] = {
+    grpc.StatusCode.INVALID_ARGUMENT: InvalidArgumentError,
+    grpc.StatusCode.RESOURCE_EXHAUSTED: ResourceExhaustedError,
+    grpc.StatusCode.UNAVAILABLE: UnavailableError,
+    grpc.StatusCode.DEADLINE_EXCEEDED: DeadlineExceededError,
+    grpc.StatusCode.CANCELLED: RequestCancelledError,
+    grpc.StatusCode.INTERNAL: InternalError,
+}
+
+
+def from_rpc_error(error: grpc.RpcError) -> StatusError:
+    """The typed exception for a failed call (sync or asyncio); codes without a class of their own
+    (e.g. UNIMPLEMENTED from a server without this API) are a plain StatusError."""
+    code = error.code() if hasattr(error, "code") else grpc.StatusCode.UNKNOWN
+    message = (error.details() if hasattr(error, "details") else None) or str(error)
+    trailers = error.trailing_metadata() if hasattr(error, "trailing_metadata") else None
+    return _ERROR_CLASSES.get(code, StatusError)(code, message, _field_violations(trailers))
+
+
+def _field_violations(trailers) -> list[FieldViolation]:
+    for key, value in trailers or ():
+        if key != _STATUS_DETAILS_KEY:
+            continue
+        status = status_pb2.Status.FromString(value)
+        out = []
+        for detail in status.details:
+            bad_request = error_details_pb2.BadRequest()
+            if detail.Unpack(bad_request):
+                out += [FieldViolation(v.field, v.description) for v in bad_request.field_violations]
+        return out
+    return []

@@ -1,0 +1,100 @@
+"""formwork.v1 requests from Python values, and the extract() recipe; shared by Client and AsyncClient.
+
+Sampling fields left as None are not set in the request (proto3 `optional`), so the server's
+defaults apply: max_tokens = the server's default_max_tokens, temperature 1.0, and so on
+(docs/api.md lists them).
+"""
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
+
+from formwork_client._gen.formwork.v1 import generation_pb2 as pb
+from formwork_client.constraints import ConstraintLike, json_schema, to_constraint
+from formwork_client.errors import IncompleteOutputError
+
+DEFAULT_ADDRESS = "127.0.0.1:50051"  # what `make serve` listens on
+
+EXTRACT_INSTRUCTIONS = ("Extract the information in the user's text as one JSON object that matches the JSON "
+                        "Schema below. Use only what the text says.")
+
+Messages = Sequence[Mapping[str, str]]  # [{"role": "user", "content": "..."}, ...]
+
+
+def generate_request(prompt: str | pb.GenerateRequest | None = None, *, messages: Messages | None = None,
+                     prompt_token_ids: Sequence[int] | None = None, add_generation_prompt: bool | None = None,
+                     constraint: ConstraintLike | None = None, max_tokens: int | None = None,
+                     temperature: float | None = None, top_p: float | None = None, top_k: int | None = None,
+                     min_p: float | None = None, seed: int | None = None, repetition_penalty: float | None = None,
+                     frequency_penalty: float | None = None, presence_penalty: float | None = None,
+                     stop: Iterable[str] = (), stop_token_ids: Iterable[int] = (), ignore_eos: bool | None = None,
+                     include_stop_str_in_output: bool | None = None, logprobs: int | None = None,
+                     priority: int = 0, request_id: str = "") -> pb.GenerateRequest:
+    """A GenerateRequest. The input is exactly one of `prompt` (raw text, tokenized as is),
+    `messages` (a chat, rendered with the model's chat template) or `prompt_token_ids`; a ready
+    GenerateRequest passed as `prompt` is used as it is. A dict `constraint` is a JSON Schema."""
+    if isinstance(prompt, pb.GenerateRequest):
+        return prompt
+    request = pb.GenerateRequest(request_id=request_id, priority=priority, stop=list(stop),
+                                 stop_token_ids=list(stop_token_ids))
+    _set_input(request, prompt, messages, prompt_token_ids, add_generation_prompt)
+    # proto3 `optional` fields: set only what the caller gave, so the server's defaults apply otherwise
+    optional = {"max_tokens": max_tokens, "temperature": temperature, "top_p": top_p, "top_k": top_k, "min_p": min_p,
+                "seed": seed, "repetition_penalty": repetition_penalty, "frequency_penalty": frequency_penalty,
+                "presence_penalty": presence_penalty, "ignore_eos": ignore_eos,
+                "include_stop_str_in_output": include_stop_str_in_output, "logprobs": logprobs}
+    for name, value in optional.items():
+        if value is not None:
+            setattr(request, name, value)
+    if constraint is not None:
+        request.constraint.CopyFrom(to_constraint(constraint))
+    return request
+
+
+def tokenize_request(prompt: str | None = None, *, messages: Messages | None = None,
+                     add_generation_prompt: bool | None = None) -> pb.TokenizeRequest:
+    request = pb.TokenizeRequest()
+    _set_input(request, prompt, messages, None, add_generation_prompt)
+    return request
+
+
+def _set_input(request: pb.GenerateRequest | pb.TokenizeRequest, prompt: str | None, messages: Messages | None,
+               prompt_token_ids: Sequence[int] | None, add_generation_prompt: bool | None) -> None:
+    given = [name for name, value in (("prompt", prompt), ("messages", messages),
+                                      ("prompt_token_ids", prompt_token_ids)) if value is not None]
+    if len(given) != 1:
+        raise TypeError(f"give exactly one of prompt, messages or prompt_token_ids, got {given or 'none'}")
+    if prompt is not None:
+        if not isinstance(prompt, str):
+            raise TypeError(f"prompt must be a string (use messages= for a chat), got {type(prompt).__name__}")
+        request.prompt = prompt
+    elif messages is not None:
+        request.chat.messages.extend(pb.ChatMessage(role=m["role"], content=m.get("content", "")) for m in messages)
+        if add_generation_prompt is not None:
+            request.chat.add_generation_prompt = add_generation_prompt
+    elif isinstance(request, pb.GenerateRequest) and prompt_token_ids is not None:
+        request.prompt_token_ids.ids.extend(prompt_token_ids)
+
+
+def extract_request(schema: Mapping[str, Any] | str, text: str, instructions: str | None = None, *,
+                    max_tokens: int | None = None, temperature: float = 0.0, strict: bool | None = None,
+                    any_whitespace: bool | None = None, jump_forward: bool | None = None,
+                    request_id: str = "") -> pb.GenerateRequest:
+    """The chat extract() sends: a system message with the instructions and the schema (so the
+    model sees the fields' names and descriptions), the text as the user's message, the schema as
+    the constraint, and greedy decoding unless `temperature` says otherwise."""
+    schema_text = schema if isinstance(schema, str) else json.dumps(schema, ensure_ascii=False)
+    system = f"{instructions or EXTRACT_INSTRUCTIONS}\n\nJSON Schema: {schema_text}"
+    return generate_request(
+        messages=[{"role": "system", "content": system}, {"role": "user", "content": text}],
+        constraint=json_schema(schema_text, strict=strict, any_whitespace=any_whitespace, jump_forward=jump_forward),
+        max_tokens=max_tokens, temperature=temperature, request_id=request_id)
+
+
+def extraction_result(response: pb.GenerateResponse) -> Any:
+    """The parsed JSON of a finished extract() response (a dict for an object schema). Raises
+    IncompleteOutputError unless the output ended because the schema's JSON was complete."""
+    if response.finish_reason != pb.FINISH_REASON_STOP:
+        raise IncompleteOutputError(response, pb.FinishReason.Name(response.finish_reason))
+    return json.loads(response.text)

@@ -1,0 +1,308 @@
+"""The Python client (clients/python, package formwork_client): packaging and request building
+offline, then the sync client, the asyncio client and the CLI against one live server."""
+from __future__ import annotations
+
+import asyncio
+import json
+import socket
+import subprocess
+import sys
+import tomllib
+import zipfile
+
+import grpc
+import jsonschema
+import pytest
+from google.protobuf import any_pb2
+from google.rpc import error_details_pb2, status_pb2
+
+import formwork_client as fc
+from formwork_client.request import generate_request
+from live_server import REPO_ROOT, LiveServer
+from service import protogen
+
+CLIENT_DIR = REPO_ROOT / "clients" / "python"
+CLI = [sys.executable, "-m", "formwork_client.cli"]
+
+PERSON_SCHEMA = {  # bounded strings, so extraction finishes in a few tokens
+    "type": "object",
+    "properties": {
+        "name": {"type": "string", "maxLength": 20},
+        "age": {"type": "integer", "minimum": 0, "maximum": 150},
+    },
+    "required": ["name", "age"],
+    "additionalProperties": False,
+}
+TEXT = "Ada Lovelace was 36 years old."
+
+
+def free_address() -> str:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return f"127.0.0.1:{s.getsockname()[1]}"  # nothing listens once closed
+
+
+# ---- packaging --------------------------------------------------------------------------------
+
+
+def test_client_stubs_are_fresh():
+    assert protogen.stale_files(protogen.CLIENT) == [], "run `make proto` (python -m service.protogen)"
+
+
+def test_client_imports_no_server_code():
+    blocker = """
+import sys
+class Block:
+    def find_spec(self, name, path=None, target=None):
+        if name.split(".")[0] in {"service", "engine", "grammar", "bench", "torch", "xgrammar"}:
+            raise ImportError(f"formwork_client imported {name}")
+sys.meta_path.insert(0, Block())
+import formwork_client, formwork_client.cli, formwork_client.aio
+"""
+    result = subprocess.run([sys.executable, "-c", blocker], cwd=CLIENT_DIR, capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr
+
+
+def test_package_needs_only_grpcio_protobuf_and_status_protos(tmp_path):
+    project = tomllib.loads((CLIENT_DIR / "pyproject.toml").read_text())["project"]
+    names = {dep.split(">")[0].split("=")[0].strip() for dep in project["dependencies"]}
+    assert names == {"grpcio", "protobuf", "googleapis-common-protos"}
+    assert project["scripts"] == {"formwork-client": "formwork_client.cli:main"}
+    # the wheel carries the generated stubs (they are not in the repository's proto/ path)
+    subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation", "-w",
+                    str(tmp_path), str(CLIENT_DIR)], check=True, capture_output=True)
+    (wheel,) = tmp_path.glob("formwork_client-*.whl")
+    members = set(zipfile.ZipFile(wheel).namelist())
+    assert {"formwork_client/_gen/formwork/v1/generation_pb2.py", "formwork_client/_gen/formwork/v1/generation_pb2_grpc.py",
+            "formwork_client/_gen/formwork/v1/generation_pb2.pyi", "formwork_client/py.typed"} <= members
+    assert not any(m.startswith(("service/", "engine/", "grammar/")) for m in members)
+
+
+# ---- offline: requests and errors ------------------------------------------------------------
+
+
+def test_unset_sampling_fields_stay_unset_and_zero_is_sent():
+    request = generate_request("hi")
+    assert not request.HasField("max_tokens") and not request.HasField("temperature")
+    request = generate_request("hi", max_tokens=0, temperature=0.0, ignore_eos=False)
+    assert request.HasField("max_tokens") and request.HasField("temperature") and request.HasField("ignore_eos")
+
+
+def test_inputs_and_constraints():
+    chat = generate_request(messages=[{"role": "user", "content": "x"}], add_generation_prompt=False)
+    assert chat.WhichOneof("input") == "chat" and chat.chat.HasField("add_generation_prompt")
+    assert list(generate_request(prompt_token_ids=[1, 2]).prompt_token_ids.ids) == [1, 2]
+    with pytest.raises(TypeError, match="exactly one of prompt, messages or prompt_token_ids"):
+        generate_request("a", messages=[])
+    with pytest.raises(TypeError, match="exactly one"):
+        generate_request()
+    # a dict is a JSON Schema sent as text: property order kept
+    request = generate_request("x", constraint={"type": "object", "properties": {"z": {}, "a": {}}})
+    assert request.constraint.json_schema_text == '{"type": "object", "properties": {"z": {}, "a": {}}}'
+    assert not request.constraint.HasField("strict")
+    assert fc.json_schema({}, strict=False).HasField("strict")
+    assert fc.choice(["a", "b"]).choice.choices == ["a", "b"]
+    with pytest.raises(TypeError, match="list of strings"):
+        fc.choice("ab")
+
+
+class FakeRpcError(grpc.RpcError):
+    def __init__(self, code: grpc.StatusCode, details: str, trailers=()) -> None:
+        self._code, self._details, self._trailers = code, details, trailers
+
+    def code(self):
+        return self._code
+
+    def details(self):
+        return self._details
+
+    def trailing_metadata(self):
+        return self._trailers
+
+
+@pytest.mark.parametrize("code, cls", [
+    (grpc.StatusCode.INVALID_ARGUMENT, fc.InvalidArgumentError),
+    (grpc.StatusCode.RESOURCE_EXHAUSTED, fc.ResourceExhaustedError),
+    (grpc.StatusCode.UNAVAILABLE, fc.UnavailableError),
+    (grpc.StatusCode.DEADLINE_EXCEEDED, fc.DeadlineExceededError),
+    (grpc.StatusCode.CANCELLED, fc.RequestCancelledError),
+    (grpc.StatusCode.INTERNAL, fc.InternalError),
+    (grpc.StatusCode.UNIMPLEMENTED, fc.StatusError),
+])
+def test_every_status_code_has_its_exception(code, cls):
+    error = fc.errors.from_rpc_error(FakeRpcError(code, "the server's words"))
+    assert type(error) is cls and error.code is code and error.message == "the server's words"
+    assert str(error) == f"{code.name}: the server's words" and error.field_violations == ()
+
+
+def test_field_violations_come_from_the_status_details():
+    bad_request = error_details_pb2.BadRequest(field_violations=[
+        error_details_pb2.BadRequest.FieldViolation(field="top_p", description="must be in (0, 1], got 2")])
+    detail = any_pb2.Any()
+    detail.Pack(bad_request)
+    status = status_pb2.Status(code=3, message="top_p: must be in (0, 1], got 2", details=[detail])
+    trailers = (("other", "x"), ("grpc-status-details-bin", status.SerializeToString()))
+    error = fc.errors.from_rpc_error(FakeRpcError(grpc.StatusCode.INVALID_ARGUMENT, status.message, trailers))
+    assert error.field_violations == (fc.FieldViolation("top_p", "must be in (0, 1], got 2"),)
+
+
+def test_cli_usage_errors_exit_2():
+    result = subprocess.run([*CLI, "--address", free_address(), "generate", "--prompt", "x", "--regex", "a",
+                             "--choice", "b"], capture_output=True, text=True)
+    assert result.returncode == 2 and "give at most one constraint" in result.stderr, result.stderr
+
+
+# ---- live: the sync client ---------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def server():
+    live = LiveServer()
+    yield live
+    assert live.stop() == 0, live.log()
+
+
+@pytest.fixture(scope="module")
+def client(server):
+    with fc.Client(server.address, timeout=120) as client:
+        yield client
+
+
+@pytest.mark.slow
+def test_extract_returns_a_dict_the_schema_accepts(client):
+    person = client.extract(PERSON_SCHEMA, TEXT, max_tokens=40)
+    assert isinstance(person, dict)
+    jsonschema.validate(person, PERSON_SCHEMA)
+
+
+@pytest.mark.slow
+def test_generate_with_a_constraint_and_tokenize(client):
+    messages = [{"role": "user", "content": "Is the sky blue? Answer yes or no."}]
+    response = client.generate(messages=messages, max_tokens=4, temperature=0, constraint=fc.choice(["yes", "no"]))
+    assert response.text in ("yes", "no") and response.finish_reason == fc.pb.FINISH_REASON_STOP
+    assert len(client.tokenize(messages=messages).token_ids) == response.usage.prompt_tokens
+
+
+@pytest.mark.slow
+def test_stream_adds_up(client):
+    messages = list(client.stream("The three primary colors are", max_tokens=6, temperature=0))
+    assert len(messages) > 1 and all(m.finish_reason == fc.pb.FINISH_REASON_UNSPECIFIED for m in messages[:-1])
+    assert messages[-1].usage.completion_tokens == sum(len(m.token_ids) for m in messages)
+
+
+@pytest.mark.slow
+def test_leaving_a_stream_early_cancels_the_request(server, client):
+    stream = client.stream("Count: one, two,", max_tokens=200, ignore_eos=True)
+    next(stream)
+    stream.close()
+    load = server.wait_idle()
+    assert load.num_in_flight == load.num_running == 0
+
+
+@pytest.mark.slow
+def test_validate_constraint_and_model_info(client):
+    assert client.validate_constraint(fc.regex("[A-Z]{3}-[0-9]{4}")).ok
+    bad = client.validate_constraint({"type": "array", "uniqueItems": True})
+    assert not bad.ok and "uniqueItems" in bad.error
+    best_effort = client.validate_constraint(fc.json_schema({"type": "array", "uniqueItems": True}, strict=False))
+    assert best_effort.ok and any("uniqueItems" in entry for entry in best_effort.not_enforced)
+    info = client.model_info()
+    assert info.model_name == "SmolLM2-135M-Instruct" and "json_schema" in info.constraint_kinds
+
+
+@pytest.mark.slow
+def test_invalid_argument_names_the_field(client):
+    with pytest.raises(fc.InvalidArgumentError) as info:
+        client.generate("hi", max_tokens=0)
+    assert info.value.message == "max_tokens: must be >= 1, got 0"
+    assert info.value.field_violations == (fc.FieldViolation("max_tokens", "must be >= 1, got 0"),)
+
+
+@pytest.mark.slow
+def test_an_unenforceable_schema_is_invalid_argument_unless_best_effort(client):
+    schema = {"type": "object", "properties": {"tags": {"type": "array", "items": {"type": "string", "maxLength": 8},
+                                                        "maxItems": 2, "uniqueItems": True}},
+              "required": ["tags"], "additionalProperties": False}
+    with pytest.raises(fc.InvalidArgumentError) as info:
+        client.extract(schema, "Tags: red, blue.", max_tokens=32)
+    assert 'unsupported keyword "uniqueItems" at /properties/tags' in info.value.message
+    assert [v.field for v in info.value.field_violations] == ["constraint.json_schema_text"]
+    response = client.generate(messages=[{"role": "user", "content": "Tags: red, blue."}], max_tokens=32,
+                               temperature=0, constraint=fc.json_schema(schema, strict=False))
+    assert response.not_enforced == ["uniqueItems at /properties/tags"]
+
+
+@pytest.mark.slow
+def test_deadline_incomplete_output_and_no_server(client):
+    with pytest.raises(fc.DeadlineExceededError):
+        client.generate("Once upon a time", max_tokens=64, ignore_eos=True, timeout=0.001)
+    with pytest.raises(fc.IncompleteOutputError) as info:
+        client.extract(PERSON_SCHEMA, TEXT, max_tokens=2)
+    assert info.value.finish_reason == "FINISH_REASON_LENGTH" and info.value.text
+    with fc.Client(free_address(), timeout=10) as nowhere, pytest.raises(fc.UnavailableError):
+        nowhere.model_info()
+
+
+# ---- live: the asyncio client ------------------------------------------------------------------
+
+
+@pytest.mark.slow
+def test_async_client(server):
+    async def main() -> None:
+        async with fc.AsyncClient(server.address, timeout=120) as client:
+            person = await client.extract(PERSON_SCHEMA, "Bob is a 20 year old baker.", max_tokens=40)
+            jsonschema.validate(person, PERSON_SCHEMA)
+            chunks = [m async for m in client.stream("One, two,", max_tokens=4, temperature=0)]
+            assert chunks[-1].usage.completion_tokens == sum(len(m.token_ids) for m in chunks)
+            assert (await client.validate_constraint(fc.json_object())).ok
+            assert (await client.model_info()).limits.max_tokens_cap == 256
+            with pytest.raises(fc.InvalidArgumentError) as info:
+                await client.generate("hi", max_tokens=999)
+            assert info.value.field_violations[0].field == "max_tokens"
+            with pytest.raises(fc.DeadlineExceededError):
+                await client.generate("Once upon a time", max_tokens=64, ignore_eos=True, timeout=0.001)
+            # cancelling the awaiting task is asyncio's CancelledError, and frees the request
+            task = asyncio.create_task(client.generate("Count: one, two,", max_tokens=200, ignore_eos=True))
+            await asyncio.sleep(0.3)
+            task.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await task
+
+    asyncio.run(main())
+    load = server.wait_idle()
+    assert load.num_in_flight == load.num_running == 0
+
+
+# ---- live: the CLI -----------------------------------------------------------------------------
+
+
+def run_cli(server: LiveServer, *args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([*CLI, "--address", server.address, "--timeout", "120", *args],
+                          capture_output=True, text=True, timeout=180)
+
+
+@pytest.mark.slow
+def test_cli_extract(server, tmp_path):
+    schema_file = tmp_path / "schema.json"
+    schema_file.write_text(json.dumps(PERSON_SCHEMA))
+    result = run_cli(server, "extract", "--schema", str(schema_file), "--text", TEXT, "--max-tokens", "40")
+    assert result.returncode == 0, result.stderr
+    jsonschema.validate(json.loads(result.stdout), PERSON_SCHEMA)
+
+
+@pytest.mark.slow
+def test_cli_generate_validate_and_errors(server, tmp_path):
+    result = run_cli(server, "generate", "--prompt", "Is the sky blue?", "--choice", "yes", "--choice", "no",
+                     "--max-tokens", "4", "--json")
+    assert result.returncode == 0, result.stderr
+    assert json.loads(result.stdout)["text"] in ("yes", "no")
+    result = run_cli(server, "generate", "--prompt", "The sky is", "--raw", "--max-tokens", "3", "--stream")
+    assert result.returncode == 0 and result.stdout.strip(), result.stderr
+    result = run_cli(server, "validate", "--regex", "[a-z")
+    assert result.returncode == 1 and json.loads(result.stdout)["ok"] is False
+    schema_file = tmp_path / "bad.json"
+    schema_file.write_text('{"type": "object", "properties": {"a": {"type": "nonsense"}}}')
+    result = run_cli(server, "extract", "--schema", str(schema_file), "--text", "x")
+    assert result.returncode == 1
+    assert result.stderr.startswith("formwork-client: INVALID_ARGUMENT: constraint.json_schema_text: ")
+    assert "  constraint.json_schema_text: json_schema does not compile" in result.stderr
