@@ -12,16 +12,23 @@ def add_engine_args(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--max-model-len", type=int, default=None, help="context length (default: the model's)")
     g.add_argument("--max-num-seqs", type=int, default=64, help="requests per step")
     g.add_argument("--max-num-batched-tokens", type=int, default=512, help="token budget per step")
-    g.add_argument("--num-blocks", type=int, default=None, help="KV cache blocks (default: from --kv-cache-gib)")
-    g.add_argument("--kv-cache-gib", type=float, default=1.0, help="KV cache memory when --num-blocks is unset")
+    g.add_argument("--num-blocks", type=int, default=None, help="KV cache blocks (default: from --kv-cache-gib on CPU, --gpu-memory-utilization on CUDA)")
+    g.add_argument("--kv-cache-gib", type=float, default=1.0, help="CPU: KV cache memory when --num-blocks is unset")
     g.add_argument("--no-prefix-caching", action="store_true")
     g.add_argument("--no-jump-forward", action="store_true", help="engine default for jump-forward decoding")
     g.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's)")
     g.add_argument("--device", default="cpu")
+    # issue 7: CUDA options (a CPU engine ignores them)
+    g.add_argument("--block-size", type=int, default=16, help="tokens per KV cache block")
+    g.add_argument("--gpu-memory-utilization", type=float, default=0.9,
+                   help="CUDA: fraction of device memory for weights + KV cache + activations (KV takes the rest)")
+    g.add_argument("--enforce-eager", action="store_true", help="CUDA: no CUDA graphs for decode steps")
+    g.add_argument("--attention-backend", choices=["auto", "flash_attn", "torch"], default="auto",
+                   help="CUDA: flash-attn if usable (auto), flash-attn or an error, or torch SDPA")
 
 
 def engine_config_from_args(args: argparse.Namespace):
-    from engine.config import CacheConfig, EngineConfig, GrammarConfig, SchedulerConfig
+    from engine.config import CacheConfig, CudaConfig, EngineConfig, GrammarConfig, SchedulerConfig
     return EngineConfig(
         model=args.model,
         device=args.device,
@@ -29,9 +36,12 @@ def engine_config_from_args(args: argparse.Namespace):
         max_model_len=args.max_model_len,
         num_threads=args.threads,
         scheduler=SchedulerConfig(max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.max_num_batched_tokens),
-        cache=CacheConfig(num_blocks=args.num_blocks, kv_cache_bytes=int(args.kv_cache_gib * (1 << 30)),
+        cache=CacheConfig(block_size=args.block_size, num_blocks=args.num_blocks,
+                          kv_cache_bytes=int(args.kv_cache_gib * (1 << 30)),
                           enable_prefix_caching=not args.no_prefix_caching),
         grammar=GrammarConfig(jump_forward=not args.no_jump_forward),
+        cuda=CudaConfig(gpu_memory_utilization=args.gpu_memory_utilization, enforce_eager=args.enforce_eager,
+                        attention_backend=args.attention_backend),
     )
 
 
@@ -85,6 +95,7 @@ def cmd_generate(args: argparse.Namespace) -> int:
     else:
         prompt = ([{"role": "system", "content": args.system}] if args.system else []) + \
                  [{"role": "user", "content": args.prompt}]
+    params.validate()  # before the model loads: a bad flag fails at once
     llm = LLM(config=engine_config_from_args(args))
     try:
         out = llm.generate([prompt], params)[0]
