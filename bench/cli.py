@@ -27,6 +27,57 @@ def add_bench_parser(subparsers, add_engine_args) -> None:
     add_engine_args(coverage)
     coverage.set_defaults(func=_run_coverage)
 
+    serve = which.add_parser("serve", help="load a gRPC server (started here, or --address) and run peers beside it",
+                             description="Load generator over gRPC on loopback; one JSON result file, PNG plots.")
+    serve.add_argument("--address", help="a running server on loopback (default: start one on a free port)")
+    serve.add_argument("--model", default=None, help="model folder (default: the packaged SmolLM2-135M-Instruct)")
+    serve.add_argument("--workload", choices=["json-extraction", "mixed-schemas", "unconstrained"],
+                       default="json-extraction")
+    serve.add_argument("--modes", type=_csv, default=["unconstrained", "constrained", "constrained+jf"],
+                       help="comma list of unconstrained, constrained (jump-forward off), constrained+jf")
+    load = serve.add_mutually_exclusive_group()
+    load.add_argument("--concurrency", type=_csv_int, default=[1, 8, 32, 64], help="comma list (closed loop)")
+    load.add_argument("--rate", type=float, default=None, help="Poisson arrivals, requests/s (open loop)")
+    serve.add_argument("--num-requests", type=int, default=None,
+                       help="requests per run (default: 2 x concurrency, 8 to --max-requests)")
+    serve.add_argument("--max-requests", type=int, default=128, help="cap on the default request count")
+    serve.add_argument("--duration", type=float, default=600.0, help="seconds per run at most (no new requests after)")
+    serve.add_argument("--max-tokens", type=int, default=256)
+    serve.add_argument("--rpc-timeout", type=float, default=300.0, help="deadline of every RPC, seconds")
+    serve.add_argument("--peers", type=_csv, default=[], help="comma list of transformers, llama-cpp, vllm")
+    serve.add_argument("--roofline", action="store_true", help="measure bandwidth; step time / weight-read floor")
+    serve.add_argument("--burst", action="store_true", help="ITL of steady requests under a burst of new schemas")
+    serve.add_argument("--smoke", action="store_true", help="tiny run (concurrency 4, 8 requests); checks the numbers")
+    serve.add_argument("--full", action="store_true", help="concurrency 1,8,32,64, every mode, roofline and burst")
+    serve.add_argument("--output", default="build/bench/serve.json", help="the JSON result file")
+    serve.add_argument("--plots-dir", default=None, help="write PNG plots here")
+    serve.add_argument("--output-dir", default=None, help="shorthand: DIR/serve.json and plots in DIR")
+    serve.add_argument("--json", action="store_true", help="print a machine-readable summary on stdout")
+    serve.set_defaults(func=_run_serve)
+
+
+def _csv(text: str) -> list[str]:
+    return [part.strip() for part in text.split(",") if part.strip()]
+
+
+def _csv_int(text: str) -> list[int]:
+    try:
+        return [int(part) for part in _csv(text)]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}") from None
+
+
+def _run_serve(args: argparse.Namespace) -> int:
+    from bench.peers import PEERS
+    from bench.serve_bench import MODES, main
+    unknown = [p for p in args.peers if p not in PEERS] + [m for m in args.modes if m not in MODES]
+    if unknown:
+        raise ValueError(f"unknown peer or mode {', '.join(unknown)}; peers: {', '.join(PEERS)}; "
+                         f"modes: {', '.join(MODES)}")
+    if args.output_dir:
+        args.output, args.plots_dir = f"{args.output_dir}/serve.json", args.plots_dir or args.output_dir
+    return main(args)
+
 
 def _run_offline(args: argparse.Namespace) -> int:
     from engine.cli import engine_config_from_args

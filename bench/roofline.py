@@ -1,0 +1,48 @@
+"""The decode roofline: how far a Formwork decode step is from reading the weights once.
+
+At batch 1 a decode step must read every weight once (SmolLM2's embedding matrix doubles as the
+output projection, so all of it), so weight bytes ÷ memory bandwidth is a floor for the step.
+Bandwidth is measured here with a large copy (read + write counted).
+"""
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+
+def measure_bandwidth_gbs(num_bytes: int = 1 << 29, repeats: int = 5) -> float:
+    """Best of `repeats` copies of a num_bytes float32 tensor (torch's threads), read + write."""
+    import torch
+    src = torch.ones(num_bytes // 4, dtype=torch.float32)
+    dst = torch.empty_like(src)
+    best = float("inf")
+    for _ in range(repeats):
+        start = time.perf_counter()
+        dst.copy_(src)
+        best = min(best, time.perf_counter() - start)
+    return 2 * num_bytes / best / 1e9
+
+
+def weight_bytes(model_dir: Path) -> int:
+    """Bytes of the weights as served (fp32 safetensors; tied embeddings are stored once)."""
+    files = list(Path(model_dir).glob("*.safetensors"))
+    if not files:
+        raise FileNotFoundError(f"no .safetensors files in {model_dir}")
+    return sum(f.stat().st_size for f in files)
+
+
+def roofline(model_dir: Path, unconstrained_runs: list[dict]) -> dict:
+    """The floor, the batch-1 step time ÷ floor, and the curve over batch size.
+
+    The step time at batch B is the client-side inter-token latency p50 of the unconstrained
+    json-extraction run at concurrency B (one token per request per step)."""
+    bandwidth = measure_bandwidth_gbs()
+    num_bytes = weight_bytes(model_dir)
+    floor_s = num_bytes / (bandwidth * 1e9)
+    curve = [{"batch": r["concurrency"], "step_ms": 1e3 * r["itl_s_p50"], "tokens_per_s": r["output_token_throughput"],
+              "step_over_floor": r["itl_s_p50"] / floor_s}
+             for r in sorted(unconstrained_runs, key=lambda r: r["concurrency"]) if r.get("itl_s_p50")]
+    batch1 = next((c for c in curve if c["batch"] == 1), None)
+    return {"bandwidth_gbs": bandwidth, "weight_mib": num_bytes / 2**20, "floor_ms": 1e3 * floor_s,
+            "batch1_step_ms": batch1["step_ms"] if batch1 else None,
+            "batch1_step_over_floor": batch1["step_over_floor"] if batch1 else None, "curve": curve}

@@ -1,0 +1,370 @@
+"""`formwork bench serve`: load a running (or freshly started) server over gRPC, run the peers on
+the same prompts, and write one JSON result file plus PNG plots.
+
+    formwork bench serve --smoke                    # a minute or two; non-zero exit on bad numbers
+    formwork bench serve --full --peers transformers,llama-cpp,vllm --output-dir build/bench
+    formwork bench serve --address 127.0.0.1:50051 --workload mixed-schemas --rate 2 --num-requests 40
+
+Formwork modes: `unconstrained` (the json-extraction prompts, no constraint), `constrained`
+(jump-forward off) and `constrained+jf` (jump-forward on, the server's default). Grammars are
+compiled ahead of the measured load (ValidateConstraint; its compile times are reported), so
+the runs measure steady serving; the new-schema burst (`--burst`) measures what compiling costs
+the requests already running.
+"""
+from __future__ import annotations
+
+import asyncio
+import datetime
+import json
+import math
+import os
+import platform
+import subprocess
+import sys
+import time
+from dataclasses import replace
+from pathlib import Path
+
+from bench import report, serve_workloads
+from bench.serve import Client, LoadShape, RequestRecord, RequestSpec, run_load
+
+FULL_CONCURRENCY = (1, 8, 32, 64)
+# mode -> (constrained, jump_forward)
+MODES = {"unconstrained": (False, None), "constrained": (True, False), "constrained+jf": (True, True)}
+SERVER_ARGS = ["--max-num-seqs", "64", "--max-model-len", "2048", "--kv-cache-gib", "3", "--threads", "2",
+               "--max-tokens-cap", "512"]
+SMOKE_SERVER_ARGS = ["--max-num-seqs", "8", "--max-model-len", "1024", "--kv-cache-gib", "0.5", "--threads", "2",
+                     "--max-tokens-cap", "256"]
+PEER_TIMEOUT_S = {"transformers": 2400.0, "llama-cpp": 1800.0, "vllm": 2400.0}
+
+
+def _num_requests(concurrency: int, cap: int) -> int:
+    """Two waves per worker, at least 8: enough to see steady state, bounded."""
+    return min(max(2 * concurrency, 8), cap)
+
+
+def _log(message: str) -> None:
+    print(f"[bench serve] {message}", file=sys.stderr, flush=True)
+
+
+def _cdf_lists(records: list[RequestRecord]) -> dict:
+    ok = [r for r in records if r.ok]
+    return {"itl_s": [round(g, 5) for r in ok for g in r.itl_s], "e2e_s": [round(r.e2e_s, 4) for r in ok],
+            "ttft_s": [round(r.ttft_s, 4) for r in ok]}
+
+
+def summarize_run(records: list[RequestRecord], wall_s: float, specs: dict[str, RequestSpec], **labels) -> dict:
+    summary = report.summarize(records, wall_s, **labels)
+    summary.update(serve_workloads.score_records(specs, records))
+    summary["cdf"] = _cdf_lists(records)
+    return summary
+
+
+async def _compile_all(client: Client, specs: list[RequestSpec]) -> tuple[list[RequestSpec], dict]:
+    """ValidateConstraint every distinct schema once: the specs whose schema compiles, and the
+    compile times (cold compiles only)."""
+    compile_s, keep, rejected, seen = [], [], 0, {}
+    for spec in specs:
+        if spec.schema is None:
+            keep.append(spec)
+            continue
+        key = json.dumps(spec.schema, sort_keys=True)
+        if key not in seen:
+            response = await client.validate(spec.schema)
+            seen[key] = response.ok
+            if response.ok and not response.cached:
+                compile_s.append(response.compile_s)
+        if seen[key]:
+            keep.append(spec)
+        else:
+            rejected += 1
+    stats = {f"compile_s_p{p}": report.percentile(compile_s, p) for p in report.PERCENTILES}
+    return keep, {**stats, "num_compiled": len(compile_s), "num_rejected": rejected,
+                  "compile_s_max": max(compile_s, default=None)}
+
+
+async def formwork_runs(client: Client, workload: str, modes: list[str], shapes: list[LoadShape],
+                        max_tokens: int, unconstrained_max_tokens: int | None = None) -> tuple[list[dict], dict]:
+    runs, compile_stats = [], {}
+    for mode in modes:
+        constrained, jump_forward = MODES[mode]
+        limit = max_tokens if constrained else (unconstrained_max_tokens or max_tokens)
+        specs = serve_workloads.build(workload, limit, constrained, jump_forward)
+        specs, stats = await _compile_all(client, specs)
+        if stats["num_compiled"]:
+            compile_stats[workload] = stats
+        by_id = {s.request_id: s for s in specs}
+        for shape in shapes:
+            _log(f"formwork {mode} ({workload}) {shape.label}, {shape.max_requests} requests")
+            result = await run_load(client, specs, shape)
+            summary = summarize_run(result.records, result.wall_s, by_id, system="formwork", mode=mode,
+                                    workload=workload, concurrency=shape.concurrency, rate=shape.rate,
+                                    stopped_by_time=result.stopped_by_time)
+            _log(f"  {summary['output_token_throughput']:.1f} out tok/s, valid {summary['num_valid']}/"
+                 f"{summary['num_requests']}, errors {summary['num_errors']}")
+            runs.append(summary)
+    return runs, compile_stats
+
+
+async def peer_payload_requests(client: Client, specs: list[RequestSpec], n: int) -> list[dict]:
+    out = []
+    for i in range(n):
+        spec = specs[i % len(specs)]
+        out.append({"id": f"{spec.request_id}#{i}", "prompt_token_ids": await client.prompt_token_ids(spec.messages),
+                    "schema": spec.schema, "max_tokens": spec.max_tokens})
+    return out
+
+
+async def peer_runs(client: Client, names: list[str], concurrencies: list[int], max_tokens: int, cap: int,
+                    model_dir: str) -> tuple[list[dict], dict]:
+    from bench.peers import PEERS, PeerSkipped, records_from_peer, run_peer
+    from engine.model_files import default_gguf_path
+
+    specs = serve_workloads.build("json-extraction", max_tokens)
+    by_id = {s.request_id: s for s in specs}
+    runs, status = [], {}
+    for name in names:
+        peer = PEERS[name]
+        levels = [1] if name == "llama-cpp" else concurrencies  # one sequence at a time
+        payload_runs = []
+        for c in levels:
+            n = _num_requests(c, cap) if name != "llama-cpp" else min(16, cap)
+            if name == "transformers":
+                n = min(max(c, 4), cap)  # static batches: one batch per level, or 4 at batch 1
+            payload_runs.append({"name": f"constrained c={c}", "concurrency": c,
+                                 "requests": await peer_payload_requests(client, specs, n)})
+        try:
+            gguf = str(default_gguf_path())
+        except ValueError:
+            gguf = ""
+        payload = {"model_dir": model_dir, "gguf": gguf, "threads": 1 if name == "llama-cpp" else 2,
+                   "runs": payload_runs}
+        _log(f"peer {name}: {len(payload_runs)} runs ({peer.note})")
+        started = time.monotonic()
+        try:
+            result = await asyncio.to_thread(run_peer, peer, payload, PEER_TIMEOUT_S[name])
+        except PeerSkipped as e:
+            status[name] = {"status": "skipped", "reason": str(e)}
+            _log(f"  skipped: {e}")
+            continue
+        except RuntimeError as e:
+            status[name] = {"status": "failed", "reason": str(e)[-2000:]}
+            _log(f"  failed: {str(e)[-600:]}")
+            continue
+        status[name] = {"status": "ran", "version": result.get("version"), "load_s": result.get("load_s"),
+                        "notes": result.get("notes", []) + [peer.note], "elapsed_s": time.monotonic() - started}
+        for run in result["runs"]:
+            records = records_from_peer(run)
+            summary = summarize_run(records, run["wall_s"], by_id, system=name, mode="constrained",
+                                    workload="json-extraction", concurrency=run["concurrency"], rate=None)
+            _log(f"  {run['name']}: {summary['output_token_throughput']:.1f} out tok/s, valid "
+                 f"{summary['num_valid']}/{summary['num_requests']}")
+            runs.append(summary)
+    return runs, status
+
+
+def _gaps_in_window(records: list[RequestRecord], start: float, end: float) -> list[float]:
+    gaps = []
+    for r in records:
+        times = [r.sent_at + t for t in r.token_times_s]
+        gaps += [b - a for a, b in zip(times, times[1:]) if start <= b <= end]
+    return gaps
+
+
+async def burst_test(client: Client, steady_concurrency: int = 8, burst_size: int = 16, window_s: float = 10.0,
+                     max_tokens: int = 128, repeats: int = 2) -> dict:
+    """Inter-token latency of steady json-extraction requests while a burst of mixed schemas
+    arrives: schemas already compiled (A) vs never seen (B), alternated A B A B, plus no burst.
+    The window is the same length in every phase, so A and B differ only by the compiles."""
+    steady = serve_workloads.json_extraction(max_tokens, jump_forward=True)
+    await _compile_all(client, steady)
+    seen = serve_workloads.mixed_schemas(8, limit=burst_size, title="formwork bench: seen")
+    seen, _ = await _compile_all(client, seen)
+    lead_s = 3.0
+
+    async def phase(burst: list[RequestSpec] | None) -> tuple[list[float], list[RequestRecord]]:
+        steady_shape = LoadShape(concurrency=steady_concurrency, max_requests=10_000, max_duration_s=lead_s + window_s)
+        steady_task = asyncio.create_task(run_load(client, steady, steady_shape))
+        await asyncio.sleep(lead_s)
+        start = time.monotonic()
+        burst_records: list[RequestRecord] = []
+        if burst:
+            burst_task = asyncio.create_task(run_load(client, burst, LoadShape(concurrency=len(burst),
+                                                                                max_requests=len(burst))))
+        steady_result = await steady_task
+        if burst:
+            burst_records = (await burst_task).records
+        return _gaps_in_window(steady_result.records, start, start + window_s), burst_records
+
+    phases: dict[str, list[float]] = {"none": [], "seen": [], "new": []}
+    new_waits, errors = [], []
+    for i in range(repeats):
+        for name in ("none", "seen", "new"):
+            burst = None
+            if name == "seen":
+                burst = seen
+            elif name == "new":
+                burst = [replace(s, jump_forward=True) for s in
+                         serve_workloads.mixed_schemas(8, limit=burst_size, title=f"formwork bench: new {time.time_ns()}")]
+            _log(f"burst phase {i + 1}/{repeats}: {name}")
+            gaps, records = await phase(burst)
+            phases[name] += gaps
+            errors += [r.error for r in records if not r.ok and "INVALID_ARGUMENT" not in r.error]
+            if name == "new":
+                new_waits += [r.server_grammar_wait_s for r in records if r.ok]
+    stats = {name: {"num_gaps": len(g), "itl_mean_s": sum(g) / len(g) if g else None,
+                    **{f"itl_p{p}_s": report.percentile(g, p) for p in report.PERCENTILES}}
+             for name, g in phases.items()}
+    seen_mean, new_mean = stats["seen"]["itl_mean_s"], stats["new"]["itl_mean_s"]
+    return {"steady_concurrency": steady_concurrency, "burst_size": burst_size, "window_s": window_s,
+            "repeats": repeats, "phases": stats,
+            "new_vs_seen_itl_mean": new_mean / seen_mean if seen_mean and new_mean else None,
+            "new_vs_seen_itl_p50": (stats["new"]["itl_p50_s"] / stats["seen"]["itl_p50_s"]
+                                    if stats["seen"]["itl_p50_s"] and stats["new"]["itl_p50_s"] else None),
+            "new_burst_grammar_wait_s": {f"p{p}": report.percentile(new_waits, p) for p in report.PERCENTILES},
+            "errors": errors[:5]}
+
+
+def machine() -> dict:
+    cpu = ""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    try:
+        commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
+                                timeout=10).stdout.strip()
+    except (OSError, subprocess.TimeoutExpired):
+        commit = ""
+    return {"date": datetime.datetime.now().isoformat(timespec="seconds"), "cpu": cpu, "cores": os.cpu_count(),
+            "memory_gib": round(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30, 1),
+            "load_average": os.getloadavg(), "python": platform.python_version(), "commit": commit}
+
+
+def goals(runs: list[dict], burst: dict | None) -> dict:
+    def find(system: str, mode: str, c: int) -> dict | None:
+        return next((r for r in runs if r["system"] == system and r["mode"] == mode and r.get("concurrency") == c), None)
+
+    out = {}
+    fw64, hf64 = find("formwork", "constrained+jf", 64), find("transformers", "constrained", 64)
+    if fw64 and hf64:
+        out["vs_transformers_c64"] = {"ratio": fw64["output_token_throughput"] / hf64["output_token_throughput"],
+                                      "formwork_valid": f"{fw64['num_valid']}/{fw64['num_requests']}", "goal": 5.0}
+    for peer in ("llama-cpp", "vllm"):
+        best = max((r["output_token_throughput"] for r in runs if r["system"] == peer), default=None)
+        if best and fw64:
+            out[f"vs_{peer}_best"] = {"ratio": fw64["output_token_throughput"] / best, "goal": 1.0}
+    base = find("formwork", "unconstrained", 32)
+    for mode, goal in (("constrained", 0.97), ("constrained+jf", 1.0)):
+        r = find("formwork", mode, 32)
+        if base and r:
+            out[f"{mode}_over_unconstrained_c32"] = {
+                "ratio": r["output_token_throughput"] / base["output_token_throughput"], "goal": goal}
+    if burst and burst.get("new_vs_seen_itl_mean"):
+        out["burst_itl_increase"] = {"ratio": burst["new_vs_seen_itl_mean"], "goal": "< 1.05"}
+    return out
+
+
+def smoke_checks(result: dict) -> list[str]:
+    problems = []
+    for r in result["runs"]:
+        name = f"{r['system']} {r['mode']} c={r['concurrency']}"
+        if r["num_errors"]:
+            problems.append(f"{name}: {r['num_errors']} failed requests: {r['errors']}")
+        for key in ("output_token_throughput", "request_throughput", "ttft_s_p50", "itl_s_p50", "e2e_s_p99"):
+            value = r.get(key)
+            if value is None or not math.isfinite(value) or value <= 0:
+                problems.append(f"{name}: {key} = {value}")
+        if r["mode"] != "unconstrained" and r["num_valid"] != r["num_requests"]:
+            problems.append(f"{name}: only {r['num_valid']}/{r['num_requests']} outputs valid: {r['invalid_samples']}")
+        fpt = r.get("forward_passes_per_output_token")  # above 1 only by the prompts' extra prefill chunks
+        if fpt is None or not 0 < fpt < 1.5:
+            problems.append(f"{name}: forward passes per output token = {fpt}")
+        if r["ttft_s_p50"] and r["e2e_s_p50"] and r["ttft_s_p50"] > r["e2e_s_p99"] + 1e-6:
+            problems.append(f"{name}: TTFT p50 above E2E p99")
+    return problems
+
+
+async def _main_async(args, server_address: str, model_dir: str) -> dict:
+    client = Client(server_address, rpc_timeout_s=args.rpc_timeout)
+    try:
+        info = await client.model_info()
+        result: dict = {"meta": {**machine(), "server": server_address, "model": info.model_name,
+                                 "max_tokens": args.max_tokens, "server_args": args.server_args_used},
+                        "runs": []}
+        if args.rate:
+            shapes = [LoadShape(rate=args.rate, max_requests=args.num_requests or 32, max_duration_s=args.duration)]
+        else:
+            shapes = [LoadShape(concurrency=c, max_requests=args.num_requests or _num_requests(c, args.max_requests),
+                                max_duration_s=args.duration) for c in args.concurrency]
+        modes = ["unconstrained"] if args.workload == "unconstrained" else args.modes
+        workload = "json-extraction" if args.workload == "unconstrained" else args.workload
+        runs, compile_stats = await formwork_runs(client, workload, modes, shapes, args.max_tokens,
+                                                  64 if args.smoke else None)
+        result["runs"] += runs
+        result["grammar_compile"] = compile_stats
+        if args.peers:
+            peer_runs_, status = await peer_runs(client, args.peers, args.concurrency, args.max_tokens,
+                                                 args.max_requests, model_dir)
+            result["runs"] += peer_runs_
+            result["peers"] = status
+        if args.roofline:
+            from bench.roofline import roofline
+            unconstrained = [r for r in result["runs"] if r["system"] == "formwork" and r["mode"] == "unconstrained"
+                             and r.get("concurrency")]
+            result["roofline"] = roofline(Path(model_dir), unconstrained)
+        if args.burst:
+            result["burst"] = await burst_test(client)
+        result["goals"] = goals(result["runs"], result.get("burst"))
+        return result
+    finally:
+        await client.close()
+
+
+def main(args) -> int:
+    from bench.server_process import ServerProcess
+    from engine.model_files import resolve_model
+
+    if args.smoke:
+        args.concurrency, args.modes = [4], ["unconstrained", "constrained+jf"]
+        args.num_requests = args.num_requests or 8
+    if args.full:
+        args.concurrency, args.modes, args.roofline, args.burst = list(FULL_CONCURRENCY), list(MODES), True, True
+    model_dir = str(resolve_model(args.model))
+    server = None
+    if args.address:
+        address = args.address
+        args.server_args_used = None
+    else:
+        args.server_args_used = (SMOKE_SERVER_ARGS if args.smoke else SERVER_ARGS) + (
+            ["--model", args.model] if args.model else [])
+        _log(f"starting formwork serve {' '.join(args.server_args_used)}")
+        server = ServerProcess(args.server_args_used)
+        address = server.address
+        _log(f"server ready on {address}")
+    try:
+        result = asyncio.run(_main_async(args, address, model_dir))
+    finally:
+        if server is not None:
+            server.stop()
+    out = Path(args.output)
+    report.write_json(out, result)
+    plots = report.plot_all(result, Path(args.plots_dir)) if args.plots_dir else []
+    summary_runs = [{k: v for k, v in r.items() if k != "cdf"} for r in result["runs"]]
+    problems = smoke_checks(result) if args.smoke else []
+    if args.json:
+        print(json.dumps({"output": str(out), "plots": [str(p) for p in plots], "runs": summary_runs,
+                          "grammar_compile": result.get("grammar_compile"), "roofline": result.get("roofline"),
+                          "burst": result.get("burst"), "peers": result.get("peers"), "goals": result.get("goals"),
+                          "problems": problems}, default=str))
+    else:
+        print(report.run_table(result["runs"]))
+        for name, goal in result.get("goals", {}).items():
+            print(f"{name}: {goal}")
+        print(f"results: {out}" + (f"; plots: {', '.join(str(p) for p in plots)}" if plots else ""))
+    for problem in problems:
+        print(f"bench serve --smoke: {problem}", file=sys.stderr)
+    return 1 if problems else 0

@@ -1,0 +1,108 @@
+"""The workloads of `formwork bench serve`, as RequestSpecs, and how their answers are scored.
+
+* json-extraction: short texts plus a fixed-key schema to fill (bench/workloads/json_extraction.jsonl);
+* mixed-schemas: real-world schemas from ../shared/data/jsonschemabench with a generic
+  "produce an example" prompt that shows the schema;
+* unconstrained: the json-extraction prompts without a constraint (their answers are still
+  checked against the schema, which shows what the constraint buys).
+"""
+from __future__ import annotations
+
+import json
+import random
+import statistics
+
+from bench.serve import RequestRecord, RequestSpec
+from bench.workloads import extraction_prompt, load_json_extraction
+
+WORKLOADS = ("json-extraction", "mixed-schemas", "unconstrained")
+MIXED_SUBSETS = ("Github_easy", "Github_medium", "Glaiveai2K", "JsonSchemaStore", "Kubernetes", "Snowplow")
+EXAMPLE_SYSTEM = "You write realistic example JSON documents. Reply with the JSON document only."
+
+
+def example_prompt(schema: dict) -> list[dict]:
+    text = json.dumps(schema, separators=(",", ":"), ensure_ascii=False)
+    return [{"role": "system", "content": EXAMPLE_SYSTEM},
+            {"role": "user", "content": f"JSON Schema:\n{text}\n\nProduce one example JSON document for this schema."}]
+
+
+def json_extraction(max_tokens: int, jump_forward: bool | None = None, constrained: bool = True) -> list[RequestSpec]:
+    specs = []
+    for item in load_json_extraction():
+        specs.append(RequestSpec(
+            request_id=item["id"], messages=extraction_prompt(item), max_tokens=max_tokens,
+            schema=item["schema"] if constrained else None, jump_forward=jump_forward if constrained else None,
+            expected=item["expected"], check_schema=item["schema"]))
+    return specs
+
+
+def mixed_schemas(max_tokens: int, limit: int = 64, max_schema_chars: int = 1500, seed: int = 0,
+                  jump_forward: bool | None = None, title: str | None = None,
+                  constrained: bool = True) -> list[RequestSpec]:
+    """Up to `limit` small schemas drawn (seeded) from several jsonschemabench subsets.
+
+    `title` is written into every schema: a different title makes each a schema the server has
+    never compiled (its cache is keyed by the schema text), for the new-schema burst."""
+    from bench.coverage import load_schemas
+    pool = [(subset, sid, schema) for subset, sid, schema in load_schemas(list(MIXED_SUBSETS), 200)
+            if isinstance(schema, dict) and len(json.dumps(schema)) <= max_schema_chars]
+    random.Random(seed).shuffle(pool)
+    specs = []
+    for subset, sid, schema in pool[:limit]:
+        if title is not None:
+            schema = {**schema, "title": title}
+        specs.append(RequestSpec(request_id=f"{subset}/{sid}", messages=example_prompt(schema), max_tokens=max_tokens,
+                                 schema=schema if constrained else None,
+                                 jump_forward=jump_forward if constrained else None, check_schema=schema))
+    return specs
+
+
+def build(workload: str, max_tokens: int, constrained: bool = True, jump_forward: bool | None = None) -> list[RequestSpec]:
+    """The workload's requests; `unconstrained` is json-extraction's prompts without their schema
+    (as is any workload with constrained=False)."""
+    if workload in ("json-extraction", "unconstrained"):
+        return json_extraction(max_tokens, jump_forward, constrained=constrained and workload != "unconstrained")
+    if workload == "mixed-schemas":
+        return mixed_schemas(max_tokens, jump_forward=jump_forward, constrained=constrained)
+    raise ValueError(f"unknown workload {workload!r}; expected one of {', '.join(WORKLOADS)}")
+
+
+def _field_accuracy(expected: dict, got: object) -> float:
+    if not isinstance(got, dict):
+        return 0.0
+    return sum(1 for k in expected if got.get(k) == expected[k]) / max(len(expected), 1)
+
+
+def score(spec: RequestSpec, text: str, finish_reason: str) -> tuple[bool, float | None]:
+    """(valid, field accuracy): valid means the answer parses, validates against the schema and
+    was not cut by max_tokens; field accuracy only for items with an expected answer."""
+    import jsonschema
+    schema = spec.check_schema
+    try:
+        value = json.loads(text)
+        if schema is not None:
+            validator = jsonschema.validators.validator_for(schema, default=jsonschema.Draft202012Validator)
+            validator(schema).validate(value)
+        valid = finish_reason != "length"
+    except (ValueError, jsonschema.ValidationError, jsonschema.SchemaError, RecursionError):
+        value, valid = None, False
+    accuracy = _field_accuracy(spec.expected, value) if spec.expected is not None else None
+    return valid, accuracy
+
+
+def score_records(specs: dict[str, RequestSpec], records: list[RequestRecord]) -> dict:
+    """valid count, length-capped count and mean field accuracy over the records that succeeded."""
+    valid, capped, accuracy, invalid = 0, 0, [], []
+    for record in records:
+        if not record.ok:
+            continue
+        spec = specs[record.request_id.rsplit("#", 1)[0]]
+        ok, acc = score(spec, record.text, record.finish_reason)
+        valid += ok
+        if not ok and len(invalid) < 3:
+            invalid.append(f"{record.request_id} ({record.finish_reason}): {record.text[:300]}")
+        capped += record.finish_reason == "length"
+        if acc is not None:
+            accuracy.append(acc)
+    return {"num_valid": valid, "num_length_capped": capped, "invalid_samples": invalid,
+            "field_accuracy": statistics.mean(accuracy) if accuracy else None}
