@@ -57,9 +57,10 @@ def write_kv(kv_cache: torch.Tensor, k: torch.Tensor, v: torch.Tensor, slot_mapp
     kv_cache[1].view(-1, num_kv_heads, head_dim).index_copy_(0, slot_mapping, v)
 
 
-def get_attention_backend(device: torch.device) -> AttentionBackend:
+def get_attention_backend(device: torch.device, block_size: int = 16, cuda_choice: str = "auto") -> AttentionBackend:
     if device.type == "cuda":
-        from engine.flash_attention import FlashAttentionBackend  # lazily: flash-attn is optional
-        return FlashAttentionBackend()
+        # issue 7: flash-attn when usable, else torch SDPA; the choice and its messages live there
+        from engine.flash_attention import select_cuda_backend  # lazily: flash-attn is optional
+        return select_cuda_backend(block_size, cuda_choice)
     from engine.cpu_attention import CpuAttentionBackend
     return CpuAttentionBackend()

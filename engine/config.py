@@ -42,6 +42,31 @@ class GrammarConfig:
     jump_forward: bool = True  # engine default; a request may switch it off (or on)
 
 
+# ---- CUDA (issue 7): options that only a CUDA device reads; a CPU engine ignores them ----
+CUDA_ATTENTION_BACKENDS = ("auto", "flash_attn", "torch")
+
+
+@dataclass(frozen=True)
+class CudaConfig:
+    """How the engine uses a CUDA device (engine/flash_attention.py, engine/cuda_graph.py,
+    engine/device_memory.py)."""
+
+    # fraction of the device's total memory the engine may hold (weights + KV cache + activations);
+    # the KV cache takes what is left of it after the weights, unless CacheConfig.num_blocks is set
+    gpu_memory_utilization: float = 0.9
+    enforce_eager: bool = False  # True: no CUDA graphs, every step runs eagerly
+    # "auto": flash-attn when installed and usable with the block size, else torch SDPA (with a warning);
+    # "flash_attn": flash-attn or a ValueError saying why not; "torch": torch SDPA over the paged cache
+    attention_backend: str = "auto"
+
+    def __post_init__(self) -> None:
+        if not 0 < self.gpu_memory_utilization <= 1:
+            raise ValueError(f"gpu_memory_utilization must be in (0, 1], got {self.gpu_memory_utilization}")
+        if self.attention_backend not in CUDA_ATTENTION_BACKENDS:
+            raise ValueError(f"attention_backend must be one of {', '.join(CUDA_ATTENTION_BACKENDS)}, "
+                             f"got {self.attention_backend!r}")
+
+
 @dataclass(frozen=True)
 class EngineConfig:
     model: str | None = None  # local Hugging Face folder; None: the packaged SmolLM2-135M-Instruct
@@ -52,6 +77,7 @@ class EngineConfig:
     scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
     cache: CacheConfig = field(default_factory=CacheConfig)
     grammar: GrammarConfig = field(default_factory=GrammarConfig)
+    cuda: CudaConfig = field(default_factory=CudaConfig)  # issue 7: read only when device is cuda
 
     def __post_init__(self) -> None:
         if self.dtype not in ("float32", "bfloat16", "float16"):

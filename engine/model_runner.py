@@ -44,13 +44,20 @@ class ModelRunner:
         self.model.eval()
         self.vocab_size = hf_config.vocab_size
         self.num_blocks = self._determine_num_blocks(hf_config)
-        self.attn_backend = get_attention_backend(self.device)
+        self.attn_backend = get_attention_backend(self.device, self.block_size, config.cuda.attention_backend)
         layer = self.model.layers[0]
         self.kv_caches = self.attn_backend.allocate_kv_cache(
             len(self.model.layers), self.num_blocks, self.block_size, layer.num_kv_heads, layer.head_dim,
             self.dtype, self.device)
         max_blocks_per_req = -(-max_model_len // self.block_size)
         self.input_batch = InputBatch(config.scheduler.max_num_seqs, max_model_len, max_blocks_per_req)
+        # issue 7: on CUDA, decode-only steps replay captured graphs (engine/cuda_graph.py) unless enforce_eager
+        self.decode_graphs = None
+        if self.device.type == "cuda" and not config.cuda.enforce_eager:
+            from engine.cuda_graph import DecodeGraphRunner
+            self.decode_graphs = DecodeGraphRunner(self.model, self.kv_caches, self.attn_backend,
+                                                   config.scheduler.max_num_seqs, max_blocks_per_req,
+                                                   self.block_size, self.device)
         self.sampler = Sampler()
         self._parked: _ParkedLogits | None = None
         self.last_forward_s = 0.0  # wall time of the last execute_model (benchmarks)
@@ -61,6 +68,14 @@ class ModelRunner:
         layer = self.model.layers[0]
         bytes_per_block = (2 * len(self.model.layers) * self.block_size * layer.num_kv_heads * layer.head_dim
                            * torch.finfo(self.dtype).bits // 8)
+        if self.device.type == "cuda":  # issue 7: what gpu_memory_utilization leaves (engine/device_memory.py)
+            from engine.device_memory import StepShape, num_blocks_from_free_memory
+            sched = self.config.scheduler
+            shape = StepShape(sched.max_num_seqs, sched.max_num_batched_tokens, self.max_model_len,
+                              hf_config.hidden_size, layer.intermediate_size, layer.num_heads, layer.num_kv_heads,
+                              layer.head_dim, hf_config.vocab_size, torch.finfo(self.dtype).bits // 8)
+            return num_blocks_from_free_memory(self.device, self.config.cuda.gpu_memory_utilization,
+                                               bytes_per_block, shape)
         return max(2, self.config.cache.kv_cache_bytes // bytes_per_block)
 
     # ---- the step --------------------------------------------------------------------
@@ -89,6 +104,14 @@ class ModelRunner:
         # a request samples when its catch-up completes this step (not mid-prompt)
         samples = step.seq_lens == batch.num_tokens[rows]
         sampling_req_ids = [r for r, s in zip(req_ids, samples) if s]
+        graphs = self.decode_graphs  # issue 7: a decode-only step on CUDA replays a graph, padded
+        if graphs is not None and (num_scheduled == 1).all() and graphs.padded_batch_size(len(rows)) is not None:
+            logits = graphs.run(step.input_ids, step.positions, step.slot_mapping, step.seq_lens,
+                                batch.block_table[rows])
+            if not samples.all():  # a one-token prompt chunk computes KV but does not sample
+                logits = logits[torch.from_numpy(np.flatnonzero(samples)).to(self.device)]
+            self._parked = _ParkedLogits(req_ids, sampling_req_ids, logits)
+            return None
         attn_inputs = AttentionInputs(
             slot_mapping=torch.from_numpy(step.slot_mapping).to(self.device),
             query_start_loc=step.query_start_loc,

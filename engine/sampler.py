@@ -66,7 +66,8 @@ class Sampler:
             # fast path: argmax, and over only the allowed ids where a grammar applies (logits untouched)
             token_ids = _argmax(logits)
             if len(masked):
-                token_ids[torch.from_numpy(masked)] = masked_argmax(logits, bitmask, masked)
+                # .to: CUDA logits (issue 7); a no-op on the CPU
+                token_ids[torch.from_numpy(masked).to(token_ids.device)] = masked_argmax(logits, bitmask, masked)
         else:
             if len(masked):
                 apply_bitmask(logits, bitmask, masked)
@@ -76,53 +77,61 @@ class Sampler:
         logprobs: list[TokenLogprob | None] = [None] * n
         if raw_logprobs is not None:
             logprobs = self._gather_logprobs(raw_logprobs, token_ids, meta.num_logprobs)
-        return SamplerOutput(token_ids.numpy(), logprobs, dead_end_rows)
+        return SamplerOutput(token_ids.cpu().numpy(), logprobs, dead_end_rows)  # .cpu(): CUDA logits (issue 7)
 
     @staticmethod
     def _apply_penalties(logits: torch.Tensor, penalties: dict) -> None:
-        vocab = logits.shape[1]
+        vocab, device = logits.shape[1], logits.device  # device: CUDA logits (issue 7); a no-op on the CPU
         for row, (all_ids, output_ids, repetition, frequency, presence) in penalties.items():
             if repetition != 1.0 and len(all_ids):
-                ids = torch.from_numpy(np.unique(all_ids).astype(np.int64))
+                ids = torch.from_numpy(np.unique(all_ids).astype(np.int64)).to(device)
                 vals = logits[row, ids]
                 logits[row, ids] = torch.where(vals > 0, vals / repetition, vals * repetition)
             if (frequency or presence) and len(output_ids):
-                counts = torch.from_numpy(np.bincount(output_ids, minlength=vocab)[:vocab].astype(np.float32))
+                counts = torch.from_numpy(np.bincount(output_ids, minlength=vocab)[:vocab].astype(np.float32)).to(device)
                 logits[row] -= frequency * counts + presence * (counts > 0).float()
 
     @staticmethod
     def _sample(logits: torch.Tensor, meta: SamplingMetadata) -> torch.Tensor:
+        # issue 7: every tensor made here goes to the logits' device (a no-op on the CPU)
+        device = logits.device
         greedy_rows = meta.temperature == 0
-        token_ids = torch.empty(logits.shape[0], dtype=torch.int64)
+        token_ids = torch.empty(logits.shape[0], dtype=torch.int64, device=device)
         if greedy_rows.any():
-            rows = torch.from_numpy(np.flatnonzero(greedy_rows))
+            rows = torch.from_numpy(np.flatnonzero(greedy_rows)).to(device)
             token_ids[rows] = logits[rows].argmax(dim=-1)
         sample_rows_np = np.flatnonzero(~greedy_rows)
-        rows = torch.from_numpy(sample_rows_np)
-        x = logits[rows] / torch.from_numpy(meta.temperature[sample_rows_np]).unsqueeze(1)
+        rows = torch.from_numpy(sample_rows_np).to(device)
+        x = logits[rows] / torch.from_numpy(meta.temperature[sample_rows_np]).to(device).unsqueeze(1)
         top_k = meta.top_k[sample_rows_np]
         if top_k.any():
             k = np.where(top_k > 0, np.minimum(top_k, x.shape[1]), x.shape[1])
             kth = torch.topk(x, int(k.max()), dim=-1).values
-            threshold = kth.gather(1, torch.from_numpy(k - 1).long().unsqueeze(1))
+            threshold = kth.gather(1, torch.from_numpy(k - 1).long().to(device).unsqueeze(1))
             x = x.masked_fill(x < threshold, float("-inf"))
         top_p = meta.top_p[sample_rows_np]
         if (top_p < 1).any():
             sorted_x, order = x.sort(dim=-1, descending=True)
             cum = sorted_x.softmax(dim=-1).cumsum(dim=-1)
             # drop a token when the tokens before it already reach top_p (always keep the first)
-            drop = (cum - sorted_x.softmax(dim=-1)) >= torch.from_numpy(top_p).unsqueeze(1)
+            drop = (cum - sorted_x.softmax(dim=-1)) >= torch.from_numpy(top_p).to(device).unsqueeze(1)
             sorted_x = sorted_x.masked_fill(drop, float("-inf"))
             x = torch.empty_like(x).scatter_(1, order, sorted_x)
         probs = x.softmax(dim=-1)
         min_p = meta.min_p[sample_rows_np]
         if min_p.any():
-            threshold = probs.amax(dim=-1, keepdim=True) * torch.from_numpy(min_p).unsqueeze(1)
+            threshold = probs.amax(dim=-1, keepdim=True) * torch.from_numpy(min_p).to(device).unsqueeze(1)
             probs = probs.masked_fill(probs < threshold, 0.0)
         # exponential race (Gumbel-max): argmax(p / E) samples from p; seeded rows use their stream
         noise = torch.empty_like(probs)
         for i, row in enumerate(sample_rows_np):
-            noise[i].exponential_(generator=meta.generators[row])
+            generator = meta.generators[row]
+            if generator is not None and generator.device != noise.device:
+                # a seeded request's stream is a CPU generator: draw there, so a seed gives the same
+                # noise on every device (issue 7)
+                noise[i] = torch.empty(noise.shape[1]).exponential_(generator=generator)
+            else:
+                noise[i].exponential_(generator=generator)
         token_ids[rows] = (probs / noise).argmax(dim=-1)
         return token_ids
 
