@@ -71,7 +71,7 @@ class CudaConfig:
 class EngineConfig:
     model: str | None = None  # local Hugging Face folder; None: the packaged SmolLM2-135M-Instruct
     device: str = "cpu"
-    dtype: str = "float32"  # float32 on CPU (no AVX-512/AMX here); bfloat16 on CUDA
+    dtype: str = "auto"  # "auto": float32 on CPU (no AVX-512/AMX here), bfloat16 on CUDA (issue 7); see torch_dtype
     max_model_len: int | None = None  # None: the model's own context length
     num_threads: int | None = None  # torch intra-op threads; None: torch's default
     scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
@@ -80,7 +80,14 @@ class EngineConfig:
     cuda: CudaConfig = field(default_factory=CudaConfig)  # issue 7: read only when device is cuda
 
     def __post_init__(self) -> None:
-        if self.dtype not in ("float32", "bfloat16", "float16"):
-            raise ValueError(f"dtype must be float32, bfloat16 or float16, got {self.dtype!r}")
+        if self.dtype not in ("auto", "float32", "bfloat16", "float16"):
+            raise ValueError(f"dtype must be auto, float32, bfloat16 or float16, got {self.dtype!r}")
         if self.max_model_len is not None and self.max_model_len < 2:
             raise ValueError(f"max_model_len must be >= 2, got {self.max_model_len}")
+
+    @property
+    def torch_dtype(self) -> str:
+        """The dtype the weights and KV cache use: dtype, with "auto" resolved by device (issue 7)."""
+        if self.dtype != "auto":
+            return self.dtype
+        return "bfloat16" if self.device.startswith("cuda") else "float32"

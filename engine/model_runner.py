@@ -35,7 +35,7 @@ class ModelRunner:
     def __init__(self, config: EngineConfig, model_dir: Path, hf_config, max_model_len: int) -> None:
         self.config = config
         self.device = torch.device(config.device)
-        self.dtype = getattr(torch, config.dtype)
+        self.dtype = getattr(torch, config.torch_dtype)  # issue 7: "auto" is bfloat16 on CUDA
         self.max_model_len = max_model_len
         self.block_size = config.cache.block_size
         with torch.device(self.device):

@@ -25,6 +25,15 @@ def test_cuda_config_is_validated():
         CudaConfig(attention_backend="xformers")
 
 
+def test_dtype_auto_is_bfloat16_on_cuda_only():
+    assert EngineConfig().torch_dtype == "float32"
+    assert EngineConfig(device="cuda").torch_dtype == "bfloat16"
+    assert EngineConfig(device="cuda:1").torch_dtype == "bfloat16"
+    assert EngineConfig(device="cuda", dtype="float32").torch_dtype == "float32"
+    with pytest.raises(ValueError, match="dtype must be"):
+        EngineConfig(dtype="fp8")
+
+
 SHAPE = StepShape(max_num_seqs=64, max_num_batched_tokens=512, max_model_len=2048, hidden_size=576,
                   intermediate_size=1536, num_heads=9, num_kv_heads=3, head_dim=64, vocab_size=49152, dtype_bytes=2)
 

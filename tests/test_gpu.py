@@ -42,7 +42,7 @@ def gpu_model_dir():
     return resolve_model(os.environ.get("FORMWORK_GPU_MODEL"))
 
 
-def make_llm(model_dir, dtype: str = "bfloat16", max_num_seqs: int = 16, budget: int = 512,
+def make_llm(model_dir, dtype: str = "auto", max_num_seqs: int = 16, budget: int = 512,
              num_blocks: int | None = 4096, enforce_eager: bool = False, utilization: float = 0.9):
     from engine.llm import LLM
     return LLM(config=EngineConfig(
@@ -152,7 +152,8 @@ def test_bf16_tokens_are_near_argmax_of_transformers_fp32(gpu_model_dir, hf_mode
         exact = sum(g == 0 for g in gaps) / len(gaps)
         assert max(gaps) <= BF16_GAP, (max(gaps), exact)
         assert exact >= 0.9, exact
-        assert llm.engine.runner.model.embed_tokens.weight.dtype == torch.bfloat16
+        assert llm.engine.runner.model.embed_tokens.weight.dtype == torch.bfloat16  # "auto" on CUDA
+        assert llm.engine.runner.kv_caches[0].dtype == torch.bfloat16
     finally:
         close(llm)
 
