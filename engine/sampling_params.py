@@ -57,7 +57,9 @@ class Constraint(msgspec.Struct, array_like=True, omit_defaults=True, frozen=Tru
         """(kind, canonical spec, options): equal keys compile to the same grammar."""
         spec = self.spec
         if self.kind == "json_schema":
-            spec = json.dumps(json.loads(spec), sort_keys=True, separators=(",", ":"))
+            # whitespace is canonicalized, key order is not: properties are generated in the
+            # order the schema declares them, so a reordered schema is a different grammar
+            spec = json.dumps(json.loads(spec), separators=(",", ":"))
         return (self.kind, spec, tuple(self.choices), self.strict, self.any_whitespace)
 
 

@@ -17,7 +17,7 @@ from google.protobuf import any_pb2
 from google.rpc import error_details_pb2, status_pb2
 
 import formwork_client as fc
-from formwork_client.request import generate_request
+from formwork_client.request import extract_prompt, extract_request, generate_request
 from live_server import REPO_ROOT, LiveServer
 from service import protogen
 
@@ -104,6 +104,30 @@ def test_inputs_and_constraints():
     assert fc.choice(["a", "b"]).choice.choices == ["a", "b"]
     with pytest.raises(TypeError, match="list of strings"):
         fc.choice("ab")
+
+
+def test_extract_request():
+    request = extract_request(PERSON_SCHEMA, "Some text.", max_tokens=8)
+    (message,) = request.chat.messages
+    assert message.role == "user" and message.content == "Some text.\n\nExtract name, age from this text as JSON."
+    assert request.temperature == 0 and request.max_tokens == 8
+    assert json.loads(request.constraint.json_schema_text) == PERSON_SCHEMA
+    assert extract_prompt('{"type": "string"}', "x") == "x\n\nExtract the information from this text as JSON."
+    assert extract_prompt(True, "x", "Find it.") == "x\n\nFind it."
+
+
+@pytest.mark.skipif(not (REPO_ROOT / "clients" / "node" / "node_modules").is_dir(),
+                    reason="the Node client's packages are not installed (make node-deps; make test does it)")
+def test_extract_prompt_is_the_same_in_node():
+    cases = [[PERSON_SCHEMA, "Ada was 36.", None], ['{"type": "object", "properties": {"b": {}, "a": {}}}', "t", None],
+             [{"type": "array"}, "t", None], [PERSON_SCHEMA, "t", "Only the first person."]]
+    script = ('import { extractPrompt } from "formwork-client";\n'
+              'const cases = JSON.parse(process.argv[1]);\n'
+              'console.log(JSON.stringify(cases.map(([s, t, i]) => extractPrompt(s, t, i ?? undefined))));')
+    result = subprocess.run(["node", "--input-type=module", "-e", script, json.dumps(cases)],
+                            cwd=REPO_ROOT / "clients" / "node", capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0, result.stderr
+    assert json.loads(result.stdout) == [extract_prompt(*case) for case in cases]
 
 
 class FakeRpcError(grpc.RpcError):

@@ -15,8 +15,20 @@ import { fromServiceError, IncompleteOutputError } from "./errors.js";
 export const DEFAULT_ADDRESS = "127.0.0.1:50051"; // what `make serve` listens on
 export const PROTO_ROOT = fileURLToPath(new URL("../../../proto", import.meta.url));
 
-export const EXTRACT_INSTRUCTIONS = "Extract the information in the user's text as one JSON object that " +
-  "matches the JSON Schema below. Use only what the text says.";
+/**
+ * The user message extract() sends: the text, then the instructions, by default "Extract <the
+ * object's property names> from this text as JSON." (the schema itself is the constraint, not part
+ * of the prompt; the Python client's extract_prompt builds the same message and says why).
+ */
+export function extractPrompt(schema, text, instructions) {
+  if (instructions === undefined) {
+    const parsed = typeof schema === "string" ? JSON.parse(schema) : schema;
+    const properties = parsed !== null && typeof parsed === "object" ? parsed.properties : undefined;
+    const names = properties && typeof properties === "object" ? Object.keys(properties) : [];
+    instructions = `Extract ${names.length ? names.join(", ") : "the information"} from this text as JSON.`;
+  }
+  return `${text}\n\n${instructions}`;
+}
 
 const LOADER_OPTIONS = { keepCase: true, longs: Number, enums: String, defaults: true, oneofs: true };
 
@@ -66,22 +78,17 @@ export class FormworkClient {
 
   /**
    * Schema-constrained extraction in one call: the JSON value in `text` that `schema` describes,
-   * parsed (an object for an object schema). Greedy unless `temperature` is given.
+   * parsed (an object for an object schema). Sends extractPrompt() as the user's message with the
+   * schema as the constraint; greedy unless `temperature` is given.
    * Rejects with FormworkError (INVALID_ARGUMENT for a schema the server cannot enforce), or
    * IncompleteOutputError if maxTokens ran out before the JSON was complete.
    */
   async extract(schema, text, { instructions, maxTokens, temperature = 0, strict, anyWhitespace, jumpForward,
     requestId, timeoutMs } = {}) {
-    const schemaText = typeof schema === "string" ? schema : JSON.stringify(schema);
     const request = {
-      chat: {
-        messages: [
-          { role: "system", content: `${instructions ?? EXTRACT_INSTRUCTIONS}\n\nJSON Schema: ${schemaText}` },
-          { role: "user", content: text },
-        ],
-      },
+      chat: { messages: [{ role: "user", content: extractPrompt(schema, text, instructions) }] },
       temperature,
-      constraint: jsonSchema(schemaText, { strict, anyWhitespace, jumpForward }),
+      constraint: jsonSchema(schema, { strict, anyWhitespace, jumpForward }),
     };
     if (maxTokens !== undefined) request.max_tokens = maxTokens;
     if (requestId !== undefined) request.request_id = requestId;
