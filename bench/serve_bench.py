@@ -39,8 +39,9 @@ PEER_TIMEOUT_S = {"transformers": 2400.0, "llama-cpp": 1800.0, "vllm": 2400.0}
 
 
 def _num_requests(concurrency: int, cap: int) -> int:
-    """Two waves per worker, at least 8: enough to see steady state, bounded."""
-    return min(max(2 * concurrency, 8), cap)
+    """One request per worker (one static batch for transformers), at least 4; the same count
+    for Formwork and every peer, so that tail effects weigh the same."""
+    return min(max(concurrency, 4), cap)
 
 
 def _log(message: str) -> None:
@@ -129,8 +130,6 @@ async def peer_runs(client: Client, names: list[str], concurrencies: list[int], 
         payload_runs = []
         for c in levels:
             n = _num_requests(c, cap) if name != "llama-cpp" else min(16, cap)
-            if name == "transformers":
-                n = min(max(c, 4), cap)  # static batches: one batch per level, or 4 at batch 1
             payload_runs.append({"name": f"constrained c={c}", "concurrency": c,
                                  "requests": await peer_payload_requests(client, specs, n)})
         try:

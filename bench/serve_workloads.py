@@ -91,18 +91,22 @@ def score(spec: RequestSpec, text: str, finish_reason: str) -> tuple[bool, float
 
 
 def score_records(specs: dict[str, RequestSpec], records: list[RequestRecord]) -> dict:
-    """valid count, length-capped count and mean field accuracy over the records that succeeded."""
-    valid, capped, accuracy, invalid = 0, 0, [], []
+    """Valid, length-capped and finished-but-invalid counts, and mean field accuracy, over the
+    records that succeeded."""
+    valid, capped, finished_invalid, accuracy, invalid = 0, 0, 0, [], []
     for record in records:
         if not record.ok:
             continue
         spec = specs[record.request_id.rsplit("#", 1)[0]]
         ok, acc = score(spec, record.text, record.finish_reason)
         valid += ok
+        finished_invalid += not ok and record.finish_reason != "length"
         if not ok and len(invalid) < 3:
             invalid.append(f"{record.request_id} ({record.finish_reason}): {record.text[:300]}")
         capped += record.finish_reason == "length"
         if acc is not None:
             accuracy.append(acc)
-    return {"num_valid": valid, "num_length_capped": capped, "invalid_samples": invalid,
+    # num_finished_invalid: answers that ended (not cut by max_tokens) and still do not validate
+    return {"num_valid": valid, "num_length_capped": capped, "num_finished_invalid": finished_invalid,
+            "invalid_samples": invalid,
             "field_accuracy": statistics.mean(accuracy) if accuracy else None}
