@@ -3,6 +3,7 @@ offline, then the sync client, the asyncio client and the CLI against one live s
 from __future__ import annotations
 
 import asyncio
+import importlib.util
 import json
 import socket
 import subprocess
@@ -69,8 +70,10 @@ def test_package_needs_only_grpcio_protobuf_and_status_protos(tmp_path):
     assert names == {"grpcio", "protobuf", "googleapis-common-protos"}
     assert project["scripts"] == {"formwork-client": "formwork_client.cli:main"}
     # the wheel carries the generated stubs (they are not in the repository's proto/ path)
-    subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation", "-w",
-                    str(tmp_path), str(CLIENT_DIR)], check=True, capture_output=True)
+    # offline when this environment has setuptools (Python <= 3.11 venvs do); else pip fetches it
+    isolation = [] if importlib.util.find_spec("setuptools") is None else ["--no-build-isolation"]
+    subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", *isolation, "-w", str(tmp_path),
+                    str(CLIENT_DIR)], check=True, capture_output=True)
     (wheel,) = tmp_path.glob("formwork_client-*.whl")
     members = set(zipfile.ZipFile(wheel).namelist())
     assert {"formwork_client/_gen/formwork/v1/generation_pb2.py", "formwork_client/_gen/formwork/v1/generation_pb2_grpc.py",
