@@ -43,6 +43,7 @@ def add_bench_parser(subparsers, add_engine_args) -> None:
     serve.add_argument("--max-requests", type=int, default=128, help="cap on the default request count")
     serve.add_argument("--duration", type=float, default=600.0, help="seconds per run at most (no new requests after)")
     serve.add_argument("--max-tokens", type=int, default=256)
+    serve.add_argument("--items", type=_csv, default=None, help="comma list of json-extraction item ids (default: all)")
     serve.add_argument("--rpc-timeout", type=float, default=300.0, help="deadline of every RPC, seconds")
     serve.add_argument("--peers", type=_csv, default=[], help="comma list of transformers, llama-cpp, vllm")
     serve.add_argument("--roofline", action="store_true", help="measure bandwidth; step time / weight-read floor")

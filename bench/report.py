@@ -213,3 +213,45 @@ def plot_all(result: dict, out_dir: Path) -> list[Path]:
         ax.legend(loc="upper left", fontsize=8)
         save(fig, "serve-roofline.png")
     return written
+
+
+def markdown(result: dict) -> str:
+    """The result as markdown: runs, grammar compiles, roofline, burst, peers, goals."""
+    meta = result.get("meta", {})
+    out = [f"{meta.get('date', '')}, {meta.get('cpu', '')}, {meta.get('cores')} cores, "
+           f"{meta.get('memory_gib')} GiB, load average at start {meta.get('load_average')}, commit {meta.get('commit')}",
+           "", run_table(result.get("runs", []))]
+    for workload, c in (result.get("grammar_compile") or {}).items():
+        out.append(f"\nGrammar compiles ({workload}, ValidateConstraint before the load): {c['num_compiled']} schemas, "
+                   f"p50 {_fmt(c['compile_s_p50'], 1, 1e3)} / p90 {_fmt(c['compile_s_p90'], 1, 1e3)} / "
+                   f"p99 {_fmt(c['compile_s_p99'], 1, 1e3)} ms, max {_fmt(c['compile_s_max'], 1, 1e3)} ms; "
+                   f"{c['num_rejected']} rejected")
+    roof = result.get("roofline")
+    if roof:
+        out.append(f"\nRoofline: copy bandwidth {roof['bandwidth_gbs']:.1f} GB/s, weights {roof['weight_mib']:.0f} MiB, "
+                   f"floor {roof['floor_ms']:.1f} ms/step; batch-1 step {_fmt(roof['batch1_step_ms'])} ms = "
+                   f"{_fmt(roof['batch1_step_over_floor'], 2)}x the floor\n\n| batch | step (ITL p50) ms | x floor | out tok/s |"
+                   "\n|---|---|---|---|")
+        for c in roof["curve"]:
+            out.append(f"| {c['batch']} | {c['step_ms']:.1f} | {c['step_over_floor']:.2f} | {c['tokens_per_s']:.1f} |")
+    burst = result.get("burst")
+    if burst:
+        out.append(f"\nNew-schema burst: {burst['steady_concurrency']} steady requests, bursts of {burst['burst_size']}, "
+                   f"{burst['window_s']:.0f} s window x {burst['repeats']}\n\n| burst | gaps | ITL mean ms | p50 | p90 | p99 |"
+                   "\n|---|---|---|---|---|---|")
+        for name, p in burst["phases"].items():
+            out.append(f"| {name} | {p['num_gaps']} | {_fmt(p['itl_mean_s'], 1, 1e3)} | {_fmt(p['itl_p50_s'], 1, 1e3)} | "
+                       f"{_fmt(p['itl_p90_s'], 1, 1e3)} | {_fmt(p['itl_p99_s'], 1, 1e3)} |")
+        out.append(f"\nnew / seen ITL mean {_fmt(burst['new_vs_seen_itl_mean'], 3)}, p50 "
+                   f"{_fmt(burst['new_vs_seen_itl_p50'], 3)}; grammar wait of the new schemas "
+                   f"{ {k: _fmt(v, 3) for k, v in burst['new_burst_grammar_wait_s'].items()} } s")
+    for name, peer in (result.get("peers") or {}).items():
+        out.append(f"\nPeer {name}: {peer['status']} — {peer.get('version') or peer.get('reason', '')[:300]}")
+    for name, goal in (result.get("goals") or {}).items():
+        out.append(f"\nGoal {name}: {goal}")
+    return "\n".join(out)
+
+
+if __name__ == "__main__":
+    import sys
+    print(markdown(json.loads(Path(sys.argv[1]).read_text())))

@@ -41,17 +41,19 @@ def mixed_schemas(max_tokens: int, limit: int = 64, max_schema_chars: int = 1500
                   constrained: bool = True) -> list[RequestSpec]:
     """Up to `limit` small schemas drawn (seeded) from several jsonschemabench subsets.
 
-    `title` is written into every schema: a different title makes each a schema the server has
-    never compiled (its cache is keyed by the schema text), for the new-schema burst."""
+    `title` is written into every schema's constraint (not its prompt): a different title makes
+    each a schema the server has never compiled (its cache is keyed by the schema text) behind the
+    same prompt, for the new-schema burst."""
     from bench.coverage import load_schemas
     pool = [(subset, sid, schema) for subset, sid, schema in load_schemas(list(MIXED_SUBSETS), 200)
             if isinstance(schema, dict) and len(json.dumps(schema)) <= max_schema_chars]
     random.Random(seed).shuffle(pool)
     specs = []
     for subset, sid, schema in pool[:limit]:
+        messages = example_prompt(schema)  # the prompt shows the schema without the title
         if title is not None:
             schema = {**schema, "title": title}
-        specs.append(RequestSpec(request_id=f"{subset}/{sid}", messages=example_prompt(schema), max_tokens=max_tokens,
+        specs.append(RequestSpec(request_id=f"{subset}/{sid}", messages=messages, max_tokens=max_tokens,
                                  schema=schema if constrained else None,
                                  jump_forward=jump_forward if constrained else None, check_schema=schema))
     return specs
@@ -93,12 +95,13 @@ def score(spec: RequestSpec, text: str, finish_reason: str) -> tuple[bool, float
 def score_records(specs: dict[str, RequestSpec], records: list[RequestRecord]) -> dict:
     """Valid, length-capped and finished-but-invalid counts, and mean field accuracy, over the
     records that succeeded."""
-    valid, capped, finished_invalid, accuracy, invalid = 0, 0, 0, [], []
+    valid, capped, finished_invalid, accuracy, invalid, per_request = 0, 0, 0, [], [], []
     for record in records:
         if not record.ok:
             continue
         spec = specs[record.request_id.rsplit("#", 1)[0]]
         ok, acc = score(spec, record.text, record.finish_reason)
+        per_request.append([spec.request_id, record.finish_reason, ok, record.num_output_tokens])
         valid += ok
         finished_invalid += not ok and record.finish_reason != "length"
         if not ok and len(invalid) < 3:
@@ -106,7 +109,8 @@ def score_records(specs: dict[str, RequestSpec], records: list[RequestRecord]) -
         capped += record.finish_reason == "length"
         if acc is not None:
             accuracy.append(acc)
-    # num_finished_invalid: answers that ended (not cut by max_tokens) and still do not validate
+    # num_finished_invalid: answers that ended (not cut by max_tokens) and still do not validate;
+    # requests: [item id, finish reason, valid, output tokens] per request
     return {"num_valid": valid, "num_length_capped": capped, "num_finished_invalid": finished_invalid,
-            "invalid_samples": invalid,
+            "invalid_samples": invalid, "requests": per_request,
             "field_accuracy": statistics.mean(accuracy) if accuracy else None}
