@@ -155,6 +155,10 @@ class EngineCore:
         return ConstraintReport(ok=True, compile_s=compile_s, cached=cached,
                                 not_enforced=list(compiled.not_enforced))
 
+    def reset_prefix_cache(self) -> None:
+        """Forget every cached prefix (benchmarks: each run starts from the same cache state)."""
+        self.scheduler.kv_cache_manager.pool.reset_prefix_cache()
+
     def shutdown(self) -> None:
         self.executor.shutdown()
         self.structured_output_manager.shutdown()
