@@ -65,7 +65,7 @@ class InprocServer:
     def load(self) -> pb.Load:
         return self.stub.GetModelInfo(pb.GetModelInfoRequest(), timeout=5).load
 
-    def wait_for(self, predicate, timeout_s: float = 5.0) -> pb.Load:
+    def wait_for(self, predicate, timeout_s: float = 20.0) -> pb.Load:
         deadline = time.monotonic() + timeout_s
         while not predicate(load := self.load()) and time.monotonic() < deadline:
             time.sleep(0.01)
@@ -142,7 +142,8 @@ def test_reflection_v1alpha_and_v1(make_server):
 def test_full_queue_is_resource_exhausted(make_server):
     server = make_server(config=fake_config(max_num_seqs=2, max_num_waiting=2))
     calls = [server.stub.GenerateStream(long_request(), timeout=30) for _ in range(4)]
-    load = server.wait_for(lambda load: load.num_running + load.num_waiting == 4)
+    # the fake core admits requests step by step: wait until both running slots are taken
+    load = server.wait_for(lambda load: (load.num_running, load.num_waiting) == (2, 2))
     assert (load.num_running, load.num_waiting, load.num_in_flight) == (2, 2, 4)
     error = error_of(server.stub.Generate, pb.GenerateRequest(prompt="one more"), timeout=5)
     assert error.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
