@@ -33,8 +33,8 @@ def add_bench_parser(subparsers, add_engine_args) -> None:
     serve.add_argument("--model", default=None, help="model folder (default: the packaged SmolLM2-135M-Instruct)")
     serve.add_argument("--workload", choices=["json-extraction", "mixed-schemas", "unconstrained"],
                        default="json-extraction")
-    serve.add_argument("--modes", type=_csv, default=["unconstrained", "constrained", "constrained+jf"],
-                       help="comma list of unconstrained, constrained (jump-forward off), constrained+jf")
+    serve.add_argument("--modes", type=_csv, default=["unconstrained", "constrained", "unconstrained-matched", "constrained+jf"],
+                       help="comma list of unconstrained, constrained (jump-forward off), unconstrained-matched (as long as constrained, EOS ignored), constrained+jf")
     load = serve.add_mutually_exclusive_group()
     load.add_argument("--concurrency", type=_csv_int, default=[1, 8, 32, 64], help="comma list (closed loop)")
     load.add_argument("--rate", type=float, default=None, help="Poisson arrivals, requests/s (open loop)")
@@ -44,7 +44,7 @@ def add_bench_parser(subparsers, add_engine_args) -> None:
     serve.add_argument("--duration", type=float, default=600.0, help="seconds per run at most (no new requests after)")
     serve.add_argument("--max-tokens", type=int, default=256)
     serve.add_argument("--items", type=_csv, default=None, help="comma list of json-extraction item ids (default: all)")
-    serve.add_argument("--rpc-timeout", type=float, default=300.0, help="deadline of every RPC, seconds")
+    serve.add_argument("--rpc-timeout", type=float, default=1200.0, help="deadline of every RPC, seconds")
     serve.add_argument("--peers", type=_csv, default=[], help="comma list of transformers, llama-cpp, vllm")
     serve.add_argument("--roofline", action="store_true", help="measure bandwidth; step time / weight-read floor")
     serve.add_argument("--burst", action="store_true", help="ITL of steady requests under a burst of new schemas")

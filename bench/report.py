@@ -81,6 +81,8 @@ def run_table(runs: list[dict]) -> str:
     for r in runs:
         load = f"c={r['concurrency']}" if r.get("concurrency") else f"{r.get('rate')}/s"
         valid = f"{r['num_valid']}/{r['num_requests']}" if "num_valid" in r else "–"
+        if r.get("num_errors"):
+            valid += f" ({r['num_errors']} failed: {r['errors'][0][:40]})"
         lines.append(
             f"| {r['system']} | {r['mode']} | {load} | {_fmt(r['request_throughput'], 2)} | "
             f"{_fmt(r['output_token_throughput'])} | "
@@ -99,7 +101,8 @@ _STYLE = {"dpi": 80, "figsize": (6.4, 4.0)}
 
 def _series(runs: list[dict], system: str, mode: str, workload: str | None = None) -> list[dict]:
     rows = [r for r in runs if r["system"] == system and r["mode"] == mode and r.get("concurrency")
-            and (workload is None or r.get("workload") == workload)]
+            and (workload is None or r.get("workload") == workload)
+            and not r.get("num_errors")]  # a run cut by deadlines or errors is no figure to plot
     return sorted(rows, key=lambda r: r["concurrency"])
 
 
@@ -164,7 +167,8 @@ def plot_all(result: dict, out_dir: Path) -> list[Path]:
         fig.suptitle(f"latency CDFs, json-extraction at concurrency {target}", fontsize=9)
         save(fig, "serve-latency-cdf.png")
 
-        base = {r["concurrency"]: r["output_token_throughput"] for r in _series(runs, "formwork", "unconstrained")}
+        baseline = "unconstrained-matched" if _series(runs, "formwork", "unconstrained-matched") else "unconstrained"
+        base = {r["concurrency"]: r["output_token_throughput"] for r in _series(runs, "formwork", baseline)}
         if base:  # structured / unconstrained
             fig, ax = plt.subplots(figsize=_STYLE["figsize"])
             for mode in ("constrained", "constrained+jf"):
@@ -175,7 +179,7 @@ def plot_all(result: dict, out_dir: Path) -> list[Path]:
             ax.axhline(0.97, color="red", lw=0.8, ls="--", label="goal 0.97")
             ax.set_xscale("log", base=2)
             ax.set_xlabel("concurrent requests")
-            ax.set_ylabel("output tok/s ÷ unconstrained")
+            ax.set_ylabel(f"output tok/s ÷ {baseline}")
             ax.set_title("Formwork: structured / unconstrained throughput")
             ax.grid(alpha=0.3)
             ax.legend(fontsize=8)
@@ -189,7 +193,7 @@ def plot_all(result: dict, out_dir: Path) -> list[Path]:
             ax.bar([common.index(r["concurrency"]) + i * width for r in rows],
                    [r["output_token_throughput"] for r in rows], width, label=f"{system} {mode}")
         ax.set_xticks([i + 0.4 - width / 2 for i in range(len(common))], [f"c={c}" for c in common])
-        ax.set_ylabel("output tokens/s (constrained, valid JSON)")
+        ax.set_ylabel("output tokens/s (constrained)")
         ax.set_title("Formwork vs peers, same prompts and schemas")
         ax.grid(alpha=0.3, axis="y")
         ax.legend(fontsize=7)
@@ -252,6 +256,10 @@ def markdown(result: dict) -> str:
     return "\n".join(out)
 
 
-if __name__ == "__main__":
+if __name__ == "__main__":  # python -m bench.report RESULT.json [PLOTS_DIR]: markdown, and the plots again
     import sys
-    print(markdown(json.loads(Path(sys.argv[1]).read_text())))
+    loaded = json.loads(Path(sys.argv[1]).read_text())
+    print(markdown(loaded))
+    if len(sys.argv) > 2:
+        for written in plot_all(loaded, Path(sys.argv[2])):
+            print(written, file=sys.stderr)

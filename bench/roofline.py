@@ -41,7 +41,8 @@ def roofline(model_dir: Path, unconstrained_runs: list[dict]) -> dict:
     floor_s = num_bytes / (bandwidth * 1e9)
     curve = [{"batch": r["concurrency"], "step_ms": 1e3 * r["itl_s_p50"], "tokens_per_s": r["output_token_throughput"],
               "step_over_floor": r["itl_s_p50"] / floor_s}
-             for r in sorted(unconstrained_runs, key=lambda r: r["concurrency"]) if r.get("itl_s_p50")]
+             for r in sorted(unconstrained_runs, key=lambda r: r["concurrency"])
+             if r.get("itl_s_p50") and not r.get("num_errors")]  # a run cut by deadlines says nothing
     batch1 = next((c for c in curve if c["batch"] == 1), None)
     return {"bandwidth_gbs": bandwidth, "weight_mib": num_bytes / 2**20, "floor_ms": 1e3 * floor_s,
             "batch1_step_ms": batch1["step_ms"] if batch1 else None,

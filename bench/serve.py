@@ -38,6 +38,7 @@ class RequestSpec:
     jump_forward: bool | None = None  # None: the server's default
     expected: dict | None = None  # json-extraction: the right answer, for field accuracy
     check_schema: dict | None = None  # the schema an unconstrained answer is checked against
+    ignore_eos: bool = False  # generate exactly max_tokens (length-matched comparisons)
 
 
 @dataclass
@@ -90,6 +91,8 @@ def generate_request(spec: RequestSpec) -> pb.GenerateRequest:
     request = pb.GenerateRequest(
         request_id=spec.request_id, max_tokens=spec.max_tokens, temperature=0.0,
         chat=pb.Chat(messages=[pb.ChatMessage(role=m["role"], content=m["content"]) for m in spec.messages]))
+    if spec.ignore_eos:
+        request.ignore_eos = True
     if spec.schema is not None:
         constraint = pb.Constraint(json_schema_text=json.dumps(spec.schema))
         if spec.jump_forward is not None:
