@@ -8,17 +8,7 @@ import time
 
 import torch
 
-
-def measure_bandwidth_gbs(num_bytes: int = 1 << 29, repeats: int = 5) -> float:
-    """Memory bandwidth from a large copy (read + write counted)."""
-    src = torch.empty(num_bytes // 4, dtype=torch.float32).fill_(1.0)
-    dst = torch.empty_like(src)
-    best = float("inf")
-    for _ in range(repeats):
-        start = time.perf_counter()
-        dst.copy_(src)
-        best = min(best, time.perf_counter() - start)
-    return 2 * num_bytes / best / 1e9
+from bench.roofline import measure_bandwidth_gbs
 
 
 def run_formwork(llm, prompts, max_tokens: int) -> tuple[float, int]:
