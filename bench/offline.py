@@ -38,9 +38,10 @@ def decode_step_time_batch1(llm, max_tokens: int = 64) -> float:
     return times[len(times) // 2]
 
 
-def run_transformers(model_dir, tokenizer, prompts, max_tokens: int, batch_size: int) -> tuple[float, int]:
+def run_transformers(model_dir, tokenizer, prompts, max_tokens: int, batch_size: int,
+                     dtype: str = "float32") -> tuple[float, int]:
     from transformers import AutoModelForCausalLM
-    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=getattr(torch, dtype)).eval()
     texts = [tokenizer.apply_chat_template(p) for p in prompts]
     from transformers import AutoTokenizer
     hf_tok = AutoTokenizer.from_pretrained(model_dir, padding_side="left")
@@ -76,8 +77,8 @@ def main(args, engine_config) -> int:
     if args.skip_transformers:
         return 0
     hf_s, hf_tokens = run_transformers(llm.engine.model_dir, llm.tokenizer, prompts, args.max_tokens,
-                                       args.hf_batch_size)
+                                       args.hf_batch_size, engine_config.torch_dtype)
     print(f"transformers: {hf_tokens} tokens in {hf_s:.1f} s = {hf_tokens / hf_s:.1f} tok/s "
-          f"(generate, batch {args.hf_batch_size})")
+          f"(generate, batch {args.hf_batch_size}, {engine_config.torch_dtype})")
     print(f"ratio formwork / transformers: {(fw_tokens / fw_s) / (hf_tokens / hf_s):.2f}x")
     return 0

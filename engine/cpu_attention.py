@@ -3,6 +3,10 @@
 Decoding requests (one query each) are attended together in one batched call per layer over
 their gathered blocks; prompt chunks are attended one request at a time (there are few per
 step, and a fresh prompt needs no gather at all).
+
+Attention runs in fp32 over an fp32 cache whatever the model's dtype: torch's CPU SDPA kernel is
+about 4x slower in bf16 than in fp32 here (7.7 vs 1.9 ms a layer at 64 decodes), while the casts
+of q/k/v cost microseconds.
 """
 from __future__ import annotations
 
@@ -64,8 +68,14 @@ class CpuAttentionBackend(AttentionBackend):
         return CpuAttentionMetadata(inputs.slot_mapping, bs, decode_token_ids, decode_block_ids,
                                     decode_mask, chunks)
 
+    def kv_cache_dtype(self, model_dtype: torch.dtype) -> torch.dtype:
+        return torch.float32
+
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kv_cache: torch.Tensor,
                 metadata: CpuAttentionMetadata) -> torch.Tensor:
+        model_dtype = q.dtype
+        if model_dtype != kv_cache.dtype:
+            q, k, v = q.to(kv_cache.dtype), k.to(kv_cache.dtype), v.to(kv_cache.dtype)
         m = metadata
         write_kv(kv_cache, k, v, m.slot_mapping)
         out = torch.empty_like(q)
@@ -95,4 +105,4 @@ class CpuAttentionBackend(AttentionBackend):
                 mask = torch.arange(seq_len)[None, :] <= query_pos[:, None]
                 o = F.scaled_dot_product_attention(q_c, k_c, v_c, attn_mask=mask, enable_gqa=True)
             out[c.start:c.end] = o.squeeze(0).transpose(0, 1)
-        return out
+        return out.to(model_dtype)

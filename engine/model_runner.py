@@ -35,7 +35,7 @@ class ModelRunner:
     def __init__(self, config: EngineConfig, model_dir: Path, hf_config, max_model_len: int) -> None:
         self.config = config
         self.device = torch.device(config.device)
-        self.dtype = getattr(torch, config.torch_dtype)  # issue 7: "auto" is bfloat16 on CUDA
+        self.dtype = getattr(torch, config.torch_dtype)
         self.max_model_len = max_model_len
         self.block_size = config.cache.block_size
         with torch.device(self.device):
@@ -43,12 +43,13 @@ class ModelRunner:
         self.model.load_weights(model_dir)
         self.model.eval()
         self.vocab_size = hf_config.vocab_size
-        self.num_blocks = self._determine_num_blocks(hf_config)
         self.attn_backend = get_attention_backend(self.device, self.block_size, config.cuda.attention_backend)
+        self.kv_dtype = self.attn_backend.kv_cache_dtype(self.dtype)
+        self.num_blocks = self._determine_num_blocks(hf_config)
         layer = self.model.layers[0]
         self.kv_caches = self.attn_backend.allocate_kv_cache(
             len(self.model.layers), self.num_blocks, self.block_size, layer.num_kv_heads, layer.head_dim,
-            self.dtype, self.device)
+            self.kv_dtype, self.device)
         max_blocks_per_req = -(-max_model_len // self.block_size)
         self.input_batch = InputBatch(config.scheduler.max_num_seqs, max_model_len, max_blocks_per_req)
         # issue 7: on CUDA, decode-only steps replay captured graphs (engine/cuda_graph.py) unless enforce_eager
@@ -67,7 +68,7 @@ class ModelRunner:
             return self.config.cache.num_blocks
         layer = self.model.layers[0]
         bytes_per_block = (2 * len(self.model.layers) * self.block_size * layer.num_kv_heads * layer.head_dim
-                           * torch.finfo(self.dtype).bits // 8)
+                           * torch.finfo(self.kv_dtype).bits // 8)
         if self.device.type == "cuda":  # issue 7: what gpu_memory_utilization leaves (engine/device_memory.py)
             from engine.device_memory import StepShape, num_blocks_from_free_memory
             sched = self.config.scheduler

@@ -47,3 +47,16 @@ def llm(model_dir):
     instance = LLM()
     yield instance
     instance.shutdown()
+
+
+@pytest.fixture(scope="session")
+def llm_fp32(model_dir):
+    """The real model in float32, for exact comparisons (transformers parity, batch invariance).
+
+    The default dtype is bfloat16 on CPUs with bf16 dot products, and bf16 matmuls round
+    differently at different batch sizes, so greedy tokens may differ between batch shapes."""
+    from engine.config import EngineConfig
+    from engine.llm import LLM
+    instance = LLM(config=EngineConfig(dtype="float32"))
+    yield instance
+    instance.shutdown()

@@ -1,4 +1,4 @@
-"""Greedy output must not depend on what else is batched, chunked, preempted or cached."""
+"""Greedy output must not depend on what else is batched, chunked, preempted or cached (in float32)."""
 from __future__ import annotations
 
 import pytest
@@ -25,20 +25,20 @@ def prompts(with_system: bool = False) -> list[list[dict]]:
 
 
 @pytest.fixture(scope="module")
-def alone(llm):
+def alone(llm_fp32):
     """Each prompt generated on its own: the reference."""
-    return {key: [llm.generate([p], PARAMS)[0].token_ids for p in prompts(key)] for key in (False, True)}
+    return {key: [llm_fp32.generate([p], PARAMS)[0].token_ids for p in prompts(key)] for key in (False, True)}
 
 
 def make_llm(**overrides):
     from engine.llm import LLM
     scheduler = SchedulerConfig(max_num_seqs=16, max_num_batched_tokens=overrides.pop("budget", 512))
     cache = CacheConfig(num_blocks=overrides.pop("num_blocks", None), enable_prefix_caching=True)
-    return LLM(config=EngineConfig(scheduler=scheduler, cache=cache))
+    return LLM(config=EngineConfig(dtype="float32", scheduler=scheduler, cache=cache))
 
 
-def test_batched_equals_alone(llm, alone):
-    batched = [o.token_ids for o in llm.generate(prompts(), PARAMS)]
+def test_batched_equals_alone(llm_fp32, alone):
+    batched = [o.token_ids for o in llm_fp32.generate(prompts(), PARAMS)]
     assert batched == alone[False]
 
 
@@ -62,7 +62,8 @@ def test_preemption_equals_alone(alone):
         llm.shutdown()
 
 
-def test_shared_system_prompt_hits_prefix_cache(llm, alone):
+def test_shared_system_prompt_hits_prefix_cache(llm_fp32, alone):
+    llm = llm_fp32
     hits_before = llm.engine.scheduler.kv_cache_manager.pool.num_hits
     outputs = llm.generate(prompts(with_system=True), PARAMS)
     assert [o.token_ids for o in outputs] == alone[True]

@@ -25,8 +25,13 @@ def test_cuda_config_is_validated():
         CudaConfig(attention_backend="xformers")
 
 
-def test_dtype_auto_is_bfloat16_on_cuda_only():
+def test_dtype_auto_is_bfloat16_on_cuda_and_bf16_cpus(monkeypatch):
+    from engine import config
+    monkeypatch.setattr(config, "cpu_has_bf16_dot", lambda: False)
     assert EngineConfig().torch_dtype == "float32"
+    monkeypatch.setattr(config, "cpu_has_bf16_dot", lambda: True)
+    assert EngineConfig().torch_dtype == "bfloat16"
+    assert EngineConfig(dtype="float32").torch_dtype == "float32"
     assert EngineConfig(device="cuda").torch_dtype == "bfloat16"
     assert EngineConfig(device="cuda:1").torch_dtype == "bfloat16"
     assert EngineConfig(device="cuda", dtype="float32").torch_dtype == "float32"
@@ -60,7 +65,9 @@ def tiny_model_dir(model_dir, tmp_path_factory):
 
 def tiny_llm(model_dir, max_num_seqs: int = 6):
     from engine.llm import LLM
-    return LLM(config=EngineConfig(model=str(model_dir), scheduler=SchedulerConfig(max_num_seqs=max_num_seqs),
+    # float32: the replay must equal the CPU path token for token (bf16 rounds differently per batch shape)
+    return LLM(config=EngineConfig(model=str(model_dir), dtype="float32",
+                                   scheduler=SchedulerConfig(max_num_seqs=max_num_seqs),
                                    cache=CacheConfig(num_blocks=256)))
 
 

@@ -18,7 +18,8 @@ def hf_model(model_dir):
     return AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
 
 
-def test_greedy_tokens_match_transformers_generate(llm, hf_model):
+def test_greedy_tokens_match_transformers_generate(llm_fp32, hf_model):
+    llm = llm_fp32
     conversations = [[{"role": "user", "content": p}] for p in PROMPTS]
     outputs = llm.generate(conversations, SamplingParams(max_tokens=32, temperature=0))
     for conversation, out in zip(conversations, outputs):
@@ -39,7 +40,8 @@ class RecordingSampler:
         return self.sampler(logits, *args)
 
 
-def test_last_position_logits_within_1e_3(llm, hf_model):
+def test_last_position_logits_within_1e_3(llm_fp32, hf_model):
+    llm = llm_fp32
     from engine.protocol import EngineCoreRequest
     runner = llm.engine.runner
     recorder = runner.sampler = RecordingSampler(runner.sampler)
@@ -57,3 +59,14 @@ def test_last_position_logits_within_1e_3(llm, hf_model):
         with torch.inference_mode():
             ref = hf_model(torch.tensor([ids])).logits[0, -1].float()
         assert torch.allclose(ours[row], ref, atol=1e-3, rtol=0), (ours[row] - ref).abs().max()
+
+
+def test_default_dtype_keeps_the_answers(llm, llm_fp32):
+    """bf16 (the default on CPUs with bf16 dot products) must keep the model's greedy answers:
+    the first tokens of each answer agree with float32, and the answer to a fact question holds."""
+    conversations = [[{"role": "user", "content": p}] for p in PROMPTS]
+    params = SamplingParams(max_tokens=8, temperature=0)
+    ours = llm.generate(conversations, params)
+    ref = llm_fp32.generate(conversations, params)
+    assert sum(o.token_ids[:4] == r.token_ids[:4] for o, r in zip(ours, ref)) >= len(PROMPTS) - 1
+    assert "Paris" in ours[0].text, ours[0].text

@@ -23,7 +23,7 @@ def main() -> int:
         torch.set_num_threads(payload["threads"])
     started = time.perf_counter()
     model_dir = payload["model_dir"]
-    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=getattr(torch, payload.get("dtype", "float32"))).eval()
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
     config = AutoConfig.from_pretrained(model_dir)
     compiler = xgr.GrammarCompiler(xgr.TokenizerInfo.from_huggingface(tokenizer, vocab_size=config.vocab_size))

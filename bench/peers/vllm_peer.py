@@ -24,7 +24,7 @@ async def _run(payload: dict) -> dict:
 
     max_seqs = max(run["concurrency"] for run in payload["runs"])
     started = time.perf_counter()
-    args = AsyncEngineArgs(model=payload["model_dir"], dtype="float32", enforce_eager=True,
+    args = AsyncEngineArgs(model=payload["model_dir"], dtype=payload.get("dtype", "float32"), enforce_eager=True,
                            max_model_len=payload.get("max_model_len", 2048), max_num_seqs=max_seqs,
                            disable_log_stats=True, seed=0)
     engine = AsyncLLM.from_engine_args(args)
