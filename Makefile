@@ -10,7 +10,8 @@ export OMP_WAIT_POLICY ?= PASSIVE
 # Pinned set measured to install together here (see docs/benchmarks.md for the machine).
 PINS := torch==2.13.0 transformers==5.24.0 tokenizers==0.23.3 xgrammar==0.2.9 gguf==0.19.0 \
 	accelerate==1.15.0 grpcio==1.85.3 grpcio-tools==1.85.1 grpcio-reflection==1.85.1 \
-	grpcio-health-checking==1.85.1 googleapis-common-protos==1.76.0 protobuf==7.36.2 msgspec==0.23.0 jsonschema==4.26.0 numpy==2.4.6
+	grpcio-health-checking==1.85.1 googleapis-common-protos==1.76.0 protobuf==7.36.2 msgspec==0.23.0 jsonschema==4.26.0 numpy==2.4.6 \
+	ninja==1.13.2
 
 .PHONY: setup test test-fast model generate bench clean gpu-check-prepare gpu-check proto serve bench-smoke bench-serve peers peer-llama-cpp peer-vllm
 
@@ -24,6 +25,8 @@ $(STAMP): pyproject.toml clients/python/pyproject.toml Makefile
 	$(PIP) install -e '.[dev]'
 	# the Python client: its own package (only grpcio, protobuf, googleapis-common-protos)
 	$(PIP) install -e clients/python
+	# the CPU attention kernel (engine/csrc), built once into $$FORMWORK_CACHE/kernels; engines fall back to torch without it
+	$(PY) -c 'from engine.cpu_kernels import load_cpu_kernels as k; print("CPU kernels:", "built" if k() else "NOT built (torch path)")'
 	touch $(STAMP)
 
 model: $(STAMP)

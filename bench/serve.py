@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import json
 import random
+import sys
 import time
 from dataclasses import dataclass, field
 
@@ -236,3 +237,31 @@ async def run_load(client: Client, specs: list[RequestSpec], shape: LoadShape) -
         records = list(await asyncio.gather(*tasks))
     end = max((r.sent_at + r.e2e_s for r in records), default=start)
     return LoadResult(records, end - start, stopped_by_time)
+
+
+async def compile_all(client: Client, specs: list[RequestSpec]) -> tuple[list[RequestSpec], dict]:
+    """ValidateConstraint every distinct schema once: the specs whose schema compiles, and the
+    compile times (cold compiles only)."""
+    compile_s, keep, rejected, seen = [], [], 0, {}
+    for spec in specs:
+        if spec.schema is None:
+            keep.append(spec)
+            continue
+        key = json.dumps(spec.schema, sort_keys=True)
+        if key not in seen:
+            response = await client.validate(spec.schema)
+            seen[key] = response.ok
+            if response.ok and not response.cached:
+                compile_s.append(response.compile_s)
+        if seen[key]:
+            keep.append(spec)
+        else:
+            rejected += 1
+    from bench import report  # report imports this module's records
+    stats = {f"compile_s_p{p}": report.percentile(compile_s, p) for p in report.PERCENTILES}
+    return keep, {**stats, "num_compiled": len(compile_s), "num_rejected": rejected,
+                  "compile_s_max": max(compile_s, default=None)}
+
+
+def log(message: str) -> None:
+    print(f"[bench serve] {message}", file=sys.stderr, flush=True)

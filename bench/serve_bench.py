@@ -26,7 +26,8 @@ from dataclasses import replace
 from pathlib import Path
 
 from bench import report, serve_workloads
-from bench.serve import Client, LoadShape, RequestRecord, RequestSpec, run_load
+from bench.burst import burst_test
+from bench.serve import Client, LoadShape, RequestRecord, RequestSpec, compile_all, log, run_load
 from engine.config import EngineConfig
 
 FULL_CONCURRENCY = (1, 8, 32, 64)
@@ -53,10 +54,6 @@ def _num_requests(concurrency: int, cap: int) -> int:
     return min(max(concurrency, 4), cap)
 
 
-def _log(message: str) -> None:
-    print(f"[bench serve] {message}", file=sys.stderr, flush=True)
-
-
 def _cdf_lists(records: list[RequestRecord]) -> dict:
     ok = [r for r in records if r.ok]
     return {"itl_s": [round(g, 5) for r in ok for g in r.itl_s], "e2e_s": [round(r.e2e_s, 4) for r in ok],
@@ -68,29 +65,6 @@ def summarize_run(records: list[RequestRecord], wall_s: float, specs: dict[str, 
     summary.update(serve_workloads.score_records(specs, records))
     summary["cdf"] = _cdf_lists(records)
     return summary
-
-
-async def _compile_all(client: Client, specs: list[RequestSpec]) -> tuple[list[RequestSpec], dict]:
-    """ValidateConstraint every distinct schema once: the specs whose schema compiles, and the
-    compile times (cold compiles only)."""
-    compile_s, keep, rejected, seen = [], [], 0, {}
-    for spec in specs:
-        if spec.schema is None:
-            keep.append(spec)
-            continue
-        key = json.dumps(spec.schema, sort_keys=True)
-        if key not in seen:
-            response = await client.validate(spec.schema)
-            seen[key] = response.ok
-            if response.ok and not response.cached:
-                compile_s.append(response.compile_s)
-        if seen[key]:
-            keep.append(spec)
-        else:
-            rejected += 1
-    stats = {f"compile_s_p{p}": report.percentile(compile_s, p) for p in report.PERCENTILES}
-    return keep, {**stats, "num_compiled": len(compile_s), "num_rejected": rejected,
-                  "compile_s_max": max(compile_s, default=None)}
 
 
 def _only(specs: list[RequestSpec], items: list[str] | None) -> list[RequestSpec]:
@@ -109,14 +83,14 @@ async def formwork_runs(client: Client, workload: str, modes: list[str], shapes:
     # every prompt once (one token, no constraint) first: each mode then meets the same warm
     # prefix cache, whichever runs first (vLLM's peer warms the same way; transformers has none)
     prompts = _only(serve_workloads.build(workload, 1, constrained=False), items)
-    _log(f"prefix-cache warm-up: {len(prompts)} prompts, one token each")
+    log(f"prefix-cache warm-up: {len(prompts)} prompts, one token each")
     await run_load(client, prompts, LoadShape(concurrency=16, max_requests=len(prompts)))
     specs_by_mode = {}
     for mode in modes:
         constrained, jump_forward = MODES[mode]
         limit = max_tokens if constrained else (unconstrained_max_tokens or max_tokens)
         specs = _only(serve_workloads.build(workload, limit, constrained, jump_forward), items)
-        specs_by_mode[mode], stats = await _compile_all(client, specs)
+        specs_by_mode[mode], stats = await compile_all(client, specs)
         if stats["num_compiled"]:
             compile_stats[workload] = stats
     # modes back to back at each load, so that a change in the machine's other load between
@@ -130,12 +104,12 @@ async def formwork_runs(client: Client, workload: str, modes: list[str], shapes:
                     raise ValueError("mode unconstrained-matched needs mode constrained before it")
                 specs = [replace(s, max_tokens=lengths[s.request_id], ignore_eos=True) for s in specs
                          if s.request_id in lengths]
-            _log(f"formwork {mode} ({workload}) {shape.label}, {shape.max_requests} requests")
+            log(f"formwork {mode} ({workload}) {shape.label}, {shape.max_requests} requests")
             result = await run_load(client, specs, shape)
             summary = summarize_run(result.records, result.wall_s, {s.request_id: s for s in specs},
                                     system="formwork", mode=mode, workload=workload, concurrency=shape.concurrency,
                                     rate=shape.rate, stopped_by_time=result.stopped_by_time)
-            _log(f"  {summary['output_token_throughput']:.1f} out tok/s, valid {summary['num_valid']}/"
+            log(f"  {summary['output_token_throughput']:.1f} out tok/s, valid {summary['num_valid']}/"
                  f"{summary['num_requests']}, errors {summary['num_errors']}")
             runs.append(summary)
             if mode == "constrained":
@@ -177,17 +151,17 @@ async def peer_runs(client: Client, names: list[str], concurrencies: list[int], 
         # the dtype Formwork's server resolves "auto" to here, so every peer computes the same way
         payload = {"model_dir": model_dir, "gguf": gguf, "threads": 1 if name == "llama-cpp" else 2,
                    "dtype": EngineConfig().torch_dtype, "runs": payload_runs}
-        _log(f"peer {name}: {len(payload_runs)} runs ({peer.note})")
+        log(f"peer {name}: {len(payload_runs)} runs ({peer.note})")
         started = time.monotonic()
         try:
             result = await asyncio.to_thread(run_peer, peer, payload, PEER_TIMEOUT_S[name])
         except PeerSkipped as e:
             status[name] = {"status": "skipped", "reason": str(e)}
-            _log(f"  skipped: {e}")
+            log(f"  skipped: {e}")
             continue
         except RuntimeError as e:
             status[name] = {"status": "failed", "reason": str(e)[-2000:]}
-            _log(f"  failed: {str(e)[-600:]}")
+            log(f"  failed: {str(e)[-600:]}")
             continue
         status[name] = {"status": "ran", "version": result.get("version"), "load_s": result.get("load_s"),
                         "notes": result.get("notes", []) + [peer.note], "elapsed_s": time.monotonic() - started}
@@ -195,72 +169,10 @@ async def peer_runs(client: Client, names: list[str], concurrencies: list[int], 
             records = records_from_peer(run)
             summary = summarize_run(records, run["wall_s"], by_id, system=name, mode="constrained",
                                     workload="json-extraction", concurrency=run["concurrency"], rate=None)
-            _log(f"  {run['name']}: {summary['output_token_throughput']:.1f} out tok/s, valid "
+            log(f"  {run['name']}: {summary['output_token_throughput']:.1f} out tok/s, valid "
                  f"{summary['num_valid']}/{summary['num_requests']}")
             runs.append(summary)
     return runs, status
-
-
-def _gaps_in_window(records: list[RequestRecord], start: float, end: float) -> list[float]:
-    gaps = []
-    for r in records:
-        times = [r.sent_at + t for t in r.token_times_s]
-        gaps += [b - a for a, b in zip(times, times[1:]) if start <= b <= end]
-    return gaps
-
-
-async def burst_test(client: Client, steady_concurrency: int = 8, burst_size: int = 16, window_s: float = 10.0,
-                     max_tokens: int = 128, repeats: int = 2) -> dict:
-    """Inter-token latency of steady json-extraction requests while a burst of mixed schemas
-    arrives: schemas already compiled (A) vs never seen (B), alternated A B A B, plus no burst.
-    The window is the same length in every phase, so A and B differ only by the compiles."""
-    steady = serve_workloads.json_extraction(max_tokens, jump_forward=True)
-    await _compile_all(client, steady)
-    seen = serve_workloads.mixed_schemas(8, limit=burst_size, title="formwork bench: seen")
-    seen, _ = await _compile_all(client, seen)
-    lead_s = 3.0
-
-    async def phase(burst: list[RequestSpec] | None) -> tuple[list[float], list[RequestRecord]]:
-        steady_shape = LoadShape(concurrency=steady_concurrency, max_requests=10_000, max_duration_s=lead_s + window_s)
-        steady_task = asyncio.create_task(run_load(client, steady, steady_shape))
-        await asyncio.sleep(lead_s)
-        start = time.monotonic()
-        burst_records: list[RequestRecord] = []
-        if burst:
-            burst_task = asyncio.create_task(run_load(client, burst, LoadShape(concurrency=len(burst),
-                                                                                max_requests=len(burst))))
-        steady_result = await steady_task
-        if burst:
-            burst_records = (await burst_task).records
-        return _gaps_in_window(steady_result.records, start, start + window_s), burst_records
-
-    phases: dict[str, list[float]] = {"none": [], "seen": [], "new": []}
-    new_waits, errors = [], []
-    for i in range(repeats):
-        for name in ("none", "seen", "new"):
-            burst = None
-            if name == "seen":
-                burst = seen
-            elif name == "new":
-                burst = [replace(s, jump_forward=True) for s in
-                         serve_workloads.mixed_schemas(8, limit=burst_size, title=f"formwork bench: new {time.time_ns()}")]
-            _log(f"burst phase {i + 1}/{repeats}: {name}")
-            gaps, records = await phase(burst)
-            phases[name] += gaps
-            errors += [r.error for r in records if not r.ok and "INVALID_ARGUMENT" not in r.error]
-            if name == "new":
-                new_waits += [r.server_grammar_wait_s for r in records if r.ok]
-    stats = {name: {"num_gaps": len(g), "itl_mean_s": sum(g) / len(g) if g else None,
-                    **{f"itl_p{p}_s": report.percentile(g, p) for p in report.PERCENTILES}}
-             for name, g in phases.items()}
-    seen_mean, new_mean = stats["seen"]["itl_mean_s"], stats["new"]["itl_mean_s"]
-    return {"steady_concurrency": steady_concurrency, "burst_size": burst_size, "window_s": window_s,
-            "repeats": repeats, "phases": stats,
-            "new_vs_seen_itl_mean": new_mean / seen_mean if seen_mean and new_mean else None,
-            "new_vs_seen_itl_p50": (stats["new"]["itl_p50_s"] / stats["seen"]["itl_p50_s"]
-                                    if stats["seen"]["itl_p50_s"] and stats["new"]["itl_p50_s"] else None),
-            "new_burst_grammar_wait_s": {f"p{p}": report.percentile(new_waits, p) for p in report.PERCENTILES},
-            "errors": errors[:5]}
 
 
 def machine() -> dict:
@@ -396,10 +308,10 @@ def main(args) -> int:
     else:
         args.server_args_used = (SMOKE_SERVER_ARGS if args.smoke else SERVER_ARGS) + (
             ["--model", args.model] if args.model else [])
-        _log(f"starting formwork serve {' '.join(args.server_args_used)}")
+        log(f"starting formwork serve {' '.join(args.server_args_used)}")
         server = ServerProcess(args.server_args_used)
         address = server.address
-        _log(f"server ready on {address}")
+        log(f"server ready on {address}")
     try:
         result = asyncio.run(_main_async(args, address, model_dir))
     finally:

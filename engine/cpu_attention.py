@@ -1,12 +1,14 @@
-"""Paged attention in plain torch, for CPUs.
+"""Paged attention for CPUs.
 
-Decoding requests (one query each) are attended together in one batched call per layer over
-their gathered blocks; prompt chunks are attended one request at a time (there are few per
-step, and a fresh prompt needs no gather at all).
+Decoding requests (one query each) are attended together in one call per layer: Formwork's own
+kernel (engine/csrc/paged_attention.cpp) reads their K/V straight from the cache blocks; without
+it, torch gathers the blocks into a padded copy and runs SDPA over it. Prompt chunks are attended
+one request at a time with torch's SDPA (there are few per step, and a fresh prompt needs no
+gather at all).
 
-Attention runs in fp32 over an fp32 cache whatever the model's dtype: torch's CPU SDPA kernel is
-about 4x slower in bf16 than in fp32 here (7.7 vs 1.9 ms a layer at 64 decodes), while the casts
-of q/k/v cost microseconds.
+Attention math is fp32 whatever the model's dtype: torch's CPU SDPA kernel is about 4x slower in
+bf16 than in fp32 here (7.7 vs 1.9 ms a layer at 64 decodes). The cache holds the model's dtype
+when the kernel is there (it reads bf16 and computes in fp32: half the bytes to read), else fp32.
 """
 from __future__ import annotations
 
@@ -17,6 +19,7 @@ import torch
 import torch.nn.functional as F
 
 from engine.attention import AttentionBackend, AttentionInputs, write_kv
+from engine.cpu_kernels import load_cpu_kernels
 
 
 @dataclass
@@ -34,29 +37,32 @@ class CpuAttentionMetadata:
     slot_mapping: torch.Tensor
     block_size: int
     decode_token_ids: torch.Tensor  # [num_decodes] flat index of each decoding request's query
-    decode_block_ids: torch.Tensor  # [num_decodes, num_blocks] blocks to gather
-    decode_mask: torch.Tensor  # [num_decodes, 1, 1, num_blocks * block_size] True = attend
+    decode_block_table: torch.Tensor  # [num_decodes, num_blocks] int32: the kernel reads these blocks
+    decode_seq_lens: torch.Tensor  # [num_decodes] int32
+    decode_mask: torch.Tensor | None  # torch path only: [num_decodes, 1, 1, num_blocks * block_size] True = attend
     chunks: list[_Chunk]
 
 
 class CpuAttentionBackend(AttentionBackend):
+    def __init__(self) -> None:
+        self.kernels = load_cpu_kernels()
+
+    def kv_cache_dtype(self, model_dtype: torch.dtype) -> torch.dtype:
+        return model_dtype if self.kernels is not None else torch.float32
+
     def build_metadata(self, inputs: AttentionInputs) -> CpuAttentionMetadata:
         qsl, seq_lens = inputs.query_start_loc, inputs.seq_lens
         query_lens = np.diff(qsl)
         bs = inputs.block_size
         decode_rows = np.flatnonzero(query_lens == 1)
-        if len(decode_rows):
-            num_blocks = int(-(-seq_lens[decode_rows].max() // bs))
-            rows = torch.from_numpy(decode_rows)
-            decode_block_ids = inputs.block_table[rows, :num_blocks].long()
+        num_blocks = int(-(-seq_lens[decode_rows].max() // bs)) if len(decode_rows) else 0
+        decode_block_table = inputs.block_table[torch.from_numpy(decode_rows), :num_blocks].contiguous()
+        decode_seq_lens = torch.from_numpy(seq_lens[decode_rows].astype(np.int32))
+        decode_token_ids = torch.from_numpy(qsl[decode_rows].astype(np.int64))
+        decode_mask = None
+        if self.kernels is None:
             key_pos = torch.arange(num_blocks * bs)
-            decode_mask = (key_pos[None, :] < torch.from_numpy(seq_lens[decode_rows].astype(np.int64))[:, None])
-            decode_mask = decode_mask[:, None, None, :]
-            decode_token_ids = torch.from_numpy(qsl[decode_rows].astype(np.int64))
-        else:
-            decode_block_ids = torch.empty(0, 0, dtype=torch.long)
-            decode_mask = torch.empty(0, 1, 1, 0, dtype=torch.bool)
-            decode_token_ids = torch.empty(0, dtype=torch.long)
+            decode_mask = (key_pos[None, :] < decode_seq_lens[:, None])[:, None, None, :]
         chunks = []
         for row in np.flatnonzero(query_lens > 1):
             num_computed = int(inputs.num_computed_tokens[row])
@@ -65,30 +71,25 @@ class CpuAttentionBackend(AttentionBackend):
                 num_blocks = int(-(-seq_lens[row] // bs))
                 block_ids = inputs.block_table[row, :num_blocks].long()
             chunks.append(_Chunk(int(qsl[row]), int(qsl[row + 1]), num_computed, block_ids))
-        return CpuAttentionMetadata(inputs.slot_mapping, bs, decode_token_ids, decode_block_ids,
+        return CpuAttentionMetadata(inputs.slot_mapping, bs, decode_token_ids, decode_block_table, decode_seq_lens,
                                     decode_mask, chunks)
-
-    def kv_cache_dtype(self, model_dtype: torch.dtype) -> torch.dtype:
-        return torch.float32
 
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kv_cache: torch.Tensor,
                 metadata: CpuAttentionMetadata) -> torch.Tensor:
-        model_dtype = q.dtype
-        if model_dtype != kv_cache.dtype:
-            q, k, v = q.to(kv_cache.dtype), k.to(kv_cache.dtype), v.to(kv_cache.dtype)
         m = metadata
-        write_kv(kv_cache, k, v, m.slot_mapping)
+        write_kv(kv_cache, k.to(kv_cache.dtype), v.to(kv_cache.dtype), m.slot_mapping)
+        model_dtype = q.dtype
+        q, k, v = q.float(), k.float(), v.float()
         out = torch.empty_like(q)
         num_kv_heads, head_dim = k.shape[1], k.shape[2]
+        scale = head_dim ** -0.5
         if len(m.decode_token_ids):
-            num_decodes = len(m.decode_token_ids)
-            q_dec = q.index_select(0, m.decode_token_ids).unsqueeze(2)  # [n, H, 1, D]
-            k_dec = kv_cache[0].index_select(0, m.decode_block_ids.flatten())
-            v_dec = kv_cache[1].index_select(0, m.decode_block_ids.flatten())
-            k_dec = k_dec.view(num_decodes, -1, num_kv_heads, head_dim).transpose(1, 2)
-            v_dec = v_dec.view(num_decodes, -1, num_kv_heads, head_dim).transpose(1, 2)
-            o = F.scaled_dot_product_attention(q_dec, k_dec, v_dec, attn_mask=m.decode_mask, enable_gqa=True)
-            out.index_copy_(0, m.decode_token_ids, o.squeeze(2))
+            q_dec = q.index_select(0, m.decode_token_ids)  # [n, H, D]
+            if self.kernels is not None:
+                o = self.kernels.paged_decode_attention(q_dec, kv_cache, m.decode_block_table, m.decode_seq_lens, scale)
+            else:
+                o = _gathered_decode(q_dec, kv_cache, m.decode_block_table, m.decode_mask)
+            out.index_copy_(0, m.decode_token_ids, o)
         for c in m.chunks:
             q_c = q[c.start:c.end].transpose(0, 1).unsqueeze(0)  # [1, H, n, D]
             if c.block_ids is None:  # fresh prompt: its own K/V are the whole context
@@ -99,10 +100,22 @@ class CpuAttentionBackend(AttentionBackend):
                 seq_len = c.num_computed + c.end - c.start
                 k_c = kv_cache[0].index_select(0, c.block_ids).view(-1, num_kv_heads, head_dim)[:seq_len]
                 v_c = kv_cache[1].index_select(0, c.block_ids).view(-1, num_kv_heads, head_dim)[:seq_len]
-                k_c = k_c.transpose(0, 1).unsqueeze(0)
-                v_c = v_c.transpose(0, 1).unsqueeze(0)
+                k_c = k_c.float().transpose(0, 1).unsqueeze(0)
+                v_c = v_c.float().transpose(0, 1).unsqueeze(0)
                 query_pos = torch.arange(c.num_computed, seq_len)
                 mask = torch.arange(seq_len)[None, :] <= query_pos[:, None]
                 o = F.scaled_dot_product_attention(q_c, k_c, v_c, attn_mask=mask, enable_gqa=True)
             out[c.start:c.end] = o.squeeze(0).transpose(0, 1)
         return out.to(model_dtype)
+
+
+def _gathered_decode(q: torch.Tensor, kv_cache: torch.Tensor, block_table: torch.Tensor,
+                     mask: torch.Tensor) -> torch.Tensor:
+    """Without the kernel: copy each request's blocks into a padded batch, then masked SDPA."""
+    num_decodes = q.shape[0]
+    num_kv_heads, head_dim = kv_cache.shape[-2:]
+    block_ids = block_table.flatten().long()
+    k = kv_cache[0].index_select(0, block_ids).view(num_decodes, -1, num_kv_heads, head_dim).transpose(1, 2)
+    v = kv_cache[1].index_select(0, block_ids).view(num_decodes, -1, num_kv_heads, head_dim).transpose(1, 2)
+    o = F.scaled_dot_product_attention(q.unsqueeze(2), k.float(), v.float(), attn_mask=mask, enable_gqa=True)
+    return o.squeeze(2)

@@ -77,7 +77,8 @@ def test_json_object_and_bounded_whitespace(llm):
     assert "\n" not in out.text  # compact by default: no runaway whitespace
 
 
-def test_mixed_batch_each_ends_correctly(llm):
+def test_mixed_batch_each_ends_correctly(llm_fp32):
+    llm = llm_fp32  # float32: "unaffected" is checked token for token against each request alone
     schema = json.dumps(HAND_WRITTEN[0])
     conversations = [[{"role": "user", "content": p}] for p in
                      ["Who is Ada? JSON please.", "Tell me a joke.", "Bad schema here.", "Pick a code.", "Hi"]]

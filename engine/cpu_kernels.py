@@ -1,0 +1,47 @@
+"""Formwork's own CPU kernels (engine/csrc/), compiled on first use and cached.
+
+torch's CPU ops cannot read a paged KV cache in place: decode attention in plain torch gathers
+every request's blocks into a padded copy, then reads it again in SDPA. The kernel reads the
+blocks where they are. It is built with torch's extension tooling (a C++ compiler and ninja) into
+$FORMWORK_CACHE/kernels the first time an engine starts (about a minute on 2 cores), then loads
+in a fraction of a second. Where it cannot be built, the engine says why once and uses the torch path.
+"""
+from __future__ import annotations
+
+import logging
+import os
+import threading
+from pathlib import Path
+from types import ModuleType
+
+from engine.model_files import cache_dir
+
+logger = logging.getLogger(__name__)
+
+_SOURCES = [Path(__file__).parent / "csrc" / "paged_attention.cpp"]
+_lock = threading.Lock()
+_state: dict[str, ModuleType | None] = {}
+
+
+def load_cpu_kernels() -> ModuleType | None:
+    """The compiled module, or None when it cannot be built here (FORMWORK_CPU_KERNELS=0 disables it)."""
+    with _lock:
+        if "module" not in _state:
+            _state["module"] = _build()
+        return _state["module"]
+
+
+def _build() -> ModuleType | None:
+    if os.environ.get("FORMWORK_CPU_KERNELS", "1") == "0":
+        return None
+    try:
+        from torch.utils import cpp_extension
+        build_dir = cache_dir() / "kernels"
+        build_dir.mkdir(parents=True, exist_ok=True)
+        return cpp_extension.load(
+            name="formwork_cpu_kernels", sources=[str(s) for s in _SOURCES], build_directory=str(build_dir),
+            extra_cflags=["-O3", "-march=native", "-ffast-math", "-fopenmp"], extra_ldflags=["-fopenmp"], verbose=False)
+    except Exception as e:  # no compiler, no ninja, a build error: the torch path still works
+        logger.warning("CPU kernels unavailable, using the slower torch attention path: %s",
+                       str(e).strip().splitlines()[-1] if str(e).strip() else type(e).__name__)
+        return None
