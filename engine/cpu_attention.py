@@ -1,10 +1,10 @@
 """Paged attention for CPUs.
 
-Decoding requests (one query each) are attended together in one call per layer: Formwork's own
-kernel (engine/csrc/paged_attention.cpp) reads their K/V straight from the cache blocks; without
-it, torch gathers the blocks into a padded copy and runs SDPA over it. Prompt chunks are attended
-one request at a time with torch's SDPA (there are few per step, and a fresh prompt needs no
-gather at all).
+Decoding requests (one query each) and short runs of queries (jump-forward catch-ups) are
+attended together in one call per layer: Formwork's own kernel (engine/csrc/paged_attention.cpp)
+reads their K/V straight from the cache blocks; without it, decodes are gathered into a padded
+copy for SDPA. Longer runs (prompt chunks) are attended one request at a time with torch's SDPA
+(there are few per step, and a fresh prompt needs no gather at all).
 
 Attention math is fp32 whatever the model's dtype: torch's CPU SDPA kernel is about 4x slower in
 bf16 than in fp32 here (7.7 vs 1.9 ms a layer at 64 decodes). The cache holds the model's dtype
@@ -22,6 +22,11 @@ from engine.attention import AttentionBackend, AttentionInputs, write_kv
 from engine.cpu_kernels import load_cpu_kernels
 
 
+# Queries per request that the kernel attends one by one (each re-reads its request's K/V); longer
+# runs (prompt chunks) go to SDPA, which shares the reads across queries.
+MAX_KERNEL_QUERY_LEN = 16
+
+
 @dataclass
 class _Chunk:
     """A request with more than one query this step."""
@@ -36,9 +41,10 @@ class _Chunk:
 class CpuAttentionMetadata:
     slot_mapping: torch.Tensor
     block_size: int
-    decode_token_ids: torch.Tensor  # [num_decodes] flat index of each decoding request's query
-    decode_block_table: torch.Tensor  # [num_decodes, num_blocks] int32: the kernel reads these blocks
-    decode_seq_lens: torch.Tensor  # [num_decodes] int32
+    # single queries: decodes, and with the kernel every query of a short run (see build_metadata)
+    decode_token_ids: torch.Tensor  # [num_queries] flat index of each query
+    decode_block_table: torch.Tensor  # [num_queries, num_blocks] int32: its request's blocks
+    decode_seq_lens: torch.Tensor  # [num_queries] int32: keys it attends to (causal: up to itself)
     decode_mask: torch.Tensor | None  # torch path only: [num_decodes, 1, 1, num_blocks * block_size] True = attend
     chunks: list[_Chunk]
 
@@ -54,17 +60,23 @@ class CpuAttentionBackend(AttentionBackend):
         qsl, seq_lens = inputs.query_start_loc, inputs.seq_lens
         query_lens = np.diff(qsl)
         bs = inputs.block_size
-        decode_rows = np.flatnonzero(query_lens == 1)
-        num_blocks = int(-(-seq_lens[decode_rows].max() // bs)) if len(decode_rows) else 0
-        decode_block_table = inputs.block_table[torch.from_numpy(decode_rows), :num_blocks].contiguous()
-        decode_seq_lens = torch.from_numpy(seq_lens[decode_rows].astype(np.int32))
-        decode_token_ids = torch.from_numpy(qsl[decode_rows].astype(np.int64))
+        # the kernel takes every query of a short run (decodes, jump-forward catch-ups, small chunks)
+        # as a decode of its own: same blocks, its own causal length
+        max_kernel_query_len = MAX_KERNEL_QUERY_LEN if self.kernels is not None else 1
+        kernel_rows = np.flatnonzero(query_lens <= max_kernel_query_len)
+        lens = query_lens[kernel_rows]
+        offsets = np.arange(int(lens.sum())) - np.repeat(np.cumsum(lens) - lens, lens)
+        decode_token_ids = torch.from_numpy((np.repeat(qsl[kernel_rows], lens) + offsets).astype(np.int64))
+        first_new = inputs.num_computed_tokens[kernel_rows]
+        decode_seq_lens = torch.from_numpy((np.repeat(first_new, lens) + offsets + 1).astype(np.int32))
+        num_blocks = int(-(-seq_lens[kernel_rows].max() // bs)) if len(kernel_rows) else 0
+        decode_block_table = inputs.block_table[torch.from_numpy(np.repeat(kernel_rows, lens)), :num_blocks].contiguous()
         decode_mask = None
         if self.kernels is None:
             key_pos = torch.arange(num_blocks * bs)
             decode_mask = (key_pos[None, :] < decode_seq_lens[:, None])[:, None, None, :]
         chunks = []
-        for row in np.flatnonzero(query_lens > 1):
+        for row in np.flatnonzero(query_lens > max_kernel_query_len):
             num_computed = int(inputs.num_computed_tokens[row])
             block_ids = None
             if num_computed:

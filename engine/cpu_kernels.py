@@ -1,10 +1,12 @@
 """Formwork's own CPU kernels (engine/csrc/), compiled on first use and cached.
 
 torch's CPU ops cannot read a paged KV cache in place: decode attention in plain torch gathers
-every request's blocks into a padded copy, then reads it again in SDPA. The kernel reads the
-blocks where they are. It is built with torch's extension tooling (a C++ compiler and ninja) into
-$FORMWORK_CACHE/kernels the first time an engine starts (about a minute on 2 cores), then loads
-in a fraction of a second. Where it cannot be built, the engine says why once and uses the torch path.
+every request's blocks into a padded copy, then reads it again in SDPA; the kernel reads the
+blocks where they are. The decoder's elementwise steps (residual + RMSNorm, SiLU-and-multiply,
+rotary) are fused, so a decode batch wakes no OpenMP threads for them. The module is built with
+torch's extension tooling (a C++ compiler and ninja) into $FORMWORK_CACHE/kernels the first time
+an engine starts (under a minute on 2 cores), then loads in a fraction of a second. Where it
+cannot be built, the engine says why once and uses torch ops.
 """
 from __future__ import annotations
 
@@ -18,7 +20,7 @@ from engine.model_files import cache_dir
 
 logger = logging.getLogger(__name__)
 
-_SOURCES = [Path(__file__).parent / "csrc" / "paged_attention.cpp"]
+_SOURCES = [Path(__file__).parent / "csrc" / name for name in ("bindings.cpp", "paged_attention.cpp", "fused_ops.cpp")]
 _lock = threading.Lock()
 _state: dict[str, ModuleType | None] = {}
 

@@ -11,6 +11,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from engine import decoder_ops as ops
 from engine.attention import AttentionBackend
 
 SUPPORTED_ARCHITECTURES = ("LlamaForCausalLM", "MistralForCausalLM")
@@ -35,19 +36,9 @@ class RotaryEmbedding(nn.Module):
         self.register_buffer("cos", emb.cos(), persistent=False)
         self.register_buffer("sin", emb.sin(), persistent=False)
 
-    def forward(self, cos_sin: tuple[torch.Tensor, torch.Tensor], qk: torch.Tensor) -> torch.Tensor:
-        """Rotate queries and keys together: qk is [tokens, num_heads + num_kv_heads, head_dim]."""
-        cos, sin = cos_sin
-        return qk * cos + _rotate_half(qk) * sin
-
     def cos_sin(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
-        """Per-step tables, gathered once and shared by every layer: [tokens, 1, head_dim] each."""
-        return self.cos[positions].unsqueeze(1).to(dtype), self.sin[positions].unsqueeze(1).to(dtype)
-
-
-def _rotate_half(x: torch.Tensor) -> torch.Tensor:
-    half = x.shape[-1] // 2
-    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+        """Per-step tables, gathered once and shared by every layer: [tokens, head_dim] each."""
+        return self.cos[positions].to(dtype), self.sin[positions].to(dtype)
 
 
 class DecoderLayer(nn.Module):
@@ -67,24 +58,30 @@ class DecoderLayer(nn.Module):
         self.input_layernorm = nn.RMSNorm(hidden, eps=config.rms_norm_eps)
         self.post_attention_layernorm = nn.RMSNorm(hidden, eps=config.rms_norm_eps)
         self.intermediate_size = inter
-        self.scale = self.head_dim ** -0.5
+        self.eps = config.rms_norm_eps
 
-    def forward(self, hidden: torch.Tensor, cos_sin: tuple[torch.Tensor, torch.Tensor], rotary: RotaryEmbedding,
-                kv_cache: torch.Tensor, attn_backend: AttentionBackend, attn_metadata: object) -> torch.Tensor:
+    def forward(self, hidden: torch.Tensor, residual: torch.Tensor | None, cos_sin: tuple[torch.Tensor, torch.Tensor],
+                kv_cache: torch.Tensor, attn_backend: AttentionBackend,
+                attn_metadata: object) -> tuple[torch.Tensor, torch.Tensor]:
+        """hidden: the previous layer's output (the embeddings, with residual None, for the first).
+
+        The residual stream is carried separately and updated in place, so that each add fuses
+        with the norm that follows it. Returns (this layer's output, the residual before it)."""
         num_tokens = hidden.shape[0]
-        x = self.input_layernorm(hidden)
+        if residual is None:
+            residual, hidden = hidden, None
+        x = ops.add_rms_norm(residual, hidden, self.input_layernorm.weight, self.eps)
         qkv = self.qkv_proj(x)
         q_size, kv_size, _ = self.qkv_sizes
         # q and k sit side by side in the fused output: rotate both in one pass
-        qk = rotary(cos_sin, qkv[:, :q_size + kv_size].view(num_tokens, self.num_heads + self.num_kv_heads,
-                                                              self.head_dim))
-        q, k = qk.split((self.num_heads, self.num_kv_heads), dim=1)
+        ops.rotary_(qkv, *cos_sin, self.num_heads + self.num_kv_heads, self.head_dim)
+        q = qkv[:, :q_size].view(num_tokens, self.num_heads, self.head_dim)
+        k = qkv[:, q_size:q_size + kv_size].reshape(num_tokens, self.num_kv_heads, self.head_dim)
         v = qkv[:, q_size + kv_size:].reshape(num_tokens, self.num_kv_heads, self.head_dim)
         attn = attn_backend.forward(q, k.contiguous(), v, kv_cache, attn_metadata)
-        hidden = hidden + self.o_proj(attn.reshape(num_tokens, -1))
-        x = self.post_attention_layernorm(hidden)
-        gate, up = self.gate_up_proj(x).split(self.intermediate_size, dim=-1)
-        return hidden + self.down_proj(F.silu(gate) * up)
+        x = ops.add_rms_norm(residual, self.o_proj(attn.reshape(num_tokens, -1)), self.post_attention_layernorm.weight,
+                             self.eps)
+        return self.down_proj(ops.silu_and_mul(self.gate_up_proj(x))), residual
 
 
 class LlamaForCausalLM(nn.Module):
@@ -112,10 +109,26 @@ class LlamaForCausalLM(nn.Module):
         """Flat 1-D batch in, logits [len(logits_indices), vocab] out (only where they are used)."""
         hidden = self.embed_tokens(input_ids)
         cos_sin = self.rotary.cos_sin(positions, hidden.dtype)
+        residual = None
         for layer, kv_cache in zip(self.layers, kv_caches):
-            hidden = layer(hidden, cos_sin, self.rotary, kv_cache, attn_backend, attn_metadata)
-        hidden = self.norm(hidden.index_select(0, logits_indices))
-        return F.linear(hidden, self.lm_head_weight).float()
+            hidden, residual = layer(hidden, residual, cos_sin, kv_cache, attn_backend, attn_metadata)
+        hidden = ops.add_rms_norm(residual.index_select(0, logits_indices), hidden.index_select(0, logits_indices),
+                                  self.norm.weight, self.norm.eps)
+        logits = F.linear(hidden, self.lm_head_weight).float()
+        if hidden.dtype != torch.float32:
+            self._refine_top_logits(logits, hidden)
+        return logits
+
+    def _refine_top_logits(self, logits: torch.Tensor, hidden: torch.Tensor, k: int = 8) -> None:
+        """Recompute the k largest logits of each row with fp32 sums, in place.
+
+        A bf16 matmul rounds its outputs to bf16: logits near 16 land on a grid of 0.06-0.125,
+        so close candidates tie or swap, and greedy decoding picks a different token (SmolLM2
+        answered "L'Étoile, ..." instead of "The capital of France is Paris."). Summing just the
+        leading candidates in fp32 costs about 2 ms at 64 rows (a full fp32 head: 20 ms)."""
+        top = logits.topk(k, dim=-1).indices
+        rows = self.lm_head_weight[top].float()  # [n, k, hidden]
+        logits.scatter_(1, top, torch.einsum("nd,nkd->nk", hidden.float(), rows))
 
     @torch.no_grad()
     def load_weights(self, model_dir: Path) -> None:

@@ -1,0 +1,130 @@
+// The decoder's elementwise steps, fused, for CPUs: residual add + RMSNorm, SiLU-and-multiply,
+// rotary embedding in place. In torch each of these is several ops, and with OMP_WAIT_POLICY=PASSIVE
+// every op over more than 32K elements wakes the sleeping OpenMP threads (about 50 us a wake on this
+// VM, measured), which at 64 decodes cost more than the arithmetic. Here a decode batch runs on the
+// calling thread; only prompt-sized inputs are split across threads. Math is fp32 for every dtype.
+#include <torch/extension.h>
+#include <ATen/Parallel.h>
+
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+
+namespace {
+
+// rows per thread: a decode batch (<= a few hundred rows of a few thousand values) stays on one thread
+constexpr int64_t kRowGrain = 256;
+
+inline float load(float x) { return x; }
+inline float load(double x) { return static_cast<float>(x); }
+inline float load(c10::Half x) { return static_cast<float>(x); }
+inline float load(c10::BFloat16 x) {
+  uint32_t bits = static_cast<uint32_t>(x.x) << 16;
+  float f;
+  std::memcpy(&f, &bits, sizeof f);
+  return f;
+}
+template <typename scalar_t>
+inline scalar_t store(float x) { return static_cast<scalar_t>(x); }  // round to nearest even for bf16
+
+void check_rows(const torch::Tensor& t, const char* name) {
+  TORCH_CHECK(t.dim() == 2 && t.stride(1) == 1, name, ": 2-D with contiguous rows");
+}
+
+}  // namespace
+
+// residual += delta (when given), then returns rms_norm(residual) * weight. residual: [n, H] updated in place.
+torch::Tensor add_rms_norm(torch::Tensor residual, c10::optional<torch::Tensor> delta, torch::Tensor weight,
+                           double eps) {
+  check_rows(residual, "residual");
+  TORCH_CHECK(residual.is_contiguous() && weight.is_contiguous() && weight.numel() == residual.size(1),
+              "residual contiguous, weight [H]");
+  if (delta) {
+    check_rows(*delta, "delta");
+    TORCH_CHECK(delta->sizes() == residual.sizes() && delta->scalar_type() == residual.scalar_type(),
+                "delta: the residual's shape and dtype");
+  }
+  TORCH_CHECK(weight.scalar_type() == residual.scalar_type(), "weight: the residual's dtype");
+  auto out = torch::empty_like(residual);
+  const int64_t rows = residual.size(0), hidden = residual.size(1);
+  AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, residual.scalar_type(), "add_rms_norm", [&] {
+    scalar_t* res = residual.data_ptr<scalar_t>();
+    const scalar_t* add = delta ? delta->data_ptr<scalar_t>() : nullptr;
+    const int64_t add_stride = delta ? delta->stride(0) : 0;
+    const scalar_t* w = weight.data_ptr<scalar_t>();
+    scalar_t* o = out.data_ptr<scalar_t>();
+    at::parallel_for(0, rows, kRowGrain, [&](int64_t begin, int64_t end) {
+      std::vector<float> row(hidden);
+      for (int64_t r = begin; r < end; ++r) {
+        scalar_t* res_row = res + r * hidden;
+        float sum_sq = 0.f;
+        for (int64_t i = 0; i < hidden; ++i) {
+          float x = load(res_row[i]);
+          if (add) {
+            res_row[i] = store<scalar_t>(x + load(add[r * add_stride + i]));
+            x = load(res_row[i]);  // normalize what the residual now holds, as the unfused ops do
+          }
+          row[i] = x;
+          sum_sq += x * x;
+        }
+        const float inv_rms = 1.f / std::sqrt(sum_sq / hidden + static_cast<float>(eps));
+        for (int64_t i = 0; i < hidden; ++i) o[r * hidden + i] = store<scalar_t>(row[i] * inv_rms * load(w[i]));
+      }
+    });
+  });
+  return out;
+}
+
+// gate_up: [n, 2I] (gate, then up) -> silu(gate) * up: [n, I]
+torch::Tensor silu_and_mul(torch::Tensor gate_up) {
+  check_rows(gate_up, "gate_up");
+  TORCH_CHECK(gate_up.size(1) % 2 == 0, "gate_up: an even number of columns");
+  const int64_t rows = gate_up.size(0), inter = gate_up.size(1) / 2, in_stride = gate_up.stride(0);
+  auto out = torch::empty({rows, inter}, gate_up.options());
+  AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, gate_up.scalar_type(), "silu_and_mul", [&] {
+    const scalar_t* in = gate_up.data_ptr<scalar_t>();
+    scalar_t* o = out.data_ptr<scalar_t>();
+    at::parallel_for(0, rows, kRowGrain, [&](int64_t begin, int64_t end) {
+      for (int64_t r = begin; r < end; ++r) {
+        const scalar_t* gate = in + r * in_stride;
+        const scalar_t* up = gate + inter;
+        for (int64_t i = 0; i < inter; ++i) {
+          const float g = load(gate[i]);
+          o[r * inter + i] = store<scalar_t>(g / (1.f + std::exp(-g)) * load(up[i]));
+        }
+      }
+    });
+  });
+  return out;
+}
+
+// Rotates the first num_rotated heads of each row of qkv in place ("rotate half" convention):
+// qkv: [n, >= num_rotated * head_dim] (q heads, then k heads, then anything); cos, sin: [n, head_dim].
+void rotary_(torch::Tensor qkv, torch::Tensor cos, torch::Tensor sin, int64_t num_rotated, int64_t head_dim) {
+  check_rows(qkv, "qkv");
+  TORCH_CHECK(cos.is_contiguous() && sin.is_contiguous() && cos.size(0) == qkv.size(0) && cos.size(-1) == head_dim
+              && cos.scalar_type() == qkv.scalar_type() && sin.scalar_type() == qkv.scalar_type(),
+              "cos, sin: contiguous [n, head_dim] in qkv's dtype");
+  TORCH_CHECK(head_dim % 2 == 0 && num_rotated * head_dim <= qkv.size(1), "rotary shapes");
+  const int64_t rows = qkv.size(0), half = head_dim / 2, stride = qkv.stride(0);
+  AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, qkv.scalar_type(), "rotary_", [&] {
+    scalar_t* x = qkv.data_ptr<scalar_t>();
+    const scalar_t* c = cos.data_ptr<scalar_t>();
+    const scalar_t* s = sin.data_ptr<scalar_t>();
+    at::parallel_for(0, rows, kRowGrain, [&](int64_t begin, int64_t end) {
+      for (int64_t r = begin; r < end; ++r) {
+        const scalar_t* cr = c + r * head_dim;
+        const scalar_t* sr = s + r * head_dim;
+        for (int64_t h = 0; h < num_rotated; ++h) {
+          scalar_t* v = x + r * stride + h * head_dim;
+          for (int64_t i = 0; i < half; ++i) {
+            const float a = load(v[i]), b = load(v[i + half]);
+            // out = x * cos + rotate_half(x) * sin, rotate_half(x) = (-x2, x1)
+            v[i] = store<scalar_t>(a * load(cr[i]) - b * load(sr[i]));
+            v[i + half] = store<scalar_t>(b * load(cr[i + half]) + a * load(sr[i + half]));
+          }
+        }
+      }
+    });
+  });
+}

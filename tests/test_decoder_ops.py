@@ -1,0 +1,81 @@
+"""The fused decoder steps: the CPU kernels against the torch path they replace."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from engine import cpu_kernels, decoder_ops
+
+
+@pytest.fixture(scope="module")
+def kernels():
+    module = cpu_kernels.load_cpu_kernels()
+    if module is None:
+        pytest.fail("the CPU kernels did not build here (see the warning in the log)")
+    return module
+
+
+def both_paths(fn, *tensors):
+    """fn on clones of the inputs through the kernels, then through torch."""
+    first = [t.clone() for t in tensors]
+    second = [t.clone() for t in tensors]
+    out_kernel = fn(*first)
+    original = decoder_ops._kernels_for
+    decoder_ops._kernels_for = lambda t: None
+    try:
+        out_torch = fn(*second)
+    finally:
+        decoder_ops._kernels_for = original
+    return (out_kernel, first), (out_torch, second)
+
+
+TOL = {torch.float32: dict(atol=1e-5, rtol=1e-5), torch.bfloat16: dict(atol=2e-2, rtol=2e-2)}
+ROWS = [1, 7, 300]  # a single decode, a small batch, a prompt chunk (split across threads)
+
+
+@pytest.mark.parametrize("dtype", TOL)
+@pytest.mark.parametrize("rows", ROWS)
+@pytest.mark.parametrize("with_delta", [False, True])
+def test_add_rms_norm(kernels, dtype, rows, with_delta):
+    gen = torch.Generator().manual_seed(rows)
+    residual = (torch.randn(rows, 576, generator=gen) * 4).to(dtype)
+    delta = torch.randn(rows, 576, generator=gen).to(dtype)
+    weight = torch.rand(576, generator=gen).to(dtype) + 0.5
+    (ours, (res_k, _)), (ref, (res_t, _)) = both_paths(
+        lambda r, d: decoder_ops.add_rms_norm(r, d if with_delta else None, weight, 1e-5), residual, delta)
+    torch.testing.assert_close(ours, ref, **TOL[dtype])
+    torch.testing.assert_close(res_k, res_t, **TOL[dtype])  # the residual was updated in place (or left)
+    if not with_delta:
+        assert torch.equal(res_k, residual)
+
+
+@pytest.mark.parametrize("dtype", TOL)
+@pytest.mark.parametrize("rows", ROWS)
+def test_silu_and_mul(kernels, dtype, rows):
+    gate_up = (torch.randn(rows, 2 * 1536, generator=torch.Generator().manual_seed(rows)) * 3).to(dtype)
+    (ours, _), (ref, _) = both_paths(decoder_ops.silu_and_mul, gate_up)
+    assert ours.shape == (rows, 1536)
+    torch.testing.assert_close(ours, ref, **TOL[dtype])
+
+
+@pytest.mark.parametrize("dtype", TOL)
+@pytest.mark.parametrize("rows", ROWS)
+def test_rotary_rotates_q_and_k_heads_only(kernels, dtype, rows):
+    gen = torch.Generator().manual_seed(rows)
+    qkv = torch.randn(rows, 15 * 64, generator=gen).to(dtype)  # 9 q heads, 3 k heads, 3 v heads
+    angles = torch.rand(rows, 32, generator=gen) * 100
+    cos = torch.cat((angles.cos(), angles.cos()), dim=-1).to(dtype)
+    sin = torch.cat((angles.sin(), angles.sin()), dim=-1).to(dtype)
+    (_, (ours,)), (_, (ref,)) = both_paths(lambda x: decoder_ops.rotary_(x, cos, sin, 12, 64), qkv)
+    torch.testing.assert_close(ours, ref, **TOL[dtype])
+    assert torch.equal(ours[:, 12 * 64:], qkv[:, 12 * 64:])  # values untouched
+    assert not torch.equal(ours[:, :64], qkv[:, :64])
+
+
+def test_kernels_reject_bad_shapes(kernels):
+    with pytest.raises(RuntimeError, match="weight"):
+        kernels.add_rms_norm(torch.zeros(2, 8), None, torch.ones(7), 1e-5)
+    with pytest.raises(RuntimeError, match="even"):
+        kernels.silu_and_mul(torch.zeros(2, 7))
+    with pytest.raises(RuntimeError, match="rotary"):
+        kernels.rotary_(torch.zeros(2, 64), torch.zeros(2, 64), torch.zeros(2, 64), 2, 64)
