@@ -20,22 +20,23 @@ def run_formwork(llm, prompts, max_tokens: int) -> tuple[float, int]:
     return elapsed, sum(o.num_output_tokens for o in outputs)
 
 
-def decode_step_time_batch1(llm, max_tokens: int = 64) -> float:
-    """Mean engine step time of one request, decode steps only."""
-    from engine.protocol import EngineCoreRequest
+def decode_step_times(llm, batch_sizes: tuple[int, ...] = (1, 8, 32, 64), max_tokens: int = 32) -> dict[int, float]:
+    """Median engine step (launch -> outputs) with exactly B requests decoding one token each."""
+    import statistics
+
     from engine.sampling_params import SamplingParams
     engine = llm.engine
-    ids = llm.encode_prompt([{"role": "user", "content": "Tell me a long story about a lighthouse."}])
-    engine.add_request(EngineCoreRequest("bench-b1", ids, SamplingParams(max_tokens=max_tokens, temperature=0,
-                                                                         ignore_eos=True)))
-    engine.step()  # prefill
-    times = []
-    while engine.has_unfinished_requests():
-        start = time.perf_counter()
-        engine.step()
-        times.append(time.perf_counter() - start)
-    times.sort()
-    return times[len(times) // 2]
+    story = "Tell me a long story about a lighthouse keeper, a storm and a lost ship. " * 8  # ~130 tokens
+    params = SamplingParams(max_tokens=max_tokens, temperature=0, ignore_eos=True)
+    times = {}
+    for b in (b for b in batch_sizes if b <= engine.config.scheduler.max_num_seqs):
+        prompts = [{"prompt_token_ids": llm.tokenizer.encode(f"{i}: {story}")} for i in range(b)]
+        engine.step_timings = []
+        llm.generate(prompts, params)
+        steps = [t.total_s for t in engine.step_timings if t.num_reqs == b and t.num_tokens == b]
+        engine.step_timings = None
+        times[b] = statistics.median(steps)
+    return times
 
 
 def run_transformers(model_dir, tokenizer, prompts, max_tokens: int, batch_size: int,
@@ -67,13 +68,15 @@ def main(args, engine_config) -> int:
     run_formwork(llm, prompts[:2], 4)  # warm-up
     fw_s, fw_tokens = run_formwork(llm, prompts, args.max_tokens)
     print(f"formwork:     {fw_tokens} tokens in {fw_s:.1f} s = {fw_tokens / fw_s:.1f} tok/s")
-    step_s = decode_step_time_batch1(llm)
+    step_times = decode_step_times(llm)
     weight_bytes = sum(p.numel() * p.element_size() for p in llm.engine.runner.model.parameters())
     llm.shutdown()
     bandwidth = measure_bandwidth_gbs()
     floor_s = weight_bytes / (bandwidth * 1e9)
-    print(f"decode step at batch 1: {step_s * 1e3:.1f} ms; weight-read floor {floor_s * 1e3:.1f} ms "
-          f"({weight_bytes / 2**20:.0f} MiB / {bandwidth:.1f} GB/s) -> {step_s / floor_s:.2f}x the floor")
+    print(f"decode step ({engine_config.torch_dtype}; weight-read floor {floor_s * 1e3:.1f} ms = "
+          f"{weight_bytes / 2**20:.0f} MiB / {bandwidth:.1f} GB/s):")
+    for b, step_s in step_times.items():
+        print(f"  batch {b:>3}: {step_s * 1e3:6.1f} ms  {b / step_s:6.1f} tok/s  {step_s / floor_s:5.2f}x the floor")
     if args.skip_transformers:
         return 0
     hf_s, hf_tokens = run_transformers(llm.engine.model_dir, llm.tokenizer, prompts, args.max_tokens,

@@ -6,6 +6,7 @@ Bandwidth is measured here with a large copy (read + write counted).
 """
 from __future__ import annotations
 
+import math
 import time
 from pathlib import Path
 
@@ -23,21 +24,29 @@ def measure_bandwidth_gbs(num_bytes: int = 1 << 29, repeats: int = 5) -> float:
     return 2 * num_bytes / best / 1e9
 
 
-def weight_bytes(model_dir: Path) -> int:
-    """Bytes of the weights as served (fp32 safetensors; tied embeddings are stored once)."""
+def weight_bytes(model_dir: Path, dtype_bytes: int = 4) -> int:
+    """Bytes of the weights as served: every stored tensor once (tied embeddings are stored once),
+    at dtype_bytes per value (the engine casts the fp32 files to its dtype when loading)."""
+    from safetensors import safe_open
     files = list(Path(model_dir).glob("*.safetensors"))
     if not files:
         raise FileNotFoundError(f"no .safetensors files in {model_dir}")
-    return sum(f.stat().st_size for f in files)
+    count = 0
+    for file in files:
+        with safe_open(str(file), framework="numpy") as f:
+            for name in f.keys():
+                shape = f.get_slice(name).get_shape()
+                count += math.prod(shape)
+    return count * dtype_bytes
 
 
-def roofline(model_dir: Path, unconstrained_runs: list[dict]) -> dict:
+def roofline(model_dir: Path, unconstrained_runs: list[dict], dtype_bytes: int = 4) -> dict:
     """The floor, the batch-1 step time ÷ floor, and the curve over batch size.
 
     The step time at batch B is the client-side inter-token latency p50 of the unconstrained
     json-extraction run at concurrency B (one token per request per step)."""
     bandwidth = measure_bandwidth_gbs()
-    num_bytes = weight_bytes(model_dir)
+    num_bytes = weight_bytes(model_dir, dtype_bytes)
     floor_s = num_bytes / (bandwidth * 1e9)
     curve = [{"batch": r["concurrency"], "step_ms": 1e3 * r["itl_s_p50"], "tokens_per_s": r["output_token_throughput"],
               "step_over_floor": r["itl_s_p50"] / floor_s}

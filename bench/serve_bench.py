@@ -281,7 +281,8 @@ async def _main_async(args, server_address: str, model_dir: str) -> dict:
             from bench.roofline import roofline
             unconstrained = [r for r in result["runs"] if r["system"] == "formwork" and r["mode"] == "unconstrained"
                              and r.get("concurrency")]
-            result["roofline"] = roofline(Path(model_dir), unconstrained)
+            dtype_bytes = 2 if EngineConfig().torch_dtype in ("bfloat16", "float16") else 4  # the server's "auto"
+            result["roofline"] = roofline(Path(model_dir), unconstrained, dtype_bytes)
         if args.burst:
             result["burst"] = await burst_test(client)
         result["goals"] = goals(result["runs"], result.get("burst"))

@@ -27,6 +27,8 @@ _state: dict[str, ModuleType | None] = {}
 
 def load_cpu_kernels() -> ModuleType | None:
     """The compiled module, or None when it cannot be built here (FORMWORK_CPU_KERNELS=0 disables it)."""
+    if "module" in _state:  # the decoder asks on every op: no lock once settled
+        return _state["module"]
     with _lock:
         if "module" not in _state:
             _state["module"] = _build()
