@@ -60,3 +60,13 @@ def llm_fp32(model_dir):
     instance = LLM(config=EngineConfig(dtype="float32"))
     yield instance
     instance.shutdown()
+
+
+@pytest.fixture(scope="session")
+def kernels():
+    """Formwork's compiled CPU kernels; a build failure fails the tests that need them (CI has a compiler)."""
+    from engine.cpu_kernels import load_cpu_kernels
+    module = load_cpu_kernels()
+    if module is None:
+        pytest.fail("the CPU kernels did not build here (see the warning in the log)")
+    return module

@@ -11,14 +11,6 @@ from engine.cpu_attention import CpuAttentionBackend
 from tests.test_sdpa_attention import STEPS, make_step, reference
 
 
-@pytest.fixture(scope="module")
-def kernels():
-    module = cpu_kernels.load_cpu_kernels()
-    if module is None:
-        pytest.fail("the CPU kernels did not build here (see the warning in the log)")
-    return module
-
-
 def paged_reference(q, cache, block_table, seq_lens):
     """Each request alone, in float64: gather its blocks, then plain softmax attention."""
     block_size, num_kv_heads, head_dim = cache.shape[2:]

@@ -4,15 +4,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from engine import cpu_kernels, decoder_ops
-
-
-@pytest.fixture(scope="module")
-def kernels():
-    module = cpu_kernels.load_cpu_kernels()
-    if module is None:
-        pytest.fail("the CPU kernels did not build here (see the warning in the log)")
-    return module
+from engine import decoder_ops
 
 
 def both_paths(fn, *tensors):

@@ -46,11 +46,15 @@ void decode_kernel(const float* q, const scalar_t* k_cache, const scalar_t* v_ca
       scores.resize(seq_len * group);
       float* __restrict s = scores.data();
       // pass 1: scores of every query head of the group against each key
-      for (int64_t t = 0; t < seq_len; ++t) {
-        const scalar_t* __restrict k = k_cache + ((blocks[t / block_size] * block_size + t % block_size) * row_stride
-                                                  + kv_head * head_dim);
+      // token t's K or V row of this head, widened to fp32 into `row`
+      auto load_row = [&](const scalar_t* cache, int64_t t) {
+        const scalar_t* __restrict x = cache + ((blocks[t / block_size] * block_size + t % block_size) * row_stride
+                                                + kv_head * head_dim);
 #pragma omp simd
-        for (int64_t d = 0; d < head_dim; ++d) row[d] = to_float(k[d]);
+        for (int64_t d = 0; d < head_dim; ++d) row[d] = to_float(x[d]);
+      };
+      for (int64_t t = 0; t < seq_len; ++t) {
+        load_row(k_cache, t);
         for (int64_t h = 0; h < group; ++h) {
           const float* __restrict qh = q_group + h * head_dim;
           float dot = 0.f;
@@ -77,10 +81,7 @@ void decode_kernel(const float* q, const scalar_t* k_cache, const scalar_t* v_ca
       // pass 2: weighted sum of the values
       std::fill(acc, acc + group * head_dim, 0.f);
       for (int64_t t = 0; t < seq_len; ++t) {
-        const scalar_t* __restrict v = v_cache + ((blocks[t / block_size] * block_size + t % block_size) * row_stride
-                                                  + kv_head * head_dim);
-#pragma omp simd
-        for (int64_t d = 0; d < head_dim; ++d) row[d] = to_float(v[d]);
+        load_row(v_cache, t);
         for (int64_t h = 0; h < group; ++h) {
           const float p = s[h * seq_len + t];
           float* __restrict o = acc + h * head_dim;
