@@ -4,12 +4,13 @@ torch's CPU ops cannot read a paged KV cache in place: decode attention in plain
 every request's blocks into a padded copy, then reads it again in SDPA; the kernel reads the
 blocks where they are. The decoder's elementwise steps (residual + RMSNorm, SiLU-and-multiply,
 rotary) are fused, so a decode batch wakes no OpenMP threads for them. The module is built with
-torch's extension tooling (a C++ compiler and ninja) into $FORMWORK_CACHE/kernels the first time
-an engine starts (under a minute on 2 cores), then loads in a fraction of a second. Where it
-cannot be built, the engine says why once and uses torch ops.
+torch's extension tooling (a C++ compiler and ninja) into $FORMWORK_CACHE/kernels/<cpu features>
+the first time an engine starts (about 45 s on 2 cores; `make setup` does it), then loads in a
+fraction of a second. Where it cannot be built, the engine says why once and uses torch ops.
 """
 from __future__ import annotations
 
+import hashlib
 import logging
 import os
 import threading
@@ -40,12 +41,24 @@ def _build() -> ModuleType | None:
         return None
     try:
         from torch.utils import cpp_extension
-        build_dir = cache_dir() / "kernels"
+        tag = _cpu_tag()
+        build_dir = cache_dir() / "kernels" / tag
         build_dir.mkdir(parents=True, exist_ok=True)
         return cpp_extension.load(
-            name="formwork_cpu_kernels", sources=[str(s) for s in _SOURCES], build_directory=str(build_dir),
+            name=f"formwork_cpu_kernels_{tag}", sources=[str(s) for s in _SOURCES], build_directory=str(build_dir),
             extra_cflags=["-O3", "-march=native", "-ffast-math", "-fopenmp"], extra_ldflags=["-fopenmp"], verbose=False)
     except Exception as e:  # no compiler, no ninja, a build error: the torch path still works
         logger.warning("CPU kernels unavailable, using the slower torch attention path: %s",
                        str(e).strip().splitlines()[-1] if str(e).strip() else type(e).__name__)
         return None
+
+
+def _cpu_tag() -> str:
+    """-march=native code runs only on CPUs with the same features: one build per feature set, so a
+    cache folder shared between machines never hands one a module it cannot execute."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            flags = next((line for line in f if line.startswith("flags")), "")
+    except OSError:
+        flags = ""
+    return hashlib.sha1(flags.encode()).hexdigest()[:10]

@@ -126,7 +126,7 @@ class LlamaForCausalLM(nn.Module):
         so close candidates tie or swap, and greedy decoding picks a different token (SmolLM2
         answered "L'Étoile, ..." instead of "The capital of France is Paris."). Summing just the
         leading candidates in fp32 costs about 2 ms at 64 rows (a full fp32 head: 20 ms)."""
-        top = logits.topk(k, dim=-1).indices
+        top = logits.topk(min(k, logits.shape[-1]), dim=-1).indices
         rows = self.lm_head_weight[top].float()  # [n, k, hidden]
         logits.scatter_(1, top, torch.einsum("nd,nkd->nk", hidden.float(), rows))
 
