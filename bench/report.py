@@ -9,8 +9,10 @@ from __future__ import annotations
 import json
 import math
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from bench.serve import RequestRecord
+if TYPE_CHECKING:  # annotations only: bench.serve uses this module's percentiles
+    from bench.serve import RequestRecord
 
 PERCENTILES = (50, 90, 99)
 

@@ -24,9 +24,10 @@ def measure_bandwidth_gbs(num_bytes: int = 1 << 29, repeats: int = 5) -> float:
     return 2 * num_bytes / best / 1e9
 
 
-def weight_bytes(model_dir: Path, dtype_bytes: int = 4) -> int:
+def weight_bytes(model_dir: Path, dtype: str = "float32") -> int:
     """Bytes of the weights as served: every stored tensor once (tied embeddings are stored once),
-    at dtype_bytes per value (the engine casts the fp32 files to its dtype when loading)."""
+    in the engine's dtype (it casts the fp32 files when loading)."""
+    import torch
     from safetensors import safe_open
     files = list(Path(model_dir).glob("*.safetensors"))
     if not files:
@@ -37,16 +38,16 @@ def weight_bytes(model_dir: Path, dtype_bytes: int = 4) -> int:
             for name in f.keys():
                 shape = f.get_slice(name).get_shape()
                 count += math.prod(shape)
-    return count * dtype_bytes
+    return count * torch.finfo(getattr(torch, dtype)).bits // 8
 
 
-def roofline(model_dir: Path, unconstrained_runs: list[dict], dtype_bytes: int = 4) -> dict:
+def roofline(model_dir: Path, unconstrained_runs: list[dict], dtype: str = "float32") -> dict:
     """The floor, the batch-1 step time ÷ floor, and the curve over batch size.
 
     The step time at batch B is the client-side inter-token latency p50 of the unconstrained
     json-extraction run at concurrency B (one token per request per step)."""
     bandwidth = measure_bandwidth_gbs()
-    num_bytes = weight_bytes(model_dir, dtype_bytes)
+    num_bytes = weight_bytes(model_dir, dtype)
     floor_s = num_bytes / (bandwidth * 1e9)
     curve = [{"batch": r["concurrency"], "step_ms": 1e3 * r["itl_s_p50"], "tokens_per_s": r["output_token_throughput"],
               "step_over_floor": r["itl_s_p50"] / floor_s}

@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 
 import grpc
 
+from bench import report
 from service._gen.formwork.v1 import generation_pb2 as pb
 from service._gen.formwork.v1 import generation_pb2_grpc as pb_grpc
 
@@ -257,7 +258,6 @@ async def compile_all(client: Client, specs: list[RequestSpec]) -> tuple[list[Re
             keep.append(spec)
         else:
             rejected += 1
-    from bench import report  # report imports this module's records
     stats = {f"compile_s_p{p}": report.percentile(compile_s, p) for p in report.PERCENTILES}
     return keep, {**stats, "num_compiled": len(compile_s), "num_rejected": rejected,
                   "compile_s_max": max(compile_s, default=None)}

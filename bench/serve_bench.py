@@ -45,6 +45,8 @@ SMOKE_SERVER_ARGS = ["--max-num-seqs", "8", "--max-model-len", "1024", "--kv-cac
 # some schemas' arrays and strings until max_tokens, and the smoke check asks for 100% valid outputs
 SMOKE_ITEMS = ("people-02", "invoice-02", "event-03", "ticket-01", "flight-01", "appt-01", "property-01",
                "weather-01")
+# what the started server's "auto" dtype resolves to here: the peers run it too, the roofline counts it
+SERVED_DTYPE = EngineConfig().torch_dtype
 PEER_TIMEOUT_S = {"transformers": 2400.0, "llama-cpp": 1800.0, "vllm": 2400.0}
 
 
@@ -148,9 +150,8 @@ async def peer_runs(client: Client, names: list[str], concurrencies: list[int], 
             gguf = str(default_gguf_path())
         except ValueError:
             gguf = ""
-        # the dtype Formwork's server resolves "auto" to here, so every peer computes the same way
         payload = {"model_dir": model_dir, "gguf": gguf, "threads": 1 if name == "llama-cpp" else 2,
-                   "dtype": EngineConfig().torch_dtype, "runs": payload_runs}
+                   "dtype": SERVED_DTYPE, "runs": payload_runs}
         log(f"peer {name}: {len(payload_runs)} runs ({peer.note})")
         started = time.monotonic()
         try:
@@ -281,8 +282,7 @@ async def _main_async(args, server_address: str, model_dir: str) -> dict:
             from bench.roofline import roofline
             unconstrained = [r for r in result["runs"] if r["system"] == "formwork" and r["mode"] == "unconstrained"
                              and r.get("concurrency")]
-            dtype_bytes = 2 if EngineConfig().torch_dtype in ("bfloat16", "float16") else 4  # the server's "auto"
-            result["roofline"] = roofline(Path(model_dir), unconstrained, dtype_bytes)
+            result["roofline"] = roofline(Path(model_dir), unconstrained, SERVED_DTYPE)
         if args.burst:
             result["burst"] = await burst_test(client)
         result["goals"] = goals(result["runs"], result.get("burst"))

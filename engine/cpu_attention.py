@@ -91,7 +91,7 @@ class CpuAttentionBackend(AttentionBackend):
         m = metadata
         write_kv(kv_cache, k.to(kv_cache.dtype), v.to(kv_cache.dtype), m.slot_mapping)
         model_dtype = q.dtype
-        q, k, v = q.float(), k.float(), v.float()
+        q = q.float()  # k and v are widened only where a prompt chunk reads them (decodes read the cache)
         out = torch.empty_like(q)
         num_kv_heads, head_dim = k.shape[1], k.shape[2]
         scale = head_dim ** -0.5
@@ -105,8 +105,8 @@ class CpuAttentionBackend(AttentionBackend):
         for c in m.chunks:
             q_c = q[c.start:c.end].transpose(0, 1).unsqueeze(0)  # [1, H, n, D]
             if c.block_ids is None:  # fresh prompt: its own K/V are the whole context
-                k_c = k[c.start:c.end].transpose(0, 1).unsqueeze(0)
-                v_c = v[c.start:c.end].transpose(0, 1).unsqueeze(0)
+                k_c = k[c.start:c.end].float().transpose(0, 1).unsqueeze(0)
+                v_c = v[c.start:c.end].float().transpose(0, 1).unsqueeze(0)
                 o = F.scaled_dot_product_attention(q_c, k_c, v_c, is_causal=True, enable_gqa=True)
             else:  # prefix-cache hit or a later chunk: attend over the cached context too
                 seq_len = c.num_computed + c.end - c.start

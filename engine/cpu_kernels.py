@@ -17,6 +17,7 @@ import threading
 from pathlib import Path
 from types import ModuleType
 
+from engine.config import cpu_flags
 from engine.model_files import cache_dir
 
 logger = logging.getLogger(__name__)
@@ -56,9 +57,4 @@ def _build() -> ModuleType | None:
 def _cpu_tag() -> str:
     """-march=native code runs only on CPUs with the same features: one build per feature set, so a
     cache folder shared between machines never hands one a module it cannot execute."""
-    try:
-        with open("/proc/cpuinfo") as f:
-            flags = next((line for line in f if line.startswith("flags")), "")
-    except OSError:
-        flags = ""
-    return hashlib.sha1(flags.encode()).hexdigest()[:10]
+    return hashlib.sha1(" ".join(cpu_flags()).encode()).hexdigest()[:10]
