@@ -89,36 +89,45 @@ class CpuAttentionBackend(AttentionBackend):
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kv_cache: torch.Tensor,
                 metadata: CpuAttentionMetadata) -> torch.Tensor:
         m = metadata
+        scale = q.shape[-1] ** -0.5
+        if self.kernels is not None:
+            # one call writes the step's K/V and attends every single query, in the model's dtype
+            out = torch.empty(q.shape, dtype=q.dtype)
+            self.kernels.paged_attention(out, q, k, v, kv_cache, m.slot_mapping, m.decode_token_ids,
+                                         m.decode_block_table, m.decode_seq_lens, scale)
+            for c in m.chunks:
+                out[c.start:c.end] = _chunk_attention(q, k, v, kv_cache, c).to(q.dtype)
+            return out
         write_kv(kv_cache, k.to(kv_cache.dtype), v.to(kv_cache.dtype), m.slot_mapping)
-        model_dtype = q.dtype
-        q = q.float()  # k and v are widened only where a prompt chunk reads them (decodes read the cache)
-        out = torch.empty_like(q)
-        num_kv_heads, head_dim = k.shape[1], k.shape[2]
-        scale = head_dim ** -0.5
+        out = torch.empty(q.shape, dtype=torch.float32)
         if len(m.decode_token_ids):
-            q_dec = q.index_select(0, m.decode_token_ids)  # [n, H, D]
-            if self.kernels is not None:
-                o = self.kernels.paged_decode_attention(q_dec, kv_cache, m.decode_block_table, m.decode_seq_lens, scale)
-            else:
-                o = _gathered_decode(q_dec, kv_cache, m.decode_block_table, m.decode_mask)
+            o = _gathered_decode(q.index_select(0, m.decode_token_ids).float(), kv_cache, m.decode_block_table,
+                                 m.decode_mask)
             out.index_copy_(0, m.decode_token_ids, o)
         for c in m.chunks:
-            q_c = q[c.start:c.end].transpose(0, 1).unsqueeze(0)  # [1, H, n, D]
-            if c.block_ids is None:  # fresh prompt: its own K/V are the whole context
-                k_c = k[c.start:c.end].float().transpose(0, 1).unsqueeze(0)
-                v_c = v[c.start:c.end].float().transpose(0, 1).unsqueeze(0)
-                o = F.scaled_dot_product_attention(q_c, k_c, v_c, is_causal=True, enable_gqa=True)
-            else:  # prefix-cache hit or a later chunk: attend over the cached context too
-                seq_len = c.num_computed + c.end - c.start
-                k_c = kv_cache[0].index_select(0, c.block_ids).view(-1, num_kv_heads, head_dim)[:seq_len]
-                v_c = kv_cache[1].index_select(0, c.block_ids).view(-1, num_kv_heads, head_dim)[:seq_len]
-                k_c = k_c.float().transpose(0, 1).unsqueeze(0)
-                v_c = v_c.float().transpose(0, 1).unsqueeze(0)
-                query_pos = torch.arange(c.num_computed, seq_len)
-                mask = torch.arange(seq_len)[None, :] <= query_pos[:, None]
-                o = F.scaled_dot_product_attention(q_c, k_c, v_c, attn_mask=mask, enable_gqa=True)
-            out[c.start:c.end] = o.squeeze(0).transpose(0, 1)
-        return out.to(model_dtype)
+            out[c.start:c.end] = _chunk_attention(q, k, v, kv_cache, c)
+        return out.to(q.dtype)
+
+
+def _chunk_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kv_cache: torch.Tensor,
+                     c: _Chunk) -> torch.Tensor:
+    """One request's run of queries with torch's SDPA, in fp32: [n, H, D]."""
+    num_kv_heads, head_dim = k.shape[1], k.shape[2]
+    q_c = q[c.start:c.end].float().transpose(0, 1).unsqueeze(0)  # [1, H, n, D]
+    if c.block_ids is None:  # fresh prompt: its own K/V are the whole context
+        k_c = k[c.start:c.end].float().transpose(0, 1).unsqueeze(0)
+        v_c = v[c.start:c.end].float().transpose(0, 1).unsqueeze(0)
+        o = F.scaled_dot_product_attention(q_c, k_c, v_c, is_causal=True, enable_gqa=True)
+    else:  # prefix-cache hit or a later chunk: attend over the cached context too
+        seq_len = c.num_computed + c.end - c.start
+        k_c = kv_cache[0].index_select(0, c.block_ids).view(-1, num_kv_heads, head_dim)[:seq_len]
+        v_c = kv_cache[1].index_select(0, c.block_ids).view(-1, num_kv_heads, head_dim)[:seq_len]
+        k_c = k_c.float().transpose(0, 1).unsqueeze(0)
+        v_c = v_c.float().transpose(0, 1).unsqueeze(0)
+        query_pos = torch.arange(c.num_computed, seq_len)
+        mask = torch.arange(seq_len)[None, :] <= query_pos[:, None]
+        o = F.scaled_dot_product_attention(q_c, k_c, v_c, attn_mask=mask, enable_gqa=True)
+    return o.squeeze(0).transpose(0, 1)
 
 
 def _gathered_decode(q: torch.Tensor, kv_cache: torch.Tensor, block_table: torch.Tensor,

@@ -13,6 +13,7 @@ from torch import nn
 
 from engine import decoder_ops as ops
 from engine.attention import AttentionBackend
+from engine.cpu_linear import pack_linear, pack_linears
 
 SUPPORTED_ARCHITECTURES = ("LlamaForCausalLM", "MistralForCausalLM")
 
@@ -78,7 +79,7 @@ class DecoderLayer(nn.Module):
         q = qkv[:, :q_size].view(num_tokens, self.num_heads, self.head_dim)
         k = qkv[:, q_size:q_size + kv_size].reshape(num_tokens, self.num_kv_heads, self.head_dim)
         v = qkv[:, q_size + kv_size:].reshape(num_tokens, self.num_kv_heads, self.head_dim)
-        attn = attn_backend.forward(q, k.contiguous(), v, kv_cache, attn_metadata)
+        attn = attn_backend.forward(q, k, v, kv_cache, attn_metadata)
         x = ops.add_rms_norm(residual, self.o_proj(attn.reshape(num_tokens, -1)), self.post_attention_layernorm.weight,
                              self.eps)
         return self.down_proj(ops.silu_and_mul(self.gate_up_proj(x))), residual
@@ -98,6 +99,16 @@ class LlamaForCausalLM(nn.Module):
         self.lm_head = None if self.tie_word_embeddings else nn.Linear(config.hidden_size, config.vocab_size, bias=False)
         head_dim = self.layers[0].head_dim
         self.rotary = RotaryEmbedding(head_dim, max_positions, _rope_theta(config))
+        self.packed_lm_head: nn.Module | None = None  # see pack_cpu_weights
+
+    def pack_cpu_weights(self) -> int:
+        """bf16 on CPU: the matmul weights pre-packed for oneDNN (engine/cpu_linear.py); elsewhere
+        nothing changes. Call after load_weights. Returns how many weights were packed."""
+        count = pack_linears(self.layers)
+        if count:
+            self.packed_lm_head = pack_linear(self.lm_head_weight)  # the plain copy stays: embedding, refinement
+            count += self.packed_lm_head is not None
+        return count
 
     @property
     def lm_head_weight(self) -> torch.Tensor:
@@ -114,7 +125,8 @@ class LlamaForCausalLM(nn.Module):
             hidden, residual = layer(hidden, residual, cos_sin, kv_cache, attn_backend, attn_metadata)
         hidden = ops.add_rms_norm(residual.index_select(0, logits_indices), hidden.index_select(0, logits_indices),
                                   self.norm.weight, self.norm.eps)
-        logits = F.linear(hidden, self.lm_head_weight).float()
+        head = self.packed_lm_head
+        logits = (head(hidden) if head is not None else F.linear(hidden, self.lm_head_weight)).float()
         if hidden.dtype != torch.float32:
             self._refine_top_logits(logits, hidden)
         return logits

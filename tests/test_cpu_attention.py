@@ -1,4 +1,4 @@
-"""The CPU attention backend: its compiled paged decode kernel, its torch fallback, bf16 caches."""
+"""The CPU attention backend: its compiled paged attention kernel, its torch fallback, bf16 caches."""
 from __future__ import annotations
 
 import pytest
@@ -24,26 +24,63 @@ def paged_reference(q, cache, block_table, seq_lens):
     return torch.stack(out)
 
 
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_kernel_reads_scattered_blocks_of_any_length(kernels, dtype):
+def kernel_inputs(dtype, head_dim=64, group=3, kv_heads=3, num_tokens=24, num_queries=21):
+    """A step of num_tokens tokens with q/k/v as strided views of one fused projection (as the
+    decoder passes them), of which num_queries are attended over scattered blocks of any length."""
     gen = torch.Generator().manual_seed(1)
-    cache = torch.randn(2, 300, 16, 3, 64, generator=gen).to(dtype)
-    seq_lens = torch.randint(1, 400, (21,), generator=gen, dtype=torch.int32)
-    seq_lens[:4] = torch.tensor([1, 16, 17, 400], dtype=torch.int32)  # one key, block edges, the whole table
-    block_table = torch.stack([torch.randperm(300, generator=gen)[:25] for _ in range(21)]).int()
-    q = torch.randn(21, 9, 64, generator=gen) * 3  # peaked softmax: the max subtraction matters
-    out = kernels.paged_decode_attention(q, cache, block_table, seq_lens, 64 ** -0.5)
-    torch.testing.assert_close(out.double(), paged_reference(q, cache, block_table, seq_lens), atol=1e-5, rtol=1e-5)
+    heads = group * kv_heads
+    cache = torch.randn(2, 300, 16, kv_heads, head_dim, generator=gen).to(dtype)
+    qkv = torch.randn(num_tokens, (heads + 2 * kv_heads) * head_dim, generator=gen)
+    qkv[:, :heads * head_dim] *= 3  # peaked softmax: the max subtraction matters
+    qkv = qkv.to(dtype)
+    bounds = ((0, heads), (heads, heads + kv_heads), (heads + kv_heads, heads + 2 * kv_heads))
+    q, k, v = (qkv[:, a * head_dim:b * head_dim].view(num_tokens, b - a, head_dim) for a, b in bounds)
+    slot_mapping = torch.randperm(300 * 16, generator=gen)[:num_tokens]
+    query_ids = torch.randperm(num_tokens, generator=gen)[:num_queries]
+    seq_lens = torch.randint(1, 400, (num_queries,), generator=gen, dtype=torch.int32)
+    edges = torch.tensor([400, 1, 16, 17], dtype=torch.int32)  # the whole table, one key, block edges
+    seq_lens[:4] = edges[:num_queries]
+    block_table = torch.stack([torch.randperm(300, generator=gen)[:25] for _ in range(num_queries)]).int()
+    return cache, q, k, v, slot_mapping, query_ids, block_table, seq_lens
 
 
-def test_kernel_rejects_mismatched_shapes(kernels):
-    cache = torch.zeros(2, 4, 16, 3, 64)
+# (dtype, head_dim, group, kv heads): the bf16 cases with head_dim 64/128 and groups up to 8 take
+# the AVX-512 BF16 kernel where the CPU has it; the others the generic one
+KERNEL_SHAPES = [(torch.float32, 64, 3, 3), (torch.bfloat16, 64, 3, 3), (torch.bfloat16, 128, 1, 2),
+                 (torch.bfloat16, 64, 4, 2), (torch.bfloat16, 96, 3, 1), (torch.bfloat16, 64, 9, 1),
+                 (torch.float32, 128, 2, 2)]
+
+
+@pytest.mark.parametrize("dtype,head_dim,group,kv_heads", KERNEL_SHAPES)
+@pytest.mark.parametrize("num_tokens,num_queries", [(24, 21), (2, 1)])  # many queries (threads), one
+def test_kernel_writes_the_step_then_reads_scattered_blocks(kernels, dtype, head_dim, group, kv_heads, num_tokens,
+                                                            num_queries):
+    cache, q, k, v, slot_mapping, query_ids, block_table, seq_lens = kernel_inputs(
+        dtype, head_dim, group, kv_heads, num_tokens, num_queries)
+    expected_cache = cache.clone()
+    write_kv(expected_cache, k, v, slot_mapping)
+    out = torch.full(q.shape, 7.0, dtype=dtype)
+    kernels.paged_attention(out, q, k, v, cache, slot_mapping, query_ids, block_table, seq_lens, head_dim ** -0.5)
+    assert torch.equal(cache, expected_cache)
+    expected = paged_reference(q[query_ids].double(), expected_cache, block_table, seq_lens)
+    tolerance = 1e-5 if dtype == torch.float32 else 1e-2  # bf16: the output's own rounding
+    torch.testing.assert_close(out[query_ids].double(), expected, atol=tolerance, rtol=tolerance)
+    untouched = torch.ones(q.shape[0], dtype=torch.bool)
+    untouched[query_ids] = False
+    assert (out[untouched] == 7.0).all()
+
+
+def test_kernel_rejects_mismatched_inputs(kernels):
+    cache, q, k, v, slot_mapping, query_ids, block_table, seq_lens = kernel_inputs(torch.float32)
+    out = torch.empty(q.shape)
     with pytest.raises(RuntimeError, match="head shapes"):
-        kernels.paged_decode_attention(torch.zeros(1, 8, 64), cache, torch.zeros(1, 1, dtype=torch.int32),
-                                       torch.ones(1, dtype=torch.int32), 1.0)
+        kernels.paged_attention(out[:, :8], q[:, :8], k, v, cache, slot_mapping, query_ids, block_table, seq_lens, 1.0)
     with pytest.raises(RuntimeError, match="int32"):
-        kernels.paged_decode_attention(torch.zeros(1, 9, 64), cache, torch.zeros(1, 1, dtype=torch.int64),
-                                       torch.ones(1, dtype=torch.int32), 1.0)
+        kernels.paged_attention(out, q, k, v, cache, slot_mapping, query_ids, block_table.long(), seq_lens, 1.0)
+    with pytest.raises(RuntimeError, match="dtype"):
+        kernels.paged_attention(out, q.bfloat16(), k, v, cache, slot_mapping, query_ids, block_table, seq_lens, 1.0)
+    with pytest.raises(RuntimeError, match="one k, v, out row"):
+        kernels.paged_attention(out, q, k, v, cache, slot_mapping[:-1], query_ids, block_table, seq_lens, 1.0)
 
 
 @pytest.mark.parametrize("step", list(STEPS))

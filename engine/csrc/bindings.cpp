@@ -1,15 +1,17 @@
 // The Python module of Formwork's CPU kernels (engine/cpu_kernels.py builds and loads it).
 #include <torch/extension.h>
 
-torch::Tensor paged_decode_attention(torch::Tensor q, torch::Tensor kv_cache, torch::Tensor block_table,
-                                     torch::Tensor seq_lens, double scale);
+void paged_attention(torch::Tensor out, torch::Tensor q, torch::Tensor k, torch::Tensor v, torch::Tensor kv_cache,
+                     torch::Tensor slot_mapping, torch::Tensor query_ids, torch::Tensor block_table,
+                     torch::Tensor seq_lens, double scale);
 torch::Tensor add_rms_norm(torch::Tensor residual, c10::optional<torch::Tensor> delta, torch::Tensor weight,
                            double eps);
 torch::Tensor silu_and_mul(torch::Tensor gate_up);
 void rotary_(torch::Tensor qkv, torch::Tensor cos, torch::Tensor sin, int64_t num_rotated, int64_t head_dim);
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
-  m.def("paged_decode_attention", &paged_decode_attention, "decode attention over the paged KV cache");
+  m.def("paged_attention", &paged_attention,
+        "writes this step's K/V into the paged cache, then attends the listed queries over it, into out");
   m.def("add_rms_norm", &add_rms_norm, "residual += delta (if given); returns rms_norm(residual) * weight",
         pybind11::arg("residual"), pybind11::arg("delta"), pybind11::arg("weight"), pybind11::arg("eps"));
   m.def("silu_and_mul", &silu_and_mul, "silu(gate) * up over [n, 2I] (gate, then up)");
