@@ -25,7 +25,16 @@ inline float load(c10::BFloat16 x) {
   return f;
 }
 template <typename scalar_t>
-inline scalar_t store(float x) { return static_cast<scalar_t>(x); }  // round to nearest even for bf16
+inline scalar_t store(float x) { return static_cast<scalar_t>(x); }
+// bf16: round to nearest even in integer arithmetic, bit for bit what c10's conversion does save its
+// per-element NaN branch, which keeps the loops from vectorizing (the decoder holds no NaNs)
+template <>
+inline c10::BFloat16 store<c10::BFloat16>(float x) {
+  uint32_t bits;
+  std::memcpy(&bits, &x, sizeof bits);
+  bits += 0x7FFF + ((bits >> 16) & 1);
+  return c10::BFloat16(static_cast<uint16_t>(bits >> 16), c10::BFloat16::from_bits());
+}
 
 void check_rows(const torch::Tensor& t, const char* name) {
   TORCH_CHECK(t.dim() == 2 && t.stride(1) == 1, name, ": 2-D with contiguous rows");
@@ -54,21 +63,25 @@ torch::Tensor add_rms_norm(torch::Tensor residual, c10::optional<torch::Tensor> 
     const scalar_t* w = weight.data_ptr<scalar_t>();
     scalar_t* o = out.data_ptr<scalar_t>();
     at::parallel_for(0, rows, kRowGrain, [&](int64_t begin, int64_t end) {
-      std::vector<float> row(hidden);
+      std::vector<float> row_buffer(hidden);
+      float* __restrict row = row_buffer.data();
       for (int64_t r = begin; r < end; ++r) {
-        scalar_t* res_row = res + r * hidden;
+        scalar_t* __restrict res_row = res + r * hidden;
+        if (add) {  // the residual rounds to its dtype first: normalize what it now holds, as the unfused ops do
+          const scalar_t* __restrict add_row = add + r * add_stride;
+          _Pragma("omp simd")
+          for (int64_t i = 0; i < hidden; ++i) res_row[i] = store<scalar_t>(load(res_row[i]) + load(add_row[i]));
+        }
         float sum_sq = 0.f;
+        _Pragma("omp simd reduction(+ : sum_sq)")
         for (int64_t i = 0; i < hidden; ++i) {
-          float x = load(res_row[i]);
-          if (add) {
-            res_row[i] = store<scalar_t>(x + load(add[r * add_stride + i]));
-            x = load(res_row[i]);  // normalize what the residual now holds, as the unfused ops do
-          }
-          row[i] = x;
-          sum_sq += x * x;
+          row[i] = load(res_row[i]);
+          sum_sq += row[i] * row[i];
         }
         const float inv_rms = 1.f / std::sqrt(sum_sq / hidden + static_cast<float>(eps));
-        for (int64_t i = 0; i < hidden; ++i) o[r * hidden + i] = store<scalar_t>(row[i] * inv_rms * load(w[i]));
+        scalar_t* __restrict o_row = o + r * hidden;
+        _Pragma("omp simd")
+        for (int64_t i = 0; i < hidden; ++i) o_row[i] = store<scalar_t>(row[i] * inv_rms * load(w[i]));
       }
     });
   });
@@ -86,11 +99,13 @@ torch::Tensor silu_and_mul(torch::Tensor gate_up) {
     scalar_t* o = out.data_ptr<scalar_t>();
     at::parallel_for(0, rows, kRowGrain, [&](int64_t begin, int64_t end) {
       for (int64_t r = begin; r < end; ++r) {
-        const scalar_t* gate = in + r * in_stride;
-        const scalar_t* up = gate + inter;
+        const scalar_t* __restrict gate = in + r * in_stride;
+        const scalar_t* __restrict up = gate + inter;
+        scalar_t* __restrict o_row = o + r * inter;
+        _Pragma("omp simd")
         for (int64_t i = 0; i < inter; ++i) {
           const float g = load(gate[i]);
-          o[r * inter + i] = store<scalar_t>(g / (1.f + std::exp(-g)) * load(up[i]));
+          o_row[i] = store<scalar_t>(g / (1.f + std::exp(-g)) * load(up[i]));
         }
       }
     });
@@ -117,6 +132,8 @@ void rotary_(torch::Tensor qkv, torch::Tensor cos, torch::Tensor sin, int64_t nu
         const scalar_t* sr = s + r * head_dim;
         for (int64_t h = 0; h < num_rotated; ++h) {
           scalar_t* v = x + r * stride + h * head_dim;
+          // element i and i + half never overlap for i < half
+          _Pragma("omp simd")
           for (int64_t i = 0; i < half; ++i) {
             const float a = load(v[i]), b = load(v[i + half]);
             // out = x * cos + rotate_half(x) * sin, rotate_half(x) = (-x2, x1)
