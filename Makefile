@@ -65,8 +65,8 @@ bench-serve: model
 PEERS := .peers
 peers: peer-llama-cpp peer-vllm
 
-# llama.cpp through llama-cpp-python, compiled from source: more than 15 minutes on the 2 cores here
-# (stopped at 15 min, 100 of 178 objects built, on a loaded machine; docs/benchmarks.md)
+# llama.cpp through llama-cpp-python, compiled from source: 8.5 minutes on the 2 quiet cores here
+# (a first try on a loaded machine was stopped at 15 minutes; docs/benchmarks.md)
 peer-llama-cpp: $(PEERS)/llama-cpp/.installed
 $(PEERS)/llama-cpp/.installed:
 	test -x $(PEERS)/llama-cpp/bin/python || $(PYTHON) -m venv $(PEERS)/llama-cpp

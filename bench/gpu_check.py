@@ -198,7 +198,7 @@ def main() -> int:
     start = time.perf_counter()
     llm = make_llm(args)
     runner = llm.engine.runner
-    weight_bytes = sum(p.numel() * p.element_size() for p in runner.model.parameters())
+    weight_bytes = runner.model.weight_bytes()
 
     def engine_info() -> dict:
         info = {"init_s": time.perf_counter() - start, "attention_backend": type(runner.attn_backend).__name__,

@@ -69,7 +69,7 @@ def main(args, engine_config) -> int:
     fw_s, fw_tokens = run_formwork(llm, prompts, args.max_tokens)
     print(f"formwork:     {fw_tokens} tokens in {fw_s:.1f} s = {fw_tokens / fw_s:.1f} tok/s")
     step_times = decode_step_times(llm)
-    weight_bytes = sum(p.numel() * p.element_size() for p in llm.engine.runner.model.parameters())
+    weight_bytes = llm.engine.runner.model.weight_bytes()
     llm.shutdown()
     bandwidth = measure_bandwidth_gbs()
     floor_s = weight_bytes / (bandwidth * 1e9)

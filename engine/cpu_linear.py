@@ -25,11 +25,13 @@ logger = logging.getLogger(__name__)
 class PackedLinear(nn.Module):
     """y = x @ W.T + b with W held in oneDNN's blocked layout (the plain copy is dropped)."""
 
-    def __init__(self, packed_weight: torch.Tensor, bias: torch.Tensor | None, out_features: int) -> None:
+    def __init__(self, packed_weight: torch.Tensor, bias: torch.Tensor | None, weight: torch.Tensor) -> None:
         super().__init__()
         self.packed_weight = packed_weight
         self.bias = bias
-        self.out_features = out_features
+        self.out_features = weight.shape[0]
+        # what a forward reads (the packed tensor is opaque): for roofline figures
+        self.weight_bytes = weight.numel() * weight.element_size() + (0 if bias is None else bias.numel() * bias.element_size())
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return torch.ops.mkldnn._linear_pointwise(x, self.packed_weight, self.bias, "none", [], "")
@@ -46,7 +48,7 @@ def pack_linear(weight: torch.Tensor, bias: torch.Tensor | None = None) -> Packe
         return None
     weight, bias = weight.detach(), None if bias is None else bias.detach()
     try:
-        packed = PackedLinear(torch.ops.mkldnn._reorder_linear_weight(weight, 64), bias, weight.shape[0])
+        packed = PackedLinear(torch.ops.mkldnn._reorder_linear_weight(weight, 64), bias, weight)
         probe = torch.randn(3, weight.shape[1], generator=torch.Generator().manual_seed(0)).to(weight.dtype)
         with torch.no_grad():
             expected, got = F.linear(probe, weight, bias).float(), packed(probe).float()

@@ -13,7 +13,7 @@ from torch import nn
 
 from engine import decoder_ops as ops
 from engine.attention import AttentionBackend
-from engine.cpu_linear import pack_linear, pack_linears
+from engine.cpu_linear import PackedLinear, pack_linear, pack_linears
 
 SUPPORTED_ARCHITECTURES = ("LlamaForCausalLM", "MistralForCausalLM")
 
@@ -109,6 +109,12 @@ class LlamaForCausalLM(nn.Module):
             self.packed_lm_head = pack_linear(self.lm_head_weight)  # the plain copy stays: embedding, refinement
             count += self.packed_lm_head is not None
         return count
+
+    def weight_bytes(self) -> int:
+        """Bytes of weights one decode step reads: every matmul weight once, a tied embedding as the
+        head (its packed copy, when there is one, is read instead of the plain one, not as well)."""
+        plain = sum(p.numel() * p.element_size() for p in self.parameters())
+        return plain + sum(m.weight_bytes for m in self.layers.modules() if isinstance(m, PackedLinear))
 
     @property
     def lm_head_weight(self) -> torch.Tensor:
