@@ -47,7 +47,8 @@ struct Step {
 
   int64_t group() const { return num_heads / num_kv_heads; }
   int64_t row_stride() const { return num_kv_heads * head_dim; }  // between consecutive tokens of a block
-  // key i of block b of this query's request, at this kv head
+  // the first row of block b of this query's request at this kv head; the block's next rows follow
+  // at row_stride()
   const scalar_t* key_block(const scalar_t* cache, int64_t query, int64_t b, int64_t kv_head) const {
     return cache + block_table[query * max_blocks + b] * block_size * row_stride() + kv_head * head_dim;
   }
@@ -103,7 +104,7 @@ void attend_generic(const Step<scalar_t>& st) {
     const int64_t num_blocks = (seq_len + st.block_size - 1) / st.block_size;
     const scalar_t* q_in = st.q + token * st.q_stride + kv_head * group * head_dim;
     for (int64_t d = 0; d < group * head_dim; ++d) q_group[d] = to_float(q_in[d]);
-    // visit(t, row): every key position in order, its K or V row widened into `row`
+    // visit(t) for every key position t in order, with t's K or V row widened into `row`
     auto for_each_row = [&](const scalar_t* cache, auto visit) {
       for (int64_t b = 0; b < num_blocks; ++b) {
         const scalar_t* __restrict x = st.key_block(cache, query, b, kv_head);
