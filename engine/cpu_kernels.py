@@ -22,7 +22,8 @@ from engine.model_files import cache_dir
 
 logger = logging.getLogger(__name__)
 
-_SOURCES = [Path(__file__).parent / "csrc" / name for name in ("bindings.cpp", "paged_attention.cpp", "fused_ops.cpp")]
+_SOURCES = [Path(__file__).parent / "csrc" / name
+            for name in ("bindings.cpp", "paged_attention.cpp", "fused_ops.cpp", "small_batch_gemm.cpp")]
 _lock = threading.Lock()
 _state: dict[str, ModuleType | None] = {}
 

@@ -14,20 +14,53 @@ needs_packing = pytest.mark.skipif(not can_pack(torch.zeros(1, dtype=torch.bfloa
 
 
 @needs_packing
+@pytest.mark.parametrize("out_features", [208, 200])  # the small-batch kernel takes multiples of 16
 @pytest.mark.parametrize("bias", [False, True])
-@pytest.mark.parametrize("rows", [1, 7, 64, 300])
-def test_packed_layer_computes_what_f_linear_does(rows, bias):
+@pytest.mark.parametrize("rows", [1, 7, 8, 9, 64, 300])
+def test_packed_layer_computes_what_f_linear_does(rows, bias, out_features):
     gen = torch.Generator().manual_seed(rows)
-    weight = torch.randn(200, 96, generator=gen).bfloat16()
-    b = torch.randn(200, generator=gen).bfloat16() if bias else None
+    weight = torch.randn(out_features, 96, generator=gen).bfloat16()
+    b = torch.randn(out_features, generator=gen).bfloat16() if bias else None
     packed = pack_linear(weight, b)
     assert isinstance(packed, PackedLinear)
+    if out_features % 16:
+        assert packed.small_batch_weight is None
     x = torch.randn(rows, 96, generator=gen).bfloat16()
     got, expected = packed(x), F.linear(x, weight, b)
-    assert got.dtype == torch.bfloat16 and got.shape == (rows, 200)
+    assert got.dtype == torch.bfloat16 and got.shape == (rows, out_features)
     torch.testing.assert_close(got.float(), expected.float(), rtol=2 ** -7, atol=1e-3)  # one bf16 rounding
     strided = torch.randn(rows, 2 * 96, generator=gen).bfloat16()[:, :96]  # a column slice, as views arrive
     torch.testing.assert_close(packed(strided).float(), F.linear(strided, weight, b).float(), rtol=2 ** -7, atol=1e-3)
+
+
+@pytest.mark.parametrize("rows", range(1, 9))
+def test_small_batch_kernel_matches_f_linear(kernels, rows):
+    if not kernels.small_batch_gemm_available():
+        pytest.skip("the CPU kernels were built without AVX-512 BF16 here")
+    gen = torch.Generator().manual_seed(rows)
+    weight = torch.randn(96, 1536, generator=gen).bfloat16()  # K = SmolLM2's MLP width: many column pairs
+    bias = torch.randn(96, generator=gen).bfloat16() if rows % 2 else None
+    x = torch.randn(rows, 1536, generator=gen).bfloat16()
+    got = kernels.small_batch_gemm(x, kernels.pack_small_batch_weight(weight), 96, bias)
+    expected = F.linear(x, weight, bias)
+    assert got.dtype == torch.bfloat16 and got.shape == (rows, 96)
+    torch.testing.assert_close(got.float(), expected.float(), rtol=2 ** -7, atol=2e-2)  # bf16 output rounding
+
+
+def test_small_batch_kernel_rejects_what_it_cannot_take(kernels):
+    with pytest.raises(RuntimeError, match="multiple of 16"):
+        kernels.pack_small_batch_weight(torch.zeros(20, 8, dtype=torch.bfloat16))
+    if not kernels.small_batch_gemm_available():
+        return
+    packed = kernels.pack_small_batch_weight(torch.zeros(32, 8, dtype=torch.bfloat16))
+    with pytest.raises(RuntimeError, match="1 to 8 rows"):
+        kernels.small_batch_gemm(torch.zeros(9, 8, dtype=torch.bfloat16), packed, 32)
+    with pytest.raises(RuntimeError, match="packed"):
+        kernels.small_batch_gemm(torch.zeros(1, 10, dtype=torch.bfloat16), packed, 32)
+    with pytest.raises(RuntimeError, match="bf16"):
+        kernels.small_batch_gemm(torch.zeros(1, 8), packed, 32)
+    with pytest.raises(RuntimeError, match="bias"):
+        kernels.small_batch_gemm(torch.zeros(1, 8, dtype=torch.bfloat16), packed, 32, torch.zeros(31, dtype=torch.bfloat16))
 
 
 def test_float32_and_other_devices_stay_plain():
