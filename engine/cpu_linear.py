@@ -1,9 +1,10 @@
 """bf16 linear layers with their weights pre-packed, on CPU.
 
 Two layouts of each weight, chosen per call by the number of rows:
-* up to 8 rows (decode batches): Formwork's AVX-512 BF16 kernel (engine/csrc/small_batch_gemm.cpp),
+* up to 16 rows (decode batches): Formwork's AVX-512 BF16 kernel (engine/csrc/small_batch_gemm.cpp),
   which reads the weight at about 24 GB/s here against oneDNN's 13 — 30 layers' matmuls at one
-  row 17.3 -> 8.9 ms, cold cache; only where the CPU kernels were built with AVX-512 BF16;
+  row 17.3 -> 8.9 ms, at 16 rows 31.1 -> 18.3 ms, cold cache; only where the CPU kernels were
+  built with AVX-512 BF16;
 * more rows: oneDNN with the weight packed once into its blocked layout. `F.linear` on a plain
   bf16 weight reorders it on every call; packed, the same products bit for bit, a decoder layer's
   four matmuls take 1.79 -> 1.36 ms at 64 rows.
@@ -27,7 +28,7 @@ from engine.cpu_kernels import load_cpu_kernels
 
 logger = logging.getLogger(__name__)
 
-SMALL_BATCH_ROWS = 8  # the small-batch kernel's limit (engine/csrc/small_batch_gemm.cpp)
+SMALL_BATCH_ROWS = 16  # the small-batch kernel's limit (engine/csrc/small_batch_gemm.cpp)
 
 
 class PackedLinear(nn.Module):

@@ -16,7 +16,7 @@ needs_packing = pytest.mark.skipif(not can_pack(torch.zeros(1, dtype=torch.bfloa
 @needs_packing
 @pytest.mark.parametrize("out_features", [208, 200])  # the small-batch kernel takes multiples of 16
 @pytest.mark.parametrize("bias", [False, True])
-@pytest.mark.parametrize("rows", [1, 7, 8, 9, 64, 300])
+@pytest.mark.parametrize("rows", [1, 7, 16, 17, 64, 300])
 def test_packed_layer_computes_what_f_linear_does(rows, bias, out_features):
     gen = torch.Generator().manual_seed(rows)
     weight = torch.randn(out_features, 96, generator=gen).bfloat16()
@@ -33,7 +33,7 @@ def test_packed_layer_computes_what_f_linear_does(rows, bias, out_features):
     torch.testing.assert_close(packed(strided).float(), F.linear(strided, weight, b).float(), rtol=2 ** -7, atol=1e-3)
 
 
-@pytest.mark.parametrize("rows", range(1, 9))
+@pytest.mark.parametrize("rows", range(1, 17))
 def test_small_batch_kernel_matches_f_linear(kernels, rows):
     if not kernels.small_batch_gemm_available():
         pytest.skip("the CPU kernels were built without AVX-512 BF16 here")
@@ -53,8 +53,8 @@ def test_small_batch_kernel_rejects_what_it_cannot_take(kernels):
     if not kernels.small_batch_gemm_available():
         return
     packed = kernels.pack_small_batch_weight(torch.zeros(32, 8, dtype=torch.bfloat16))
-    with pytest.raises(RuntimeError, match="1 to 8 rows"):
-        kernels.small_batch_gemm(torch.zeros(9, 8, dtype=torch.bfloat16), packed, 32)
+    with pytest.raises(RuntimeError, match="1 to 16 rows"):
+        kernels.small_batch_gemm(torch.zeros(17, 8, dtype=torch.bfloat16), packed, 32)
     with pytest.raises(RuntimeError, match="packed"):
         kernels.small_batch_gemm(torch.zeros(1, 10, dtype=torch.bfloat16), packed, 32)
     with pytest.raises(RuntimeError, match="bf16"):

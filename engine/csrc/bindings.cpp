@@ -21,6 +21,6 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("rotary_", &rotary_, "rotary embedding of the first num_rotated heads of each row, in place");
   m.def("small_batch_gemm_available", &small_batch_gemm_available, "whether this build has AVX-512 BF16");
   m.def("pack_small_batch_weight", &pack_small_batch_weight, "[N, K] bf16 -> the layout small_batch_gemm reads");
-  m.def("small_batch_gemm", &small_batch_gemm, "x [1-8, K] bf16 @ W.T (+ bias) from pack_small_batch_weight: [M, N] bf16",
+  m.def("small_batch_gemm", &small_batch_gemm, "x [1-16, K] bf16 @ W.T (+ bias) from pack_small_batch_weight: [M, N] bf16",
         pybind11::arg("x"), pybind11::arg("packed"), pybind11::arg("n"), pybind11::arg("bias") = pybind11::none());
 }
