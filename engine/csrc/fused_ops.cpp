@@ -10,31 +10,15 @@
 #include <cstdint>
 #include <cstring>
 
+#include "conversions.h"
+
 namespace {
+
+using formwork::from_float;
+using formwork::to_float;
 
 // rows per thread: a decode batch (<= a few hundred rows of a few thousand values) stays on one thread
 constexpr int64_t kRowGrain = 256;
-
-inline float load(float x) { return x; }
-inline float load(double x) { return static_cast<float>(x); }
-inline float load(c10::Half x) { return static_cast<float>(x); }
-inline float load(c10::BFloat16 x) {
-  uint32_t bits = static_cast<uint32_t>(x.x) << 16;
-  float f;
-  std::memcpy(&f, &bits, sizeof f);
-  return f;
-}
-template <typename scalar_t>
-inline scalar_t store(float x) { return static_cast<scalar_t>(x); }
-// bf16: round to nearest even in integer arithmetic, bit for bit what c10's conversion does save its
-// per-element NaN branch, which keeps the loops from vectorizing (the decoder holds no NaNs)
-template <>
-inline c10::BFloat16 store<c10::BFloat16>(float x) {
-  uint32_t bits;
-  std::memcpy(&bits, &x, sizeof bits);
-  bits += 0x7FFF + ((bits >> 16) & 1);
-  return c10::BFloat16(static_cast<uint16_t>(bits >> 16), c10::BFloat16::from_bits());
-}
 
 void check_rows(const torch::Tensor& t, const char* name) {
   TORCH_CHECK(t.dim() == 2 && t.stride(1) == 1, name, ": 2-D with contiguous rows");
@@ -70,18 +54,18 @@ torch::Tensor add_rms_norm(torch::Tensor residual, c10::optional<torch::Tensor> 
         if (add) {  // the residual rounds to its dtype first: normalize what it now holds, as the unfused ops do
           const scalar_t* __restrict add_row = add + r * add_stride;
           _Pragma("omp simd")
-          for (int64_t i = 0; i < hidden; ++i) res_row[i] = store<scalar_t>(load(res_row[i]) + load(add_row[i]));
+          for (int64_t i = 0; i < hidden; ++i) res_row[i] = from_float<scalar_t>(to_float(res_row[i]) + to_float(add_row[i]));
         }
         float sum_sq = 0.f;
         _Pragma("omp simd reduction(+ : sum_sq)")
         for (int64_t i = 0; i < hidden; ++i) {
-          row[i] = load(res_row[i]);
+          row[i] = to_float(res_row[i]);
           sum_sq += row[i] * row[i];
         }
         const float inv_rms = 1.f / std::sqrt(sum_sq / hidden + static_cast<float>(eps));
         scalar_t* __restrict o_row = o + r * hidden;
         _Pragma("omp simd")
-        for (int64_t i = 0; i < hidden; ++i) o_row[i] = store<scalar_t>(row[i] * inv_rms * load(w[i]));
+        for (int64_t i = 0; i < hidden; ++i) o_row[i] = from_float<scalar_t>(row[i] * inv_rms * to_float(w[i]));
       }
     });
   });
@@ -104,8 +88,8 @@ torch::Tensor silu_and_mul(torch::Tensor gate_up) {
         scalar_t* __restrict o_row = o + r * inter;
         _Pragma("omp simd")
         for (int64_t i = 0; i < inter; ++i) {
-          const float g = load(gate[i]);
-          o_row[i] = store<scalar_t>(g / (1.f + std::exp(-g)) * load(up[i]));
+          const float g = to_float(gate[i]);
+          o_row[i] = from_float<scalar_t>(g / (1.f + std::exp(-g)) * to_float(up[i]));
         }
       }
     });
@@ -135,10 +119,10 @@ void rotary_(torch::Tensor qkv, torch::Tensor cos, torch::Tensor sin, int64_t nu
           // element i and i + half never overlap for i < half
           _Pragma("omp simd")
           for (int64_t i = 0; i < half; ++i) {
-            const float a = load(v[i]), b = load(v[i + half]);
+            const float a = to_float(v[i]), b = to_float(v[i + half]);
             // out = x * cos + rotate_half(x) * sin, rotate_half(x) = (-x2, x1)
-            v[i] = store<scalar_t>(a * load(cr[i]) - b * load(sr[i]));
-            v[i + half] = store<scalar_t>(b * load(cr[i + half]) + a * load(sr[i + half]));
+            v[i] = from_float<scalar_t>(a * to_float(cr[i]) - b * to_float(sr[i]));
+            v[i + half] = from_float<scalar_t>(b * to_float(cr[i + half]) + a * to_float(sr[i + half]));
           }
         }
       }

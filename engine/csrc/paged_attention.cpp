@@ -14,21 +14,13 @@
 #include <cstring>
 #include <type_traits>
 #include <vector>
-#if defined(__AVX512BF16__)
-#include <immintrin.h>
-#endif
+
+#include "conversions.h"
 
 namespace {
 
-inline float to_float(float x) { return x; }
-inline float to_float(double x) { return static_cast<float>(x); }
-inline float to_float(c10::BFloat16 x) {  // bf16 is the top half of an fp32: a shift the compiler vectorizes
-  uint32_t bits = static_cast<uint32_t>(x.x) << 16;
-  float f;
-  std::memcpy(&f, &bits, sizeof f);
-  return f;
-}
-inline float to_float(c10::Half x) { return static_cast<float>(x); }
+using formwork::from_float;
+using formwork::to_float;
 
 // One call's inputs as raw pointers. q and out rows are strided by token (views of the fused QKV
 // projection's output); within a token, heads are contiguous rows of head_dim.
@@ -54,8 +46,9 @@ struct Step {
   }
 };
 
-// Runs fn(query, kv_head, scores) for every (query, kv head) pair, across threads only when the
-// work is worth waking them for (about 50 us a wake with OMP_WAIT_POLICY=PASSIVE here).
+// Runs fn(query, kv_head, scores, scratch) for every (query, kv head) pair, across threads only when
+// the work is worth waking them for (about 50 us a wake with OMP_WAIT_POLICY=PASSIVE here). scores
+// holds the query's seq_len * group scores; scratch is the thread's to size and reuse.
 template <typename scalar_t, typename Fn>
 void for_each_item(const Step<scalar_t>& st, Fn fn) {
   int64_t keys = 0;
@@ -63,11 +56,11 @@ void for_each_item(const Step<scalar_t>& st, Fn fn) {
   const int64_t items = st.num_queries * st.num_kv_heads;
   const int64_t grain = keys * st.num_kv_heads < 8192 ? std::max<int64_t>(items, 1) : 1;
   at::parallel_for(0, items, grain, [&](int64_t begin, int64_t end) {
-    std::vector<float> scores;
+    std::vector<float> scores, scratch;
     for (int64_t item = begin; item < end; ++item) {
       const int64_t query = item / st.num_kv_heads;
       scores.resize(st.seq_lens[query] * st.group());
-      fn(query, item % st.num_kv_heads, scores.data());
+      fn(query, item % st.num_kv_heads, scores.data(), scratch);
     }
   });
 }
@@ -95,11 +88,12 @@ void softmax_rows(float* __restrict s, int64_t rows, int64_t n) {
 template <typename scalar_t, int kDim>
 void attend_generic(const Step<scalar_t>& st) {
   const int64_t head_dim = kDim > 0 ? kDim : st.head_dim, group = st.group(), row_stride = st.row_stride();
-  for_each_item(st, [&](int64_t query, int64_t kv_head, float* __restrict s) {
-    std::vector<float> row_buffer(head_dim), q_buffer(group * head_dim), acc_buffer(group * head_dim, 0.f);
-    float* __restrict row = row_buffer.data();
-    float* __restrict q_group = q_buffer.data();
-    float* __restrict acc = acc_buffer.data();
+  for_each_item(st, [&](int64_t query, int64_t kv_head, float* __restrict s, std::vector<float>& scratch) {
+    scratch.resize((1 + 2 * group) * head_dim);  // one K/V row, the group's queries, its outputs
+    float* __restrict row = scratch.data();
+    float* __restrict q_group = row + head_dim;
+    float* __restrict acc = q_group + group * head_dim;
+    std::fill(acc, acc + group * head_dim, 0.f);
     const int64_t token = st.query_ids[query], seq_len = st.seq_lens[query];
     const int64_t num_blocks = (seq_len + st.block_size - 1) / st.block_size;
     const scalar_t* q_in = st.q + token * st.q_stride + kv_head * group * head_dim;
@@ -135,7 +129,7 @@ void attend_generic(const Step<scalar_t>& st) {
       }
     });
     scalar_t* o_out = st.out + token * st.out_stride + kv_head * group * head_dim;
-    for (int64_t d = 0; d < group * head_dim; ++d) o_out[d] = static_cast<scalar_t>(acc[d]);
+    for (int64_t d = 0; d < group * head_dim; ++d) o_out[d] = from_float<scalar_t>(acc[d]);
   });
 }
 
@@ -143,10 +137,7 @@ void attend_generic(const Step<scalar_t>& st) {
 // bf16 with AVX-512 BF16, head_dim D and group G known at compile time: q.k straight from the bf16
 // rows with dot-product instructions (pairs of bf16 products summed in fp32, no widening), the
 // group's outputs in registers for pass 2. 2.4x the generic kernel at 64 requests x 256 keys.
-inline __m512 widen16(const c10::BFloat16* p) {  // bf16 is the top half of an fp32
-  const __m256i x = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
-  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(x), 16));
-}
+using formwork::widen16;
 
 // the next block's rows for this head, while this one is computed: blocks lie anywhere in the cache,
 // so the hardware prefetcher loses the stream at every block edge (5-30% faster with cold caches)
@@ -159,7 +150,7 @@ template <int D, int G>
 void attend_bf16(const Step<c10::BFloat16>& st) {
   static_assert(D % 32 == 0, "whole 512-bit rows");
   constexpr int kPairs = D / 32, kLanes = D / 16;
-  for_each_item(st, [&](int64_t query, int64_t kv_head, float* __restrict s) {
+  for_each_item(st, [&](int64_t query, int64_t kv_head, float* __restrict s, std::vector<float>&) {
     const int64_t token = st.query_ids[query], seq_len = st.seq_lens[query], row_stride = st.row_stride();
     const int64_t num_blocks = (seq_len + st.block_size - 1) / st.block_size;
     const c10::BFloat16* q_in = st.q + token * st.q_stride + kv_head * G * D;

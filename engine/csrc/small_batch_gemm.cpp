@@ -11,9 +11,8 @@
 #include <algorithm>
 #include <cstdint>
 #include <cstring>
-#if defined(__AVX512BF16__)
-#include <immintrin.h>
-#endif
+
+#include "conversions.h"
 
 namespace {
 
@@ -30,8 +29,7 @@ void multiply(const uint16_t* x, const uint16_t* w, const uint16_t* bias, uint16
     for (int64_t b = begin; b < end; ++b) {
       const uint16_t* wb = w + b * pairs * 2 * kBlock;
       // the bias joins the fp32 sums, rounded once with them as in F.linear
-      const __m512 start = bias == nullptr ? _mm512_setzero_ps() : _mm512_castsi512_ps(_mm512_slli_epi32(
-          _mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(bias + b * kBlock))), 16));
+      const __m512 start = bias == nullptr ? _mm512_setzero_ps() : formwork::widen16(bias + b * kBlock);
       __m512 acc[M];
       for (int m = 0; m < M; ++m) acc[m] = start;
       for (int64_t p = 0; p < pairs; ++p) {
