@@ -22,10 +22,12 @@ def add_bench_parser(subparsers, add_engine_args) -> None:
     add_engine_args(offline)
     offline.set_defaults(func=_run_offline)
 
-    coverage = which.add_parser("coverage", help="JSON-Schema coverage on jsonschemabench: compiled, rejected, valid")
+    coverage = which.add_parser("coverage", help="JSON-Schema coverage on JSONSchemaBench: compiled, rejected, valid")
     coverage.add_argument("--subset", action="append", help="repeat for several (default: all)")
     coverage.add_argument("--limit", type=int, default=10, help="schemas per subset")
     coverage.add_argument("--max-tokens", type=int, default=256)
+    coverage.add_argument("--data", default=None,
+                          help="a folder of <Subset>.jsonl (e.g. the full JSONSchemaBench; default: the carried sample)")
     add_engine_args(coverage)
     coverage.set_defaults(func=_run_coverage)
 
@@ -45,6 +47,8 @@ def add_bench_parser(subparsers, add_engine_args) -> None:
     serve.add_argument("--max-requests", type=int, default=128, help="cap on the default request count")
     serve.add_argument("--duration", type=float, default=600.0, help="seconds per run at most (no new requests after)")
     serve.add_argument("--max-tokens", type=int, default=256)
+    serve.add_argument("--data", default=None,
+                       help="mixed-schemas: a folder of <Subset>.jsonl (default: the carried JSONSchemaBench sample)")
     serve.add_argument("--items", type=_csv, default=None, help="comma list of json-extraction item ids (default: all)")
     serve.add_argument("--rpc-timeout", type=float, default=1200.0, help="deadline of every RPC, seconds")
     serve.add_argument("--peers", type=_csv, default=[], help="comma list of transformers, llama-cpp, vllm")

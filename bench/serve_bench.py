@@ -80,18 +80,18 @@ def _only(specs: list[RequestSpec], items: list[str] | None) -> list[RequestSpec
 
 async def formwork_runs(client: Client, workload: str, modes: list[str], shapes: list[LoadShape],
                         max_tokens: int, unconstrained_max_tokens: int | None = None,
-                        items: list[str] | None = None) -> tuple[list[dict], dict]:
+                        items: list[str] | None = None, data: str | None = None) -> tuple[list[dict], dict]:
     runs, compile_stats = [], {}
     # every prompt once (one token, no constraint) first: each mode then meets the same warm
     # prefix cache, whichever runs first (vLLM's peer warms the same way; transformers has none)
-    prompts = _only(serve_workloads.build(workload, 1, constrained=False), items)
+    prompts = _only(serve_workloads.build(workload, 1, constrained=False, data=data), items)
     log(f"prefix-cache warm-up: {len(prompts)} prompts, one token each")
     await run_load(client, prompts, LoadShape(concurrency=16, max_requests=len(prompts)))
     specs_by_mode = {}
     for mode in modes:
         constrained, jump_forward = MODES[mode]
         limit = max_tokens if constrained else (unconstrained_max_tokens or max_tokens)
-        specs = _only(serve_workloads.build(workload, limit, constrained, jump_forward), items)
+        specs = _only(serve_workloads.build(workload, limit, constrained, jump_forward, data), items)
         specs_by_mode[mode], stats = await compile_all(client, specs)
         if stats["num_compiled"]:
             compile_stats[workload] = stats
@@ -260,7 +260,7 @@ async def _main_async(args, server_address: str, model_dir: str) -> dict:
         modes = ["unconstrained"] if args.workload == "unconstrained" else args.modes
         workload = "json-extraction" if args.workload == "unconstrained" else args.workload
         runs, compile_stats = await formwork_runs(client, workload, modes, shapes, args.max_tokens,
-                                                  64 if args.smoke else None, args.items)
+                                                  64 if args.smoke else None, args.items, args.data)
         result["runs"] += runs
         result["grammar_compile"] = compile_stats
         if args.peers:
@@ -274,7 +274,8 @@ async def _main_async(args, server_address: str, model_dir: str) -> dict:
                 top = max(args.concurrency)
                 after, _ = await formwork_runs(client, workload, ["constrained+jf"], [
                     LoadShape(concurrency=top, max_requests=args.num_requests or _num_requests(top, args.max_requests),
-                              max_duration_s=args.duration)], args.max_tokens, items=args.items)
+                              max_duration_s=args.duration)], args.max_tokens, items=args.items,
+                                                 data=args.data)
                 for run in after:
                     run["mode"] = "constrained+jf (after peers)"
                 result["runs"] += after
