@@ -19,6 +19,7 @@ from dataclasses import replace
 from engine import cli as engine_cli
 from engine.config import EngineConfig, SchedulerConfig
 from service.limits import ServiceLimits
+from service.security import API_KEY_ENV, SecurityConfig, load_api_keys, load_tls_files
 
 _LIMIT_DEFAULTS = ServiceLimits()
 
@@ -45,8 +46,26 @@ def add_serve_parser(subparsers: argparse._SubParsersAction,
                         help="max_tokens of a request that leaves it unset (default: %(default)s)")
     limits.add_argument("--shutdown-grace", type=float, default=_LIMIT_DEFAULTS.shutdown_grace_s,
                         help="seconds in-flight requests get to finish after SIGTERM (default: %(default)s)")
+    access = parser.add_argument_group("access (docs/api.md, \"Securing a server\")")
+    access.add_argument("--tls-cert", help="PEM certificate chain: serve TLS (with --tls-key)")
+    access.add_argument("--tls-key", help="PEM private key of --tls-cert")
+    access.add_argument("--tls-client-ca", help="PEM CA: mutual TLS, clients must present a certificate it signed")
+    access.add_argument("--api-key", action="append", default=[],
+                        help=f"a key callers send as 'authorization: Bearer KEY' (repeatable; keys stay out of ps "
+                             f"with --api-key-file or ${API_KEY_ENV}, comma-separated)")
+    access.add_argument("--api-key-file", help="a file of API keys, one a line (# comments)")
+    access.add_argument("--protect-health", action="store_true",
+                        help="grpc.health.v1 needs a key too (default: open, for probes and load balancers)")
+    access.add_argument("--max-concurrent-per-key", type=int, default=0,
+                        help="Generate calls in flight per API key; more get RESOURCE_EXHAUSTED (default: no limit)")
     parser.set_defaults(func=run_serve)
     return parser
+
+
+def security_from_args(args: argparse.Namespace) -> SecurityConfig:
+    return SecurityConfig(tls=load_tls_files(args.tls_cert, args.tls_key, args.tls_client_ca),
+                          api_keys=load_api_keys(args.api_key, args.api_key_file),
+                          protect_health=args.protect_health, max_concurrent_per_key=args.max_concurrent_per_key)
 
 
 def engine_config_from_args(args: argparse.Namespace) -> EngineConfig:
@@ -71,7 +90,7 @@ def run_serve(args: argparse.Namespace) -> int:
     log_level = getattr(logging, args.log_level)
     logging.basicConfig(level=log_level, format="[formwork] %(levelname)s %(name)s: %(message)s")
     try:
-        config, limits = engine_config_from_args(args), limits_from_args(args)
+        config, limits, security = engine_config_from_args(args), limits_from_args(args), security_from_args(args)
     except ValueError as e:
         print(f"formwork serve: {e}", file=sys.stderr)
         return 2
@@ -79,11 +98,13 @@ def run_serve(args: argparse.Namespace) -> int:
     def announce(server: GenerationServer) -> None:
         assert server.llm.info is not None
         address = f"{server.host}:{server.port}"
+        tls = "-cacert CA.pem" if security.tls else "-plaintext"
+        key = " -H 'authorization: Bearer KEY'" if security.api_keys else ""
         print(f"formwork: serving {server.llm.info.model_name} on {address} "
-              f"(try: grpcurl -plaintext {address} describe formwork.v1.Generation)", flush=True)
+              f"(try: grpcurl {tls}{key} {address} describe formwork.v1.Generation)", flush=True)
 
     client = AsyncMPClient(config, log_level=log_level)
-    return asyncio.run(serve(client, limits, args.host, args.port, on_ready=announce))
+    return asyncio.run(serve(client, limits, args.host, args.port, on_ready=announce, security=security))
 
 
 def main(argv: list[str] | None = None) -> int:

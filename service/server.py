@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import inspect
 import itertools
 import logging
 import signal
@@ -35,12 +36,14 @@ from service.async_llm import AsyncLLM
 from service.errors import STATUS_DETAILS_KEY, ServiceError, StatusCode, invalid_argument
 from service.limits import ServiceLimits
 from service.reflection import V1_SERVICE, V1ALPHA_SERVICE, add_v1_descriptor
+from service.security import ApiKeys, KeyLimiter, SecurityConfig
 
 logger = logging.getLogger(__name__)
 
 GENERATION_SERVICE = pb.DESCRIPTOR.services_by_name["Generation"].full_name
 _SERVING = health_pb2.HealthCheckResponse.SERVING
 _NOT_SERVING = health_pb2.HealthCheckResponse.NOT_SERVING
+_GENERATE_METHODS = frozenset(f"/{GENERATION_SERVICE}/{name}" for name in ("Generate", "GenerateStream"))
 
 
 @dataclass(frozen=True)
@@ -172,22 +175,89 @@ def _v1_reflection_handler(servicer: reflection.aio.ReflectionServicer) -> grpc.
     return grpc.method_handlers_generic_handler(V1_SERVICE, {"ServerReflectionInfo": method})
 
 
+class _AccessInterceptor(grpc.aio.ServerInterceptor):
+    """API keys on every call (grpc.health.v1 excepted unless protected) and the per-key limit on
+    concurrent Generate / GenerateStream calls. A refused call gets its status before any handler runs."""
+
+    def __init__(self, security: SecurityConfig) -> None:
+        self._keys = ApiKeys(security.api_keys)
+        self._limiter = KeyLimiter(security.max_concurrent_per_key)
+        self._open_prefix = None if security.protect_health else f"/{health.SERVICE_NAME}/"
+
+    async def intercept_service(self, continuation, details: grpc.HandlerCallDetails):
+        if self._open_prefix is not None and details.method.startswith(self._open_prefix):
+            return await continuation(details)
+        handler = await continuation(details)
+        if handler is None:  # unknown method: grpc answers UNIMPLEMENTED
+            return None
+        authorization = next((value for name, value in details.invocation_metadata or ()
+                              if name == "authorization"), None)
+        key = self._keys.identify(authorization if isinstance(authorization, str) else None)
+        if key is None:
+            return _refusing(handler, ServiceError(
+                StatusCode.UNAUTHENTICATED, "missing or invalid API key: send the metadata 'authorization: Bearer <key>'"))
+        if self._limiter.limit and details.method in _GENERATE_METHODS:
+            return _limited(handler, self._limiter, key)
+        return handler
+
+
+def _refusing(handler: grpc.RpcMethodHandler, error: ServiceError) -> grpc.RpcMethodHandler:
+    """A handler of the same kind as `handler` that answers `error` and runs nothing."""
+    async def refuse(request, context):
+        await _abort(context, error)
+    return _same_kind(handler, refuse)
+
+
+def _limited(handler: grpc.RpcMethodHandler, limiter: KeyLimiter, key: int) -> grpc.RpcMethodHandler:
+    behaviour = handler.unary_unary or handler.unary_stream
+
+    async def call(request, context):
+        if not limiter.try_acquire(key):
+            await _abort(context, ServiceError(
+                StatusCode.RESOURCE_EXHAUSTED, f"this API key already has {limiter.limit} requests in flight, the "
+                                               f"server's limit per key (--max-concurrent-per-key)"))
+        try:
+            result = behaviour(request, context)
+            if inspect.isasyncgen(result):  # a generator-style streaming handler
+                async for response in result:
+                    await context.write(response)
+                return None
+            return await result
+        finally:
+            limiter.release(key)
+    return _same_kind(handler, call)
+
+
+def _same_kind(handler: grpc.RpcMethodHandler, behaviour) -> grpc.RpcMethodHandler:
+    if handler.unary_unary:
+        make = grpc.unary_unary_rpc_method_handler
+    elif handler.unary_stream:
+        make = grpc.unary_stream_rpc_method_handler
+    elif handler.stream_unary:
+        make = grpc.stream_unary_rpc_method_handler
+    else:
+        make = grpc.stream_stream_rpc_method_handler
+    return make(behaviour, request_deserializer=handler.request_deserializer,
+                response_serializer=handler.response_serializer)
+
+
 class GenerationServer:
     """One gRPC server in front of one engine core client."""
 
     def __init__(self, client: EngineCoreClient, limits: ServiceLimits, host: str = "127.0.0.1",
-                 port: int = 50051, warm_up: bool = True) -> None:
+                 port: int = 50051, warm_up: bool = True, security: SecurityConfig = SecurityConfig()) -> None:
         self.llm = AsyncLLM(client, limits)
         self.limits = limits
         self.host = host
         self.port = port  # the bound port once started (useful with port 0)
+        self.security = security
         self._warm_up = warm_up
         self.health = health.aio.HealthServicer()
         self.server = grpc.aio.server(options=[
             ("grpc.max_receive_message_length", limits.max_message_bytes),
             ("grpc.max_send_message_length", limits.max_message_bytes),
             ("grpc.so_reuseport", 0),  # a port in use is an error, not a shared port
-        ])
+        ], interceptors=[_AccessInterceptor(security)] if security.api_keys else None)
         pb_grpc.add_GenerationServicer_to_server(GenerationServicer(self.llm, limits), self.server)
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self.server)
         add_v1_descriptor()
@@ -202,7 +272,17 @@ class GenerationServer:
     async def start(self) -> int:
         """Bind and serve (health NOT_SERVING) and start loading the engine; returns the port."""
         await self._set_health(_NOT_SERVING)
-        self.port = self.server.add_insecure_port(f"{self.host}:{self.port}")
+        warning = self.security.exposure_warning(self.host)
+        if warning:
+            logger.warning("%s", warning)
+        address, tls = f"{self.host}:{self.port}", self.security.tls
+        if tls is None:
+            self.port = self.server.add_insecure_port(address)
+        else:
+            credentials = grpc.ssl_server_credentials(
+                [(tls.private_key, tls.certificate_chain)], root_certificates=tls.client_ca,
+                require_client_auth=tls.client_ca is not None)
+            self.port = self.server.add_secure_port(address, credentials)
         await self.server.start()
         self._startup = asyncio.create_task(self._load())
         return self.port
@@ -255,10 +335,11 @@ class GenerationServer:
 
 
 async def serve(client: EngineCoreClient, limits: ServiceLimits, host: str, port: int,
-                on_ready: Callable[[GenerationServer], None] | None = None) -> int:
+                on_ready: Callable[[GenerationServer], None] | None = None,
+                security: SecurityConfig = SecurityConfig()) -> int:
     """Run a server until SIGTERM or SIGINT; returns the process exit code (0 after a graceful
     stop, 1 if the engine failed to start). A second signal cuts the grace period short."""
-    server = GenerationServer(client, limits, host, port)
+    server = GenerationServer(client, limits, host, port, security=security)
     stop = asyncio.Event()
 
     def on_signal() -> None:

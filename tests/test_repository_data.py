@@ -17,7 +17,7 @@ ROOT = Path(__file__).resolve().parent.parent
 # beside the project; not after a host name or another path segment (URLs, /usr/lib/..., ~/...).
 OUTSIDE = re.compile(r"(?<![\w.:/~-])/(?:work|home|root|Users|mnt|srv)/[\w.-]"
                      r"|\.\./shared\b|\bshared/data\b|[\"']shared[\"']\s*/")
-# A relative path that climbs out of the folder it is written in, e.g. docs linking ../../x.
+# A relative path (dot-dot segments) that climbs out of the repository from the file it is written in.
 RELATIVE = re.compile(r"(?<![\w.])((?:\.\./)+)[\w.-]")
 
 
