@@ -31,6 +31,17 @@ def add_bench_parser(subparsers, add_engine_args) -> None:
     add_engine_args(coverage)
     coverage.set_defaults(func=_run_coverage)
 
+    accuracy = which.add_parser("accuracy", help="field accuracy of constrained answers, per setting and peer")
+    accuracy.add_argument("--settings", type=_csv, default=None,
+                          help="comma list of whitespace modes, each optionally with :no-jf and/or :fields "
+                               "(default: compact,spaced,bounded,any,bounded:no-jf,bounded:fields)")
+    accuracy.add_argument("--workloads", type=_csv, default=None,
+                          help="comma list of json-extraction, person, function-call (default: all)")
+    accuracy.add_argument("--peers", type=_csv, default=[], help="comma list of vllm, transformers")
+    accuracy.add_argument("--output", default=None, help="write the rows as JSON here")
+    add_engine_args(accuracy)
+    accuracy.set_defaults(func=_run_accuracy)
+
     serve = which.add_parser("serve", help="load a gRPC server (started here, or --address) and run peers beside it",
                              description="Load generator over gRPC on loopback; one JSON result file, PNG plots.")
     serve.add_argument("--address", help="a running server on loopback (default: start one on a free port)")
@@ -94,6 +105,14 @@ def _run_offline(args: argparse.Namespace) -> int:
     else:
         from bench.offline import main
     return main(args, config)
+
+
+def _run_accuracy(args: argparse.Namespace) -> int:
+    from bench.accuracy import DEFAULT_SETTINGS, WORKLOADS, main
+    from engine.cli import engine_config_from_args
+    args.settings = args.settings or list(DEFAULT_SETTINGS)
+    args.workloads = args.workloads or list(WORKLOADS)
+    return main(args, engine_config_from_args(args))
 
 
 def _run_coverage(args: argparse.Namespace) -> int:

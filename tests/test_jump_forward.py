@@ -19,9 +19,10 @@ BOUNDED = {"type": "object", "properties": {
     "required": ["color", "size", "ok", "kind"], "additionalProperties": False}
 
 
-def make_grammar(schema):
+def make_grammar(schema, whitespace: str = "compact"):
+    """Compact by default: its separators are forced text, which is what these tests look at."""
     backend = make_backend()
-    return backend.make_grammar(backend.compile(make_constraint(spec=schema)))
+    return backend.make_grammar(backend.compile(make_constraint(spec=schema, whitespace=whitespace)))
 
 
 def test_fixed_key_is_forced_up_to_the_chunk_that_may_merge():

@@ -81,6 +81,8 @@ def _add_constraint_args(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--choice", action="append", metavar="TEXT", help="repeat for each allowed output")
     group.add_argument("--best-effort", action="store_true", help="accept schema keywords that cannot be enforced")
     group.add_argument("--any-whitespace", action="store_true", help="allow free whitespace in JSON")
+    group.add_argument("--whitespace", choices=("compact", "spaced", "bounded", "any"), default=None,
+                       help="whitespace between JSON tokens (default: the server's)")
 
 
 def _constraint(args: argparse.Namespace) -> pb.Constraint | None:
@@ -88,14 +90,15 @@ def _constraint(args: argparse.Namespace) -> pb.Constraint | None:
     if len(given) > 1:
         raise UsageError(f"give at most one constraint, got {', '.join('--' + g.replace('_', '-') for g in given)}")
     strict = False if args.best_effort else None
-    whitespace = True if args.any_whitespace else None
+    any_whitespace = True if args.any_whitespace else None
     if not given:
         return None
     kind = given[0]
     if kind == "json_schema":
-        return constraints.json_schema(_read(args.json_schema), strict=strict, any_whitespace=whitespace)
+        return constraints.json_schema(_read(args.json_schema), strict=strict, any_whitespace=any_whitespace,
+                                       whitespace=args.whitespace)
     if kind == "json_object":
-        return constraints.json_object(any_whitespace=whitespace)
+        return constraints.json_object(any_whitespace=any_whitespace, whitespace=args.whitespace)
     if kind == "regex":
         return constraints.regex(args.regex, strict=strict)
     if kind == "grammar":
