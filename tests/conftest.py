@@ -34,6 +34,18 @@ def make_request(num_tokens: int = 10, max_tokens: int = 16, token_ids: list[int
                    SamplingParams(max_tokens=max_tokens, temperature=0, **params), eos_token_id=2)
 
 
+def sample_step(scheduler: Scheduler, scheduler_output, token_id: int = 100):
+    """What a runner returns: one token for each request whose catch-up completes; then update."""
+    from engine.scheduler_output import ModelRunnerOutput
+    sampled = {}
+    for req_id in scheduler_output.num_scheduled_tokens:
+        request = scheduler.requests[req_id]
+        if request.num_computed_tokens == request.num_tokens:
+            sampled[req_id] = [token_id]
+    return scheduler.update_from_output(
+        scheduler_output, ModelRunnerOutput(list(scheduler_output.num_scheduled_tokens), sampled))
+
+
 @pytest.fixture(scope="session")
 def model_dir():
     from engine.model_files import resolve_model
