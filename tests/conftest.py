@@ -18,9 +18,10 @@ _ids = itertools.count()
 
 def make_scheduler(num_blocks: int = 64, block_size: int = 16, max_num_batched_tokens: int = 512,
                    max_num_seqs: int = 16, max_model_len: int = 1024, enable_prefix_caching: bool = True,
-                   structured_output_manager=None) -> Scheduler:
+                   enable_chunked_prefill: bool = True, structured_output_manager=None) -> Scheduler:
     return Scheduler(
-        SchedulerConfig(max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens),
+        SchedulerConfig(max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens,
+                        enable_chunked_prefill=enable_chunked_prefill),
         CacheConfig(block_size=block_size, num_blocks=num_blocks, enable_prefix_caching=enable_prefix_caching),
         num_blocks, max_model_len, structured_output_manager)
 
