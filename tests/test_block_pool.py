@@ -53,6 +53,8 @@ def test_touch_adds_a_reference_to_a_block_in_use():
     assert block.ref_cnt == 1 and pool.num_free_blocks == 2  # still held: not on the free list
     pool.free([block])
     assert block.ref_cnt == 0 and pool.num_free_blocks == 3
+    pool.touch([block, *pool.allocate(1)])
+    assert pool.num_hits == 3  # counted over every call
 
 
 def test_touch_takes_a_free_cached_block_off_the_free_list():

@@ -103,6 +103,7 @@ def test_compile_failure_finishes_only_that_request():
     outputs = {o.request_id: o for o in sample_step(scheduler, so)}
     assert outputs[bad.request_id].finish_reason == FinishReason.ERROR
     assert "does not compile" in outputs[bad.request_id].error
+    assert outputs[bad.request_id].new_token_ids == [] and outputs[bad.request_id].num_prompt_tokens == 5
     assert plain.status == RequestStatus.RUNNING
 
 

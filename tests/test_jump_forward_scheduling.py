@@ -197,3 +197,14 @@ def test_jump_forward_off_for_the_engine_and_on_for_one_request():
     sample_step(scheduler, scheduler.schedule(), SAMPLED)
     assert default.output_token_ids == [SAMPLED]
     assert opted_in.output_token_ids == [SAMPLED] + FORCED
+
+
+def test_a_sampled_token_the_grammar_rejects_ends_the_request_with_an_error():
+    backend, scheduler = setup()
+    request = add(scheduler, max_tokens=10)
+    so = scheduler.schedule()  # the grammar is made when the request is admitted
+    backend.grammars[0].accept_tokens = lambda token_ids: False  # a runner that ignored the bitmask
+    (out,) = sample_step(scheduler, so, SAMPLED)
+    assert request.status == RequestStatus.FINISHED_ERROR
+    assert out.finish_reason == 3 and out.error == f"internal error: the grammar rejected sampled token {SAMPLED}"
+    assert out.new_token_ids == [SAMPLED] and request.num_forced_tokens == 0
