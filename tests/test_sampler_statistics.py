@@ -265,3 +265,13 @@ def test_logprobs_are_of_the_raw_logits_whatever_the_processing():
         assert abs(lp.logprob - raw[lp.token_id]) < 1e-5
     assert out.logprobs[0].top == [(0, out.logprobs[0].top[0][1])] and abs(out.logprobs[0].top[0][1] - raw[0]) < 1e-5
     assert out.logprobs[1].top == [] and out.logprobs[2] is None
+
+
+def test_logprobs_line_up_with_their_rows():
+    logits = np.tile(PENALTY_LOGITS, (3, 1))
+    meta = make_meta(3, temperature=np.array([0.0, 1.0, 0.0]))
+    assert Sampler()(torch.from_numpy(logits.copy()), meta).logprobs == [None, None, None]  # one per row
+    meta.num_logprobs = [None, 2, None]
+    out = Sampler()(torch.from_numpy(logits.copy()), meta)
+    assert out.logprobs[0] is None and out.logprobs[2] is None
+    assert out.logprobs[1].token_id == out.token_ids[1] and [t for t, _ in out.logprobs[1].top] == [0, 1]
