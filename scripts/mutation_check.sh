@@ -48,10 +48,10 @@ cd "$scratch"
     printf '    %s\n' "$@"
 } > setup.cfg
 
-# the first run writes every mutant (and its name) and checks one; then the sample runs
 # mutmut forks a child per mutant from a process that has run torch: with an OpenMP thread pool
 # the child deadlocks on its first parallel op and the mutant counts as a timeout (a false kill)
 export OMP_WAIT_POLICY=PASSIVE OMP_NUM_THREADS=1 MKL_NUM_THREADS=1
+# the first run writes every mutant (and its name) and checks one; then the sample runs
 nice -n 10 "$venv/bin/mutmut" run --max-children 1 engine.block_pool.x_hash_block__mutmut_1 > mutmut-run.log 2>&1
 "$venv/bin/python" - <<'EOF_PY' > mutant-sample.txt
 import glob, json, re
