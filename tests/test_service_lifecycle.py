@@ -20,10 +20,11 @@ def health_status(server: LiveServer) -> int:
     return stub.Check(health_pb2.HealthCheckRequest(service="formwork.v1.Generation"), timeout=5).status
 
 
-def shutting_down(server) -> bool:
-    """Whether the server has begun its graceful stop (health NOT_SERVING, or new calls refused)."""
+def refusing_calls(server) -> bool:
+    """Whether the server refuses new calls yet (a Tokenize call is cheap and runs nothing)."""
     try:
-        return health_status(server) != health_pb2.HealthCheckResponse.SERVING
+        server.stub.Tokenize(pb.TokenizeRequest(prompt="x"), timeout=5)
+        return False
     except grpc.RpcError:
         return True
 
@@ -56,7 +57,7 @@ def test_sigterm_finishes_in_flight_requests_within_the_grace_period_then_exits_
     next(short), next(long)
     server.process.send_signal(signal.SIGTERM)
     deadline = time.monotonic() + 20
-    while not shutting_down(server) and time.monotonic() < deadline:
+    while not refusing_calls(server) and time.monotonic() < deadline:
         time.sleep(0.01)
     refused = error_of(server.stub.Generate, chat("too late"), timeout=5)
     assert refused.code() == grpc.StatusCode.UNAVAILABLE
