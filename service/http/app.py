@@ -24,7 +24,6 @@ import msgspec
 import pydantic
 from fastapi import FastAPI, Request
 from fastapi.responses import Response, StreamingResponse
-from starlette.background import BackgroundTask
 from starlette.exceptions import HTTPException
 
 from engine.request import FinishReason
@@ -143,7 +142,7 @@ class OpenAIApi:
             self._limiter.release(key)
             raise
         if isinstance(response, StreamingResponse):  # held until the stream ends
-            response.background = BackgroundTask(self._limiter.release, key)
+            response.body_iterator = _releasing(response.body_iterator, lambda: self._limiter.release(key))
         else:
             self._limiter.release(key)
         return response
@@ -292,14 +291,27 @@ def _call(body: Any, translate: Callable[[Any], Translated], prefix: str) -> Cal
     return make
 
 
+_UNION_TAGS = frozenset(("str", "int", "float", "bool", "none"))
+
+
 def _path(loc: tuple) -> str:
+    """A pydantic error location as the request's field path: messages[0].content (without the
+    union member names pydantic adds, like "str" or "list[int]")."""
     out = ""
     for part in loc:
         if isinstance(part, int):
             out += f"[{part}]"
-        elif not (isinstance(part, str) and ("[" in part or part.startswith(("function-", "json-or")))):
-            out += f".{part}" if out else str(part)
+        elif part not in _UNION_TAGS and "[" not in part and not part.startswith(("function-", "json-or")):
+            out += f".{part}" if out else part
     return out
+
+
+async def _releasing(body: AsyncIterator[Any], release: Callable[[], None]) -> AsyncIterator[Any]:
+    try:
+        async for chunk in body:
+            yield chunk
+    finally:
+        release()
 
 
 def _answer(error: HttpError) -> Response:
