@@ -365,7 +365,12 @@ async def serve(client: EngineCoreClient, limits: ServiceLimits, host: str, port
         loop.add_signal_handler(sig, on_signal)
     await server.start()
     if http is not None:
-        await http.start()
+        try:
+            await http.start()
+        except OSError as e:  # the port is taken, most often
+            logger.error("cannot serve HTTP on %s:%d: %s (--http-port PORT, or --no-http)", host, http_port, e)
+            await server.stop(0)
+            return 1
     stop_requested = asyncio.create_task(stop.wait())
     started = asyncio.create_task(server.wait_started())
     await asyncio.wait({stop_requested, started}, return_when=asyncio.FIRST_COMPLETED)

@@ -150,3 +150,33 @@ def test_a_grammar_error_before_the_first_token_is_a_400_even_when_streaming(mak
     assert response.status_code == 400
     assert response.json()["error"]["param"] == "structured_outputs.json"
     assert response.json()["error"]["message"].startswith("structured_outputs.json: json_schema is not valid JSON")
+
+
+def test_the_bench_http_client_records_what_the_grpc_one_does(make_server):
+    from bench.http_client import HttpClient
+    from bench.serve import Client, LoadShape, RequestSpec, run_load
+
+    server = make_server()
+    schema = {"type": "object", "properties": {"name": {"type": "string"}, "age": {"type": "integer"}}}
+    specs = [RequestSpec(f"s{i}", [{"role": "user", "content": f"person {i}"}], 32, schema=schema if i % 2 else None)
+             for i in range(2)]
+
+    async def go():
+        grpc_client = Client(f"127.0.0.1:{server.grpc_port}", rpc_timeout_s=30)
+        http_client = HttpClient(server.url, grpc_client, rpc_timeout_s=30)
+        try:
+            return (await run_load(grpc_client, specs, LoadShape(concurrency=2, max_requests=4)),
+                    await run_load(http_client, specs, LoadShape(concurrency=2, max_requests=4)))
+        finally:
+            await http_client.close()
+            await grpc_client.close()
+
+    over_grpc, over_http = asyncio.run(go())
+    assert all(r.ok for r in over_http.records), [r.error for r in over_http.records]
+    by_id = {r.request_id: r for r in over_grpc.records}
+    for record in over_http.records:
+        expected = by_id[record.request_id]
+        assert (record.text, record.finish_reason) == (expected.text, expected.finish_reason)
+        assert (record.num_prompt_tokens, record.num_output_tokens, record.forward_passes) == (
+            expected.num_prompt_tokens, expected.num_output_tokens, expected.forward_passes)
+        assert 0 < record.ttft_s <= record.e2e_s and 0 < record.server_ttft_s <= record.server_total_s

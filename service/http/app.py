@@ -109,12 +109,16 @@ class OpenAIApi:
     async def chat_completions(self, request: Request) -> Response:
         key = self._authorize(request)
         body = await self._parse(request, ChatCompletionRequest)
-        return await self._limited(key, lambda: self._generate(_call(body, translate_chat, "chatcmpl")))
+        translated = translate_chat(body)  # a bad field fails before anything runs
+        return await self._limited(key, lambda: self._generate(body.model, translated, chat=True,
+                                                               logprobs=body.logprobs))
 
     async def completions(self, request: Request) -> Response:
         key = self._authorize(request)
         body = await self._parse(request, CompletionRequest)
-        return await self._limited(key, lambda: self._generate(_call(body, translate_completion, "cmpl")))
+        translated = translate_completion(body)
+        return await self._limited(key, lambda: self._generate(body.model, translated, chat=False,
+                                                               logprobs=body.logprobs is not None))
 
     # ---- access and parsing -------------------------------------------------------------------
 
@@ -174,10 +178,13 @@ class OpenAIApi:
 
     # ---- generation ---------------------------------------------------------------------------
 
-    async def _generate(self, make_call: Callable[[str], _Call]) -> Response:
+    async def _generate(self, model: str | None, translated: Translated, chat: bool, logprobs: bool) -> Response:
         info = self._available_info()
-        call = make_call(info.model_name)
-        translated = call.translated
+        if model not in (None, info.model_name):
+            raise _Refused(not_found(f"the model '{model}' does not exist; this server serves '{info.model_name}'",
+                                     "model_not_found"))
+        call = _Call(translated, chat, logprobs, info.model_name,
+                     f"{'chatcmpl' if chat else 'cmpl'}-{secrets.token_hex(12)}", int(time.time()))
         try:
             params = conversion.sampling_params_from_proto(translated.request, self._limits, info.vocab_size)
             prompts = [conversion.prompt_from_proto(p, info.vocab_size) for p in translated.prompts]
@@ -275,20 +282,6 @@ class OpenAIApi:
         if error.status_code == 404:
             return _answer(not_found(f"no route {request.method} {request.url.path}"))
         return _answer(HttpError(error.status_code, str(error.detail), "invalid_request_error"))
-
-
-def _call(body: Any, translate: Callable[[Any], Translated], prefix: str) -> Callable[[str], _Call]:
-    """Translate now (so a bad field fails before anything runs); check the model once loaded."""
-    translated = translate(body)
-    logprobs = bool(body.logprobs) if prefix == "chatcmpl" else body.logprobs is not None
-
-    def make(model_name: str) -> _Call:
-        if body.model not in (None, model_name):
-            raise _Refused(not_found(f"the model '{body.model}' does not exist; this server serves '{model_name}'",
-                                     "model_not_found"))
-        return _Call(translated, prefix == "chatcmpl", logprobs, model_name, f"{prefix}-{secrets.token_hex(12)}",
-                     int(time.time()))
-    return make
 
 
 _UNION_TAGS = frozenset(("str", "int", "float", "bool", "none"))

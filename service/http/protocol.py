@@ -46,7 +46,7 @@ class FormworkOptions(_Strict):
     """Formwork's own knobs, under the request key `formwork`."""
 
     strict: bool | None = None  # an unsupported JSON-Schema keyword is an error (default) or reported
-    any_whitespace: bool | None = None  # free whitespace between JSON tokens (default: compact JSON)
+    any_whitespace: bool | None = None  # free whitespace between JSON tokens, as gRPC's Constraint field
     jump_forward: bool | None = None  # append forced text without sampling it (default: the engine's)
     grammar_syntax: Literal["auto", "ebnf", "lark"] = "auto"  # of a grammar constraint
     priority: int = 0  # lower runs first under load, as gRPC's `priority`

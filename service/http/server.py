@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import logging
 import os
 import socket
 import ssl
@@ -23,8 +22,6 @@ from service.http.app import OpenAIApi
 if TYPE_CHECKING:
     from service.security import KeyLimiter, SecurityConfig, TlsFiles
     from service.server import GenerationServer
-
-logger = logging.getLogger(__name__)
 
 
 class _EmbeddedServer(uvicorn.Server):
