@@ -34,7 +34,8 @@ class Person(BaseModel):
 @pytest.fixture(scope="module")
 def server():
     live = LiveServer("--max-num-seqs", str(MAX_NUM_SEQS), "--max-queue-len", str(MAX_QUEUE_LEN),
-                      "--max-message-bytes", str(MAX_MESSAGE_BYTES), "--max-constraint-bytes", str(MAX_CONSTRAINT_BYTES))
+                      "--max-message-bytes", str(MAX_MESSAGE_BYTES), "--max-constraint-bytes", str(MAX_CONSTRAINT_BYTES),
+                      startup_timeout_s=900)  # a shared machine may be building the CPU kernels
     yield live
     assert live.stop() == 0, live.log()
 
