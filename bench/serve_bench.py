@@ -24,12 +24,15 @@ import sys
 import time
 from dataclasses import replace
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from bench import report, serve_workloads
 from bench.burst import burst_test
-from bench.http_client import HttpClient
 from bench.serve import Client, LoadShape, RequestRecord, RequestSpec, compile_all, log, run_load
 from engine.config import EngineConfig
+
+if TYPE_CHECKING:
+    from bench.http_client import HttpClient
 
 FULL_CONCURRENCY = (1, 8, 32, 64)
 # mode -> (constrained, jump_forward)
@@ -267,7 +270,10 @@ def smoke_checks(result: dict) -> list[str]:
 
 async def _main_async(args, server_address: str, model_dir: str, http_url: str | None = None) -> dict:
     client = Client(server_address, rpc_timeout_s=args.rpc_timeout)
-    http_client = HttpClient(http_url, client, rpc_timeout_s=args.rpc_timeout) if http_url else None
+    http_client = None
+    if http_url:
+        from bench.http_client import HttpClient  # httpx: only for --protocol http
+        http_client = HttpClient(http_url, client, rpc_timeout_s=args.rpc_timeout)
     try:
         info = await client.model_info()
         result: dict = {"meta": {**machine(), "server": server_address, "model": info.model_name,
