@@ -180,3 +180,20 @@ def test_the_bench_http_client_records_what_the_grpc_one_does(make_server):
         assert (record.num_prompt_tokens, record.num_output_tokens, record.forward_passes) == (
             expected.num_prompt_tokens, expected.num_output_tokens, expected.forward_passes)
         assert 0 < record.ttft_s <= record.e2e_s and 0 < record.server_ttft_s <= record.server_total_s
+
+
+def test_connections_send_each_event_at_once(make_server):
+    """TCP_NODELAY on every accepted connection: without it an SSE event that follows the headers
+    waits for the client's delayed ACK (about 40 ms on Linux) before it leaves."""
+    import socket
+
+    server = make_server()
+    with httpx.Client() as client:
+        with client.stream("POST", f"{server.url}/v1/chat/completions", json={**CHAT, "stream": True}) as response:
+            lines = response.iter_lines()
+            next(lines)
+            connections = list(server.http._server.server_state.connections)  # uvicorn's open connections
+            assert connections
+            for connection in connections:
+                sock = connection.transport.get_extra_info("socket")
+                assert sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY)

@@ -54,6 +54,9 @@ class HttpServer:
         """Bind and serve (/health 503 until the engine is ready); returns the port."""
         family = socket.AF_INET6 if ":" in self.host else socket.AF_INET
         sock = socket.create_server((self.host.strip("[]"), self.port), family=family, backlog=2048)
+        # accepted connections inherit it: without, each SSE event after the headers waits for the
+        # client's delayed ACK (~40 ms); asyncio sets it only on sockets it creates itself
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         self.port = sock.getsockname()[1]
         config = uvicorn.Config(self.api.app, lifespan="off", log_level="warning", access_log=False,
                                 timeout_keep_alive=30, timeout_graceful_shutdown=None)
