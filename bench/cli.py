@@ -45,6 +45,9 @@ def add_bench_parser(subparsers, add_engine_args) -> None:
     serve = which.add_parser("serve", help="load a gRPC server (started here, or --address) and run peers beside it",
                              description="Load generator over gRPC on loopback; one JSON result file, PNG plots.")
     serve.add_argument("--address", help="a running server on loopback (default: start one on a free port)")
+    serve.add_argument("--protocol", choices=["grpc", "http"], default="grpc",
+                       help="http: every Formwork run over gRPC and, right after, over the OpenAI-compatible HTTP API")
+    serve.add_argument("--http-address", help="with --address and --protocol http: the server's HTTP HOST:PORT")
     serve.add_argument("--model", default=None, help="model folder (default: the packaged SmolLM2-135M-Instruct)")
     serve.add_argument("--workload", choices=["json-extraction", "mixed-schemas", "unconstrained"],
                        default="json-extraction")

@@ -25,6 +25,7 @@ import torch
 import xgrammar as xgr
 
 from grammar import bitmask as bitmask_ops
+from grammar import lark_grammar
 from grammar import schema_check
 from grammar.backend import BOUNDED_JSON_WHITESPACE, CompiledGrammar, Grammar, GrammarBackend, GrammarError
 from grammar.jump_forward import ForcedTextTokenizer
@@ -172,7 +173,11 @@ class XGrammarBackend(GrammarBackend):
         elif kind == "regex":
             grammar = _convert(kind, constraint.strict, not_enforced, xgr.Grammar.from_regex, constraint.spec)
         elif kind == "grammar":
-            grammar = _convert(kind, constraint.strict, not_enforced, xgr.Grammar.from_ebnf, constraint.spec)
+            try:  # a Lark grammar (vLLM's guided_grammar) is translated; EBNF passes unchanged
+                ebnf = lark_grammar.to_ebnf(constraint.spec)
+            except lark_grammar.LarkGrammarError as e:
+                raise GrammarError(f"grammar (Lark) is not supported: {e}") from None
+            grammar = _convert(kind, constraint.strict, not_enforced, xgr.Grammar.from_ebnf, ebnf)
         elif kind == "choice":
             grammar = _convert(kind, True, not_enforced, xgr.Grammar.from_ebnf, choice_ebnf(constraint.choices))
         else:

@@ -1,6 +1,6 @@
-"""`formwork serve`: the gRPC server on one engine core process.
+"""`formwork serve`: the gRPC server (and the OpenAI-compatible HTTP API) on one engine core process.
 
-    formwork serve [--model PATH] [--host 127.0.0.1] [--port 50051] [engine options] [limits]
+    formwork serve [--model PATH] [--host 127.0.0.1] [--port 50051] [--http-port 8000 | --no-http] [engine options] [limits]
     python -m service.cli serve ...   (the same, without the console script)
 
 The engine CLI (engine/cli.py) registers this subcommand with `add_serve_parser(subparsers,
@@ -15,11 +15,15 @@ import sys
 
 from collections.abc import Callable
 from dataclasses import replace
+from typing import TYPE_CHECKING
 
 from engine import cli as engine_cli
 from engine.config import EngineConfig, SchedulerConfig
 from service.limits import ServiceLimits
 from service.security import API_KEY_ENV, SecurityConfig, load_api_keys, load_tls_files
+
+if TYPE_CHECKING:
+    from service.http.server import HttpServer
 
 _LIMIT_DEFAULTS = ServiceLimits()
 
@@ -31,6 +35,10 @@ def add_serve_parser(subparsers: argparse._SubParsersAction,
                                    description="Serve formwork.v1.Generation (plus health and reflection) over gRPC.")
     parser.add_argument("--host", default="127.0.0.1", help="address to listen on (default: %(default)s)")
     parser.add_argument("--port", type=int, default=50051, help="port (default: %(default)s; 0: any free port)")
+    parser.add_argument("--http-port", type=int, default=8000,
+                        help="port of the OpenAI-compatible HTTP API, docs/http.md (default: %(default)s; 0: any free "
+                             "port)")
+    parser.add_argument("--no-http", action="store_true", help="serve gRPC only")
     parser.add_argument("--log-level", default="INFO", choices=("DEBUG", "INFO", "WARNING", "ERROR"))
     (add_engine_args or engine_cli.add_engine_args)(parser)
     limits = parser.add_argument_group("limits")
@@ -103,8 +111,15 @@ def run_serve(args: argparse.Namespace) -> int:
         print(f"formwork: serving {server.llm.info.model_name} on {address} "
               f"(try: grpcurl {tls}{key} {address} describe formwork.v1.Generation)", flush=True)
 
+    def announce_http(http: HttpServer) -> None:
+        host = f"[{http.host}]" if ":" in http.host else http.host
+        url = f"{http.scheme}://{host}:{http.port}"
+        key = " -H 'Authorization: Bearer KEY'" if security.api_keys else ""
+        print(f"formwork: serving the OpenAI-compatible API on {url}/v1 (try: curl{key} {url}/v1/models)", flush=True)
+
     client = AsyncMPClient(config, log_level=log_level)
-    return asyncio.run(serve(client, limits, args.host, args.port, on_ready=announce, security=security))
+    return asyncio.run(serve(client, limits, args.host, args.port, on_ready=announce, security=security,
+                             http_port=None if args.no_http else args.http_port, on_http_ready=announce_http))
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -20,6 +20,7 @@ import signal
 import time
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
@@ -37,6 +38,9 @@ from service.errors import STATUS_DETAILS_KEY, ServiceError, StatusCode, invalid
 from service.limits import ServiceLimits
 from service.reflection import V1_SERVICE, V1ALPHA_SERVICE, add_v1_descriptor
 from service.security import ApiKeys, KeyLimiter, SecurityConfig
+
+if TYPE_CHECKING:
+    from service.http.server import HttpServer
 
 logger = logging.getLogger(__name__)
 
@@ -179,9 +183,9 @@ class _AccessInterceptor(grpc.aio.ServerInterceptor):
     """API keys on every call (grpc.health.v1 excepted unless protected) and the per-key limit on
     concurrent Generate / GenerateStream calls. A refused call gets its status before any handler runs."""
 
-    def __init__(self, security: SecurityConfig) -> None:
+    def __init__(self, security: SecurityConfig, limiter: KeyLimiter) -> None:
         self._keys = ApiKeys(security.api_keys)
-        self._limiter = KeyLimiter(security.max_concurrent_per_key)
+        self._limiter = limiter
         self._open_prefix = None if security.protect_health else f"/{health.SERVICE_NAME}/"
 
     async def intercept_service(self, continuation, details: grpc.HandlerCallDetails):
@@ -251,13 +255,15 @@ class GenerationServer:
         self.host = host
         self.port = port  # the bound port once started (useful with port 0)
         self.security = security
+        # calls in flight per key, over gRPC and HTTP together
+        self.key_limiter = KeyLimiter(security.max_concurrent_per_key)
         self._warm_up = warm_up
         self.health = health.aio.HealthServicer()
         self.server = grpc.aio.server(options=[
             ("grpc.max_receive_message_length", limits.max_message_bytes),
             ("grpc.max_send_message_length", limits.max_message_bytes),
             ("grpc.so_reuseport", 0),  # a port in use is an error, not a shared port
-        ], interceptors=[_AccessInterceptor(security)] if security.api_keys else None)
+        ], interceptors=[_AccessInterceptor(security, self.key_limiter)] if security.api_keys else None)
         pb_grpc.add_GenerationServicer_to_server(GenerationServicer(self.llm, limits), self.server)
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self.server)
         add_v1_descriptor()
@@ -336,10 +342,17 @@ class GenerationServer:
 
 async def serve(client: EngineCoreClient, limits: ServiceLimits, host: str, port: int,
                 on_ready: Callable[[GenerationServer], None] | None = None,
-                security: SecurityConfig = SecurityConfig()) -> int:
+                security: SecurityConfig = SecurityConfig(), http_port: int | None = None,
+                on_http_ready: Callable[[HttpServer], None] | None = None) -> int:
     """Run a server until SIGTERM or SIGINT; returns the process exit code (0 after a graceful
-    stop, 1 if the engine failed to start). A second signal cuts the grace period short."""
+    stop, 1 if the engine failed to start). A second signal cuts the grace period short.
+    With `http_port`, the OpenAI-compatible HTTP API (service/http/) is served too, on the same
+    AsyncLLM and host."""
     server = GenerationServer(client, limits, host, port, security=security)
+    http = None
+    if http_port is not None:
+        from service.http.server import HttpServer
+        http = HttpServer(server, http_port, server.key_limiter)
     stop = asyncio.Event()
 
     def on_signal() -> None:
@@ -351,16 +364,33 @@ async def serve(client: EngineCoreClient, limits: ServiceLimits, host: str, port
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, on_signal)
     await server.start()
+    if http is not None:
+        try:
+            await http.start()
+        except OSError as e:  # the port is taken, most often
+            logger.error("cannot serve HTTP on %s:%d: %s (--http-port PORT, or --no-http)", host, http_port, e)
+            await server.stop(0)
+            return 1
     stop_requested = asyncio.create_task(stop.wait())
     started = asyncio.create_task(server.wait_started())
     await asyncio.wait({stop_requested, started}, return_when=asyncio.FIRST_COMPLETED)
     if started.done() and started.exception() is not None:
         logger.error("the engine failed to start: %s", started.exception())
         stop_requested.cancel()
-        await server.stop(0)
+        await _stop_both(server, http, 0)
         return 1
     if started.done() and on_ready is not None:
         on_ready(server)
+    if started.done() and http is not None and on_http_ready is not None:
+        on_http_ready(http)
     await stop_requested
-    await server.stop()
+    await _stop_both(server, http)
     return 0
+
+
+async def _stop_both(server: GenerationServer, http: HttpServer | None, grace_s: float | None = None) -> None:
+    """HTTP stops taking connections while gRPC's stop lets in-flight requests (of both) finish."""
+    http_stopped = asyncio.create_task(http.stop()) if http is not None else None
+    await server.stop(grace_s)
+    if http_stopped is not None:
+        await http_stopped
