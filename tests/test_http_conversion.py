@@ -62,6 +62,8 @@ def test_every_constraint_field_keeps_the_schema_order():
     assert strict["strict"] is False
     options = translate_chat(chat(guided_regex="a", formwork={"any_whitespace": True, "jump_forward": False}))
     assert as_dict(options.request)["constraint"] == {"regex": "a", "anyWhitespace": True, "jumpForward": False}
+    spaced = translate_chat(chat(guided_json=SCHEMA, formwork={"whitespace": "spaced"}))
+    assert as_dict(spaced.request)["constraint"]["whitespace"] == "JSON_WHITESPACE_SPACED"
     lark = translate_chat(chat(guided_grammar='start: "a"', formwork={"grammar_syntax": "lark"}))
     assert lark.request.constraint.grammar.startswith("root ::= start")
 
@@ -75,7 +77,7 @@ def test_every_constraint_field_keeps_the_schema_order():
     ({"stream_options": {"include_usage": True}}, "stream_options: is only allowed with stream: true"),
     ({"guided_regex": "a", "guided_choice": ["a"]}, "guided_choice: only one output constraint per request"),
     ({"structured_outputs": {"regex": "a", "choice": ["a"]}}, "structured_outputs: set exactly one of"),
-    ({"formwork": {"strict": False}}, "formwork: strict, any_whitespace and jump_forward need an output constraint"),
+    ({"formwork": {"strict": False}}, "formwork: strict, whitespace, any_whitespace and jump_forward need an output constraint"),
     ({"response_format": {"type": "json_schema"}}, "response_format.json_schema.schema: is required"),
     ({"messages": [{"role": "user", "content": [{"type": "image_url"}]}]},
      "messages[0].content[0]: only text parts are supported, got type 'image_url'"),

@@ -17,6 +17,9 @@ from service.errors import FieldViolation, ServiceError, invalid_argument
 from service.http.protocol import ChatCompletionRequest, CompletionRequest, _GenerationRequest
 
 MAX_CHOICES = 16  # n, per prompt
+# Formwork's JSON whitespace modes, by their HTTP names
+_WHITESPACE = {"compact": pb.JSON_WHITESPACE_COMPACT, "spaced": pb.JSON_WHITESPACE_SPACED,
+               "bounded": pb.JSON_WHITESPACE_BOUNDED, "any": pb.JSON_WHITESPACE_ANY}
 
 
 @dataclass
@@ -179,8 +182,9 @@ def _constraint(body: _GenerationRequest, names: FieldNames) -> pb.Constraint | 
         raise invalid_argument(found[1][0], f"only one output constraint per request; {found[0][0]} is set too")
     if not found:
         if body.formwork and any(v is not None for v in (body.formwork.strict, body.formwork.any_whitespace,
-                                                        body.formwork.jump_forward)):
-            raise invalid_argument("formwork", "strict, any_whitespace and jump_forward need an output constraint")
+                                                        body.formwork.jump_forward, body.formwork.whitespace)):
+            raise invalid_argument("formwork", "strict, whitespace, any_whitespace and jump_forward need an output "
+                                               "constraint")
         return None
     http_field, constraint = found[0]
     kind = constraint.WhichOneof("kind")
@@ -191,6 +195,8 @@ def _constraint(body: _GenerationRequest, names: FieldNames) -> pb.Constraint | 
         for option in ("strict", "any_whitespace", "jump_forward"):
             if getattr(options, option) is not None:
                 setattr(constraint, option, getattr(options, option))
+        if options.whitespace is not None:
+            constraint.whitespace = _WHITESPACE[options.whitespace]
         if kind == "grammar" and options.grammar_syntax != "auto":
             try:
                 constraint.grammar = to_ebnf(constraint.grammar, options.grammar_syntax)

@@ -47,6 +47,7 @@ class FormworkOptions(_Strict):
 
     strict: bool | None = None  # an unsupported JSON-Schema keyword is an error (default) or reported
     any_whitespace: bool | None = None  # free whitespace between JSON tokens, as gRPC's Constraint field
+    whitespace: Literal["compact", "spaced", "bounded", "any"] | None = None  # JSON whitespace mode (gRPC's)
     jump_forward: bool | None = None  # append forced text without sampling it (default: the engine's)
     grammar_syntax: Literal["auto", "ebnf", "lark"] = "auto"  # of a grammar constraint
     priority: int = 0  # lower runs first under load, as gRPC's `priority`
