@@ -4,8 +4,8 @@ xgrammar ignores length bounds beside a pattern. A pattern that is a sequence of
 atoms (`[a-z]`, `\\d`, `.`, `x`), each with a quantifier, has a length that is the sum of the
 atoms' counts, so the bounds can be written into the quantifiers. With one variable atom this is
 exact; with several, the slack goes to the widest one and the others are capped (narrowing).
-The result is always anchored (`^...$`): an unanchored pattern matches anywhere in the string, so
-anchoring it narrows too. Anything else (groups, alternation, lookaround) is left alone.
+An unanchored end matches anything there, so it is read as `.*` (narrowing a little: `.` does
+not match a line break), and the result is anchored (`^...$`). Anything else (groups, alternation, lookaround) is left alone.
 """
 from __future__ import annotations
 
@@ -20,6 +20,7 @@ class _Atom:
     text: str
     low: int
     high: int | None  # None: unbounded
+    implicit: bool = False  # the ".*" an unanchored end stands for
 
 
 def fold_lengths(pattern: str, min_length: int, max_length: int | None) -> tuple[str, bool] | None:
@@ -35,13 +36,15 @@ def fold_lengths(pattern: str, min_length: int, max_length: int | None) -> tuple
     variable = [a for a in atoms if a.high is None or a.high > a.low]
     if not variable:
         return None  # a fixed length outside the bounds: leave it for the checker
-    slack = max(variable, key=lambda a: float("inf") if a.high is None else a.high - a.low)
+    explicit = [a for a in variable if not a.implicit] or variable
+    slack = max(explicit, key=lambda a: float("inf") if a.high is None else a.high - a.low)
     others = [a for a in atoms if a is not slack]
-    if max_length is not None:
-        for atom in others:
-            if atom.high is None:
-                atom.high = atom.low  # capped so that the total has an upper bound
-                narrowed = True
+    for atom in others:
+        if atom.implicit:
+            atom.high = 0  # the pattern's own atom carries the bounds: anchor this end
+        elif max_length is not None and atom.high is None:
+            atom.high = atom.low  # capped so that the total has an upper bound
+            narrowed = True
     others_low = sum(a.low for a in others)
     low = max(slack.low, min_length - others_low)
     high = slack.high
@@ -50,7 +53,7 @@ def fold_lengths(pattern: str, min_length: int, max_length: int | None) -> tuple
         high = max_length - others_high if high is None else min(high, max_length - others_high)
     if high is not None and high < low:
         return None
-    if len(variable) > 1:
+    if len([a for a in variable if not a.implicit]) > 1:
         narrowed = True  # the slack atom alone carries the bounds, whatever the others match
     slack.low, slack.high = low, high
     return _render(atoms), narrowed
@@ -103,7 +106,13 @@ def _parse(pattern: str) -> tuple[list[_Atom] | None, bool]:
         if low < 0:
             return None, False
         atoms.append(_Atom(text, low, high))
-    return (atoms or None), anchored_start and anchored_end
+    if not atoms:
+        return None, False
+    if not anchored_start:
+        atoms.insert(0, _Atom(".", 0, None, implicit=True))
+    if not anchored_end:
+        atoms.append(_Atom(".", 0, None, implicit=True))
+    return atoms, anchored_start and anchored_end
 
 
 def _quantifier(pattern: str, i: int, end: int) -> tuple[int, int | None, int]:

@@ -73,12 +73,12 @@ def type_value(types: set[str]) -> str | list[str]:
 
 def merge(a: Any, b: Any) -> Any:
     """The schema valid exactly where both `a` and `b` are; raises CannotMerge (see module doc)."""
-    if a is True or a == {}:
-        return copy_json(b)
-    if b is True or b == {}:
-        return copy_json(a)
     if a is False or b is False:
         raise EmptyIntersection("a false schema accepts nothing")
+    if b is True or b == {}:
+        return copy_json(a)
+    if a is True or a == {}:
+        return copy_json(b)
     if not isinstance(a, dict) or not isinstance(b, dict):
         raise CannotMerge("a subschema is neither an object nor a boolean")
     if "$ref" in a or "$ref" in b:
