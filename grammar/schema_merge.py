@@ -29,6 +29,12 @@ ANNOTATIONS = frozenset({
     "title", "description", "default", "examples", "$comment", "deprecated", "readOnly", "writeOnly",
     "$schema", "$id", "id", "$anchor", "contentEncoding", "contentMediaType", "markdownDescription",
 })
+# Keywords whose meaning depends on their neighbours in the same schema object (items after
+# prefixItems, minContains with contains, then with if, unevaluated* with everything evaluated
+# beside them): moving one next to another side's keywords would change what it means.
+_POSITIONAL = (("prefixItems", "items", "additionalItems", "contains", "minContains", "maxContains"),
+               ("if", "then", "else"))
+_ANY_SIDE = ("unevaluatedProperties", "unevaluatedItems")
 _LOWER_BOUNDS = ("minLength", "minItems", "minProperties", "minimum", "exclusiveMinimum")
 _UPPER_BOUNDS = ("maxLength", "maxItems", "maxProperties", "maximum", "exclusiveMaximum")
 
@@ -85,6 +91,13 @@ def merge(a: Any, b: Any) -> Any:
         raise CannotMerge("unresolved $ref")
     if "allOf" in a or "allOf" in b:
         raise CannotMerge("nested allOf")
+    for key in _ANY_SIDE:
+        if key in a or key in b:
+            raise CannotMerge(f"{key} depends on where it sits")
+    for group in _POSITIONAL:
+        in_a, in_b = [k for k in group if k in a], [k for k in group if k in b]
+        if in_a and in_b and not (in_a == in_b == ["items"]):
+            raise CannotMerge(f"{'/'.join(in_a)} beside {'/'.join(in_b)}")
     for fixed in (a, b):
         if "enum" in fixed or "const" in fixed:
             return _merge_fixed(fixed, b if fixed is a else a)

@@ -146,8 +146,8 @@ class _Pass:
         target = resolve_pointer(self.root, ref)
         if target is None:
             raise CannotMerge(f"unresolvable $ref {ref}")
-        if json.dumps(ref) in json.dumps(target):
-            raise CannotMerge(f"recursive $ref {ref}")
+        if any(isinstance(n, dict) and n.get("$ref") == ref and _asserting(n, "$ref") for n in _walk(target)):
+            raise CannotMerge(f"recursive $ref {ref} with keywords beside it")  # inlining would not end
         return copy_json(target)
 
     # -- rules --------------------------------------------------------------------------------
@@ -182,13 +182,12 @@ class _Pass:
 
     def distribute(self, node: dict, pointer: str) -> Any:
         """Keywords beside anyOf/oneOf merged into every branch (exact: S and exactly-one(Bi) is
-        exactly-one(S and Bi)); branches that become empty are dropped; one branch left is inlined."""
+        exactly-one(S and Bi)); branches that are or become empty are dropped (exact), and so is a
+        node with none left (it becomes false); one branch left is inlined."""
         key = "anyOf" if "anyOf" in node else "oneOf" if "oneOf" in node else None
         if key is None or not isinstance(node[key], list) or ("anyOf" in node and "oneOf" in node):
             return node
         siblings = _asserting(node, key)
-        if not siblings and len(node[key]) != 1:
-            return node
         branches = []
         try:
             for branch in node[key]:
@@ -198,8 +197,12 @@ class _Pass:
                     continue
         except CannotMerge:
             return node
+        branches = [b for b in branches if b is not False]
         if not branches:
-            return node  # nothing is valid; left for xgrammar to report
+            self.fired(f"{key}-siblings", pointer)
+            return False  # no branch admits anything: neither does the node
+        if not siblings and len(branches) > 1 and branches == node[key]:
+            return node
         self.fired(f"{key}-siblings", pointer)
         kept = _kept(node, key)
         if len(branches) == 1:
@@ -227,8 +230,8 @@ class _Pass:
             allowed = declared_types(node) or set(TYPES)
             if set(_asserting(negated)) == {"type"}:
                 types = allowed - declared_types(negated)  # type: ignore[operator]
-                if not types:
-                    return node
+                if not types or ("number" in types and "integer" not in types):
+                    return node  # nothing left, or "numbers but not integers": no type says that
                 rest = {k: v for k, v in node.items() if k != "not"}
                 self.fired("not-type", pointer)
                 return {**rest, "type": type_value(types)}
@@ -398,6 +401,18 @@ class _Pass:
         self.fired("oneOf-exclusive", pointer)
         rest = {k: v for k, v in node.items() if k != "oneOf"}
         return {**rest, "anyOf": branches}
+
+
+def _walk(node: Any):
+    """Every dict and list nested in a JSON value, the value first."""
+    stack = [node]
+    while stack:
+        item = stack.pop()
+        yield item
+        if isinstance(item, dict):
+            stack.extend(item.values())
+        elif isinstance(item, list):
+            stack.extend(item)
 
 
 def _types_or_none(node: Any) -> set[str] | None:

@@ -203,3 +203,42 @@ def test_rewritten_schemas_compile_strict_and_are_enforced():
 def test_unknown_format_compiles_strict_with_a_note():
     compiled = make_backend().compile(make_constraint(spec=json.dumps({"type": "string", "format": "color"})))
     assert compiled.not_enforced == ["format 'color' at / (the root) is an annotation, not checked"]
+
+
+def test_positional_keywords_are_not_moved_next_to_the_other_sides():
+    with pytest.raises(CannotMerge):
+        merge({"prefixItems": [{"type": "integer"}]}, {"items": {"minimum": 5}})
+    with pytest.raises(CannotMerge):
+        merge({"properties": {"foo": True}}, {"unevaluatedProperties": False})
+    assert merge({"items": {"type": "integer"}}, {"items": {"minimum": 1}}) == {"items": {"type": "integer", "minimum": 1}}
+
+
+def test_not_integer_is_left_alone_because_number_would_admit_integers():
+    assert rewritten({"not": {"type": "integer"}}) == {"not": {"type": "integer"}}
+
+
+@pytest.mark.parametrize("schema, expected", [
+    ({"type": "object", "properties": {"foo": {"type": "array"}}, "patternProperties": {"f.o": {"type": "string"}}},
+     ["patternProperties at / (the root)"]),
+    ({"type": "object", "patternProperties": {"a*": {"type": "integer"}, "aaa*": {"maximum": 20}}},
+     ["patternProperties at / (the root)"]),
+    ({"type": "object", "properties": {"bar": {}}, "patternProperties": {"^x-": {"type": "string"}}}, []),
+    ({"type": "object", "properties": {"bar": {"type": "string"}}, "patternProperties": {".*": {"type": "string"}}},
+     []),  # the same schema either way
+])
+def test_checker_flags_names_that_several_property_schemas_match(schema, expected):
+    # measured: xgrammar checks such a name against one of the schemas, not all
+    assert [str(f) for f in find_unsupported(schema)] == expected
+
+
+def test_empty_branches_are_dropped_and_a_node_without_any_is_false():
+    schema = {"anyOf": [{"type": "string"}, {"type": "array", "anyOf": [{"type": "string"}]}]}
+    assert rewritten(schema) == {"type": "string"}
+    assert rewritten({"type": "array", "anyOf": [{"type": "string"}, {"type": "null"}]}) is False
+
+
+def test_a_self_referencing_target_is_inlined_once_when_its_inner_references_are_bare():
+    schema = {"$defs": {"list": {"type": "array", "items": {"$ref": "#/$defs/list"}}},
+              "$ref": "#/$defs/list", "maxItems": 1}
+    assert rewritten(schema) == {"$defs": schema["$defs"], "type": "array", "items": {"$ref": "#/$defs/list"},
+                                 "maxItems": 1}
