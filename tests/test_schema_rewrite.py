@@ -220,7 +220,7 @@ def test_not_integer_is_left_alone_because_number_would_admit_integers():
 @pytest.mark.parametrize("schema, expected", [
     ({"type": "object", "properties": {"foo": {"type": "array"}}, "patternProperties": {"f.o": {"type": "string"}}},
      ["patternProperties at / (the root)"]),
-    ({"type": "object", "patternProperties": {"a*": {"type": "integer"}, "aaa*": {"maximum": 20}}},
+    ({"type": "object", "patternProperties": {"a*": {"type": "integer"}, "aaa*": {"type": "number", "maximum": 20}}},
      ["patternProperties at / (the root)"]),
     ({"type": "object", "properties": {"bar": {}}, "patternProperties": {"^x-": {"type": "string"}}}, []),
     ({"type": "object", "properties": {"bar": {"type": "string"}}, "patternProperties": {".*": {"type": "string"}}},
