@@ -396,11 +396,53 @@ class _Pass:
             resolved = [self.resolved(b) for b in branches]
         except CannotMerge:
             return node
-        if not all(_disjoint(x, y) for x, y in itertools.combinations(resolved, 2)):
-            return node
-        self.fired("oneOf-exclusive", pointer)
         rest = {k: v for k, v in node.items() if k != "oneOf"}
-        return {**rest, "anyOf": branches}
+        if all(_disjoint(x, y) for x, y in itertools.combinations(resolved, 2)):
+            self.fired("oneOf-exclusive", pointer)
+            return {**rest, "anyOf": branches}
+        by_required = _one_of_by_required(resolved)
+        if by_required is None:
+            return node
+        self.fired("oneOf-required", pointer, narrowing=by_required[1])
+        return {**rest, "anyOf": by_required[0]}
+
+
+def _one_of_by_required(branches: list) -> tuple[list, bool] | None:
+    """oneOf of branches that differ only in `required` (the usual "give radius, or length and
+    width" object), as an anyOf: branch i requires its names and lacks, for every other branch j,
+    one of the names j requires beyond i's. A lacking name is removed from properties of a
+    closed object; closing an open one narrows. (alternatives, narrowed), or None past
+    MAX_BRANCHES or for any other shape."""
+    if not all(isinstance(b, dict) and isinstance(b.get("required"), list) for b in branches):
+        return None
+    common = [{k: v for k, v in b.items() if k != "required"} for b in branches]
+    if any(c != common[0] for c in common) or _types_or_none(common[0]) != {"object"}:
+        return None
+    base = common[0]
+    if not isinstance(base.get("properties", {}), dict) or "patternProperties" in base:
+        return None
+    required = [list(dict.fromkeys(b["required"])) for b in branches]
+    alternatives: list = []
+    for i, names in enumerate(required):
+        extra = [[n for n in other if n not in names] for j, other in enumerate(required) if j != i]
+        if any(not e for e in extra):
+            continue  # whatever satisfies branch i satisfies another too
+        seen = set()
+        for combination in itertools.product(*extra):
+            absent = frozenset(combination)
+            if absent in seen:
+                continue
+            seen.add(absent)
+            branch = copy_json(base)
+            branch["properties"] = {n: s for n, s in base.get("properties", {}).items() if n not in absent}
+            branch["additionalProperties"] = False
+            branch["required"] = names
+            alternatives.append(branch)
+            if len(alternatives) > MAX_BRANCHES:
+                return None
+    if not alternatives:
+        return None
+    return alternatives, base.get("additionalProperties") is not False
 
 
 def _walk(node: Any):

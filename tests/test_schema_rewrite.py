@@ -242,3 +242,17 @@ def test_a_self_referencing_target_is_inlined_once_when_its_inner_references_are
               "$ref": "#/$defs/list", "maxItems": 1}
     assert rewritten(schema) == {"$defs": schema["$defs"], "type": "array", "items": {"$ref": "#/$defs/list"},
                                  "maxItems": 1}
+
+
+def test_one_of_that_differs_only_in_required_becomes_exclusive_alternatives():
+    props = {"r": {"type": "number"}, "l": {"type": "number"}, "w": {"type": "number"}}
+    schema = {"type": "object", "properties": props, "additionalProperties": False,
+              "oneOf": [{"required": ["r"]}, {"required": ["l", "w"]}]}
+    result = rewrite(schema)
+    closed = {"type": "object", "additionalProperties": False}
+    # r without l, r without w; l and w without r
+    assert result.schema == {"anyOf": [
+        {**closed, "properties": {"r": props["r"], "w": props["w"]}, "required": ["r"]},
+        {**closed, "properties": {"r": props["r"], "l": props["l"]}, "required": ["r"]},
+        {**closed, "properties": {"l": props["l"], "w": props["w"]}, "required": ["l", "w"]}]}
+    assert not [n for n in result.narrowed if n.startswith("oneOf")]  # the object was closed already
