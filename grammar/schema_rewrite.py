@@ -22,16 +22,17 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from grammar.backend import GrammarError
-from grammar.schema_check import ASSERTIONS, SUPPORTED_FORMATS, pointer_join, resolve_pointer
-from grammar.schema_merge import (ANNOTATIONS, TYPES, CannotMerge, EmptyIntersection, copy_json,
-                                  declared_types, json_equal, json_type, merge, type_value)
 from grammar.length_pattern import fold_lengths
+from grammar.one_of import MAX_ALTERNATIVES, disjoint, instance_types, one_of_by_required
+from grammar.schema_check import ASSERTIONS, SUPPORTED_FORMATS, pointer_join, resolve_pointer
+from grammar.schema_merge import (TYPES, CannotMerge, EmptyIntersection, copy_json, declared_types, json_equal,
+                                  json_type, merge, type_value)
 
 MAX_PASSES = 4
 MAX_VISITS = 200_000
 MAX_GROWTH = 8
 MAX_MIN_BYTES = 256 * 1024
-MAX_BRANCHES = 16  # dependencies expanded into at most this many alternatives
+MAX_BRANCHES = MAX_ALTERNATIVES  # dependencies expanded into at most this many alternatives
 INT64_MIN, INT64_MAX = -(1 << 63), (1 << 63) - 1
 
 # keyword -> the instance type it describes, for type inference
@@ -91,7 +92,7 @@ class _Pass:
         self.result = result
         self.root: Any = None
         self.visits = 0
-        
+
     def run(self, root: Any) -> Any:
         self.root = root
         return self.node(root, "")
@@ -319,7 +320,7 @@ class _Pass:
         """A required name missing from properties is declared with the schema that applies to it
         anyway (the matching patternProperties, else additionalProperties): exact."""
         required = node.get("required")
-        types = _types_or_none(node)
+        types = instance_types(node)
         if not isinstance(required, list) or types != {"object"} or "$ref" in node:
             return node
         properties = node.get("properties", {})
@@ -372,7 +373,7 @@ class _Pass:
 
     def int64_bounds(self, node: dict, pointer: str) -> Any:
         """Integer bounds beyond 64 bits clamped to the int64 range (narrowing)."""
-        if _types_or_none(node) != {"integer"}:
+        if instance_types(node) != {"integer"}:
             return node
         out = dict(node)
         for key, clamp in (("minimum", max), ("exclusiveMinimum", max), ("maximum", min), ("exclusiveMaximum", min)):
@@ -397,52 +398,14 @@ class _Pass:
         except CannotMerge:
             return node
         rest = {k: v for k, v in node.items() if k != "oneOf"}
-        if all(_disjoint(x, y) for x, y in itertools.combinations(resolved, 2)):
+        if all(disjoint(x, y) for x, y in itertools.combinations(resolved, 2)):
             self.fired("oneOf-exclusive", pointer)
             return {**rest, "anyOf": branches}
-        by_required = _one_of_by_required(resolved)
+        by_required = one_of_by_required(resolved)
         if by_required is None:
             return node
         self.fired("oneOf-required", pointer, narrowing=by_required[1])
         return {**rest, "anyOf": by_required[0]}
-
-
-def _one_of_by_required(branches: list) -> tuple[list, bool] | None:
-    """oneOf of branches that differ only in `required` (the usual "give radius, or length and
-    width" object), as an anyOf: branch i requires its names and lacks, for every other branch j,
-    one of the names j requires beyond i's. A lacking name is removed from properties of a
-    closed object; closing an open one narrows. (alternatives, narrowed), or None past
-    MAX_BRANCHES or for any other shape."""
-    if not all(isinstance(b, dict) and isinstance(b.get("required"), list) for b in branches):
-        return None
-    common = [{k: v for k, v in b.items() if k != "required"} for b in branches]
-    if any(c != common[0] for c in common) or _types_or_none(common[0]) != {"object"}:
-        return None
-    base = common[0]
-    if not isinstance(base.get("properties", {}), dict) or "patternProperties" in base:
-        return None
-    required = [list(dict.fromkeys(b["required"])) for b in branches]
-    alternatives: list = []
-    for i, names in enumerate(required):
-        extra = [[n for n in other if n not in names] for j, other in enumerate(required) if j != i]
-        if any(not e for e in extra):
-            continue  # whatever satisfies branch i satisfies another too
-        seen = set()
-        for combination in itertools.product(*extra):
-            absent = frozenset(combination)
-            if absent in seen:
-                continue
-            seen.add(absent)
-            branch = copy_json(base)
-            branch["properties"] = {n: s for n, s in base.get("properties", {}).items() if n not in absent}
-            branch["additionalProperties"] = False
-            branch["required"] = names
-            alternatives.append(branch)
-            if len(alternatives) > MAX_BRANCHES:
-                return None
-    if not alternatives:
-        return None
-    return alternatives, base.get("additionalProperties") is not False
 
 
 def _walk(node: Any):
@@ -455,61 +418,3 @@ def _walk(node: Any):
             stack.extend(item.values())
         elif isinstance(item, list):
             stack.extend(item)
-
-
-def _types_or_none(node: Any) -> set[str] | None:
-    """The instance types a node admits: declared, or those of its enum/const values; None: any."""
-    if not isinstance(node, dict):
-        return None if node is True else set()
-    try:
-        declared = declared_types(node)
-    except CannotMerge:
-        return None
-    if "enum" in node or "const" in node:
-        values = node["enum"] if isinstance(node.get("enum"), list) else [node.get("const")]
-        kinds = {json_type(v) for v in values}
-        return kinds if declared is None else {k for k in kinds if k in declared}
-    if declared is not None and declared >= {"integer", "number"}:
-        declared = declared - {"integer"} | {"number"}
-    return declared
-
-
-def _values(node: Any) -> list | None:
-    if isinstance(node, dict) and isinstance(node.get("enum"), list):
-        return node["enum"]
-    if isinstance(node, dict) and "const" in node:
-        return [node["const"]]
-    return None
-
-
-def _disjoint(x: Any, y: Any) -> bool:
-    """Whether no instance can be valid against both (a sufficient test, never a guess)."""
-    tx, ty = _types_or_none(x), _types_or_none(y)
-    if tx is not None and ty is not None:
-        wide = lambda t: t | ({"integer"} if "number" in t else set())  # noqa: E731
-        if not wide(tx) & wide(ty):
-            return True
-    vx, vy = _values(x), _values(y)
-    if vx is not None and vy is not None:
-        return not any(json_equal(a, b) for a in vx for b in vy)
-    if not (isinstance(x, dict) and isinstance(y, dict)):
-        return False
-    return _disjoint_objects(x, y) or _disjoint_objects(y, x)
-
-
-def _disjoint_objects(x: dict, y: dict) -> bool:
-    """x requires a name y cannot have (closed without it), or both require a name whose
-    values are disjoint."""
-    x_required = x.get("required") if isinstance(x.get("required"), list) else []
-    y_required = y.get("required") if isinstance(y.get("required"), list) else []
-    x_props = x.get("properties") if isinstance(x.get("properties"), dict) else {}
-    y_props = y.get("properties") if isinstance(y.get("properties"), dict) else {}
-    y_closed = y.get("additionalProperties") is False and "patternProperties" not in y
-    if _types_or_none(x) != {"object"} and _types_or_none(y) != {"object"}:
-        return False  # both untyped: a non-object instance satisfies both
-    for name in x_required:
-        if y_closed and name not in y_props:
-            return True
-        if name in y_required and name in x_props and name in y_props and _disjoint(x_props[name], y_props[name]):
-            return True
-    return False
