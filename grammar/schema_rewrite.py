@@ -24,7 +24,7 @@ from typing import Any
 from grammar.backend import GrammarError
 from grammar.length_pattern import fold_lengths
 from grammar.one_of import MAX_ALTERNATIVES, disjoint, instance_types, one_of_by_required
-from grammar.schema_check import ASSERTIONS, SUPPORTED_FORMATS, pointer_join, resolve_pointer
+from grammar.schema_check import ASSERTIONS, SUPPORTED_FORMATS, iter_subschemas, pointer_join, resolve_pointer
 from grammar.schema_merge import (TYPES, CannotMerge, EmptyIntersection, copy_json, declared_types, json_equal,
                                   json_type, merge, type_value)
 
@@ -43,6 +43,7 @@ _FAMILIES = {
     **dict.fromkeys(("properties", "additionalProperties", "required", "minProperties", "maxProperties",
                      "patternProperties", "propertyNames", "dependentRequired", "dependencies"), "object"),
 }
+_NON_MONOTONE = ("not", "if", "contains", "oneOf")
 _MAPS = ("properties", "patternProperties", "$defs", "definitions", "dependentSchemas")
 _SINGLES = ("additionalProperties", "items", "contains", "propertyNames", "not", "if", "then", "else",
             "additionalItems", "unevaluatedItems", "unevaluatedProperties")
@@ -92,10 +93,16 @@ class _Pass:
         self.result = result
         self.root: Any = None
         self.visits = 0
+        self.defs_monotone = True
+        self.monotone = True
 
     def run(self, root: Any) -> Any:
         self.root = root
-        return self.node(root, "")
+        # a definition referenced from a negated place must not be narrowed anywhere
+        self.defs_monotone = not any(
+            isinstance(n, dict) and "$ref" in n and set(p.split("/")) & set(_NON_MONOTONE)
+            for p, n, _ in iter_subschemas(root))
+        return self.node(root, "", True)
 
     def fired(self, rule: str, pointer: str, narrowing: bool = False) -> None:
         self.result.rules[rule] += 1
@@ -104,7 +111,10 @@ class _Pass:
 
     # -- the walk ---------------------------------------------------------------------------
 
-    def node(self, node: Any, pointer: str) -> Any:
+    def node(self, node: Any, pointer: str, monotone: bool) -> Any:
+        """`node` rewritten, subschemas first. `monotone`: narrowing this node narrows the whole
+        schema; false under `not`, `if`, `contains` and a oneOf's branches, where narrowing a
+        subschema can widen its parent, so only exact rules apply there."""
         self.visits += 1
         if self.visits > MAX_VISITS:
             raise GrammarError(f"rewriting the schema for the grammar visited over {MAX_VISITS} subschemas; "
@@ -114,20 +124,24 @@ class _Pass:
         node = dict(node)
         for key in _MAPS:
             if isinstance(node.get(key), dict):
-                node[key] = {n: self.node(s, pointer_join(pointer, key, n)) for n, s in node[key].items()}
+                inner = monotone and (self.defs_monotone or key not in ("$defs", "definitions"))
+                node[key] = {n: self.node(s, pointer_join(pointer, key, n), inner) for n, s in node[key].items()}
         for key in _SINGLES:
             if isinstance(node.get(key), (dict, bool)):
-                node[key] = self.node(node[key], pointer_join(pointer, key))
+                node[key] = self.node(node[key], pointer_join(pointer, key), monotone and key not in _NON_MONOTONE)
         for key in _LISTS:
             if isinstance(node.get(key), list):
-                node[key] = [self.node(s, pointer_join(pointer, key, i)) for i, s in enumerate(node[key])]
+                inner = monotone and key not in _NON_MONOTONE
+                node[key] = [self.node(s, pointer_join(pointer, key, i), inner) for i, s in enumerate(node[key])]
         if isinstance(node.get("dependencies"), dict):
-            node["dependencies"] = {n: self.node(s, pointer_join(pointer, "dependencies", n))
+            node["dependencies"] = {n: self.node(s, pointer_join(pointer, "dependencies", n), monotone)
                                     if isinstance(s, dict) else s for n, s in node["dependencies"].items()}
+        self.monotone = monotone
         return self.local(node, pointer)
 
     def local(self, node: dict, pointer: str) -> Any:
-        """The rules for one node, whose subschemas are already rewritten."""
+        """The rules for one node, whose subschemas are already rewritten; narrowing rules only
+        where self.monotone."""
         for rule in (self.ref_siblings, self.all_of, self.distribute, self.fixed_siblings, self.not_rule,
                      self.dependencies, self.infer_type, self.undeclared_required, self.unknown_format,
                      self.length_pattern, self.int64_bounds, self.exclusive_one_of):
@@ -264,6 +278,8 @@ class _Pass:
         properties = node.get("properties") if isinstance(node.get("properties"), dict) else {}
         required = node.get("required") if isinstance(node.get("required"), list) else []
         closed = node.get("additionalProperties") is False
+        if not self.monotone and (not closed or "type" not in node):
+            return node
         base = {k: v for k, v in node.items() if k not in keys}
         options = []
         for trigger, dependent in deps.items():
@@ -308,7 +324,8 @@ class _Pass:
     def infer_type(self, node: dict, pointer: str) -> Any:
         """An untyped schema whose keywords all describe one type gets that type (narrowing:
         other types were allowed before, unconstrained)."""
-        if "type" in node or any(k in node for k in ("$ref", "enum", "const", "anyOf", "oneOf", "allOf", "not")):
+        if not self.monotone or "type" in node or any(
+                k in node for k in ("$ref", "enum", "const", "anyOf", "oneOf", "allOf", "not")):
             return node
         families = {_FAMILIES[k] for k in node if k in _FAMILIES}
         if len(families) != 1:
@@ -365,7 +382,7 @@ class _Pass:
         if not isinstance(low, int) or isinstance(low, bool) or not (high is None or isinstance(high, int)):
             return node
         folded = fold_lengths(pattern, low, high)
-        if folded is None:
+        if folded is None or (folded[1] and not self.monotone):
             return node
         self.fired("length-pattern", pointer, narrowing=folded[1])
         rest = {k: v for k, v in node.items() if k not in ("minLength", "maxLength")}
@@ -373,7 +390,7 @@ class _Pass:
 
     def int64_bounds(self, node: dict, pointer: str) -> Any:
         """Integer bounds beyond 64 bits clamped to the int64 range (narrowing)."""
-        if instance_types(node) != {"integer"}:
+        if not self.monotone or instance_types(node) != {"integer"}:
             return node
         out = dict(node)
         for key, clamp in (("minimum", max), ("exclusiveMinimum", max), ("maximum", min), ("exclusiveMaximum", min)):
@@ -402,7 +419,7 @@ class _Pass:
             self.fired("oneOf-exclusive", pointer)
             return {**rest, "anyOf": branches}
         by_required = one_of_by_required(resolved)
-        if by_required is None:
+        if by_required is None or (by_required[1] and not self.monotone):
             return node
         self.fired("oneOf-required", pointer, narrowing=by_required[1])
         return {**rest, "anyOf": by_required[0]}

@@ -256,3 +256,13 @@ def test_one_of_that_differs_only_in_required_becomes_exclusive_alternatives():
         {**closed, "properties": {"r": props["r"], "l": props["l"]}, "required": ["r"]},
         {**closed, "properties": {"l": props["l"], "w": props["w"]}, "required": ["l", "w"]}]}
     assert not [n for n in result.narrowed if n.startswith("oneOf")]  # the object was closed already
+
+
+@pytest.mark.parametrize("schema", [
+    {"oneOf": [{"required": ["a"]}, {"type": "string"}]},  # "x" matches both branches: invalid
+    {"not": {"required": ["a"]}},  # rejects every non-object
+    {"if": {"minLength": 2}, "then": {"type": "string"}},
+    {"$defs": {"d": {"required": ["a"]}}, "not": {"$ref": "#/$defs/d"}},
+])
+def test_no_narrowing_where_it_would_widen_the_parent(schema):
+    assert rewritten(schema) == schema
