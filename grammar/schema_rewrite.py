@@ -144,7 +144,7 @@ class _Pass:
         where self.monotone."""
         for rule in (self.ref_siblings, self.all_of, self.distribute, self.fixed_siblings, self.not_rule,
                      self.dependencies, self.infer_type, self.undeclared_required, self.unknown_format,
-                     self.length_pattern, self.int64_bounds, self.exclusive_one_of):
+                     self.length_pattern, self.integral_multiple, self.int64_bounds, self.exclusive_one_of):
             if not isinstance(node, dict):
                 break
             node = rule(node, pointer)
@@ -387,6 +387,17 @@ class _Pass:
         self.fired("length-pattern", pointer, narrowing=folded[1])
         rest = {k: v for k, v in node.items() if k not in ("minLength", "maxLength")}
         return {**rest, "pattern": folded[0]}
+
+    def integral_multiple(self, node: dict, pointer: str) -> Any:
+        """A number that is a multiple of a whole number is an integer (exact by JSON Schema,
+        where 5.0 is an integer): {"type": "number", "multipleOf": 1.0} -> integer, multipleOf 1."""
+        value = node.get("multipleOf")
+        if node.get("type") != "number" or isinstance(value, bool) or not isinstance(value, (int, float)):
+            return node
+        if not (float(value).is_integer() and value > 0):
+            return node
+        self.fired("integral-multiple", pointer)
+        return {**node, "type": "integer", "multipleOf": int(value)}
 
     def int64_bounds(self, node: dict, pointer: str) -> Any:
         """Integer bounds beyond 64 bits clamped to the int64 range (narrowing)."""

@@ -266,3 +266,8 @@ def test_one_of_that_differs_only_in_required_becomes_exclusive_alternatives():
 ])
 def test_no_narrowing_where_it_would_widen_the_parent(schema):
     assert rewritten(schema) == schema
+
+
+def test_a_number_that_is_a_multiple_of_a_whole_number_is_an_integer():
+    assert rewritten({"type": "number", "multipleOf": 1.0}) == {"type": "integer", "multipleOf": 1}
+    assert rewritten({"type": "number", "multipleOf": 0.5}) == {"type": "number", "multipleOf": 0.5}
