@@ -5,7 +5,9 @@ cannot be enforced but because xgrammar cannot *read* the form it is written in 
 keyword beside `$ref`, `required` in a schema without "type"). Each rule below rewrites one such
 form; its docstring says whether it keeps the set of valid instances (exact) or narrows it.
 No rule ever widens it. A rule that does not apply, or cannot be applied exactly enough, leaves
-the node as it was, so the checker still reports it.
+the node as it was, so the checker still reports it. Narrowing rules run only where narrowing a
+subschema narrows the whole schema: not under `not`, `if`, `contains` or a oneOf's branches
+(where a narrower branch can make an instance match one branch instead of two).
 
 Pure JSON -> JSON; the input is not modified. Bounded: the output may grow to at most
 MAX_GROWTH times the input (or MAX_MIN_BYTES), and the walk visits at most MAX_VISITS nodes;
