@@ -5,7 +5,9 @@ atoms (`[a-z]`, `\\d`, `.`, `x`), each with a quantifier, has a length that is t
 atoms' counts, so the bounds can be written into the quantifiers. With one variable atom this is
 exact; with several, the slack goes to the widest one and the others are capped (narrowing).
 An unanchored end matches anything there, so it is read as `.*` (narrowing a little: `.` does
-not match a line break), and the result is anchored (`^...$`). Anything else (groups, alternation, lookaround) is left alone.
+not match a line break), and the result is anchored (`^...$`). A pattern with groups or
+alternation is kept only when every match already has an allowed length (the bounds are then
+dropped: exact); anything else (lookaround, backreferences) is left alone.
 """
 from __future__ import annotations
 
@@ -25,6 +27,10 @@ class _Atom:
 
 def fold_lengths(pattern: str, min_length: int, max_length: int | None) -> tuple[str, bool] | None:
     """(the new pattern, whether it is narrower than pattern + bounds), or None if it cannot be folded."""
+    implied = implied_lengths(pattern)
+    if implied is not None and implied[0] >= min_length and (
+            max_length is None or (implied[1] is not None and implied[1] <= max_length)):
+        return pattern, False  # every match already has an allowed length: the bounds add nothing
     atoms, anchored = _parse(pattern)
     if atoms is None:
         return None
@@ -164,3 +170,118 @@ def _render(atoms: list[_Atom]) -> str:
             quantifier = f"{{{atom.low},{atom.high}}}"
         out.append(atom.text + quantifier)
     return "^" + "".join(out) + "$"
+
+
+def implied_lengths(pattern: str) -> tuple[int, int | None] | None:
+    """(shortest, longest or None) length of the strings a pattern anchored at both ends (each
+    top-level alternative `^...$`) matches; None for anything else or any construct not modelled
+    (lookaround, backreferences, anchors inside)."""
+    if "[]" in pattern or "[^]" in pattern:
+        return None  # ECMA-262 and Python read these classes differently
+    alternatives = _split_top(pattern)
+    if alternatives is None:
+        return None
+    lows, highs = [], []
+    for alternative in alternatives:
+        if not (alternative.startswith("^") and alternative.endswith("$") and not alternative.endswith("\\$")):
+            return None
+        parsed = _lengths(alternative, 1, len(alternative) - 1)
+        if parsed is None:
+            return None
+        lows.append(parsed[0])
+        highs.append(parsed[1])
+    return min(lows), (None if any(h is None for h in highs) else max(highs))  # type: ignore[type-var]
+
+
+def _split_top(pattern: str) -> list[str] | None:
+    """`pattern` split at its top-level "|"s (outside groups and classes)."""
+    parts, depth, start, i, in_class = [], 0, 0, 0, False
+    while i < len(pattern):
+        char = pattern[i]
+        if char == "\\":
+            i += 2
+            continue
+        if in_class:
+            in_class = char != "]"
+        elif char == "[":
+            in_class = True
+        elif char == "(":
+            depth += 1
+        elif char == ")":
+            depth -= 1
+        elif char == "|" and depth == 0:
+            parts.append(pattern[start:i])
+            start = i + 1
+        i += 1
+    return None if depth or in_class else [*parts, pattern[start:]]
+
+
+def _lengths(pattern: str, start: int, end: int) -> tuple[int, int | None] | None:
+    """(min, max) length of pattern[start:end], a sequence that may hold groups and "|"."""
+    alternatives = _split_top(pattern[start:end])
+    if alternatives is None:
+        return None
+    if len(alternatives) > 1:
+        parts = [_lengths(a, 0, len(a)) for a in alternatives]
+        if any(p is None for p in parts):
+            return None
+        highs = [p[1] for p in parts]  # type: ignore[index]
+        return min(p[0] for p in parts), (None if None in highs else max(highs))  # type: ignore[index, type-var]
+    low, high, i = 0, 0, start
+    while i < end:
+        char = pattern[i]
+        if char == "(":
+            if pattern.startswith("(?", i) and not pattern.startswith("(?:", i):
+                return None  # lookaround, named groups, flags
+            close = _closing(pattern, i, end)
+            if close is None:
+                return None
+            inner = _lengths(pattern, i + (3 if pattern.startswith("(?:", i) else 1), close)
+            if inner is None:
+                return None
+            atom_low, atom_high, i = inner[0], inner[1], close + 1
+        elif char == "[":
+            j = i + 1 + (pattern[i + 1:i + 2] == "^")
+            j += pattern[j:j + 1] == "]"
+            while j < end and pattern[j] != "]":
+                j += 2 if pattern[j] == "\\" else 1
+            if j >= end:
+                return None
+            atom_low, atom_high, i = 1, 1, j + 1
+        elif char == "\\":
+            if i + 1 >= end or pattern[i + 1] in _ANCHOR_ESCAPES or pattern[i + 1].isdigit() or pattern[i + 1] in "pPux":
+                return None
+            atom_low, atom_high, i = 1, 1, i + 2
+        elif char in "^$|)*+?{}":
+            return None
+        else:
+            atom_low, atom_high, i = 1, 1, i + 1
+        q_low, q_high, i = _quantifier(pattern, i, end)
+        if q_low < 0:
+            return None
+        low += atom_low * q_low
+        if high is not None:
+            high = None if (q_high is None or atom_high is None) else high + atom_high * q_high
+    return low, high
+
+
+def _closing(pattern: str, i: int, end: int) -> int | None:
+    """The index of the ")" that closes the "(" at i."""
+    depth, in_class = 0, False
+    while i < end:
+        char = pattern[i]
+        if char == "\\":
+            i += 2
+            continue
+        if in_class:
+            in_class = char != "]"
+        elif char == "[":
+            in_class = True
+        elif char == "(":
+            depth += 1
+        elif char == ")":
+            depth -= 1
+            if depth == 0:
+                return i
+        i += 1
+    return None

@@ -64,7 +64,10 @@ def test_merge_refuses_what_it_cannot_write_exactly():
     ("[0-9]+", 1, 3, ("^[0-9]{1,3}$", True)),  # unanchored: anchoring narrows
     ("^a", 0, 3, ("^a.{0,2}$", True)),  # an open end is ".*"
     ("^[a-z]*[0-9]*$", 0, 4, ("^[a-z]{0,4}$", True)),  # the other atom capped at its minimum
-    ("^(a|b)+$", 1, 3, None),  # groups are left alone
+    ("^(a|b)+$", 1, 3, None),  # groups: the lengths cannot be folded in
+    ("^(a|bc)+$", 1, None, ("^(a|bc)+$", False)),  # ... but here they are implied: dropped
+    ("^[0-9a-f]{8}-([0-9a-f]{4}-){3}[0-9a-f]{12}$|^[0-9a-f]{16}$", 0, 36,
+     ("^[0-9a-f]{8}-([0-9a-f]{4}-){3}[0-9a-f]{12}$|^[0-9a-f]{16}$", False)),  # 36 or 16 characters
     ("^[a-z]{5}$", 1, 3, None),  # fixed length outside the bounds
 ])
 def test_fold_lengths(pattern, low, high, expected):
