@@ -240,8 +240,8 @@ def main(args) -> int:
           f"instances {result.num_instances} "
           f"({result.num_sampled} sampled from the grammar)")
     print(f"looser (must be 0): {len(result.looser)}")
-    for line in result.looser[:20]:
-        print(f"    LOOSER {line}")
+    for sid, count in Counter(line.split(": ")[0] for line in result.looser).most_common():
+        print(f"    LOOSER {count} x {sid}: {next(x for x in result.looser if x.startswith(sid + ': '))[:240]}")
     print(f"narrowed: {result.num_narrowed} instances in {result.schemas_narrowed} schemas")
     print("rules applied: " + ", ".join(f"{k} {v}" for k, v in result.rules.most_common()))
     for reason, count in result.unverifiable.most_common():

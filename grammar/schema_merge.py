@@ -196,10 +196,7 @@ def _merge_fixed(fixed: dict, other: dict) -> dict:
     if not kept:
         raise EmptyIntersection("no enum value satisfies both schemas")
     out = {k: v for k, v in fixed.items() if k in ANNOTATIONS}
-    if len(kept) == 1:
-        out["const"] = copy_json(kept[0])
-    else:
-        out["enum"] = copy_json(kept)
+    out["enum"] = copy_json(kept)  # not const: draft 4 has no const, and the schema may be draft 4
     return out
 
 
