@@ -28,6 +28,10 @@ def add_bench_parser(subparsers, add_engine_args) -> None:
     coverage.add_argument("--max-tokens", type=int, default=256)
     coverage.add_argument("--data", default=None,
                           help="a folder of <Subset>.jsonl (e.g. the full JSONSchemaBench; default: the carried sample)")
+    coverage.add_argument("--compile-only", action="store_true",
+                          help="compile in strict mode only (no generation): share and p50/p99 time per subset, "
+                               "beside llguidance when its peer is installed")
+    coverage.add_argument("--no-peer", action="store_true", help="--compile-only without the llguidance peer")
     add_engine_args(coverage)
     coverage.set_defaults(func=_run_coverage)
 
@@ -41,6 +45,15 @@ def add_bench_parser(subparsers, add_engine_args) -> None:
     accuracy.add_argument("--output", default=None, help="write the rows as JSON here")
     add_engine_args(accuracy)
     accuracy.set_defaults(func=_run_accuracy)
+
+    check = which.add_parser("rewrite-check", help="the schema rewrite never admits what a schema forbids: "
+                                                   "grammar samples and mutations checked with jsonschema")
+    check.add_argument("--subset", action="append", help="repeat for several (default: all)")
+    check.add_argument("--limit", type=int, default=50, help="schemas per subset")
+    check.add_argument("--samples", type=int, default=6, help="grammar samples per rewritten schema")
+    check.add_argument("--seed", type=int, default=0)
+    check.add_argument("--data", default=None, help="a folder of <Subset>.jsonl (default: the carried sample)")
+    check.set_defaults(func=_run_rewrite_check)
 
     serve = which.add_parser("serve", help="load a gRPC server (started here, or --address) and run peers beside it",
                              description="Load generator over gRPC on loopback; one JSON result file, PNG plots.")
@@ -119,6 +132,14 @@ def _run_accuracy(args: argparse.Namespace) -> int:
 
 
 def _run_coverage(args: argparse.Namespace) -> int:
-    from bench.coverage import main
     from engine.cli import engine_config_from_args
+    if args.compile_only:
+        from bench.compile_coverage import main as compile_main
+        return compile_main(args, engine_config_from_args(args))
+    from bench.coverage import main
     return main(args, engine_config_from_args(args))
+
+
+def _run_rewrite_check(args: argparse.Namespace) -> int:
+    from bench.rewrite_check import main
+    return main(args)

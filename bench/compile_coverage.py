@@ -1,0 +1,129 @@
+"""`formwork bench coverage --compile-only`: which schemas compile in strict mode, how fast,
+side by side with llguidance (a benchmark-only peer, bench/peers/llguidance_peer.py).
+
+Formwork's figure is what a request meets: the size/depth limits and the compile timeout of
+GrammarConfig, the xgrammar backend, strict mode, compact JSON, no cache.
+llguidance's is `LLMatcher.grammar_from_json_schema` plus `validate_grammar` with the same
+tokenizer, its defaults (an unimplemented keyword is an error). Neither generates anything.
+"""
+from __future__ import annotations
+
+import json
+import time
+from collections import Counter, defaultdict
+from dataclasses import dataclass, field
+
+from bench.coverage import rejection_reason
+
+
+@dataclass
+class CompileTally:
+    total: int = 0
+    compiled: int = 0
+    times_s: list[float] = field(default_factory=list)
+    rejected: Counter = field(default_factory=Counter)
+
+    def share(self) -> float:
+        return self.compiled / self.total if self.total else 0.0
+
+    def percentile_ms(self, q: float) -> float:
+        if not self.times_s:
+            return 0.0
+        ordered = sorted(self.times_s)
+        return 1000 * ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+
+
+def compile_formwork(schemas: list[tuple[str, str, dict]], engine_config) -> dict[str, CompileTally]:
+    from engine.model_files import resolve_model
+    from engine.sampling_params import Constraint
+    from engine.config import GrammarConfig
+    from grammar.backend import GrammarError
+    from grammar.schema_check import check_limits
+    from grammar.xgrammar_backend import XGrammarBackend
+
+    import transformers
+    model = resolve_model(engine_config.model if engine_config is not None else None)
+    backend = XGrammarBackend(str(model), transformers.AutoConfig.from_pretrained(model).vocab_size)
+    config = engine_config.grammar if engine_config is not None else GrammarConfig()
+    tallies: dict[str, CompileTally] = defaultdict(CompileTally)
+    for subset, _, schema in schemas:
+        tally = tallies[subset]
+        tally.total += 1
+        constraint = Constraint(kind="json_schema", spec=json.dumps(schema), strict=True)
+        started = time.perf_counter()
+        try:
+            # GrammarCompiler's checks, run inline: its timeout would leave a slow compile running
+            # in its one thread and charge it to the schemas queued behind
+            check_limits(constraint, config.max_spec_bytes, config.max_schema_depth)
+            backend.compile(constraint)
+            ok = time.perf_counter() - started <= config.compile_timeout_s
+            tally.compiled += ok
+            if not ok:
+                tally.rejected["compile time limit"] += 1
+        except GrammarError as e:
+            tally.rejected[rejection_reason(str(e))] += 1
+        tally.times_s.append(time.perf_counter() - started)
+    return dict(tallies)
+
+
+def compile_llguidance(schemas: list[tuple[str, str, dict]], engine_config) -> dict[str, CompileTally] | str:
+    """llguidance's tallies, or why it was skipped."""
+    from bench.peers import LLGUIDANCE, PeerSkipped, run_peer
+    from engine.model_files import resolve_model
+
+    model = resolve_model(engine_config.model if engine_config is not None else None)
+    payload = {"tokenizer_dir": str(model),
+               "schemas": [{"id": f"{subset}/{sid}", "schema": schema} for subset, sid, schema in schemas]}
+    try:
+        result = run_peer(LLGUIDANCE, payload, timeout_s=1800)
+    except PeerSkipped as e:
+        return str(e)
+    tallies: dict[str, CompileTally] = defaultdict(CompileTally)
+    for (subset, _, _), record in zip(schemas, result["results"]):
+        tally = tallies[subset]
+        tally.total += 1
+        tally.compiled += record["ok"]
+        tally.times_s.append(record["compile_s"])
+        if not record["ok"]:
+            tally.rejected[record["error"].split("\n")[0][:60]] += 1
+    return dict(tallies)
+
+
+def _overall(tallies: dict[str, CompileTally]) -> CompileTally:
+    out = CompileTally()
+    for t in tallies.values():
+        out.total += t.total
+        out.compiled += t.compiled
+        out.times_s += t.times_s
+        out.rejected.update(t.rejected)
+    return out
+
+
+def print_compile_report(ours: dict[str, CompileTally], peer: dict[str, CompileTally] | str) -> None:
+    print(f"{'subset':<16} {'n':>4}  {'formwork':>8} {'p50 ms':>7} {'p99 ms':>8}   {'llguidance':>10} "
+          f"{'p50 ms':>7} {'p99 ms':>8}")
+    rows = [*ours.items(), ("overall", _overall(ours))]
+    for subset, t in rows:
+        line = f"{subset:<16} {t.total:>4}  {t.share():>8.1%} {t.percentile_ms(.5):>7.1f} {t.percentile_ms(.99):>8.1f}"
+        if isinstance(peer, dict):
+            p = peer.get(subset) if subset != "overall" else _overall(peer)
+            if p is not None:
+                line += f"   {p.share():>10.1%} {p.percentile_ms(.5):>7.1f} {p.percentile_ms(.99):>8.1f}"
+        print(line)
+    if isinstance(peer, str):
+        print(f"llguidance skipped: {peer}")
+    for name, tallies in (("formwork", ours), ("llguidance", peer)):
+        if isinstance(tallies, dict):
+            reasons = _overall(tallies).rejected
+            print(f"{name} rejected: " + "; ".join(f"{c} x {r}" for r, c in reasons.most_common(12)))
+
+
+def main(args, engine_config) -> int:
+    from bench.coverage import load_schemas
+    from bench.datasets import SUBSETS
+
+    schemas = load_schemas(args.subset or list(SUBSETS), args.limit, data=args.data)
+    ours = compile_formwork(schemas, engine_config)
+    peer = compile_llguidance(schemas, engine_config) if not args.no_peer else "--no-peer"
+    print_compile_report(ours, peer)
+    return 0

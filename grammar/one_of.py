@@ -1,0 +1,110 @@
+"""When a oneOf is an anyOf: proofs that its branches are pairwise disjoint, and the rewrite of
+a oneOf whose branches differ only in `required` into exclusive alternatives.
+
+xgrammar enforces a oneOf as an anyOf (and warns) unless it can tell the branches apart itself;
+every proof here is a sufficient condition, never a guess. Pure JSON -> JSON.
+"""
+from __future__ import annotations
+
+import itertools
+from typing import Any
+
+from grammar.schema_merge import CannotMerge, copy_json, declared_types, json_equal, json_type
+
+MAX_ALTERNATIVES = 16
+
+
+def instance_types(node: Any) -> set[str] | None:
+    """The instance types a node admits: declared, or those of its enum/const values; None: any."""
+    if not isinstance(node, dict):
+        return None if node is True else set()
+    try:
+        declared = declared_types(node)
+    except CannotMerge:
+        return None
+    if "enum" in node or "const" in node:
+        values = node["enum"] if isinstance(node.get("enum"), list) else [node.get("const")]
+        kinds = {json_type(v) for v in values}
+        return kinds if declared is None else {k for k in kinds if k in declared}
+    if declared is not None and declared >= {"integer", "number"}:
+        declared = declared - {"integer"} | {"number"}
+    return declared
+
+
+def _values(node: Any) -> list | None:
+    if isinstance(node, dict) and isinstance(node.get("enum"), list):
+        return node["enum"]
+    if isinstance(node, dict) and "const" in node:
+        return [node["const"]]
+    return None
+
+
+def disjoint(x: Any, y: Any) -> bool:
+    """Whether no instance can be valid against both (a sufficient test, never a guess)."""
+    tx, ty = instance_types(x), instance_types(y)
+    if tx is not None and ty is not None:
+        wide = lambda t: t | ({"integer"} if "number" in t else set())  # noqa: E731
+        if not wide(tx) & wide(ty):
+            return True
+    vx, vy = _values(x), _values(y)
+    if vx is not None and vy is not None:
+        return not any(json_equal(a, b) for a in vx for b in vy)
+    if not (isinstance(x, dict) and isinstance(y, dict)):
+        return False
+    return _disjoint_objects(x, y) or _disjoint_objects(y, x)
+
+
+def _disjoint_objects(x: dict, y: dict) -> bool:
+    """x requires a name y cannot have (closed without it), or both require a name whose
+    values are disjoint."""
+    x_required = x.get("required") if isinstance(x.get("required"), list) else []
+    y_required = y.get("required") if isinstance(y.get("required"), list) else []
+    x_props = x.get("properties") if isinstance(x.get("properties"), dict) else {}
+    y_props = y.get("properties") if isinstance(y.get("properties"), dict) else {}
+    y_closed = y.get("additionalProperties") is False and "patternProperties" not in y
+    if instance_types(x) != {"object"} and instance_types(y) != {"object"}:
+        return False  # both untyped: a non-object instance satisfies both
+    for name in x_required:
+        if y_closed and name not in y_props:
+            return True
+        if name in y_required and name in x_props and name in y_props and disjoint(x_props[name], y_props[name]):
+            return True
+    return False
+
+
+def one_of_by_required(branches: list) -> tuple[list, bool] | None:
+    """oneOf of branches that differ only in `required` (the usual "give radius, or length and
+    width" object), as an anyOf: branch i requires its names and lacks, for every other branch j,
+    one of the names j requires beyond i's. A lacking name is removed from properties of a
+    closed object; closing an open one narrows. (alternatives, narrowed), or None past
+    MAX_ALTERNATIVES or for any other shape."""
+    if not all(isinstance(b, dict) and isinstance(b.get("required"), list) for b in branches):
+        return None
+    common = [{k: v for k, v in b.items() if k != "required"} for b in branches]
+    if any(c != common[0] for c in common) or instance_types(common[0]) != {"object"}:
+        return None
+    base = common[0]
+    if not isinstance(base.get("properties", {}), dict) or "patternProperties" in base:
+        return None
+    required = [list(dict.fromkeys(b["required"])) for b in branches]
+    alternatives: list = []
+    for i, names in enumerate(required):
+        extra = [[n for n in other if n not in names] for j, other in enumerate(required) if j != i]
+        if any(not e for e in extra):
+            continue  # whatever satisfies branch i satisfies another too
+        seen = set()
+        for combination in itertools.product(*extra):
+            absent = frozenset(combination)
+            if absent in seen:
+                continue
+            seen.add(absent)
+            branch = copy_json(base)
+            branch["properties"] = {n: s for n, s in base.get("properties", {}).items() if n not in absent}
+            branch["additionalProperties"] = False
+            branch["required"] = names
+            alternatives.append(branch)
+            if len(alternatives) > MAX_ALTERNATIVES:
+                return None
+    if not alternatives:
+        return None
+    return alternatives, base.get("additionalProperties") is not False

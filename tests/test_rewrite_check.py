@@ -1,0 +1,66 @@
+"""The schema rewrite never admits an instance the original schema rejects (checked with jsonschema)."""
+from __future__ import annotations
+
+import json
+import random
+
+import pytest
+
+from bench.datasets import TEST_SUITE_DIR
+from bench.rewrite_check import ecma_dollar, mutations, validator
+from grammar.backend import GrammarError
+from grammar.schema_rewrite import rewrite
+
+jsonschema = pytest.importorskip("jsonschema")
+
+
+def _suite_groups():
+    for path in sorted(TEST_SUITE_DIR.glob("*.json")):
+        for group in json.loads(path.read_text()):
+            yield path.stem, group
+
+
+def test_no_suite_instance_is_admitted_by_the_rewrite_that_the_original_rejects():
+    looser, num_checked, num_rewritten = [], 0, 0
+    for name, group in _suite_groups():
+        try:
+            new_schema = rewrite(group["schema"]).schema
+        except GrammarError:
+            continue  # refused with a reason: nothing admitted
+        if new_schema == group["schema"]:
+            continue
+        num_rewritten += 1
+        try:
+            original, new = validator(group["schema"]), validator(new_schema)
+            verdicts = [(t["data"], original.is_valid(t["data"]), new.is_valid(t["data"])) for t in group["tests"]]
+        except Exception:  # remote references and the like: jsonschema cannot judge them offline
+            continue
+        for data, ok_original, ok_new in verdicts:
+            num_checked += 1
+            if ok_new and not ok_original:
+                looser.append(f"{name} / {group['description']}: {json.dumps(data)}")
+    assert num_rewritten > 50 and num_checked > 150  # the check saw real work
+    assert looser == []
+
+
+@pytest.mark.parametrize("schema", [
+    {"type": "object", "properties": {"a": {"type": "string", "pattern": "^[a-z]+$", "maxLength": 3},
+                                      "b": {"allOf": [{"type": "integer"}, {"minimum": 2}]}},
+     "required": ["a"], "additionalProperties": False},
+    {"type": "object", "properties": {"r": {"type": "number"}, "l": {"type": "number"}, "w": {"type": "number"}},
+     "oneOf": [{"required": ["r"]}, {"required": ["l", "w"]}]},
+    {"type": "object", "properties": {"a": {}, "b": {}}, "dependentRequired": {"a": ["b"]}},
+])
+def test_mutations_of_valid_instances_never_pass_the_rewrite_alone(schema):
+    rng = random.Random(0)
+    original, new = validator(schema), validator(rewrite(schema).schema)
+    seeds = [{"a": "abc", "b": 3}, {"r": 1}, {"l": 1, "w": 2}, {"a": 1, "b": 2}, {"b": 1}]
+    instances = [m for seed in seeds for m in [seed, *mutations(seed, rng)]]
+    assert len(instances) > 50
+    assert [x for x in instances if new.is_valid(x) and not original.is_valid(x)] == []
+
+
+def test_dollar_is_the_end_of_the_string_as_in_ecma_262():
+    assert ecma_dollar("^a$[$]") == "^a\\Z[$]"
+    v = validator({"type": "string", "pattern": "^ab$"})
+    assert v.is_valid("ab") and not v.is_valid("ab\n")
