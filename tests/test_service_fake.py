@@ -28,25 +28,35 @@ from service._gen.formwork.v1 import generation_pb2 as pb
 from service._gen.formwork.v1 import generation_pb2_grpc as pb_grpc
 from service.limits import ServiceLimits
 from service.server import GenerationServer
+from service.supervisor import RestartPolicy
 
 SERVING, NOT_SERVING = health_pb2.HealthCheckResponse.SERVING, health_pb2.HealthCheckResponse.NOT_SERVING
 
 
 class InprocServer:
-    """A GenerationServer on its own event-loop thread, in front of a FakeEngineCore."""
+    """A GenerationServer on its own event-loop thread, in front of a FakeEngineCore.
 
-    def __init__(self, limits: ServiceLimits = ServiceLimits(), wait_ready: bool = True, **core_kwargs) -> None:
+    A restart builds a new FakeEngineCore, once `restart_gate` (an Event) is set if one is given."""
+
+    def __init__(self, limits: ServiceLimits = ServiceLimits(), wait_ready: bool = True,
+                 restart_policy: RestartPolicy = RestartPolicy(), restart_gate: threading.Event | None = None,
+                 **core_kwargs) -> None:
         self.core: FakeEngineCore | None = None
+        self.num_cores_built = 0
         self.loop = asyncio.new_event_loop()
         self.thread = threading.Thread(target=self.loop.run_forever, daemon=True)
         self.thread.start()
+        config = core_kwargs.pop("config", fake_config())
 
         def build_core() -> FakeEngineCore:
-            self.core = FakeEngineCore(core_kwargs.pop("config", fake_config()), **core_kwargs)
+            if self.num_cores_built and restart_gate is not None:
+                restart_gate.wait(30)
+            self.core = FakeEngineCore(config, **core_kwargs)
+            self.num_cores_built += 1
             return self.core
 
         async def make() -> GenerationServer:
-            return GenerationServer(InprocClient(build_core), limits, "127.0.0.1", 0)
+            return GenerationServer(InprocClient(build_core), limits, "127.0.0.1", 0, restart_policy=restart_policy)
 
         self.server = self.run(make())
         self.port = self.run(self.server.start())
@@ -243,7 +253,7 @@ def test_validate_constraint(make_server):
 
 
 def test_engine_failure_makes_calls_unavailable_and_health_not_serving(make_server):
-    server = make_server()
+    server = make_server(restart_policy=RestartPolicy(max_restarts=0))
     in_flight = server.stub.GenerateStream(long_request(), timeout=30)
     next(in_flight)
     error = error_of(server.stub.Generate, long_request(seed=CRASH_SEED), timeout=10)
