@@ -76,10 +76,9 @@ class AsyncLLM:
             raise RuntimeError(f"the warm-up request failed: {final.error if final else 'no output'}")
 
     async def restart(self) -> EngineCoreReady:
-        """Start a new core after the old one died (same model, so the same tokenizer) and warm it
-        up; EngineDeadError if it dies again, RuntimeError if the warm-up fails."""
+        """Start a new core after the old one died (same model, so the same tokenizer; warm it up
+        next); EngineDeadError if it cannot start."""
         self.info = await self.client.restart()
-        await self.warm_up()
         return self.info
 
     def crash_suspects(self, error: EngineDeadError) -> list[Constraint]:

@@ -97,6 +97,8 @@ class EngineSupervisor:
             started = self._clock()
             try:
                 info = await self.llm.restart()
+                loaded = self._clock()
+                await self.llm.warm_up()
             except Exception as e:  # it died while starting or warming up: one more crash of the run
                 dead = self.llm.client.dead_error
                 if dead is None:  # up, but its warm-up failed: not a core to serve from
@@ -109,8 +111,8 @@ class EngineSupervisor:
             self._started_at = self._clock()
             self.llm.down_reason = None
             await self._set_serving(True)
-            logger.info("engine core restarted (pid %d) and warm in %.1f s; health SERVING", info.pid,
-                        self._clock() - started)
+            logger.info("engine core restarted (pid %d): loaded in %.1f s, warm %.1f s later; health SERVING",
+                        info.pid, loaded - started, self._clock() - loaded)
             return True
 
     def _plan(self) -> str:
