@@ -2,8 +2,12 @@
 
 Opt-in (`make soak`, or FORMWORK_SOAK_S=<seconds> pytest tests/test_soak.py): it is slow-marked and
 skipped unless FORMWORK_SOAK_S is set, so `make test` never runs it. It checks that nothing leaks:
-no errors, every output valid, the engine's and the front end's RSS flat after the warm-up, every
-KV block free and nothing in flight at the end, and no engine restart.
+no errors, every output valid, the engine's and the front end's RSS flat over the second half,
+every KV block free and nothing in flight at the end, and no engine restart.
+
+The engine's RSS grows while new step shapes appear (oneDNN caches a primitive per shape, and the
+heap's high-water mark rises with the largest temporaries; docs/reliability.md, "Soak"), so the
+first half is its warm-up and only the second half has to be flat.
 """
 from __future__ import annotations
 
@@ -23,10 +27,11 @@ from live_server import PERSON_SCHEMA, LiveServer, chat
 pytestmark = pytest.mark.slow
 
 NUM_STREAMS = 200
-SOAK_S = float(os.environ.get("FORMWORK_SOAK_S", "0"))
+SOAK_S = float(os.environ.get("FORMWORK_SOAK_S") or 0)
 SAMPLE_EVERY_S = 10.0
-WARM_UP_FRACTION = 0.2  # RSS is compared from here on: the allocator and the caches fill up first
+WARM_UP_FRACTION = 0.5  # RSS is compared from here on
 RSS_SLACK_BYTES = 64 << 20
+RSS_SLACK_FRACTION = 0.05
 
 
 def rss_bytes(pid: int) -> int:
@@ -89,11 +94,13 @@ def test_soak_200_constrained_streams_leak_nothing():
               f"{baseline[0]:.0f} s, {engine_end / 2**20:.0f} MiB at the end; front end {baseline[2] / 2**20:.0f} -> "
               f"{front_end / 2**20:.0f} MiB; KV blocks free {load.num_free_kv_blocks}/{load.num_total_kv_blocks}; "
               f"peak running {peak_running}, max waiting {max(s[3].num_waiting for s in samples)}")
+        print("engine RSS (s: MiB): " + ", ".join(f"{t:.0f}: {rss / 2**20:.0f}" for t, rss, _, _ in samples))
         assert not tally.errors, tally.errors[:5]
         assert tally.num_ok > NUM_STREAMS
         assert load.num_in_flight == load.num_running == load.num_waiting == 0, load
         assert load.num_free_kv_blocks == load.num_total_kv_blocks, load
-        assert engine_end <= baseline[1] + RSS_SLACK_BYTES and front_end <= baseline[2] + RSS_SLACK_BYTES
+        for end_rss, baseline_rss in ((engine_end, baseline[1]), (front_end, baseline[2])):
+            assert end_rss <= baseline_rss * (1 + RSS_SLACK_FRACTION) + RSS_SLACK_BYTES, samples
         # one cached schema: nobody waits for a grammar, the rest wait for a batch slot
         assert all(s[3].num_waiting_for_grammar == 0 for s in samples[1:]), [s[3] for s in samples]
         assert info.num_engine_restarts == 0
