@@ -161,8 +161,9 @@ class AsyncLLM:
 
         Raises ServiceError before anything is queued if the request is refused (UNAVAILABLE for a
         quarantined constraint), RESOURCE_EXHAUSTED if the core refuses it for want of memory, and
-        UNAVAILABLE if the core dies. Closing the generator early (use contextlib.aclosing) aborts the request in
-        the core. An output with FinishReason.ERROR is yielded, not raised: the caller decides.
+        UNAVAILABLE if the core dies. Closing the generator early (use contextlib.aclosing) aborts
+        the request in the core. An output with FinishReason.ERROR is yielded, not raised: the
+        caller decides.
         """
         self.check_available()
         self.check_quarantine(params.constraint, constraint_field)
