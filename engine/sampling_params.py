@@ -10,7 +10,11 @@ import math
 
 import msgspec
 
+from grammar.backend import JSON_WHITESPACE_MODES
+
 CONSTRAINT_KINDS = ("json_schema", "json_object", "regex", "grammar", "choice")
+# the whitespace mode of JSON a constraint does not name (JSON_WHITESPACE_MODES says what each allows)
+DEFAULT_JSON_WHITESPACE = "bounded"
 
 
 class Constraint(msgspec.Struct, array_like=True, omit_defaults=True, frozen=True):
@@ -22,9 +26,9 @@ class Constraint(msgspec.Struct, array_like=True, omit_defaults=True, frozen=Tru
     choices: the allowed outputs, for kind "choice".
     strict: a JSON-Schema keyword the backend cannot enforce is an error (True) or is reported in
             the output as not enforced (False, best effort).
-    any_whitespace: allow free whitespace between JSON tokens; the default is compact JSON, so the
-                    model cannot loop on whitespace until max_tokens.
+    any_whitespace: allow free whitespace between JSON tokens (the same as whitespace="any").
     jump_forward: append text the grammar forces without sampling it (None: the engine's default).
+    whitespace: one of JSON_WHITESPACE_MODES for the JSON kinds ("": DEFAULT_JSON_WHITESPACE).
     """
 
     kind: str
@@ -33,10 +37,19 @@ class Constraint(msgspec.Struct, array_like=True, omit_defaults=True, frozen=Tru
     strict: bool = True
     any_whitespace: bool = False
     jump_forward: bool | None = None
+    whitespace: str = ""
+
+    @property
+    def json_whitespace(self) -> str:
+        """The whitespace mode JSON is compiled with."""
+        return "any" if self.any_whitespace else (self.whitespace or DEFAULT_JSON_WHITESPACE)
 
     def validate(self) -> None:
         if self.kind not in CONSTRAINT_KINDS:
             raise ValueError(f"unknown constraint kind {self.kind!r}; expected one of {', '.join(CONSTRAINT_KINDS)}")
+        if self.whitespace and self.whitespace not in JSON_WHITESPACE_MODES:
+            raise ValueError(f"unknown whitespace mode {self.whitespace!r}; expected one of "
+                             f"{', '.join(JSON_WHITESPACE_MODES)}")
         if self.kind == "choice":
             if not self.choices:
                 raise ValueError("a choice constraint needs at least one choice")
@@ -60,7 +73,8 @@ class Constraint(msgspec.Struct, array_like=True, omit_defaults=True, frozen=Tru
             # whitespace is canonicalized, key order is not: properties are generated in the
             # order the schema declares them, so a reordered schema is a different grammar
             spec = json.dumps(json.loads(spec), separators=(",", ":"))
-        return (self.kind, spec, tuple(self.choices), self.strict, self.any_whitespace)
+        whitespace = self.json_whitespace if self.kind in ("json_schema", "json_object") else ""
+        return (self.kind, spec, tuple(self.choices), self.strict, whitespace)
 
 
 class SamplingParams(msgspec.Struct, array_like=True, omit_defaults=True):

@@ -16,11 +16,11 @@ from engine.core_proc import MemoryPressure
 from engine.memory_watchdog import MemoryLimit, MemoryWatchdog
 from engine.sampling_params import Constraint
 from fake_engine_core import CRASH_SEED, fake_config, make_fake_core
+from inproc_server import NOT_SERVING, SERVING, InprocServer, long_request
 from live_server import error_of, field_violations
 from service._gen.formwork.v1 import generation_pb2 as pb
 from service.quarantine import Quarantine
 from service.supervisor import RestartPolicy
-from test_service_fake import NOT_SERVING, SERVING, InprocServer, long_request
 
 FAST = RestartPolicy(backoff_s=0.01)
 
