@@ -21,8 +21,8 @@ from engine import cli as engine_cli
 from engine.config import EngineConfig, SchedulerConfig
 from engine.memory_watchdog import DEFAULT_FRACTION_OF_MEMORY, MemoryLimit, machine_memory_bytes
 from service.limits import ServiceLimits
-from service.supervisor import RestartPolicy
 from service.security import API_KEY_ENV, SecurityConfig, load_api_keys, load_tls_files
+from service.supervisor import RestartPolicy
 
 if TYPE_CHECKING:
     from service.http.server import HttpServer
