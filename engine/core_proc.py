@@ -1,6 +1,7 @@
 """The engine core's own loop, and the main of the engine process.
 
     input thread ──► input_queue ──► busy loop: EngineCore.step() ──► send(EngineCoreOutputs)
+    memory watchdog ─┘ (engine process only: RSS past the soft limit / back below it)
 
 The busy loop steps while the core has work and blocks on the input queue while it has none, so
 an idle engine costs nothing. Inputs are drained between steps: a request added or aborted waits
@@ -25,8 +26,11 @@ from typing import TYPE_CHECKING, Any
 
 import msgspec
 
-from engine.protocol import (AbortRequests, ConstraintReport, EngineCoreInput, EngineCoreOutputs, EngineCoreRequest,
-                             GetStats, Shutdown, ValidateConstraint)
+from engine.memory_watchdog import (EXIT_MEMORY_CEILING, MemoryLimit, MemoryWatchdog, format_gib,
+                                    release_free_heap, rss_bytes)
+from engine.protocol import (AbortRequests, ConstraintReport, EngineCoreInput, EngineCoreOutput, EngineCoreOutputs,
+                             EngineCoreRequest, GetStats, Shutdown, ValidateConstraint)
+from engine.request import FinishReason
 
 if TYPE_CHECKING:
     from multiprocessing.connection import Connection
@@ -61,6 +65,18 @@ class EngineCoreDead(msgspec.Struct, array_like=True, omit_defaults=True, tag=Tr
 EngineCoreMessage = EngineCoreOutputs | EngineCoreReady | EngineCoreDead
 
 
+class MemoryPressure(msgspec.Struct, frozen=True):
+    """From the memory watchdog to the busy loop (never on the wire): RSS crossed the soft limit."""
+
+    over: bool  # True: rose past it; False: fell below it again
+    description: str  # "RSS 17.31 GiB over the soft limit 17.10 GiB"
+
+
+class MemoryCeilingExceeded(RuntimeError):
+    """The engine stays over its soft memory limit with no request left to finish: it exits so
+    that a fresh process can start."""
+
+
 def ready_message(engine_core: Any, pid: int = 0) -> EngineCoreReady:
     """Describe a constructed EngineCore (or anything with the same attributes)."""
     config = engine_core.config
@@ -93,16 +109,20 @@ class EngineCoreProc:
         self.input_queue: queue.Queue[Any] = queue.Queue()
         self._send = send
         self._validator = ThreadPoolExecutor(max_workers=1, thread_name_prefix="formwork-validate")
+        self.memory_pressure: str | None = None  # why new requests are refused, while RSS is over the soft limit
 
     def run_busy_loop(self) -> None:
         """Step while there is work; block on the input queue while there is none. Returns on
-        Shutdown; a step that raises propagates (the engine is then dead)."""
+        Shutdown; a step that raises propagates (the engine is then dead), and so does
+        MemoryCeilingExceeded once the engine is idle but still over its soft memory limit."""
         core = self.engine_core
         while self._handle_inputs(block=not core.has_unfinished_requests()):
             if core.has_unfinished_requests():
                 outputs = core.step()
                 if outputs:
                     self._send(EngineCoreOutputs(outputs=outputs, timestamp=time.monotonic()))
+            if self.memory_pressure is not None and not core.has_unfinished_requests():
+                raise MemoryCeilingExceeded(f"{self.memory_pressure} with no request left to finish")
 
     def shutdown(self) -> None:
         self._validator.shutdown(wait=False, cancel_futures=True)
@@ -126,7 +146,13 @@ class EngineCoreProc:
     def _handle(self, message: Any) -> None:
         core = self.engine_core
         if isinstance(message, EngineCoreRequest):
-            core.add_request(message)  # an invalid request ends at once with an ERROR output
+            if self.memory_pressure is not None:
+                self._send(EngineCoreOutputs(outputs=[EngineCoreOutput(
+                    message.request_id, finish_reason=int(FinishReason.ERROR), overloaded=True,
+                    error=f"the engine is short of memory ({self.memory_pressure}); retry later")],
+                    timestamp=time.monotonic()))
+            else:
+                core.add_request(message)  # an invalid request ends at once with an ERROR output
         elif isinstance(message, AbortRequests):
             core.abort_requests(message.request_ids)
         elif isinstance(message, GetStats):
@@ -134,8 +160,22 @@ class EngineCoreProc:
                                          timestamp=time.monotonic()))
         elif isinstance(message, ValidateConstraint):
             self._validator.submit(self._validate, message)
+        elif isinstance(message, MemoryPressure):
+            self._on_memory_pressure(message)
         else:
             logger.error("engine core: unknown input %r dropped", type(message).__name__)
+
+    def _on_memory_pressure(self, message: MemoryPressure) -> None:
+        if not message.over:
+            logger.info("memory back under the soft limit (%s); accepting requests again", message.description)
+            self.memory_pressure = None
+            return
+        self.memory_pressure = message.description
+        # a compile is the grammar work that grows outside a step: end the requests waiting on one
+        num_failed = self.engine_core.fail_grammar_compiles(
+            f"the engine ran short of memory ({message.description}) while this constraint compiled")
+        logger.warning("memory: %s; refusing new requests, %d waiting on a grammar compile failed",
+                       message.description, num_failed)
 
     def _validate(self, message: ValidateConstraint) -> None:
         try:
@@ -155,12 +195,14 @@ def build_engine_core(config: EngineConfig) -> Any:
 
 
 def run_engine_core(config: EngineConfig, conn: Connection,
-                    core_factory: Callable[[EngineConfig], Any] | None = None, log_level: int = logging.INFO) -> None:
+                    core_factory: Callable[[EngineConfig], Any] | None = None, log_level: int = logging.INFO,
+                    memory_limit: MemoryLimit | None = None) -> None:
     """Main of the engine process (a multiprocessing 'spawn' target).
 
     Sends EngineCoreReady once the core is built (or EngineCoreDead if it cannot be), then serves
     inputs until Shutdown or until the front end's end of `conn` closes (the front end died).
-    Exits 0 after a clean shutdown, 1 after a failure.
+    Exits 0 after a clean shutdown, 1 after a failure, EXIT_MEMORY_CEILING when it stops itself
+    over `memory_limit` (engine/memory_watchdog.py; None: no ceiling of its own).
     """
     logging.basicConfig(level=log_level, format="[formwork engine] %(levelname)s %(name)s: %(message)s")
     # the front end decides when the engine stops: a Ctrl-C or SIGTERM sent to the whole process group
@@ -170,10 +212,14 @@ def run_engine_core(config: EngineConfig, conn: Connection,
     encoder = msgspec.msgpack.Encoder()
     send_lock = threading.Lock()
 
-    def send(message: Any) -> None:
+    def send(message: Any, timeout_s: float = -1) -> None:
         data = encoder.encode(message)
-        with send_lock:
+        if not send_lock.acquire(timeout=timeout_s):
+            raise OSError("the connection to the front end is busy")
+        try:
             conn.send_bytes(data)
+        finally:
+            send_lock.release()
 
     try:
         engine_core = (core_factory or build_engine_core)(config)
@@ -188,10 +234,16 @@ def run_engine_core(config: EngineConfig, conn: Connection,
     send(ready)
     logger.info("engine core ready: %s, %d KV blocks of %d tokens", ready.model_name, ready.num_total_blocks,
                 ready.block_size)
+    if memory_limit is not None:
+        _start_memory_watchdog(memory_limit, proc, send)
     try:
         proc.run_busy_loop()
     except (BrokenPipeError, ConnectionResetError):
         logger.info("the front end is gone; stopping")  # nobody is left to tell
+    except MemoryCeilingExceeded as e:
+        logger.error("exiting for a fresh engine process: %s", e)
+        _send_last_words(send, f"the engine process stopped itself: {e}")
+        sys.exit(EXIT_MEMORY_CEILING)
     except BaseException as e:
         logger.error("engine core failed:\n%s", traceback.format_exc())
         _send_last_words(send, f"the engine core failed: {type(e).__name__}: {e}")
@@ -199,6 +251,28 @@ def run_engine_core(config: EngineConfig, conn: Connection,
     finally:
         proc.shutdown()
     conn.close()
+
+
+def _start_memory_watchdog(limit: MemoryLimit, proc: EngineCoreProc, send: Callable[..., None]) -> None:
+    def on_pressure(over: bool, rss: int) -> None:
+        if over:
+            release_free_heap()  # off the engine thread; what it frees may bring RSS back under
+        relation = "over" if over else "under"
+        proc.input_queue.put(MemoryPressure(over, f"RSS {format_gib(rss)} {relation} the soft limit "
+                                                  f"{format_gib(limit.soft_bytes)}"))
+
+    def on_hard_limit(rss: int) -> None:
+        error = (f"the engine process went over its memory ceiling: RSS {format_gib(rss)} > "
+                 f"{format_gib(limit.hard_bytes)}; it exited so that a fresh one can start")
+        logger.error("%s", error)
+        # the engine thread may be inside a send that never ends: do not wait for it long
+        _send_last_words(lambda message: send(message, timeout_s=1.0), error)
+        logging.shutdown()
+        os._exit(EXIT_MEMORY_CEILING)  # the engine thread may be stuck in native code: no clean unwinding
+
+    MemoryWatchdog(limit, on_pressure, on_hard_limit).start()
+    logger.info("memory ceiling: soft %s, hard %s (RSS now %s)", format_gib(limit.soft_bytes),
+                format_gib(limit.hard_bytes), format_gib(rss_bytes()))
 
 
 def _read_inputs(conn: Connection, input_queue: queue.Queue) -> None:

@@ -99,6 +99,19 @@ class EngineCore:
     def abort_requests(self, request_ids: list[str]) -> None:
         self.scheduler.abort_requests(request_ids)
 
+    def fail_grammar_compiles(self, error: str) -> int:
+        """End every request whose grammar is still compiling with an ERROR output saying `error`
+        (the engine is short of memory, and a compile is grammar work that grows outside a step);
+        returns how many. The compiles themselves run on: Python cannot stop a thread."""
+        manager = self.structured_output_manager
+        failing = [r for r in self.scheduler.waiting if manager.is_compiling(r.request_id)]
+        self.scheduler.abort_requests([r.request_id for r in failing])
+        for request in failing:
+            self.scheduler.report(EngineCoreOutput(request.request_id, finish_reason=int(FinishReason.ERROR),
+                                                   error=error, num_prompt_tokens=request.num_prompt_tokens,
+                                                   memory_suspect=True))
+        return len(failing)
+
     def has_unfinished_requests(self) -> bool:
         return self.scheduler.has_unfinished_requests()
 

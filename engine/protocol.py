@@ -63,6 +63,10 @@ class EngineCoreOutput(msgspec.Struct, array_like=True, omit_defaults=True):
     queued_s: float = 0.0  # arrival -> first scheduled
     grammar_wait_s: float = 0.0  # arrival -> grammar compiled
     not_enforced: list[str] = []  # best-effort constraint: parts of the schema not enforced
+    # set with ERROR, when the engine ran short of memory: refused before it ran (overloaded: retry
+    # later), or failed while its grammar compiled (memory_suspect: that compile may be the cause)
+    overloaded: bool = False
+    memory_suspect: bool = False
 
 
 class EngineStats(msgspec.Struct, array_like=True, omit_defaults=True):

@@ -93,7 +93,14 @@ class Scheduler:
 
     @property
     def num_waiting_for_grammar(self) -> int:
-        return sum(r.status == RequestStatus.WAITING_FOR_STRUCTURED_OUTPUT_GRAMMAR for r in self.waiting)
+        """Waiting requests whose grammar is still compiling. A request keeps the
+        WAITING_FOR_STRUCTURED_OUTPUT_GRAMMAR status until it reaches a batch slot, so the status
+        alone would count cached grammars queued for a slot."""
+        manager = self.structured_output_manager
+        if manager is None:
+            return 0
+        return sum(manager.is_compiling(r.request_id) for r in self.waiting
+                   if r.status == RequestStatus.WAITING_FOR_STRUCTURED_OUTPUT_GRAMMAR)
 
     def has_unfinished_requests(self) -> bool:
         return bool(self.requests) or bool(self._pending_outputs)

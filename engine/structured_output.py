@@ -40,6 +40,12 @@ class StructuredOutputManager:
         request.grammar_ready_time = time.monotonic()
         return True
 
+    def is_compiling(self, request_id: str) -> bool:
+        """True while the request's grammar compile is running (or queued); False once it is done,
+        even before the scheduler activates it."""
+        future = self._futures.get(request_id)
+        return future is not None and not future.done()
+
     def forget(self, request_id: str) -> None:
         self._futures.pop(request_id, None)
 

@@ -4,7 +4,8 @@ Renders chat templates and tokenizes, admits requests (queue length, context len
 capacity), detokenizes through the shared OutputProcessor, and aborts a request in the core
 whenever its consumer stops early (client cancellation, deadline, error): in every state
 (queued, waiting for its grammar, running) the core drops it and frees its KV blocks.
-Every refusal is a ServiceError with the gRPC code and a message naming the numbers.
+Every refusal is a ServiceError with the gRPC code and a message naming the numbers. A request
+whose constraint is quarantined (service/quarantine.py) is refused with UNAVAILABLE.
 """
 from __future__ import annotations
 
@@ -22,6 +23,7 @@ from engine.request import FinishReason
 from engine.sampling_params import Constraint, SamplingParams
 from engine.tokenizer import Tokenizer
 from service.errors import FieldViolation, ServiceError, StatusCode, invalid_argument, unavailable
+from service.quarantine import Quarantine
 
 if TYPE_CHECKING:
     from engine.core_client import EngineCoreClient, RequestOutputStream
@@ -32,15 +34,19 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 
 _OFF_LOOP_CHARS = 32 * 1024  # tokenize prompts longer than this on a worker thread
+WARM_UP_REQUEST_ID = "warm-up"
 
 
 class AsyncLLM:
     """Not thread-safe: use it from the one event loop that started it."""
 
-    def __init__(self, client: EngineCoreClient, limits: ServiceLimits) -> None:
+    def __init__(self, client: EngineCoreClient, limits: ServiceLimits, quarantine: Quarantine | None = None) -> None:
         self.client = client
         self.limits = limits
+        self.quarantine = quarantine or Quarantine(0)  # 0 s: nothing is ever quarantined
         self.info: EngineCoreReady | None = None  # set by start()
+        # after the core died: what is being done about it (set by the supervisor)
+        self.down_reason: str | None = None
         self.tokenizer: Tokenizer | None = None
         self.output_processor: OutputProcessor | None = None
         # request id -> its core output stream, from admission until the request ends here
@@ -64,22 +70,45 @@ class AsyncLLM:
         prompt = self.tokenizer.encode_chat([{"role": "user", "content": "Say hello in JSON."}])
         params = SamplingParams(max_tokens=4, temperature=0.0, constraint=Constraint(kind="json_object"))
         final = None
-        async for final in self.generate(prompt, params, request_id="warm-up", stream=False):
+        async for final in self.generate(prompt, params, request_id=WARM_UP_REQUEST_ID, stream=False):
             pass
         if final is None or final.finish_reason == FinishReason.ERROR:
             raise RuntimeError(f"the warm-up request failed: {final.error if final else 'no output'}")
 
+    async def restart(self) -> EngineCoreReady:
+        """Start a new core after the old one died (same model, so the same tokenizer; warm it up
+        next); EngineDeadError if it cannot start."""
+        self.info = await self.client.restart()
+        return self.info
+
+    def crash_suspects(self, error: EngineDeadError) -> list[Constraint]:
+        """The constraints in flight when the core died (the warm-up's is the server's own)."""
+        return [c for request_id, c in error.in_flight.items() if c is not None and request_id != WARM_UP_REQUEST_ID]
+
     # ---- state --------------------------------------------------------------------------------
 
     def check_available(self) -> None:
-        """UNAVAILABLE while loading, after the core died, and while shutting down."""
+        """UNAVAILABLE while loading, after the core died (while it restarts), and while shutting down."""
         if self.info is None:
             raise unavailable("the model is still loading; retry once health reports SERVING")
         dead = self.client.dead_error
         if dead is not None:
-            raise unavailable(f"the engine is unavailable: {dead}")
+            note = f"; {self.down_reason}" if self.down_reason else ""
+            raise unavailable(f"the engine is unavailable: {dead}{note}")
+        if not self.client.is_alive:  # a new core is loading
+            raise unavailable("the engine is restarting after it died; retry once health reports SERVING")
         if self._closing:
             raise unavailable("the server is shutting down")
+
+    def check_quarantine(self, constraint: Constraint | None, field: str | None) -> None:
+        """UNAVAILABLE, for a while, for a constraint in flight at two engine failures."""
+        if constraint is None:
+            return
+        remaining_s = self.quarantine.remaining_s(constraint)
+        if remaining_s is not None:
+            raise unavailable(
+                f"{field or 'constraint'}: quarantined for another {remaining_s:.0f} s: the engine died (or ran "
+                f"short of memory) {self.quarantine.strikes} times with this constraint in flight")
 
     @property
     def num_in_flight(self) -> int:
@@ -125,15 +154,19 @@ class AsyncLLM:
 
     async def generate(self, prompt_token_ids: list[int], params: SamplingParams, *, request_id: str,
                        priority: int = 0, arrival_time: float | None = None, stream: bool = True,
-                       prompt_field: str = "prompt") -> AsyncIterator[RequestOutput]:
+                       prompt_field: str = "prompt", constraint_field: str | None = None
+                       ) -> AsyncIterator[RequestOutput]:
         """Run one request. Yields an output per step with new tokens (`stream`) or only the final
         one; the last output has `finished` set.
 
-        Raises ServiceError before anything is queued if the request is refused, and UNAVAILABLE if
-        the core dies. Closing the generator early (use contextlib.aclosing) aborts the request in
-        the core. An output with FinishReason.ERROR is yielded, not raised: the caller decides.
+        Raises ServiceError before anything is queued if the request is refused (UNAVAILABLE for a
+        quarantined constraint), RESOURCE_EXHAUSTED if the core refuses it for want of memory, and
+        UNAVAILABLE if the core dies. Closing the generator early (use contextlib.aclosing) aborts
+        the request in the core. An output with FinishReason.ERROR is yielded, not raised: the
+        caller decides.
         """
         self.check_available()
+        self.check_quarantine(params.constraint, constraint_field)
         self._admit(len(prompt_token_ids), params.max_tokens, prompt_field)
         assert self.output_processor is not None
         arrival_time = time.monotonic() if arrival_time is None else arrival_time
@@ -151,6 +184,13 @@ class AsyncLLM:
         try:
             while not finished:
                 core_output = await outputs.get()
+                if core_output.overloaded:  # the core refused it for want of memory
+                    raise ServiceError(StatusCode.RESOURCE_EXHAUSTED, core_output.error or "the engine is overloaded")
+                if core_output.memory_suspect and params.constraint is not None:
+                    if self.quarantine.record_strike([params.constraint]):
+                        logger.warning("quarantined for %.0f s: a %s constraint the engine ran short of memory "
+                                       "compiling %d times", self.quarantine.duration_s, params.constraint.kind,
+                                       self.quarantine.strikes)
                 request_outputs, to_abort = self.output_processor.process_outputs([core_output])
                 if to_abort:  # a stop string ended it here: free it in the core
                     self.client.abort_requests(to_abort)
@@ -189,8 +229,9 @@ class AsyncLLM:
 
     # ---- calls --------------------------------------------------------------------------------
 
-    async def validate_constraint(self, constraint: Constraint) -> ConstraintReport:
+    async def validate_constraint(self, constraint: Constraint, field: str | None = None) -> ConstraintReport:
         self.check_available()
+        self.check_quarantine(constraint, field)
         try:
             return await self.client.validate_constraint(constraint)
         except EngineDeadError as e:

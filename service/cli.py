@@ -19,13 +19,16 @@ from typing import TYPE_CHECKING
 
 from engine import cli as engine_cli
 from engine.config import EngineConfig, SchedulerConfig
+from engine.memory_watchdog import DEFAULT_FRACTION_OF_MEMORY, MemoryLimit, machine_memory_bytes
 from service.limits import ServiceLimits
 from service.security import API_KEY_ENV, SecurityConfig, load_api_keys, load_tls_files
+from service.supervisor import RestartPolicy
 
 if TYPE_CHECKING:
     from service.http.server import HttpServer
 
 _LIMIT_DEFAULTS = ServiceLimits()
+_RESTART_DEFAULTS = RestartPolicy()
 
 
 def add_serve_parser(subparsers: argparse._SubParsersAction,
@@ -54,6 +57,20 @@ def add_serve_parser(subparsers: argparse._SubParsersAction,
                         help="max_tokens of a request that leaves it unset (default: %(default)s)")
     limits.add_argument("--shutdown-grace", type=float, default=_LIMIT_DEFAULTS.shutdown_grace_s,
                         help="seconds in-flight requests get to finish after SIGTERM (default: %(default)s)")
+    healing = parser.add_argument_group("self-healing")
+    healing.add_argument("--engine-restarts", type=int, default=_RESTART_DEFAULTS.max_restarts,
+                         help="consecutive engine crashes to restart after; 0: never restart (default: %(default)s)")
+    healing.add_argument("--engine-restart-backoff", type=float, default=_RESTART_DEFAULTS.backoff_s,
+                         help="seconds before the first restart, doubled for each consecutive crash, up to "
+                              f"{_RESTART_DEFAULTS.max_backoff_s:.0f} (default: %(default)s)")
+    healing.add_argument("--quarantine-time", type=float, default=_RESTART_DEFAULTS.quarantine_s,
+                         help="seconds a constraint in flight at two engine deaths is refused; 0: never "
+                              "(default: %(default)s)")
+    healing.add_argument("--engine-memory-limit-gib", type=float, default=None,
+                         help="the engine process's own memory ceiling (RSS); it refuses new work past 90%% of it "
+                              "and restarts past it; 0: none (default: "
+                              f"{DEFAULT_FRACTION_OF_MEMORY * 100:.0f}%% of this machine's memory, "
+                              f"{DEFAULT_FRACTION_OF_MEMORY * machine_memory_bytes() / (1 << 30):.1f})")
     access = parser.add_argument_group("access (docs/api.md, \"Securing a server\")")
     access.add_argument("--tls-cert", help="PEM certificate chain: serve TLS (with --tls-key)")
     access.add_argument("--tls-key", help="PEM private key of --tls-cert")
@@ -84,6 +101,20 @@ def engine_config_from_args(args: argparse.Namespace) -> EngineConfig:
                                    max_spec_bytes=max(args.max_constraint_bytes, config.grammar.max_spec_bytes)))
 
 
+def restart_policy_from_args(args: argparse.Namespace) -> RestartPolicy:
+    return RestartPolicy(max_restarts=args.engine_restarts, backoff_s=args.engine_restart_backoff,
+                         quarantine_s=args.quarantine_time)
+
+
+def memory_limit_from_args(args: argparse.Namespace) -> MemoryLimit | None:
+    gib = args.engine_memory_limit_gib
+    if gib is None:
+        gib = DEFAULT_FRACTION_OF_MEMORY * machine_memory_bytes() / (1 << 30)
+    if gib < 0:
+        raise ValueError(f"--engine-memory-limit-gib must be >= 0, got {gib}")
+    return MemoryLimit(hard_bytes=int(gib * (1 << 30))) if gib else None
+
+
 def limits_from_args(args: argparse.Namespace) -> ServiceLimits:
     return ServiceLimits(max_message_bytes=args.max_message_bytes, max_constraint_bytes=args.max_constraint_bytes,
                          max_tokens_cap=args.max_tokens_cap, default_max_tokens=args.default_max_tokens,
@@ -99,6 +130,7 @@ def run_serve(args: argparse.Namespace) -> int:
     logging.basicConfig(level=log_level, format="[formwork] %(levelname)s %(name)s: %(message)s")
     try:
         config, limits, security = engine_config_from_args(args), limits_from_args(args), security_from_args(args)
+        restart_policy, memory_limit = restart_policy_from_args(args), memory_limit_from_args(args)
     except ValueError as e:
         print(f"formwork serve: {e}", file=sys.stderr)
         return 2
@@ -117,9 +149,10 @@ def run_serve(args: argparse.Namespace) -> int:
         key = " -H 'Authorization: Bearer KEY'" if security.api_keys else ""
         print(f"formwork: serving the OpenAI-compatible API on {url}/v1 (try: curl{key} {url}/v1/models)", flush=True)
 
-    client = AsyncMPClient(config, log_level=log_level)
+    client = AsyncMPClient(config, log_level=log_level, memory_limit=memory_limit)
     return asyncio.run(serve(client, limits, args.host, args.port, on_ready=announce, security=security,
-                             http_port=None if args.no_http else args.http_port, on_http_ready=announce_http))
+                             http_port=None if args.no_http else args.http_port, on_http_ready=announce_http,
+                             restart_policy=restart_policy))
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -150,7 +150,7 @@ def constraint_from_proto(constraint: pb.Constraint, limits: ServiceLimits, fiel
     return result
 
 
-def constraint_field(request: pb.GenerateRequest) -> str | None:
+def constraint_field(request: pb.GenerateRequest | pb.ValidateConstraintRequest) -> str | None:
     """"constraint.<kind>" of a constrained request (for errors the compiler reports later); None
     without a constraint."""
     kind = request.constraint.WhichOneof("kind") if request.HasField("constraint") else None
@@ -236,7 +236,17 @@ def validate_constraint_response(report: ConstraintReport) -> pb.ValidateConstra
                                          cached=report.cached, not_enforced=report.not_enforced)
 
 
-def model_info(info: EngineCoreReady, stats: EngineStats, limits: ServiceLimits, num_in_flight: int) -> pb.ModelInfo:
+@dataclass(frozen=True)
+class RestartStats:
+    """What the supervisor reports in ModelInfo."""
+
+    num_restarts: int = 0
+    last_crash: str = ""
+    num_quarantined: int = 0
+
+
+def model_info(info: EngineCoreReady, stats: EngineStats, limits: ServiceLimits, num_in_flight: int,
+               restarts: RestartStats = RestartStats()) -> pb.ModelInfo:
     return pb.ModelInfo(
         model_name=info.model_name,
         max_model_len=info.max_model_len,
@@ -252,4 +262,7 @@ def model_info(info: EngineCoreReady, stats: EngineStats, limits: ServiceLimits,
             num_waiting_for_grammar=stats.num_waiting_for_grammar, num_free_kv_blocks=stats.num_free_blocks,
             num_total_kv_blocks=stats.num_total_blocks, num_cached_kv_blocks=stats.num_cached_blocks,
             num_in_flight=num_in_flight, num_steps=stats.num_steps),
+        num_engine_restarts=restarts.num_restarts,
+        last_engine_crash=restarts.last_crash,
+        num_quarantined_constraints=restarts.num_quarantined,
     )

@@ -5,7 +5,8 @@ service/conversion.py on plain messages. Lifecycle:
 
     start()    bind the port, health NOT_SERVING, load the engine and warm it up in the background
     ready      health SERVING
-    engine death   health NOT_SERVING; in-flight and new calls get UNAVAILABLE
+    engine death   health NOT_SERVING; in-flight and new calls get UNAVAILABLE; the supervisor
+               (service/supervisor.py) restarts the engine, and health is SERVING again once warm
     stop()     (SIGTERM / SIGINT in serve()) health NOT_SERVING, refuse new calls, let in-flight
                requests finish for the grace period, end the rest as FINISH_REASON_CANCELLED
 """
@@ -36,7 +37,9 @@ from service._gen.formwork.v1 import generation_pb2_grpc as pb_grpc
 from service.async_llm import AsyncLLM
 from service.errors import STATUS_DETAILS_KEY, ServiceError, StatusCode, invalid_argument
 from service.limits import ServiceLimits
+from service.quarantine import Quarantine
 from service.reflection import V1_SERVICE, V1ALPHA_SERVICE, add_v1_descriptor
+from service.supervisor import EngineSupervisor, RestartPolicy
 from service.security import ApiKeys, KeyLimiter, SecurityConfig
 
 if TYPE_CHECKING:
@@ -64,9 +67,10 @@ class GenerationServicer(pb_grpc.GenerationServicer):
     """formwork.v1.Generation. A client's cancellation or deadline cancels the handler task; the
     generator it iterates is then closed, which aborts the request in the engine."""
 
-    def __init__(self, llm: AsyncLLM, limits: ServiceLimits) -> None:
+    def __init__(self, llm: AsyncLLM, limits: ServiceLimits, supervisor: EngineSupervisor) -> None:
         self._llm = llm
         self._limits = limits
+        self._supervisor = supervisor
         self._ids = itertools.count(1)
 
     async def Generate(self, request: pb.GenerateRequest, context: grpc.aio.ServicerContext) -> pb.GenerateResponse:
@@ -91,21 +95,25 @@ class GenerationServicer(pb_grpc.GenerationServicer):
                                  context: grpc.aio.ServicerContext) -> pb.ValidateConstraintResponse:
         async with _status(context):
             self._llm.check_available()
-            if not request.HasField("constraint") or request.constraint.WhichOneof("kind") is None:
+            field = conversion.constraint_field(request)
+            if field is None:
                 raise invalid_argument("constraint", "set one of json_schema, json_schema_text, json_object, regex, "
                                                      "grammar, choice")
             try:
                 constraint = conversion.constraint_from_proto(request.constraint, self._limits)
             except ServiceError as e:  # a bad constraint is this RPC's answer, not its failure
                 return pb.ValidateConstraintResponse(ok=False, error=e.message)
-            report = await self._llm.validate_constraint(constraint)
+            report = await self._llm.validate_constraint(constraint, field)
             return conversion.validate_constraint_response(report)
 
     async def GetModelInfo(self, request: pb.GetModelInfoRequest, context: grpc.aio.ServicerContext) -> pb.ModelInfo:
         async with _status(context):
             stats = await self._llm.get_stats()
             assert self._llm.info is not None
-            return conversion.model_info(self._llm.info, stats, self._limits, self._llm.num_in_flight)
+            supervisor = self._supervisor
+            return conversion.model_info(self._llm.info, stats, self._limits, self._llm.num_in_flight,
+                                         conversion.RestartStats(supervisor.num_restarts, supervisor.last_crash,
+                                                                 supervisor.quarantine.num_quarantined))
 
     async def Tokenize(self, request: pb.TokenizeRequest, context: grpc.aio.ServicerContext) -> pb.TokenizeResponse:
         async with _status(context):
@@ -141,7 +149,7 @@ class GenerationServicer(pb_grpc.GenerationServicer):
         async with contextlib.aclosing(self._llm.generate(
                 prepared.prompt_token_ids, prepared.params, request_id=prepared.engine_request_id,
                 priority=request.priority, arrival_time=prepared.arrival_time, stream=stream,
-                prompt_field=prepared.prompt_field)) as outputs:
+                prompt_field=prepared.prompt_field, constraint_field=conversion.constraint_field(request))) as outputs:
             async for output in outputs:
                 if output.finish_reason == FinishReason.ERROR:
                     logger.info("request %s failed: %s", prepared.engine_request_id, output.error)
@@ -249,8 +257,11 @@ class GenerationServer:
     """One gRPC server in front of one engine core client."""
 
     def __init__(self, client: EngineCoreClient, limits: ServiceLimits, host: str = "127.0.0.1",
-                 port: int = 50051, warm_up: bool = True, security: SecurityConfig = SecurityConfig()) -> None:
-        self.llm = AsyncLLM(client, limits)
+                 port: int = 50051, warm_up: bool = True, security: SecurityConfig = SecurityConfig(),
+                 restart_policy: RestartPolicy = RestartPolicy()) -> None:
+        quarantine = Quarantine(restart_policy.quarantine_s)
+        self.llm = AsyncLLM(client, limits, quarantine)
+        self.supervisor = EngineSupervisor(self.llm, restart_policy, quarantine, self._set_serving)
         self.limits = limits
         self.host = host
         self.port = port  # the bound port once started (useful with port 0)
@@ -264,7 +275,7 @@ class GenerationServer:
             ("grpc.max_send_message_length", limits.max_message_bytes),
             ("grpc.so_reuseport", 0),  # a port in use is an error, not a shared port
         ], interceptors=[_AccessInterceptor(security, self.key_limiter)] if security.api_keys else None)
-        pb_grpc.add_GenerationServicer_to_server(GenerationServicer(self.llm, limits), self.server)
+        pb_grpc.add_GenerationServicer_to_server(GenerationServicer(self.llm, limits, self.supervisor), self.server)
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self.server)
         add_v1_descriptor()
         reflection_servicer = reflection.aio.ReflectionServicer(
@@ -272,8 +283,9 @@ class GenerationServer:
         reflection_pb2_grpc.add_ServerReflectionServicer_to_server(reflection_servicer, self.server)
         self.server.add_generic_rpc_handlers([_v1_reflection_handler(reflection_servicer)])
         self.ready = asyncio.Event()
+        self._serving = False
         self._startup: asyncio.Task[None] | None = None
-        self._watchdog: asyncio.Task[None] | None = None
+        self._supervision: asyncio.Task[None] | None = None
 
     async def start(self) -> int:
         """Bind and serve (health NOT_SERVING) and start loading the engine; returns the port."""
@@ -305,16 +317,20 @@ class GenerationServer:
             await self.llm.warm_up()
         await self._set_health(_SERVING)
         self.ready.set()
-        self._watchdog = asyncio.create_task(self._watch_engine())
+        self._supervision = asyncio.create_task(self.supervisor.run())
         logger.info("%s loaded and warm in %.1f s", info.model_name, time.monotonic() - started)
 
-    async def _watch_engine(self) -> None:
-        error = await self.llm.client.wait_dead()
+    async def _set_serving(self, serving: bool) -> None:
         if not self.llm.closing:
-            logger.error("the engine is gone (%s); health is NOT_SERVING and calls answer UNAVAILABLE", error)
-        await self._set_health(_NOT_SERVING)
+            await self._set_health(_SERVING if serving else _NOT_SERVING)
+
+    @property
+    def serving(self) -> bool:
+        """What health reports: loaded and warm, the engine up (not restarting), not stopping."""
+        return self._serving and self.llm.client.is_alive and not self.llm.closing
 
     async def _set_health(self, status: int) -> None:
+        self._serving = status == _SERVING
         for name in ("", GENERATION_SERVICE):
             await self.health.set(name, status)
 
@@ -335,20 +351,21 @@ class GenerationServer:
         if self.llm.num_in_flight:
             logger.warning("grace period over: cancelling %d requests", self.llm.abort_all())
         await server_stopped
-        if self._watchdog is not None:
-            self._watchdog.cancel()
+        if self._supervision is not None:
+            self._supervision.cancel()
         await self.llm.shutdown()
 
 
 async def serve(client: EngineCoreClient, limits: ServiceLimits, host: str, port: int,
                 on_ready: Callable[[GenerationServer], None] | None = None,
                 security: SecurityConfig = SecurityConfig(), http_port: int | None = None,
-                on_http_ready: Callable[[HttpServer], None] | None = None) -> int:
+                on_http_ready: Callable[[HttpServer], None] | None = None,
+                restart_policy: RestartPolicy = RestartPolicy()) -> int:
     """Run a server until SIGTERM or SIGINT; returns the process exit code (0 after a graceful
     stop, 1 if the engine failed to start). A second signal cuts the grace period short.
     With `http_port`, the OpenAI-compatible HTTP API (service/http/) is served too, on the same
     AsyncLLM and host."""
-    server = GenerationServer(client, limits, host, port, security=security)
+    server = GenerationServer(client, limits, host, port, security=security, restart_policy=restart_policy)
     http = None
     if http_port is not None:
         from service.http.server import HttpServer

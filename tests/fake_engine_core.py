@@ -95,6 +95,15 @@ class FakeEngineCore:
             if self.requests.pop(request_id, None) is not None:
                 self.aborted.append(request_id)
 
+    def fail_grammar_compiles(self, error: str) -> int:
+        now = time.monotonic()
+        failing = [r for r in self.requests.values() if not r.running and now < r.grammar_ready_time]
+        for fake in failing:
+            del self.requests[fake.request.request_id]
+            self.pending.append(EngineCoreOutput(fake.request.request_id, finish_reason=int(FinishReason.ERROR),
+                                                 error=error, memory_suspect=True))
+        return len(failing)
+
     def has_unfinished_requests(self) -> bool:
         return bool(self.requests) or bool(self.pending)
 

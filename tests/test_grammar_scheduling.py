@@ -118,3 +118,20 @@ def test_abort_while_compiling():
     backend.gate.set()  # the compile finishing later touches nothing
     wait_compiled(manager)
     assert scheduler.schedule().is_empty
+
+
+def test_requests_with_a_compiled_grammar_queued_for_a_slot_are_waiting_not_waiting_for_grammar():
+    backend, manager, _ = setup()
+    scheduler = make_scheduler(max_num_seqs=2, structured_output_manager=manager)
+    requests = [make_request(num_tokens=5, constraint=Constraint(kind="regex", spec="a+")) for _ in range(5)]
+    for request in requests:
+        scheduler.add_request(request)
+    scheduler.schedule()
+    assert scheduler.num_waiting_for_grammar == 5  # the compile is still running for all of them
+    backend.gate.set()
+    wait_compiled(manager)
+    assert scheduler.num_waiting_for_grammar == 0  # compiled, not activated yet: waiting for a slot
+    sample_step(scheduler, scheduler.schedule())
+    assert len(scheduler.running) == 2 and len(scheduler.waiting) == 3
+    assert all(r.status == RequestStatus.WAITING_FOR_STRUCTURED_OUTPUT_GRAMMAR for r in scheduler.waiting)
+    assert scheduler.num_waiting_for_grammar == 0

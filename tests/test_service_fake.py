@@ -9,75 +9,22 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
-import threading
 import time
 
 import grpc
 import pytest
-from google.protobuf import json_format
-from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 
 from engine.config import EngineConfig
-from engine.core_client import AsyncMPClient, EngineDeadError, InprocClient
+from engine.core_client import AsyncMPClient, EngineDeadError
 from engine.protocol import EngineCoreRequest
 from engine.sampling_params import SamplingParams
-from fake_engine_core import CRASH_SEED, FakeEngineCore, fake_config, make_fake_core
+from fake_engine_core import CRASH_SEED, fake_config, make_fake_core
+from inproc_server import NOT_SERVING, SERVING, InprocServer, idle, long_request
 from live_server import error_of, field_violations
 from service._gen.formwork.v1 import generation_pb2 as pb
-from service._gen.formwork.v1 import generation_pb2_grpc as pb_grpc
 from service.limits import ServiceLimits
-from service.server import GenerationServer
-
-SERVING, NOT_SERVING = health_pb2.HealthCheckResponse.SERVING, health_pb2.HealthCheckResponse.NOT_SERVING
-
-
-class InprocServer:
-    """A GenerationServer on its own event-loop thread, in front of a FakeEngineCore."""
-
-    def __init__(self, limits: ServiceLimits = ServiceLimits(), wait_ready: bool = True, **core_kwargs) -> None:
-        self.core: FakeEngineCore | None = None
-        self.loop = asyncio.new_event_loop()
-        self.thread = threading.Thread(target=self.loop.run_forever, daemon=True)
-        self.thread.start()
-
-        def build_core() -> FakeEngineCore:
-            self.core = FakeEngineCore(core_kwargs.pop("config", fake_config()), **core_kwargs)
-            return self.core
-
-        async def make() -> GenerationServer:
-            return GenerationServer(InprocClient(build_core), limits, "127.0.0.1", 0)
-
-        self.server = self.run(make())
-        self.port = self.run(self.server.start())
-        self.channel = grpc.insecure_channel(f"127.0.0.1:{self.port}")
-        self.stub = pb_grpc.GenerationStub(self.channel)
-        self.health = health_pb2_grpc.HealthStub(self.channel)
-        if wait_ready:
-            self.run(self.server.wait_started())
-
-    def run(self, coroutine, timeout_s: float = 30.0):
-        return asyncio.run_coroutine_threadsafe(coroutine, self.loop).result(timeout_s)
-
-    def health_status(self) -> int:
-        return self.health.Check(health_pb2.HealthCheckRequest(service=""), timeout=5).status
-
-    def load(self) -> pb.Load:
-        return self.stub.GetModelInfo(pb.GetModelInfoRequest(), timeout=5).load
-
-    def wait_for(self, predicate, timeout_s: float = 20.0) -> pb.Load:
-        deadline = time.monotonic() + timeout_s
-        while not predicate(load := self.load()) and time.monotonic() < deadline:
-            time.sleep(0.01)
-        return load
-
-    def close(self) -> None:
-        self.channel.close()
-        try:
-            self.run(self.server.stop(0))
-        finally:
-            self.loop.call_soon_threadsafe(self.loop.stop)
-            self.thread.join(5)
+from service.supervisor import RestartPolicy
 
 
 @pytest.fixture
@@ -91,16 +38,6 @@ def make_server():
     yield make
     for server in servers:
         server.close()
-
-
-def long_request(**fields) -> pb.GenerateRequest:
-    return json_format.ParseDict({"prompt": "tell me a story", "max_tokens": 500, "ignore_eos": True, **fields},
-                                 pb.GenerateRequest())
-
-
-def idle(load: pb.Load) -> bool:
-    return (load.num_running == load.num_waiting == load.num_waiting_for_grammar == load.num_in_flight == 0
-            and load.num_free_kv_blocks == load.num_total_kv_blocks)
 
 
 # ---- start-up and health ----------------------------------------------------------------------
@@ -293,7 +230,7 @@ def test_an_unexpected_exception_is_internal_and_the_server_keeps_serving(make_s
 
 
 def test_engine_failure_makes_calls_unavailable_and_health_not_serving(make_server):
-    server = make_server()
+    server = make_server(restart_policy=RestartPolicy(max_restarts=0))
     in_flight = server.stub.GenerateStream(long_request(), timeout=30)
     next(in_flight)
     error = error_of(server.stub.Generate, long_request(seed=CRASH_SEED), timeout=10)

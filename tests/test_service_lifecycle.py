@@ -1,6 +1,8 @@
-"""The server's lifecycle with the real model: engine-process death and SIGTERM (a server per test)."""
+"""The server's lifecycle with the real model: engine-process death, self-healing, quarantine and
+SIGTERM (a server per test)."""
 from __future__ import annotations
 
+import json
 import os
 import signal
 import time
@@ -9,15 +11,41 @@ import grpc
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from live_server import LiveServer, chat, error_of
+from live_server import PERSON_SCHEMA, LiveServer, chat, error_of
 from service._gen.formwork.v1 import generation_pb2 as pb
 
 pytestmark = pytest.mark.slow
 
 
+SERVING, NOT_SERVING = health_pb2.HealthCheckResponse.SERVING, health_pb2.HealthCheckResponse.NOT_SERVING
+
+
 def health_status(server: LiveServer) -> int:
     stub = health_pb2_grpc.HealthStub(server.channel)
     return stub.Check(health_pb2.HealthCheckRequest(service="formwork.v1.Generation"), timeout=5).status
+
+
+def wait_health(server: LiveServer, status: int, timeout_s: float = 600.0) -> int:
+    """Poll health until `status` (a restart loads the model again: minutes on a loaded machine)."""
+    deadline = time.monotonic() + timeout_s
+    while (current := health_status(server)) != status and time.monotonic() < deadline:
+        time.sleep(0.02)
+    return current
+
+
+def kill_engine_under(server: LiveServer, request: pb.GenerateRequest) -> tuple[int, float, float]:
+    """SIGKILL the engine process while `request` streams; (the killed pid, when it was killed,
+    seconds until the stream ended with UNAVAILABLE)."""
+    stream = server.stub.GenerateStream(request, timeout=120)
+    next(stream)  # it runs in the engine now
+    pid = server.engine_pid
+    os.kill(pid, signal.SIGKILL)
+    killed = time.monotonic()
+    with pytest.raises(grpc.RpcError) as info:
+        list(stream)
+    assert info.value.code() == grpc.StatusCode.UNAVAILABLE, info.value
+    assert "killed by signal 9" in info.value.details()
+    return pid, killed, time.monotonic() - killed
 
 
 def refusing_calls(server) -> bool:
@@ -30,7 +58,7 @@ def refusing_calls(server) -> bool:
 
 
 def test_engine_process_death_turns_into_unavailable_and_not_serving():
-    server = LiveServer()
+    server = LiveServer("--engine-restarts", "0")
     try:
         assert health_status(server) == health_pb2.HealthCheckResponse.SERVING
         stream = server.stub.GenerateStream(chat("Write a long story.", max_tokens=200), timeout=60)
@@ -68,3 +96,46 @@ def test_sigterm_finishes_in_flight_requests_within_the_grace_period_then_exits_
     assert 1 < long_messages[-1].usage.completion_tokens < 250
     assert server.process.wait(30) == 0, server.log()
     server.stop()
+
+
+def test_a_killed_engine_is_restarted_and_serves_again():
+    server = LiveServer()
+    try:
+        old_pid, killed, to_unavailable_s = kill_engine_under(server, chat("Write a long story.", max_tokens=200))
+        assert wait_health(server, NOT_SERVING) == NOT_SERVING
+        refused = error_of(server.stub.Generate, chat("hi"), timeout=5)
+        assert refused.code() == grpc.StatusCode.UNAVAILABLE, refused
+        assert wait_health(server, SERVING) == SERVING, server.log()
+        to_serving_s = time.monotonic() - killed
+        response = server.stub.Generate(chat("Give a person in JSON.", max_tokens=48, temperature=0,
+                                             constraint={"json_schema": PERSON_SCHEMA}), timeout=60)
+        assert response.finish_reason == pb.FINISH_REASON_STOP and {"name", "age"} <= set(json.loads(response.text))
+        info = server.model_info()
+        assert info.num_engine_restarts == 1 and "killed by signal 9" in info.last_engine_crash
+        assert server.engine_pid != old_pid
+        load = server.wait_idle()
+        assert load.num_free_kv_blocks == load.num_total_kv_blocks and load.num_in_flight == 0
+        print(f"engine kill: UNAVAILABLE after {to_unavailable_s:.2f} s, SERVING again after {to_serving_s:.1f} s")
+    finally:
+        assert server.stop(timeout_s=30) == 0, server.log()
+
+
+def test_a_constraint_in_flight_at_two_engine_deaths_is_quarantined():
+    server = LiveServer("--engine-restart-backoff", "0.1")
+    poison = {"regex": "[a-z ]{50,400}"}
+    try:
+        for attempt in range(2):
+            kill_engine_under(server, chat(f"Write letters, try {attempt}.", max_tokens=200, constraint=poison))
+            assert wait_health(server, SERVING) == SERVING, server.log()
+        refused = error_of(server.stub.Generate, chat("A different prompt.", max_tokens=8, constraint=poison),
+                           timeout=10)
+        assert refused.code() == grpc.StatusCode.UNAVAILABLE
+        assert refused.details().startswith("constraint.regex: quarantined for another "), refused.details()
+        other = server.stub.Generate(chat("Say a word.", max_tokens=8, constraint={"regex": "[a-z]{1,20}"}),
+                                     timeout=60)
+        assert other.finish_reason in (pb.FINISH_REASON_STOP, pb.FINISH_REASON_LENGTH) and other.text
+        info = server.model_info()
+        assert info.num_engine_restarts == 2 and info.num_quarantined_constraints == 1
+        assert "quarantined for 600 s" in server.log()
+    finally:
+        assert server.stop(timeout_s=30) == 0, server.log()

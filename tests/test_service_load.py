@@ -66,6 +66,24 @@ def test_full_queue_is_resource_exhausted_and_cancelling_frees_queued_and_runnin
     assert load.num_free_kv_blocks == load.num_total_kv_blocks, load
 
 
+def test_requests_with_a_compiled_grammar_queued_for_a_slot_count_as_waiting(server):
+    constraint = {"regex": "[a-z ]{400}"}  # longer than max_tokens: every request runs to the cap
+    server.stub.Generate(chat("warm the grammar cache", max_tokens=2, constraint=constraint), timeout=60)
+    calls = [server.stub.GenerateStream(chat(f"Write letters {i}.", max_tokens=100, constraint=constraint),
+                                        timeout=120) for i in range(MAX_NUM_SEQS + MAX_QUEUE_LEN)]
+    try:
+        deadline = time.monotonic() + 30
+        while (load := server.model_info().load).num_running < MAX_NUM_SEQS or load.num_waiting < MAX_QUEUE_LEN:
+            if time.monotonic() > deadline:
+                break
+            time.sleep(0.05)
+        assert (load.num_running, load.num_waiting, load.num_waiting_for_grammar) == (MAX_NUM_SEQS, MAX_QUEUE_LEN, 0)
+    finally:
+        for call in calls:
+            call.cancel()
+    assert server.wait_idle().num_in_flight == 0
+
+
 def test_aborts_then_a_grammar_wait_keep_the_engine_alive(server):
     """Regression: finished requests must leave the runner even when a step only waits for a grammar."""
     calls = [server.stub.GenerateStream(chat(f"Tell me a story {i}.", max_tokens=100), timeout=60)

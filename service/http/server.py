@@ -39,10 +39,7 @@ class HttpServer:
         self.security: SecurityConfig = grpc_server.security
         llm = grpc_server.llm
 
-        def is_ready() -> bool:
-            return grpc_server.ready.is_set() and llm.client.dead_error is None and not llm.closing
-
-        self.api = OpenAIApi(llm, grpc_server.limits, self.security, limiter, is_ready)
+        self.api = OpenAIApi(llm, grpc_server.limits, self.security, limiter, lambda: grpc_server.serving)
         self._server: _EmbeddedServer | None = None
         self._task: asyncio.Task[None] | None = None
 

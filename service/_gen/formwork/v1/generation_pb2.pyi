@@ -231,20 +231,26 @@ class GetModelInfoRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class ModelInfo(_message.Message):
-    __slots__ = ("model_name", "max_model_len", "vocab_size", "limits", "constraint_kinds", "load")
+    __slots__ = ("model_name", "max_model_len", "vocab_size", "limits", "constraint_kinds", "load", "num_engine_restarts", "last_engine_crash", "num_quarantined_constraints")
     MODEL_NAME_FIELD_NUMBER: _ClassVar[int]
     MAX_MODEL_LEN_FIELD_NUMBER: _ClassVar[int]
     VOCAB_SIZE_FIELD_NUMBER: _ClassVar[int]
     LIMITS_FIELD_NUMBER: _ClassVar[int]
     CONSTRAINT_KINDS_FIELD_NUMBER: _ClassVar[int]
     LOAD_FIELD_NUMBER: _ClassVar[int]
+    NUM_ENGINE_RESTARTS_FIELD_NUMBER: _ClassVar[int]
+    LAST_ENGINE_CRASH_FIELD_NUMBER: _ClassVar[int]
+    NUM_QUARANTINED_CONSTRAINTS_FIELD_NUMBER: _ClassVar[int]
     model_name: str
     max_model_len: int
     vocab_size: int
     limits: Limits
     constraint_kinds: _containers.RepeatedScalarFieldContainer[str]
     load: Load
-    def __init__(self, model_name: _Optional[str] = ..., max_model_len: _Optional[int] = ..., vocab_size: _Optional[int] = ..., limits: _Optional[_Union[Limits, _Mapping]] = ..., constraint_kinds: _Optional[_Iterable[str]] = ..., load: _Optional[_Union[Load, _Mapping]] = ...) -> None: ...
+    num_engine_restarts: int
+    last_engine_crash: str
+    num_quarantined_constraints: int
+    def __init__(self, model_name: _Optional[str] = ..., max_model_len: _Optional[int] = ..., vocab_size: _Optional[int] = ..., limits: _Optional[_Union[Limits, _Mapping]] = ..., constraint_kinds: _Optional[_Iterable[str]] = ..., load: _Optional[_Union[Load, _Mapping]] = ..., num_engine_restarts: _Optional[int] = ..., last_engine_crash: _Optional[str] = ..., num_quarantined_constraints: _Optional[int] = ...) -> None: ...
 
 class Limits(_message.Message):
     __slots__ = ("default_max_tokens", "max_tokens_cap", "max_constraint_bytes", "max_message_bytes", "max_num_seqs", "max_queue_len", "kv_block_size", "max_logprobs")
