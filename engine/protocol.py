@@ -63,6 +63,9 @@ class EngineCoreOutput(msgspec.Struct, array_like=True, omit_defaults=True):
     queued_s: float = 0.0  # arrival -> first scheduled
     grammar_wait_s: float = 0.0  # arrival -> grammar compiled
     not_enforced: list[str] = []  # best-effort constraint: parts of the schema not enforced
+    # with `error`: the request's constraint caused it (a grammar limit, or its grammar work
+    # failed), so the client is told INVALID_ARGUMENT even after tokens
+    constraint_error: bool = False
 
 
 class EngineStats(msgspec.Struct, array_like=True, omit_defaults=True):

@@ -11,6 +11,10 @@ import math
 import msgspec
 
 CONSTRAINT_KINDS = ("json_schema", "json_object", "regex", "grammar", "choice")
+# Ranges of the float knobs (docs/api.md). Past them float32 logits overflow (logits / 1e100 is
+# NaN for a masked -inf), and nothing useful lies there: temperature 100 is already uniform.
+MAX_TEMPERATURE = 100.0
+MIN_REPETITION_PENALTY, MAX_REPETITION_PENALTY = 0.01, 100.0
 
 
 class Constraint(msgspec.Struct, array_like=True, omit_defaults=True, frozen=True):
@@ -49,6 +53,8 @@ class Constraint(msgspec.Struct, array_like=True, omit_defaults=True, frozen=Tru
                 schema = json.loads(self.spec)
             except json.JSONDecodeError as e:
                 raise ValueError(f"json_schema is not valid JSON: {e}") from None
+            except RecursionError:
+                raise ValueError("json_schema is nested too deeply to parse") from None
             if not isinstance(schema, (dict, bool)):
                 raise ValueError("json_schema must be a JSON object (or a boolean schema)")
 
@@ -88,16 +94,18 @@ class SamplingParams(msgspec.Struct, array_like=True, omit_defaults=True):
                 raise ValueError(f"{name} must be a finite number, got {getattr(self, name)}")
         if not isinstance(self.max_tokens, int) or self.max_tokens < 1:
             raise ValueError(f"max_tokens must be an integer >= 1, got {self.max_tokens!r}")
-        if self.temperature < 0:
-            raise ValueError(f"temperature must be >= 0, got {self.temperature}")
+        if not 0 <= self.temperature <= MAX_TEMPERATURE:
+            raise ValueError(f"temperature must be >= 0 and at most {MAX_TEMPERATURE:g} (0: greedy), "
+                             f"got {self.temperature}")
         if not 0 < self.top_p <= 1:
             raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
         if self.top_k < 0:
             raise ValueError(f"top_k must be >= 0 (0 disables it), got {self.top_k}")
         if not 0 <= self.min_p <= 1:
             raise ValueError(f"min_p must be in [0, 1], got {self.min_p}")
-        if self.repetition_penalty <= 0:
-            raise ValueError(f"repetition_penalty must be > 0, got {self.repetition_penalty}")
+        if not MIN_REPETITION_PENALTY <= self.repetition_penalty <= MAX_REPETITION_PENALTY:
+            raise ValueError(f"repetition_penalty must be > 0, in [{MIN_REPETITION_PENALTY:g}, "
+                             f"{MAX_REPETITION_PENALTY:g}] (1 disables it), got {self.repetition_penalty}")
         for name in ("frequency_penalty", "presence_penalty"):
             value = getattr(self, name)
             if not -2 <= value <= 2:
