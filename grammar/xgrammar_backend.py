@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import json
 import logging
+import random
 import re
 import time
 from typing import TYPE_CHECKING, Any
@@ -38,6 +39,7 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 
 _COMPACT = (",", ":")
+_PROBE_TOKENS = 8  # tokens the compile-time fill probe walks
 _ONE_OF_WARNING = "oneOf with overlapping"
 
 
@@ -212,8 +214,14 @@ class XGrammarBackend(GrammarBackend):
                                self.config.max_forced_bytes)
 
     def output_bounds(self, grammar: xgr.Grammar) -> output_bounds.OutputBounds:
-        """What the grammar's rules need (grammar/output_bounds.py)."""
-        return output_bounds.analyze(json.loads(grammar.serialize_json()), self._regex_bounds)
+        """What the grammar's rules need (grammar/output_bounds.py); inexact (jump-forward off,
+        nothing refused) if the rules cannot be read."""
+        try:
+            return output_bounds.analyze(json.loads(grammar.serialize_json()), self._regex_bounds)
+        except (KeyError, IndexError, TypeError, ValueError) as e:
+            logger.warning("grammar rules not analysed (%s: %s); jump-forward is off for this grammar",
+                           type(e).__name__, e)
+            return output_bounds.OutputBounds(0, 0, None, exact=False)
 
     def _regex_bounds(self, pattern: str) -> output_bounds.OutputBounds:
         try:
@@ -240,16 +248,35 @@ class XGrammarBackend(GrammarBackend):
         return bounds
 
     def _warm_up(self, compiled: XGrammarCompiled) -> None:
-        """Build the first matcher and fill its first bitmask here, where a slow one costs only
-        this compile; refuse a grammar whose fill alone takes more than max_fill_ms of CPU."""
-        matcher = xgr.GrammarMatcher(compiled.compiled)
-        bitmask = xgr.allocate_token_bitmask(1, self.vocab_size)
-        start = time.thread_time()
-        matcher.fill_next_token_bitmask(bitmask, 0)
-        fill_ms = (time.thread_time() - start) * 1000
-        if fill_ms > self.config.max_fill_ms:
-            raise GrammarError(f"{compiled.kind}: one bitmask fill takes {fill_ms:.0f} ms, over this server's "
-                               f"max_fill_ms limit of {self.config.max_fill_ms:g}; simplify the constraint")
+        """Build the first matcher and fill bitmasks along a short walk here, where a slow fill
+        costs only this compile; refuse a grammar whose fill takes more than max_fill_ms of CPU.
+
+        The walk accepts a few allowed tokens, chosen by a fixed seed: ambiguous repeats
+        (`(\\w+ ?){1,50}`) fill fast at the start and take seconds a token or two later.
+        """
+        limit_ms = self.config.max_fill_ms
+        rng = random.Random(0)
+        stop_ids = set(self.stop_token_ids)
+        try:
+            matcher = xgr.GrammarMatcher(compiled.compiled)
+            bitmask = xgr.allocate_token_bitmask(1, self.vocab_size)
+            for num_tokens in range(_PROBE_TOKENS + 1):
+                start = time.thread_time()
+                matcher.fill_next_token_bitmask(bitmask, 0)
+                fill_ms = (time.thread_time() - start) * 1000
+                if fill_ms > limit_ms:
+                    raise GrammarError(f"{compiled.kind}: one bitmask fill takes {fill_ms:.0f} ms (after {num_tokens} "
+                                       f"tokens), over this server's max_fill_ms limit of {limit_ms:g}; simplify the "
+                                       "constraint (ambiguous repeats such as (\\w+ ?){1,50} are the usual cause)")
+                bits = np.unpackbits(bitmask.numpy().view(np.uint8)[0], bitorder="little")[:self.vocab_size]
+                allowed = [t for t in np.flatnonzero(bits).tolist() if t not in stop_ids]
+                if not allowed or not matcher.accept_token(rng.choice(allowed)):
+                    return
+        except GrammarError:
+            raise
+        except Exception as e:  # e.g. std::bad_alloc: this grammar's failure, reported as such
+            raise GrammarError(f"{compiled.kind}: its first bitmask fills failed: {type(e).__name__}: "
+                               f"{strip_native_prefix(str(e))}") from None
 
     def allocate_bitmask(self, num_rows: int) -> torch.Tensor:
         return xgr.allocate_token_bitmask(num_rows, self.vocab_size)

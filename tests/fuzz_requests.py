@@ -35,6 +35,8 @@ BOMBS: dict[str, dict] = {
     "regex-wrapping-count": {"regex": "a{4294967297}"},
     "regex-nested-counts": {"regex": "(a{1000}){1000}"},
     "regex-wide-count": {"regex": "[a-z]{0,99999999}"},
+    "regex-ambiguous-repeat": {"regex": r"(\w+ ?){1,50}"},
+    "regex-nested-variable-repeat": {"regex": "([a-z]{1,3}){0,1000}"},
     "regex-deep-parens": {"regex": "(" * 5000 + "a" + ")" * 5000},
     "regex-unbalanced": {"regex": "a(b"},
     "schema-recursive-required": {"json_schema_text": json.dumps(RECURSIVE_SCHEMA)},
