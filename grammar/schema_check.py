@@ -165,7 +165,6 @@ def check_limits(constraint: Constraint, max_spec_bytes: int, max_schema_depth: 
                            f"of {max_schema_depth}")
 
 
-JSON_TYPES = ("null", "boolean", "object", "array", "number", "string", "integer")
 _COUNTS = ("maxLength", "minLength", "maxItems", "minItems", "maxContains", "minContains",
            "maxProperties", "minProperties")
 _NUMBERS = ("minimum", "maximum")
@@ -213,10 +212,10 @@ def _keyword_problems(node: dict, pointer: str, max_repeat_count: int) -> list[s
             bad(keyword, "a string")
     if isinstance(node.get("pattern"), str):
         out += _repeat_problems(node["pattern"], f'"pattern" at {where}', max_repeat_count)
-    declared = node.get("type")
-    if "type" in node and not (declared in JSON_TYPES or (
-            isinstance(declared, list) and declared and all(t in JSON_TYPES for t in declared))):
-        bad("type", f"one of {', '.join(JSON_TYPES)} or a non-empty list of them")
+    declared = node.get("type")  # its names are xgrammar's to check: it names an unknown one itself
+    if "type" in node and not (isinstance(declared, str) or (
+            isinstance(declared, list) and declared and all(isinstance(t, str) for t in declared))):
+        bad("type", "a type name or a non-empty list of them")
     if "required" in node and not (isinstance(node["required"], list)
                                    and all(isinstance(n, str) for n in node["required"])):
         bad("required", "a list of strings")

@@ -127,7 +127,7 @@ def test_normalize_only_frees_objects_and_arrays_that_declare_no_members():
     ({"type": "string", "maxLength": -1}, '"maxLength" at / (the root) must be a non-negative integer, got -1'),
     ({"pattern": 5}, '"pattern" at / (the root) must be a string, got 5'),
     ({"properties": {"a": {"minItems": 1.5}}}, '"minItems" at /properties/a must be a non-negative integer'),
-    ({"type": "nonsense"}, '"type" at / (the root) must be one of null, boolean'),
+    ({"type": [5]}, '"type" at / (the root) must be a type name or a non-empty list of them, got [5]'),
     ({"required": "a"}, '"required" at / (the root) must be a list of strings'),
     ({"properties": []}, '"properties" at / (the root) must be an object of subschemas'),
     ({"properties": {"a": 5}}, "the subschema at /properties/a must be an object or a boolean, got 5"),
