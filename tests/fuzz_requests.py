@@ -119,6 +119,7 @@ class Outcome:
 class FuzzReport:
     num_sent: int = 0
     codes: Counter = field(default_factory=Counter)  # status name -> count
+    kinds: Counter = field(default_factory=Counter)  # case kind ("bomb", "utf8", ...) -> count
     num_good: int = 0
     num_good_valid: int = 0
     problems: list[str] = field(default_factory=list)
@@ -126,7 +127,8 @@ class FuzzReport:
     elapsed_s: float = 0.0
 
     def summary(self) -> dict:
-        return {"sent": self.num_sent, "by_status": dict(sorted(self.codes.items())), "good": self.num_good,
+        return {"sent": self.num_sent, "by_status": dict(sorted(self.codes.items())),
+                "by_kind": dict(sorted(self.kinds.items())), "good": self.num_good,
                 "good_valid": self.num_good_valid, "batches": self.num_batches,
                 "problems": self.problems[:20], "elapsed_s": round(self.elapsed_s, 1)}
 
@@ -370,6 +372,7 @@ def run_fuzz(channel: grpc.Channel, seed: int, budget_s: float, batch_size: int 
             for outcome in pool.map(lambda c: send(channel, c), batch):
                 report.num_sent += 1
                 report.codes[outcome.code] += 1
+                report.kinds[outcome.case.name.split(":")[0]] += 1
                 if outcome.case.good:
                     report.num_good += 1
                     report.num_good_valid += outcome.problem is None

@@ -4,13 +4,53 @@ from __future__ import annotations
 import pytest
 import torch
 from conftest import make_request, make_scheduler
-from test_grammar_scheduling import GatedBackend, _AnyToken, wait_compiled
 
 from engine.config import GrammarConfig
 from engine.request import FinishReason, RequestStatus
 from engine.sampling_params import Constraint
 from engine.scheduler_output import ModelRunnerOutput
 from engine.structured_output import StructuredOutputManager
+from grammar.backend import CompiledGrammar, Grammar, GrammarBackend, GrammarError
+
+
+class _Compiled(CompiledGrammar):
+    num_bytes = 64
+
+
+class _AnyToken(Grammar):
+    def fill_bitmask(self, bitmask, row):
+        bitmask[row] = -1
+
+    def accept_tokens(self, token_ids):
+        return True
+
+    def rollback(self, num_tokens):
+        pass
+
+    def is_terminated(self):
+        return False
+
+    def jump_forward_token_ids(self):
+        return []
+
+
+class _Backend(GrammarBackend):
+    def compile(self, constraint):
+        return _Compiled()
+
+    def make_grammar(self, compiled):
+        return _AnyToken()
+
+    def allocate_bitmask(self, num_rows):
+        return torch.zeros(num_rows, 2, dtype=torch.int32)
+
+
+def wait_compiled(manager):
+    for future in list(manager._futures.values()):
+        try:
+            future.result(timeout=10)
+        except GrammarError:
+            pass
 
 
 def sample(scheduler, scheduler_output, token_id=100):
@@ -47,11 +87,9 @@ class _Failing(_AnyToken):
         return []
 
 
-class _FailingBackend(GatedBackend):
+class _FailingBackend(_Backend):
     def __init__(self, where: str) -> None:
-        super().__init__()
         self.where = where
-        self.gate.set()
 
     def make_grammar(self, compiled):
         if self.where == "make":
@@ -100,8 +138,7 @@ class _SlowFill(_AnyToken):
 
 
 def test_a_fill_over_max_fill_ms_ends_its_request():
-    backend = GatedBackend()
-    backend.gate.set()
+    backend = _Backend()
     backend.make_grammar = lambda compiled: _SlowFill()
     manager = StructuredOutputManager(backend, GrammarConfig(max_fill_ms=0.001))
     scheduler = make_scheduler(structured_output_manager=manager)
