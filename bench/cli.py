@@ -22,16 +22,32 @@ def add_bench_parser(subparsers, add_engine_args) -> None:
     add_engine_args(offline)
     offline.set_defaults(func=_run_offline)
 
-    coverage = which.add_parser("coverage", help="JSON-Schema coverage on jsonschemabench: compiled, rejected, valid")
+    coverage = which.add_parser("coverage", help="JSON-Schema coverage on JSONSchemaBench: compiled, rejected, valid")
     coverage.add_argument("--subset", action="append", help="repeat for several (default: all)")
     coverage.add_argument("--limit", type=int, default=10, help="schemas per subset")
     coverage.add_argument("--max-tokens", type=int, default=256)
+    coverage.add_argument("--data", default=None,
+                          help="a folder of <Subset>.jsonl (e.g. the full JSONSchemaBench; default: the carried sample)")
     add_engine_args(coverage)
     coverage.set_defaults(func=_run_coverage)
+
+    accuracy = which.add_parser("accuracy", help="field accuracy of constrained answers, per setting and peer")
+    accuracy.add_argument("--settings", type=_csv, default=None,
+                          help="comma list of whitespace modes, each optionally with :no-jf and/or :fields "
+                               "(default: compact,spaced,bounded,any,bounded:no-jf,bounded:fields)")
+    accuracy.add_argument("--workloads", type=_csv, default=None,
+                          help="comma list of json-extraction, person, function-call (default: all)")
+    accuracy.add_argument("--peers", type=_csv, default=[], help="comma list of vllm, transformers")
+    accuracy.add_argument("--output", default=None, help="write the rows as JSON here")
+    add_engine_args(accuracy)
+    accuracy.set_defaults(func=_run_accuracy)
 
     serve = which.add_parser("serve", help="load a gRPC server (started here, or --address) and run peers beside it",
                              description="Load generator over gRPC on loopback; one JSON result file, PNG plots.")
     serve.add_argument("--address", help="a running server on loopback (default: start one on a free port)")
+    serve.add_argument("--protocol", choices=["grpc", "http"], default="grpc",
+                       help="http: every Formwork run over gRPC and, right after, over the OpenAI-compatible HTTP API")
+    serve.add_argument("--http-address", help="with --address and --protocol http: the server's HTTP HOST:PORT")
     serve.add_argument("--model", default=None, help="model folder (default: the packaged SmolLM2-135M-Instruct)")
     serve.add_argument("--workload", choices=["json-extraction", "mixed-schemas", "unconstrained"],
                        default="json-extraction")
@@ -45,6 +61,8 @@ def add_bench_parser(subparsers, add_engine_args) -> None:
     serve.add_argument("--max-requests", type=int, default=128, help="cap on the default request count")
     serve.add_argument("--duration", type=float, default=600.0, help="seconds per run at most (no new requests after)")
     serve.add_argument("--max-tokens", type=int, default=256)
+    serve.add_argument("--data", default=None,
+                       help="mixed-schemas: a folder of <Subset>.jsonl (default: the carried JSONSchemaBench sample)")
     serve.add_argument("--items", type=_csv, default=None, help="comma list of json-extraction item ids (default: all)")
     serve.add_argument("--rpc-timeout", type=float, default=1200.0, help="deadline of every RPC, seconds")
     serve.add_argument("--peers", type=_csv, default=[], help="comma list of transformers, llama-cpp, vllm")
@@ -93,6 +111,14 @@ def _run_offline(args: argparse.Namespace) -> int:
     else:
         from bench.offline import main
     return main(args, config)
+
+
+def _run_accuracy(args: argparse.Namespace) -> int:
+    from bench.accuracy import DEFAULT_SETTINGS, WORKLOADS, main
+    from engine.cli import engine_config_from_args
+    args.settings = args.settings or list(DEFAULT_SETTINGS)
+    args.workloads = args.workloads or list(WORKLOADS)
+    return main(args, engine_config_from_args(args))
 
 
 def _run_coverage(args: argparse.Namespace) -> int:

@@ -12,25 +12,21 @@ from collections import Counter, defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
 
-DATA_DIR = Path(__file__).resolve().parent.parent.parent / "shared" / "data" / "jsonschemabench"
-SUBSETS = ["Github_trivial", "Github_easy", "Github_medium", "Github_hard", "Github_ultra", "Glaiveai2K",
-           "JsonSchemaStore", "Kubernetes", "Snowplow", "WashingtonPost"]
+from bench.datasets import SAMPLE_MAX_BYTES, SUBSETS, jsonschemabench_dir
+
 PROMPT = "Produce one realistic example JSON document for the schema you are given. Output only the JSON."
 
 
-def data_dir() -> Path:
-    for candidate in (DATA_DIR, Path.cwd().parent / "shared" / "data" / "jsonschemabench"):
-        if candidate.is_dir():
-            return candidate
-    raise FileNotFoundError("jsonschemabench data not found beside the project (../shared/data/jsonschemabench)")
+def load_schemas(subsets: list[str], limit: int, max_bytes: int = SAMPLE_MAX_BYTES,
+                 data: Path | str | None = None) -> list[tuple[str, str, dict]]:
+    """The first `limit` schemas (under max_bytes) of each subset: (subset, id, schema).
 
-
-def load_schemas(subsets: list[str], limit: int, max_bytes: int = 20_000) -> list[tuple[str, str, dict]]:
-    """The first `limit` schemas (under max_bytes) of each subset: (subset, id, schema)."""
+    From the sample the project carries, or from `data` (a folder of <Subset>.jsonl, e.g. the full set)."""
+    folder = jsonschemabench_dir(data)
     out = []
     for subset in subsets:
         taken = 0
-        with open(data_dir() / f"{subset}.jsonl", encoding="utf-8") as f:
+        with open(folder / f"{subset}.jsonl", encoding="utf-8") as f:
             for line in f:
                 item = json.loads(line)
                 if len(json.dumps(item["schema"])) > max_bytes:
@@ -111,10 +107,10 @@ def print_report(results: dict[str, SubsetResult]) -> None:
 
 def main(args, engine_config) -> int:
     from engine.llm import LLM
-    subsets = args.subset or SUBSETS
+    subsets = args.subset or list(SUBSETS)
     llm = LLM(config=engine_config)
     try:
-        results = run_coverage(llm, load_schemas(subsets, args.limit), args.max_tokens)
+        results = run_coverage(llm, load_schemas(subsets, args.limit, data=args.data), args.max_tokens)
     finally:
         llm.shutdown()
     print_report(results)

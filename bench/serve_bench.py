@@ -24,11 +24,15 @@ import sys
 import time
 from dataclasses import replace
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from bench import report, serve_workloads
 from bench.burst import burst_test
 from bench.serve import Client, LoadShape, RequestRecord, RequestSpec, compile_all, log, run_load
 from engine.config import EngineConfig
+
+if TYPE_CHECKING:
+    from bench.http_client import HttpClient
 
 FULL_CONCURRENCY = (1, 8, 32, 64)
 # mode -> (constrained, jump_forward)
@@ -80,18 +84,21 @@ def _only(specs: list[RequestSpec], items: list[str] | None) -> list[RequestSpec
 
 async def formwork_runs(client: Client, workload: str, modes: list[str], shapes: list[LoadShape],
                         max_tokens: int, unconstrained_max_tokens: int | None = None,
-                        items: list[str] | None = None) -> tuple[list[dict], dict]:
+                        items: list[str] | None = None, data: str | None = None,
+                        http_client: HttpClient | None = None) -> tuple[list[dict], dict]:
+    """Each mode at each load over gRPC (system "formwork") and, with `http_client`, right after
+    it the same requests over the OpenAI-compatible HTTP API (system "formwork-http")."""
     runs, compile_stats = [], {}
     # every prompt once (one token, no constraint) first: each mode then meets the same warm
     # prefix cache, whichever runs first (vLLM's peer warms the same way; transformers has none)
-    prompts = _only(serve_workloads.build(workload, 1, constrained=False), items)
+    prompts = _only(serve_workloads.build(workload, 1, constrained=False, data=data), items)
     log(f"prefix-cache warm-up: {len(prompts)} prompts, one token each")
     await run_load(client, prompts, LoadShape(concurrency=16, max_requests=len(prompts)))
     specs_by_mode = {}
     for mode in modes:
         constrained, jump_forward = MODES[mode]
         limit = max_tokens if constrained else (unconstrained_max_tokens or max_tokens)
-        specs = _only(serve_workloads.build(workload, limit, constrained, jump_forward), items)
+        specs = _only(serve_workloads.build(workload, limit, constrained, jump_forward, data), items)
         specs_by_mode[mode], stats = await compile_all(client, specs)
         if stats["num_compiled"]:
             compile_stats[workload] = stats
@@ -106,14 +113,17 @@ async def formwork_runs(client: Client, workload: str, modes: list[str], shapes:
                     raise ValueError("mode unconstrained-matched needs mode constrained before it")
                 specs = [replace(s, max_tokens=lengths[s.request_id], ignore_eos=True) for s in specs
                          if s.request_id in lengths]
-            log(f"formwork {mode} ({workload}) {shape.label}, {shape.max_requests} requests")
-            result = await run_load(client, specs, shape)
-            summary = summarize_run(result.records, result.wall_s, {s.request_id: s for s in specs},
-                                    system="formwork", mode=mode, workload=workload, concurrency=shape.concurrency,
-                                    rate=shape.rate, stopped_by_time=result.stopped_by_time)
-            log(f"  {summary['output_token_throughput']:.1f} out tok/s, valid {summary['num_valid']}/"
-                 f"{summary['num_requests']}, errors {summary['num_errors']}")
-            runs.append(summary)
+            for system, via in (("formwork", client), ("formwork-http", http_client)):
+                if via is None:
+                    continue
+                log(f"{system} {mode} ({workload}) {shape.label}, {shape.max_requests} requests")
+                result = await run_load(via, specs, shape)
+                summary = summarize_run(result.records, result.wall_s, {s.request_id: s for s in specs},
+                                        system=system, mode=mode, workload=workload, concurrency=shape.concurrency,
+                                        rate=shape.rate, stopped_by_time=result.stopped_by_time)
+                log(f"  {summary['output_token_throughput']:.1f} out tok/s, valid {summary['num_valid']}/"
+                    f"{summary['num_requests']}, errors {summary['num_errors']}")
+                runs.append(summary)
             if mode == "constrained":
                 for record in result.records:
                     if record.ok:
@@ -220,6 +230,19 @@ def goals(runs: list[dict], burst: dict | None) -> dict:
                 "ratio": r["output_token_throughput"] / base["output_token_throughput"], "goal": goal,
                 "baseline": base["mode"],
                 "itl_p50_ratio": base["itl_s_p50"] / r["itl_s_p50"] if r["itl_s_p50"] else None}
+    top = max((r["concurrency"] for r in runs if r["system"] == "formwork-http" and r.get("concurrency")), default=None)
+    for mode in ("constrained+jf", "constrained", "unconstrained"):
+        grpc_top, http_top = find("formwork", mode, top), find("formwork-http", mode, top)
+        grpc_c1, http_c1 = find("formwork", mode, 1), find("formwork-http", mode, 1)
+        if grpc_top and http_top:
+            out[f"http_over_grpc_throughput_c{top}"] = {
+                "ratio": http_top["output_token_throughput"] / grpc_top["output_token_throughput"], "goal": ">= 0.95",
+                "mode": mode}
+        if grpc_c1 and http_c1 and grpc_c1["ttft_s_p50"] and http_c1["ttft_s_p50"]:
+            out["http_minus_grpc_ttft_p50_c1_ms"] = {
+                "value": 1000 * (http_c1["ttft_s_p50"] - grpc_c1["ttft_s_p50"]), "goal": "<= 5", "mode": mode}
+        if grpc_top or grpc_c1:
+            break
     if burst and burst.get("new_vs_seen_itl_mean"):
         out["burst_itl_increase"] = {"ratio": burst["new_vs_seen_itl_mean"], "goal": "< 1.05"}
     return out
@@ -245,8 +268,12 @@ def smoke_checks(result: dict) -> list[str]:
     return problems
 
 
-async def _main_async(args, server_address: str, model_dir: str) -> dict:
+async def _main_async(args, server_address: str, model_dir: str, http_url: str | None = None) -> dict:
     client = Client(server_address, rpc_timeout_s=args.rpc_timeout)
+    http_client = None
+    if http_url:
+        from bench.http_client import HttpClient  # httpx: only for --protocol http
+        http_client = HttpClient(http_url, client, rpc_timeout_s=args.rpc_timeout)
     try:
         info = await client.model_info()
         result: dict = {"meta": {**machine(), "server": server_address, "model": info.model_name,
@@ -260,7 +287,7 @@ async def _main_async(args, server_address: str, model_dir: str) -> dict:
         modes = ["unconstrained"] if args.workload == "unconstrained" else args.modes
         workload = "json-extraction" if args.workload == "unconstrained" else args.workload
         runs, compile_stats = await formwork_runs(client, workload, modes, shapes, args.max_tokens,
-                                                  64 if args.smoke else None, args.items)
+                                                  64 if args.smoke else None, args.items, args.data, http_client)
         result["runs"] += runs
         result["grammar_compile"] = compile_stats
         if args.peers:
@@ -274,7 +301,8 @@ async def _main_async(args, server_address: str, model_dir: str) -> dict:
                 top = max(args.concurrency)
                 after, _ = await formwork_runs(client, workload, ["constrained+jf"], [
                     LoadShape(concurrency=top, max_requests=args.num_requests or _num_requests(top, args.max_requests),
-                              max_duration_s=args.duration)], args.max_tokens, items=args.items)
+                              max_duration_s=args.duration)], args.max_tokens, items=args.items,
+                                                 data=args.data)
                 for run in after:
                     run["mode"] = "constrained+jf (after peers)"
                 result["runs"] += after
@@ -288,6 +316,8 @@ async def _main_async(args, server_address: str, model_dir: str) -> dict:
         result["goals"] = goals(result["runs"], result.get("burst"))
         return result
     finally:
+        if http_client is not None:
+            await http_client.close()
         await client.close()
 
 
@@ -303,18 +333,24 @@ def main(args) -> int:
         args.concurrency, args.modes, args.roofline, args.burst = list(FULL_CONCURRENCY), list(MODES), True, True
     model_dir = str(resolve_model(args.model))
     server = None
+    http_url = None
     if args.address:
         address = args.address
         args.server_args_used = None
+        if args.protocol == "http":
+            if not args.http_address:
+                log("--protocol http with --address needs --http-address HOST:PORT")
+                return 2
+            http_url = f"http://{args.http_address}"
     else:
         args.server_args_used = (SMOKE_SERVER_ARGS if args.smoke else SERVER_ARGS) + (
             ["--model", args.model] if args.model else [])
         log(f"starting formwork serve {' '.join(args.server_args_used)}")
-        server = ServerProcess(args.server_args_used)
-        address = server.address
-        log(f"server ready on {address}")
+        server = ServerProcess(args.server_args_used, http=args.protocol == "http")
+        address, http_url = server.address, server.http_url
+        log(f"server ready on {address}" + (f" and {http_url}" if http_url else ""))
     try:
-        result = asyncio.run(_main_async(args, address, model_dir))
+        result = asyncio.run(_main_async(args, address, model_dir, http_url))
     finally:
         if server is not None:
             server.stop()

@@ -1,7 +1,7 @@
 """The workloads of `formwork bench serve`, as RequestSpecs, and how their answers are scored.
 
 * json-extraction: short texts plus a fixed-key schema to fill (bench/workloads/json_extraction.jsonl);
-* mixed-schemas: real-world schemas from ../shared/data/jsonschemabench with a generic
+* mixed-schemas: real-world schemas from the JSONSchemaBench sample in bench/data/ (or `--data`) with a generic
   "produce an example" prompt that shows the schema;
 * unconstrained: the json-extraction prompts without a constraint (their answers are still
   checked against the schema, which shows what the constraint buys).
@@ -38,14 +38,15 @@ def json_extraction(max_tokens: int, jump_forward: bool | None = None, constrain
 
 def mixed_schemas(max_tokens: int, limit: int = 64, max_schema_chars: int = 1500, seed: int = 0,
                   jump_forward: bool | None = None, title: str | None = None,
-                  constrained: bool = True) -> list[RequestSpec]:
-    """Up to `limit` small schemas drawn (seeded) from several jsonschemabench subsets.
+                  constrained: bool = True, data: str | None = None) -> list[RequestSpec]:
+    """Up to `limit` small schemas drawn (seeded) from several JSONSchemaBench subsets (the
+    carried sample, or the folder `data`).
 
     `title` is written into every schema's constraint (not its prompt): a different title makes
     each a schema the server has never compiled (its cache is keyed by the schema text) behind the
     same prompt, for the new-schema burst."""
     from bench.coverage import load_schemas
-    pool = [(subset, sid, schema) for subset, sid, schema in load_schemas(list(MIXED_SUBSETS), 200)
+    pool = [(subset, sid, schema) for subset, sid, schema in load_schemas(list(MIXED_SUBSETS), 200, data=data)
             if isinstance(schema, dict) and len(json.dumps(schema)) <= max_schema_chars]
     random.Random(seed).shuffle(pool)
     specs = []
@@ -59,13 +60,14 @@ def mixed_schemas(max_tokens: int, limit: int = 64, max_schema_chars: int = 1500
     return specs
 
 
-def build(workload: str, max_tokens: int, constrained: bool = True, jump_forward: bool | None = None) -> list[RequestSpec]:
+def build(workload: str, max_tokens: int, constrained: bool = True, jump_forward: bool | None = None,
+          data: str | None = None) -> list[RequestSpec]:
     """The workload's requests; `unconstrained` is json-extraction's prompts without their schema
     (as is any workload with constrained=False)."""
     if workload in ("json-extraction", "unconstrained"):
         return json_extraction(max_tokens, jump_forward, constrained=constrained and workload != "unconstrained")
     if workload == "mixed-schemas":
-        return mixed_schemas(max_tokens, jump_forward=jump_forward, constrained=constrained)
+        return mixed_schemas(max_tokens, jump_forward=jump_forward, constrained=constrained, data=data)
     raise ValueError(f"unknown workload {workload!r}; expected one of {', '.join(WORKLOADS)}")
 
 

@@ -16,23 +16,27 @@ import time
 from pathlib import Path
 
 _READY = re.compile(r"serving .* on (\S+:\d+)")
+_HTTP_READY = re.compile(r"serving the OpenAI-compatible API on (\S+)/v1")
 REPO_ROOT = Path(__file__).resolve().parent.parent
 
 
 class ServerProcess:
     """Start with `ServerProcess(args)`; `address` is set once the model is loaded and warm."""
 
-    def __init__(self, args: list[str], startup_timeout_s: float = 300.0) -> None:
+    def __init__(self, args: list[str], startup_timeout_s: float = 300.0, http: bool = False) -> None:
         self.log_file = tempfile.NamedTemporaryFile("w+", prefix="formwork-bench-serve-", suffix=".log", delete=False)
         env = {**os.environ, "OMP_WAIT_POLICY": "PASSIVE", "PYTHONUNBUFFERED": "1"}
         self.args = args
         self.process = subprocess.Popen(
             [sys.executable, "-m", "service.cli", "serve", "--host", "127.0.0.1", "--port", "0",
-             "--log-level", "WARNING", *args],
+             *(("--http-port", "0") if http else ("--no-http",)), "--log-level", "WARNING", *args],
             cwd=REPO_ROOT, env=env, stdout=subprocess.PIPE, stderr=self.log_file, text=True)
-        self.address = self._wait_ready(startup_timeout_s)
+        # the HTTP API's base URL (http://127.0.0.1:PORT), announced right after gRPC's address
+        self.http_url: str | None = None
+        self.address = self._wait_ready(startup_timeout_s, http)
 
-    def _wait_ready(self, timeout_s: float) -> str:
+    def _wait_ready(self, timeout_s: float, http: bool) -> str:
+        """The gRPC address, once it (and the HTTP URL, with `http`) is announced."""
         assert self.process.stdout is not None
         deadline = time.monotonic() + timeout_s
         selector = selectors.DefaultSelector()
@@ -45,10 +49,17 @@ class ServerProcess:
                 break  # exited
             match = _READY.search(line)
             if match:
-                return match.group(1)
+                if http:  # printed right after gRPC's line, maybe already in the read buffer: no select
+                    for line in self.process.stdout:
+                        if http_match := _HTTP_READY.search(line):
+                            self.http_url = http_match.group(1)
+                            break
+                if self.http_url is not None or not http:
+                    return match.group(1)
+                break
         self.process.kill()
         self.process.wait(10)
-        raise RuntimeError(f"the server did not become ready in {timeout_s:.0f} s:\n{self.log()}")
+        raise RuntimeError(f"the server did not become ready in time:\n{self.log()}")
 
     def log(self) -> str:
         return Path(self.log_file.name).read_text(errors="replace")[-4000:]

@@ -5,6 +5,8 @@ import argparse
 import json
 import sys
 
+from grammar.backend import JSON_WHITESPACE_MODES
+
 
 def add_engine_args(parser: argparse.ArgumentParser) -> None:
     g = parser.add_argument_group("engine")
@@ -72,6 +74,8 @@ def add_constraint_args(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--choice", action="append", metavar="TEXT", help="repeat for each allowed output")
     g.add_argument("--best-effort", action="store_true", help="accept schema keywords that cannot be enforced")
     g.add_argument("--any-whitespace", action="store_true", help="allow free whitespace in JSON")
+    g.add_argument("--whitespace", choices=JSON_WHITESPACE_MODES, default="",
+                   help="whitespace between JSON tokens (default: the engine's, docs/constraints.md)")
 
 
 def constraint_from_args(args: argparse.Namespace):
@@ -89,7 +93,7 @@ def constraint_from_args(args: argparse.Namespace):
     elif kind == "regex":
         spec = args.regex
     constraint = Constraint(kind=kind, spec=spec, choices=args.choice or [], strict=not args.best_effort,
-                            any_whitespace=args.any_whitespace)
+                            any_whitespace=args.any_whitespace, whitespace=args.whitespace)
     constraint.validate()
     return constraint
 

@@ -71,6 +71,9 @@ class InputBatch:
         self.num_blocks = np.zeros(max_num_reqs, dtype=np.int32)
         self.requests: dict[str, CachedRequestState] = {}
         self._free_rows = list(range(max_num_reqs - 1, -1, -1))
+        # req_id -> the generator of a preempted seeded request: its stream continues where it
+        # stopped when the request resumes, so preemption never changes a seeded request's tokens
+        self._preempted_generators: dict[str, torch.Generator] = {}
 
     def add_request(self, req_id: str, token_ids: list[int], num_prompt_tokens: int,
                     sampling_params: SamplingParams, block_ids: list[int], num_computed_tokens: int) -> None:
@@ -83,15 +86,21 @@ class InputBatch:
         self.num_computed_tokens[row] = num_computed_tokens
         self.num_blocks[row] = 0
         self.append_block_ids(row, block_ids)
-        generator = None
-        if sampling_params.seed is not None:
+        generator = self._preempted_generators.pop(req_id, None)
+        if generator is None and sampling_params.seed is not None:
             generator = torch.Generator().manual_seed(sampling_params.seed)
         self.requests[req_id] = CachedRequestState(req_id, num_prompt_tokens, sampling_params, generator, row)
 
-    def remove_request(self, req_id: str) -> None:
+    def remove_request(self, req_id: str, preempted: bool = False) -> None:
+        """Free the request's row. A preempted request keeps its generator until it resumes or finishes."""
         state = self.requests.pop(req_id, None)
-        if state is not None:
-            self._free_rows.append(state.row)
+        if not preempted:
+            self._preempted_generators.pop(req_id, None)
+        if state is None:
+            return
+        self._free_rows.append(state.row)
+        if preempted and state.generator is not None:
+            self._preempted_generators[req_id] = state.generator
 
     def append_block_ids(self, row: int, block_ids: list[int]) -> None:
         start = self.num_blocks[row]

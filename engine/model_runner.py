@@ -165,10 +165,12 @@ class ModelRunner:
 
     def _update_states(self, so: SchedulerOutput) -> None:
         batch = self.input_batch
-        for req_id in so.finished_req_ids | so.preempted_req_ids:
+        for req_id in so.preempted_req_ids:
+            batch.remove_request(req_id, preempted=True)
+        for req_id in so.finished_req_ids:
             batch.remove_request(req_id)
         for new in so.scheduled_new_reqs:
-            batch.remove_request(new.req_id)  # resumed after preemption: rebuilt from scratch
+            batch.remove_request(new.req_id, preempted=True)  # resumed after preemption: rebuilt from scratch
             batch.add_request(new.req_id, new.token_ids, new.num_prompt_tokens, new.sampling_params,
                               new.block_ids, new.num_computed_tokens)
         cached = so.scheduled_cached_reqs

@@ -10,7 +10,11 @@ import math
 
 import msgspec
 
+from grammar.backend import JSON_WHITESPACE_MODES
+
 CONSTRAINT_KINDS = ("json_schema", "json_object", "regex", "grammar", "choice")
+# the whitespace mode of JSON a constraint does not name (JSON_WHITESPACE_MODES says what each allows)
+DEFAULT_JSON_WHITESPACE = "bounded"
 # Ranges of the float knobs (docs/api.md). Past them float32 logits overflow (logits / 1e100 is
 # NaN for a masked -inf), and nothing useful lies there: temperature 100 is already uniform.
 MAX_TEMPERATURE = 100.0
@@ -26,9 +30,9 @@ class Constraint(msgspec.Struct, array_like=True, omit_defaults=True, frozen=Tru
     choices: the allowed outputs, for kind "choice".
     strict: a JSON-Schema keyword the backend cannot enforce is an error (True) or is reported in
             the output as not enforced (False, best effort).
-    any_whitespace: allow free whitespace between JSON tokens; the default is compact JSON, so the
-                    model cannot loop on whitespace until max_tokens.
+    any_whitespace: allow free whitespace between JSON tokens (the same as whitespace="any").
     jump_forward: append text the grammar forces without sampling it (None: the engine's default).
+    whitespace: one of JSON_WHITESPACE_MODES for the JSON kinds ("": DEFAULT_JSON_WHITESPACE).
     """
 
     kind: str
@@ -37,10 +41,19 @@ class Constraint(msgspec.Struct, array_like=True, omit_defaults=True, frozen=Tru
     strict: bool = True
     any_whitespace: bool = False
     jump_forward: bool | None = None
+    whitespace: str = ""
+
+    @property
+    def json_whitespace(self) -> str:
+        """The whitespace mode JSON is compiled with."""
+        return "any" if self.any_whitespace else (self.whitespace or DEFAULT_JSON_WHITESPACE)
 
     def validate(self) -> None:
         if self.kind not in CONSTRAINT_KINDS:
             raise ValueError(f"unknown constraint kind {self.kind!r}; expected one of {', '.join(CONSTRAINT_KINDS)}")
+        if self.whitespace and self.whitespace not in JSON_WHITESPACE_MODES:
+            raise ValueError(f"unknown whitespace mode {self.whitespace!r}; expected one of "
+                             f"{', '.join(JSON_WHITESPACE_MODES)}")
         if self.kind == "choice":
             if not self.choices:
                 raise ValueError("a choice constraint needs at least one choice")
@@ -66,7 +79,8 @@ class Constraint(msgspec.Struct, array_like=True, omit_defaults=True, frozen=Tru
             # whitespace is canonicalized, key order is not: properties are generated in the
             # order the schema declares them, so a reordered schema is a different grammar
             spec = json.dumps(json.loads(spec), separators=(",", ":"))
-        return (self.kind, spec, tuple(self.choices), self.strict, self.any_whitespace)
+        whitespace = self.json_whitespace if self.kind in ("json_schema", "json_object") else ""
+        return (self.kind, spec, tuple(self.choices), self.strict, whitespace)
 
 
 class SamplingParams(msgspec.Struct, array_like=True, omit_defaults=True):
@@ -94,18 +108,21 @@ class SamplingParams(msgspec.Struct, array_like=True, omit_defaults=True):
                 raise ValueError(f"{name} must be a finite number, got {getattr(self, name)}")
         if not isinstance(self.max_tokens, int) or self.max_tokens < 1:
             raise ValueError(f"max_tokens must be an integer >= 1, got {self.max_tokens!r}")
-        if not 0 <= self.temperature <= MAX_TEMPERATURE:
-            raise ValueError(f"temperature must be >= 0 and at most {MAX_TEMPERATURE:g} (0: greedy), "
-                             f"got {self.temperature}")
+        if self.temperature < 0:
+            raise ValueError(f"temperature must be >= 0, got {self.temperature}")
+        if self.temperature > MAX_TEMPERATURE:
+            raise ValueError(f"temperature must be at most {MAX_TEMPERATURE:g}, got {self.temperature}")
         if not 0 < self.top_p <= 1:
             raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
         if self.top_k < 0:
             raise ValueError(f"top_k must be >= 0 (0 disables it), got {self.top_k}")
         if not 0 <= self.min_p <= 1:
             raise ValueError(f"min_p must be in [0, 1], got {self.min_p}")
+        if self.repetition_penalty <= 0:
+            raise ValueError(f"repetition_penalty must be > 0, got {self.repetition_penalty}")
         if not MIN_REPETITION_PENALTY <= self.repetition_penalty <= MAX_REPETITION_PENALTY:
-            raise ValueError(f"repetition_penalty must be > 0, in [{MIN_REPETITION_PENALTY:g}, "
-                             f"{MAX_REPETITION_PENALTY:g}] (1 disables it), got {self.repetition_penalty}")
+            raise ValueError(f"repetition_penalty must be in [{MIN_REPETITION_PENALTY:g}, {MAX_REPETITION_PENALTY:g}] "
+                             f"(1 disables it), got {self.repetition_penalty}")
         for name in ("frequency_penalty", "presence_penalty"):
             value = getattr(self, name)
             if not -2 <= value <= 2:

@@ -2,8 +2,13 @@
 
 Each step every request gets tokens so that `num_computed_tokens` catches up with `num_tokens`,
 within the token budget, the sequence cap and the free KV blocks: running requests first, then
-waiting ones in (priority, arrival) order. A prompt, a prompt chunk, a decode, jump-forward text
-and a resumed request are all the same rule.
+waiting ones, both in (priority, arrival) order (a lower priority value goes first). A prompt, a
+prompt chunk, a decode, jump-forward text and a resumed request are all the same rule.
+
+When the KV cache is full, the running request that comes last in that order is preempted (the
+lowest priority, and among equals the newest arrival): its blocks are freed and it goes back to
+waiting, to be recomputed later. A request never preempts one that comes before it; when it is
+itself the last, it preempts itself, and no waiting request is admitted in that step.
 """
 from __future__ import annotations
 
@@ -41,7 +46,8 @@ class Scheduler:
                                                cache_config.enable_prefix_caching)
         self.structured_output_manager = structured_output_manager
         self.requests: dict[str, Request] = {}
-        self.waiting: list[Request] = []  # sorted by (priority, arrival_time)
+        # both sorted by (priority, arrival_time): the last running request is the one to preempt
+        self.waiting: list[Request] = []
         self.running: list[Request] = []
         # finished or preempted since the last schedule(): the runner drops their state
         self.finished_req_ids: set[str] = set()
@@ -61,8 +67,7 @@ class Scheduler:
         self._enqueue_waiting(request)
 
     def _enqueue_waiting(self, request: Request) -> None:
-        keys = [(r.priority, r.arrival_time) for r in self.waiting]
-        self.waiting.insert(bisect.bisect_right(keys, (request.priority, request.arrival_time)), request)
+        _insert_in_order(self.waiting, request)
 
     def abort_requests(self, request_ids: list[str]) -> None:
         for req_id in request_ids:
@@ -118,7 +123,7 @@ class Scheduler:
                 new_blocks = self.kv_cache_manager.allocate_slots(request, num_new)
                 if new_blocks is not None:
                     break
-                # KV full: preempt the lowest-priority running request (the newest)
+                # KV full: preempt the last running request (lowest priority, then newest)
                 victim = self.running.pop()
                 self._preempt(victim)
                 preempted_now = True
@@ -149,7 +154,10 @@ class Scheduler:
                     continue
             hits, num_hit_tokens = self.kv_cache_manager.get_computed_blocks(request)
             num_new = request.num_tokens - num_hit_tokens
-            if not self.config.enable_chunked_prefill and num_new > token_budget:
+            # chunked prefill off: a prompt waits for a step with room for all of it, unless it is
+            # longer than a whole step's budget (then it is chunked anyway, or it would never run)
+            if (not self.config.enable_chunked_prefill
+                    and token_budget < num_new <= self.config.max_num_batched_tokens):
                 break
             num_new = min(num_new, token_budget)
             new_blocks = self.kv_cache_manager.allocate_slots(request, num_new, hits)
@@ -163,7 +171,7 @@ class Scheduler:
                 request.first_scheduled_time = time.monotonic()
             request.status = RequestStatus.RUNNING
             request.num_forced_tokens_pending = 0  # new requests are sent in full
-            self.running.append(request)
+            _insert_in_order(self.running, request)
             new_reqs.append(NewRequestData(
                 req_id=request.request_id,
                 token_ids=list(request.all_token_ids),
@@ -361,3 +369,9 @@ class Scheduler:
     @staticmethod
     def _grammar_wait_s(request: Request) -> float:
         return max((request.grammar_ready_time or request.arrival_time) - request.arrival_time, 0.0)
+
+
+def _insert_in_order(queue: list[Request], request: Request) -> None:
+    """Insert by (priority, arrival_time), after any equal keys (first come, first served)."""
+    keys = [(r.priority, r.arrival_time) for r in queue]
+    queue.insert(bisect.bisect_right(keys, (request.priority, request.arrival_time)), request)

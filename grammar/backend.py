@@ -13,6 +13,13 @@ if TYPE_CHECKING:
     from engine.sampling_params import Constraint
 
 
+# Whitespace between JSON tokens: "compact" {"a":1,"b":2}; "spaced" {"a": 1, "b": 2} (what models
+# write most); "bounded" any whitespace, at most BOUNDED_JSON_WHITESPACE characters per gap (no
+# runaway newlines); "any" free whitespace (unbounded: a model can loop on it until max_tokens).
+JSON_WHITESPACE_MODES = ("compact", "spaced", "bounded", "any")
+BOUNDED_JSON_WHITESPACE = 2
+
+
 class GrammarError(ValueError):
     """A constraint that cannot be compiled or enforced; the message names the problem."""
 

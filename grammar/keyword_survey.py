@@ -32,7 +32,8 @@ from typing import Any
 from grammar.backend import GrammarBackend, GrammarError
 from grammar.schema_check import iter_subschemas
 
-DEFAULT_SUITE = Path("/work/shared/data/json-schema-test-suite/draft2020-12")
+# the suite's draft 2020-12 files carried in the repository (bench/data/README.md)
+DEFAULT_SUITE = Path(__file__).resolve().parent.parent / "bench" / "data" / "json-schema-test-suite" / "draft2020-12"
 
 # suite file -> the keywords it tests (stripped for attribution)
 _STRIP = {

@@ -2,8 +2,8 @@
 
 Choices made here (docs/constraints-keywords.md has the measurements behind them):
 
-* JSON is compiled compact (separators "," and ":") unless the constraint asks for
-  any_whitespace; xgrammar's own default would be ", " / ": " with any_whitespace off.
+* JSON whitespace follows the constraint's mode (grammar.backend.JSON_WHITESPACE_MODES): fixed
+  separators (compact "," ":" or spaced ", " ": "), or free whitespace, bounded per gap or not.
 * xgrammar's strict_mode is always on: properties and items a schema does not declare are not
   allowed, so the model cannot invent keys. That only narrows what a schema allows; the shapes
   where it would narrow to nothing are rewritten first (schema_check.normalize).
@@ -27,8 +27,9 @@ import torch
 import xgrammar as xgr
 
 from grammar import bitmask as bitmask_ops
+from grammar import lark_grammar
 from grammar import output_bounds, schema_check
-from grammar.backend import CompiledGrammar, Grammar, GrammarBackend, GrammarError
+from grammar.backend import BOUNDED_JSON_WHITESPACE, CompiledGrammar, Grammar, GrammarBackend, GrammarError
 from grammar.jump_forward import ForcedTextTokenizer
 from grammar.log_capture import capture_native_log, strip_native_prefix
 
@@ -38,7 +39,13 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 
-_COMPACT = (",", ":")
+# JSON whitespace mode (Constraint.json_whitespace) -> xgrammar's JSON-schema options
+_WHITESPACE_OPTIONS: dict[str, dict[str, Any]] = {
+    "compact": {"any_whitespace": False, "separators": (",", ":")},
+    "spaced": {"any_whitespace": False, "separators": (", ", ": ")},
+    "bounded": {"any_whitespace": True, "max_whitespace_cnt": BOUNDED_JSON_WHITESPACE},
+    "any": {"any_whitespace": True},
+}
 _PROBE_TOKENS = 8  # tokens the compile-time fill probe walks
 _ONE_OF_WARNING = "oneOf with overlapping"
 
@@ -193,7 +200,11 @@ class XGrammarBackend(GrammarBackend):
             _check_repeats("regex", constraint.spec, self.config.max_repeat_count)
             grammar = _convert(kind, constraint.strict, not_enforced, xgr.Grammar.from_regex, constraint.spec)
         elif kind == "grammar":
-            grammar = _convert(kind, constraint.strict, not_enforced, xgr.Grammar.from_ebnf, constraint.spec)
+            try:  # a Lark grammar (vLLM's guided_grammar) is translated; EBNF passes unchanged
+                ebnf = lark_grammar.to_ebnf(constraint.spec)
+            except lark_grammar.LarkGrammarError as e:
+                raise GrammarError(f"grammar (Lark) is not supported: {e}") from None
+            grammar = _convert(kind, constraint.strict, not_enforced, xgr.Grammar.from_ebnf, ebnf)
         elif kind == "choice":
             grammar = _convert(kind, True, not_enforced, xgr.Grammar.from_ebnf, choice_ebnf(constraint.choices))
         else:
@@ -295,24 +306,22 @@ class XGrammarBackend(GrammarBackend):
             raise _unsupported_error(findings)
         text = json.dumps(schema_check.normalize(schema))
         with capture_native_log() as log_lines:
-            grammar = self._json_to_grammar(text, constraint.any_whitespace)
-        for finding in self._findings_from_log(log_lines, schema, findings, constraint.any_whitespace):
+            grammar = self._json_to_grammar(text, constraint.json_whitespace)
+        for finding in self._findings_from_log(log_lines, schema, findings, constraint.json_whitespace):
             findings.append(finding)
             if constraint.strict:
                 raise _unsupported_error([finding])
         return grammar, [str(f) for f in findings]
 
     @staticmethod
-    def _json_to_grammar(schema_text: str, any_whitespace: bool) -> xgr.Grammar:
+    def _json_to_grammar(schema_text: str, whitespace: str) -> xgr.Grammar:
         try:
-            return xgr.Grammar.from_json_schema(
-                schema_text, any_whitespace=any_whitespace, separators=None if any_whitespace else _COMPACT,
-                strict_mode=True)
+            return xgr.Grammar.from_json_schema(schema_text, strict_mode=True, **_WHITESPACE_OPTIONS[whitespace])
         except Exception as e:
             raise GrammarError(f"json_schema does not compile: {strip_native_prefix(str(e))}") from None
 
     def _findings_from_log(self, lines: list[str], schema: Any, known: list[schema_check.Finding],
-                           any_whitespace: bool) -> list[schema_check.Finding]:
+                           whitespace: str) -> list[schema_check.Finding]:
         """Turn xgrammar's warnings into findings; a warning the static check already explains
         adds nothing, and a oneOf warning is traced to the oneOf(s) that caused it."""
         out: list[schema_check.Finding] = []
@@ -320,14 +329,14 @@ class XGrammarBackend(GrammarBackend):
         for line in dict.fromkeys(lines):  # de-duplicated, in order
             if _ONE_OF_WARNING in line:
                 out += [schema_check.Finding("oneOf", p, "branches may overlap, so it is enforced as anyOf")
-                        for p in self._overlapping_one_ofs(schema, any_whitespace)]
+                        for p in self._overlapping_one_ofs(schema, whitespace)]
                 continue
             keywords = _warning_keywords(line)
             if not keywords & known_keywords:
                 out.append(schema_check.Finding(min(keywords), None, f"xgrammar: {line}"))
         return out
 
-    def _overlapping_one_ofs(self, schema: Any, any_whitespace: bool) -> list[str | None]:
+    def _overlapping_one_ofs(self, schema: Any, whitespace: str) -> list[str | None]:
         """Pointers of the oneOfs xgrammar falls back to anyOf for: convert once per oneOf with
         every other oneOf renamed to anyOf, and see whether the warning comes back."""
         pointers = [p for p, node, _ in schema_check.iter_subschemas(schema)
@@ -340,7 +349,7 @@ class XGrammarBackend(GrammarBackend):
                     node["anyOf"] = node.pop("oneOf")
             with capture_native_log() as lines:
                 try:
-                    self._json_to_grammar(json.dumps(trial), any_whitespace)
+                    self._json_to_grammar(json.dumps(trial), whitespace)
                 except GrammarError:
                     pass
             if any(_ONE_OF_WARNING in line for line in lines):

@@ -1,6 +1,6 @@
-"""`formwork serve`: the gRPC server on one engine core process.
+"""`formwork serve`: the gRPC server (and the OpenAI-compatible HTTP API) on one engine core process.
 
-    formwork serve [--model PATH] [--host 127.0.0.1] [--port 50051] [engine options] [limits]
+    formwork serve [--model PATH] [--host 127.0.0.1] [--port 50051] [--http-port 8000 | --no-http] [engine options] [limits]
     python -m service.cli serve ...   (the same, without the console script)
 
 The engine CLI (engine/cli.py) registers this subcommand with `add_serve_parser(subparsers,
@@ -15,10 +15,15 @@ import sys
 
 from collections.abc import Callable
 from dataclasses import replace
+from typing import TYPE_CHECKING
 
 from engine import cli as engine_cli
 from engine.config import EngineConfig, SchedulerConfig
 from service.limits import ServiceLimits
+from service.security import API_KEY_ENV, SecurityConfig, load_api_keys, load_tls_files
+
+if TYPE_CHECKING:
+    from service.http.server import HttpServer
 
 _LIMIT_DEFAULTS = ServiceLimits()
 
@@ -30,6 +35,10 @@ def add_serve_parser(subparsers: argparse._SubParsersAction,
                                    description="Serve formwork.v1.Generation (plus health and reflection) over gRPC.")
     parser.add_argument("--host", default="127.0.0.1", help="address to listen on (default: %(default)s)")
     parser.add_argument("--port", type=int, default=50051, help="port (default: %(default)s; 0: any free port)")
+    parser.add_argument("--http-port", type=int, default=8000,
+                        help="port of the OpenAI-compatible HTTP API, docs/http.md (default: %(default)s; 0: any free "
+                             "port)")
+    parser.add_argument("--no-http", action="store_true", help="serve gRPC only")
     parser.add_argument("--log-level", default="INFO", choices=("DEBUG", "INFO", "WARNING", "ERROR"))
     (add_engine_args or engine_cli.add_engine_args)(parser)
     limits = parser.add_argument_group("limits")
@@ -45,8 +54,26 @@ def add_serve_parser(subparsers: argparse._SubParsersAction,
                         help="max_tokens of a request that leaves it unset (default: %(default)s)")
     limits.add_argument("--shutdown-grace", type=float, default=_LIMIT_DEFAULTS.shutdown_grace_s,
                         help="seconds in-flight requests get to finish after SIGTERM (default: %(default)s)")
+    access = parser.add_argument_group("access (docs/api.md, \"Securing a server\")")
+    access.add_argument("--tls-cert", help="PEM certificate chain: serve TLS (with --tls-key)")
+    access.add_argument("--tls-key", help="PEM private key of --tls-cert")
+    access.add_argument("--tls-client-ca", help="PEM CA: mutual TLS, clients must present a certificate it signed")
+    access.add_argument("--api-key", action="append", default=[],
+                        help=f"a key callers send as 'authorization: Bearer KEY' (repeatable; keys stay out of ps "
+                             f"with --api-key-file or ${API_KEY_ENV}, comma-separated)")
+    access.add_argument("--api-key-file", help="a file of API keys, one a line (# comments)")
+    access.add_argument("--protect-health", action="store_true",
+                        help="grpc.health.v1 needs a key too (default: open, for probes and load balancers)")
+    access.add_argument("--max-concurrent-per-key", type=int, default=0,
+                        help="Generate calls in flight per API key; more get RESOURCE_EXHAUSTED (default: no limit)")
     parser.set_defaults(func=run_serve)
     return parser
+
+
+def security_from_args(args: argparse.Namespace) -> SecurityConfig:
+    return SecurityConfig(tls=load_tls_files(args.tls_cert, args.tls_key, args.tls_client_ca),
+                          api_keys=load_api_keys(args.api_key, args.api_key_file),
+                          protect_health=args.protect_health, max_concurrent_per_key=args.max_concurrent_per_key)
 
 
 def engine_config_from_args(args: argparse.Namespace) -> EngineConfig:
@@ -71,7 +98,7 @@ def run_serve(args: argparse.Namespace) -> int:
     log_level = getattr(logging, args.log_level)
     logging.basicConfig(level=log_level, format="[formwork] %(levelname)s %(name)s: %(message)s")
     try:
-        config, limits = engine_config_from_args(args), limits_from_args(args)
+        config, limits, security = engine_config_from_args(args), limits_from_args(args), security_from_args(args)
     except ValueError as e:
         print(f"formwork serve: {e}", file=sys.stderr)
         return 2
@@ -79,11 +106,20 @@ def run_serve(args: argparse.Namespace) -> int:
     def announce(server: GenerationServer) -> None:
         assert server.llm.info is not None
         address = f"{server.host}:{server.port}"
+        tls = "-cacert CA.pem" if security.tls else "-plaintext"
+        key = " -H 'authorization: Bearer KEY'" if security.api_keys else ""
         print(f"formwork: serving {server.llm.info.model_name} on {address} "
-              f"(try: grpcurl -plaintext {address} describe formwork.v1.Generation)", flush=True)
+              f"(try: grpcurl {tls}{key} {address} describe formwork.v1.Generation)", flush=True)
+
+    def announce_http(http: HttpServer) -> None:
+        host = f"[{http.host}]" if ":" in http.host else http.host
+        url = f"{http.scheme}://{host}:{http.port}"
+        key = " -H 'Authorization: Bearer KEY'" if security.api_keys else ""
+        print(f"formwork: serving the OpenAI-compatible API on {url}/v1 (try: curl{key} {url}/v1/models)", flush=True)
 
     client = AsyncMPClient(config, log_level=log_level)
-    return asyncio.run(serve(client, limits, args.host, args.port, on_ready=announce))
+    return asyncio.run(serve(client, limits, args.host, args.port, on_ready=announce, security=security,
+                             http_port=None if args.no_http else args.http_port, on_http_ready=announce_http))
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -33,6 +33,8 @@ _FLOAT_FIELDS = ("temperature", "top_p", "min_p", "repetition_penalty", "frequen
 # SamplingParams field names, longest first: its ValueErrors start with the field they are about
 _SAMPLING_FIELDS_LONGEST_FIRST = sorted(SamplingParams.__struct_fields__, key=len, reverse=True)
 _CONSTRAINT_OPTIONS = ("strict", "any_whitespace", "jump_forward")
+_WHITESPACE = {pb.JSON_WHITESPACE_COMPACT: "compact", pb.JSON_WHITESPACE_SPACED: "spaced",
+               pb.JSON_WHITESPACE_BOUNDED: "bounded", pb.JSON_WHITESPACE_ANY: "any"}
 # Constraint.kind oneof field -> engine constraint kind
 _ENGINE_KIND = {"json_schema": "json_schema", "json_schema_text": "json_schema", "json_object": "json_object",
                 "regex": "regex", "grammar": "grammar", "choice": "choice"}
@@ -136,6 +138,10 @@ def constraint_from_proto(constraint: pb.Constraint, limits: ServiceLimits, fiel
         raise invalid_argument(path, f"is {num_bytes} bytes; this server's max_constraint_bytes is "
                                      f"{limits.max_constraint_bytes}")
     options = {name: getattr(constraint, name) for name in _CONSTRAINT_OPTIONS if constraint.HasField(name)}
+    if constraint.HasField("whitespace") and constraint.whitespace != pb.JSON_WHITESPACE_UNSPECIFIED:
+        if constraint.whitespace not in _WHITESPACE:
+            raise invalid_argument(f"{field}.whitespace", f"unknown value {constraint.whitespace}")
+        options["whitespace"] = _WHITESPACE[constraint.whitespace]
     result = Constraint(kind=_ENGINE_KIND[kind], spec=spec, choices=choices, **options)
     try:
         result.validate()

@@ -25,6 +25,7 @@ class StatusCode(enum.Enum):
     RESOURCE_EXHAUSTED = 8
     INTERNAL = 13
     UNAVAILABLE = 14
+    UNAUTHENTICATED = 16
 
 
 @dataclass(frozen=True)

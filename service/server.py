@@ -13,12 +13,14 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import inspect
 import itertools
 import logging
 import signal
 import time
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
@@ -36,12 +38,17 @@ from service.errors import STATUS_DETAILS_KEY, ServiceError, StatusCode, invalid
 from service.limits import ServiceLimits
 from service.reflection import V1_SERVICE, V1ALPHA_SERVICE, add_v1_descriptor
 from service.request_decoding import UndecodableRequest, tolerant_deserializer
+from service.security import ApiKeys, KeyLimiter, SecurityConfig
+
+if TYPE_CHECKING:
+    from service.http.server import HttpServer
 
 logger = logging.getLogger(__name__)
 
 GENERATION_SERVICE = pb.DESCRIPTOR.services_by_name["Generation"].full_name
 _SERVING = health_pb2.HealthCheckResponse.SERVING
 _NOT_SERVING = health_pb2.HealthCheckResponse.NOT_SERVING
+_GENERATE_METHODS = frozenset(f"/{GENERATION_SERVICE}/{name}" for name in ("Generate", "GenerateStream"))
 
 
 @dataclass(frozen=True)
@@ -200,22 +207,91 @@ def _v1_reflection_handler(servicer: reflection.aio.ReflectionServicer) -> grpc.
     return grpc.method_handlers_generic_handler(V1_SERVICE, {"ServerReflectionInfo": method})
 
 
+class _AccessInterceptor(grpc.aio.ServerInterceptor):
+    """API keys on every call (grpc.health.v1 excepted unless protected) and the per-key limit on
+    concurrent Generate / GenerateStream calls. A refused call gets its status before any handler runs."""
+
+    def __init__(self, security: SecurityConfig, limiter: KeyLimiter) -> None:
+        self._keys = ApiKeys(security.api_keys)
+        self._limiter = limiter
+        self._open_prefix = None if security.protect_health else f"/{health.SERVICE_NAME}/"
+
+    async def intercept_service(self, continuation, details: grpc.HandlerCallDetails):
+        if self._open_prefix is not None and details.method.startswith(self._open_prefix):
+            return await continuation(details)
+        handler = await continuation(details)
+        if handler is None:  # unknown method: grpc answers UNIMPLEMENTED
+            return None
+        authorization = next((value for name, value in details.invocation_metadata or ()
+                              if name == "authorization"), None)
+        key = self._keys.identify(authorization if isinstance(authorization, str) else None)
+        if key is None:
+            return _refusing(handler, ServiceError(
+                StatusCode.UNAUTHENTICATED, "missing or invalid API key: send the metadata 'authorization: Bearer <key>'"))
+        if self._limiter.limit and details.method in _GENERATE_METHODS:
+            return _limited(handler, self._limiter, key)
+        return handler
+
+
+def _refusing(handler: grpc.RpcMethodHandler, error: ServiceError) -> grpc.RpcMethodHandler:
+    """A handler of the same kind as `handler` that answers `error` and runs nothing."""
+    async def refuse(request, context):
+        await _abort(context, error)
+    return _same_kind(handler, refuse)
+
+
+def _limited(handler: grpc.RpcMethodHandler, limiter: KeyLimiter, key: int) -> grpc.RpcMethodHandler:
+    behaviour = handler.unary_unary or handler.unary_stream
+
+    async def call(request, context):
+        if not limiter.try_acquire(key):
+            await _abort(context, ServiceError(
+                StatusCode.RESOURCE_EXHAUSTED, f"this API key already has {limiter.limit} requests in flight, the "
+                                               f"server's limit per key (--max-concurrent-per-key)"))
+        try:
+            result = behaviour(request, context)
+            if inspect.isasyncgen(result):  # a generator-style streaming handler
+                async for response in result:
+                    await context.write(response)
+                return None
+            return await result
+        finally:
+            limiter.release(key)
+    return _same_kind(handler, call)
+
+
+def _same_kind(handler: grpc.RpcMethodHandler, behaviour) -> grpc.RpcMethodHandler:
+    if handler.unary_unary:
+        make = grpc.unary_unary_rpc_method_handler
+    elif handler.unary_stream:
+        make = grpc.unary_stream_rpc_method_handler
+    elif handler.stream_unary:
+        make = grpc.stream_unary_rpc_method_handler
+    else:
+        make = grpc.stream_stream_rpc_method_handler
+    return make(behaviour, request_deserializer=handler.request_deserializer,
+                response_serializer=handler.response_serializer)
+
+
 class GenerationServer:
     """One gRPC server in front of one engine core client."""
 
     def __init__(self, client: EngineCoreClient, limits: ServiceLimits, host: str = "127.0.0.1",
-                 port: int = 50051, warm_up: bool = True) -> None:
+                 port: int = 50051, warm_up: bool = True, security: SecurityConfig = SecurityConfig()) -> None:
         self.llm = AsyncLLM(client, limits)
         self.limits = limits
         self.host = host
         self.port = port  # the bound port once started (useful with port 0)
+        self.security = security
+        # calls in flight per key, over gRPC and HTTP together
+        self.key_limiter = KeyLimiter(security.max_concurrent_per_key)
         self._warm_up = warm_up
         self.health = health.aio.HealthServicer()
         self.server = grpc.aio.server(options=[
             ("grpc.max_receive_message_length", limits.max_message_bytes),
             ("grpc.max_send_message_length", limits.max_message_bytes),
             ("grpc.so_reuseport", 0),  # a port in use is an error, not a shared port
-        ])
+        ], interceptors=[_AccessInterceptor(security, self.key_limiter)] if security.api_keys else None)
         add_generation_servicer(GenerationServicer(self.llm, limits), self.server)
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self.server)
         add_v1_descriptor()
@@ -230,7 +306,17 @@ class GenerationServer:
     async def start(self) -> int:
         """Bind and serve (health NOT_SERVING) and start loading the engine; returns the port."""
         await self._set_health(_NOT_SERVING)
-        self.port = self.server.add_insecure_port(f"{self.host}:{self.port}")
+        warning = self.security.exposure_warning(self.host)
+        if warning:
+            logger.warning("%s", warning)
+        address, tls = f"{self.host}:{self.port}", self.security.tls
+        if tls is None:
+            self.port = self.server.add_insecure_port(address)
+        else:
+            credentials = grpc.ssl_server_credentials(
+                [(tls.private_key, tls.certificate_chain)], root_certificates=tls.client_ca,
+                require_client_auth=tls.client_ca is not None)
+            self.port = self.server.add_secure_port(address, credentials)
         await self.server.start()
         self._startup = asyncio.create_task(self._load())
         return self.port
@@ -283,10 +369,18 @@ class GenerationServer:
 
 
 async def serve(client: EngineCoreClient, limits: ServiceLimits, host: str, port: int,
-                on_ready: Callable[[GenerationServer], None] | None = None) -> int:
+                on_ready: Callable[[GenerationServer], None] | None = None,
+                security: SecurityConfig = SecurityConfig(), http_port: int | None = None,
+                on_http_ready: Callable[[HttpServer], None] | None = None) -> int:
     """Run a server until SIGTERM or SIGINT; returns the process exit code (0 after a graceful
-    stop, 1 if the engine failed to start). A second signal cuts the grace period short."""
-    server = GenerationServer(client, limits, host, port)
+    stop, 1 if the engine failed to start). A second signal cuts the grace period short.
+    With `http_port`, the OpenAI-compatible HTTP API (service/http/) is served too, on the same
+    AsyncLLM and host."""
+    server = GenerationServer(client, limits, host, port, security=security)
+    http = None
+    if http_port is not None:
+        from service.http.server import HttpServer
+        http = HttpServer(server, http_port, server.key_limiter)
     stop = asyncio.Event()
 
     def on_signal() -> None:
@@ -298,16 +392,33 @@ async def serve(client: EngineCoreClient, limits: ServiceLimits, host: str, port
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, on_signal)
     await server.start()
+    if http is not None:
+        try:
+            await http.start()
+        except OSError as e:  # the port is taken, most often
+            logger.error("cannot serve HTTP on %s:%d: %s (--http-port PORT, or --no-http)", host, http_port, e)
+            await server.stop(0)
+            return 1
     stop_requested = asyncio.create_task(stop.wait())
     started = asyncio.create_task(server.wait_started())
     await asyncio.wait({stop_requested, started}, return_when=asyncio.FIRST_COMPLETED)
     if started.done() and started.exception() is not None:
         logger.error("the engine failed to start: %s", started.exception())
         stop_requested.cancel()
-        await server.stop(0)
+        await _stop_both(server, http, 0)
         return 1
     if started.done() and on_ready is not None:
         on_ready(server)
+    if started.done() and http is not None and on_http_ready is not None:
+        on_http_ready(http)
     await stop_requested
-    await server.stop()
+    await _stop_both(server, http)
     return 0
+
+
+async def _stop_both(server: GenerationServer, http: HttpServer | None, grace_s: float | None = None) -> None:
+    """HTTP stops taking connections while gRPC's stop lets in-flight requests (of both) finish."""
+    http_stopped = asyncio.create_task(http.stop()) if http is not None else None
+    await server.stop(grace_s)
+    if http_stopped is not None:
+        await http_stopped

@@ -18,9 +18,10 @@ _ids = itertools.count()
 
 def make_scheduler(num_blocks: int = 64, block_size: int = 16, max_num_batched_tokens: int = 512,
                    max_num_seqs: int = 16, max_model_len: int = 1024, enable_prefix_caching: bool = True,
-                   structured_output_manager=None) -> Scheduler:
+                   enable_chunked_prefill: bool = True, structured_output_manager=None) -> Scheduler:
     return Scheduler(
-        SchedulerConfig(max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens),
+        SchedulerConfig(max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens,
+                        enable_chunked_prefill=enable_chunked_prefill),
         CacheConfig(block_size=block_size, num_blocks=num_blocks, enable_prefix_caching=enable_prefix_caching),
         num_blocks, max_model_len, structured_output_manager)
 
@@ -32,6 +33,18 @@ def make_request(num_tokens: int = 10, max_tokens: int = 16, token_ids: list[int
         token_ids = [(start + i) % 30000 + 3 for i in range(num_tokens)]
     return Request(request_id or f"req-{next(_ids)}", token_ids,
                    SamplingParams(max_tokens=max_tokens, temperature=0, **params), eos_token_id=2)
+
+
+def sample_step(scheduler: Scheduler, scheduler_output, token_id: int = 100):
+    """What a runner returns: one token for each request whose catch-up completes; then update."""
+    from engine.scheduler_output import ModelRunnerOutput
+    sampled = {}
+    for req_id in scheduler_output.num_scheduled_tokens:
+        request = scheduler.requests[req_id]
+        if request.num_computed_tokens == request.num_tokens:
+            sampled[req_id] = [token_id]
+    return scheduler.update_from_output(
+        scheduler_output, ModelRunnerOutput(list(scheduler_output.num_scheduled_tokens), sampled))
 
 
 @pytest.fixture(scope="session")

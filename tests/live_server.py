@@ -1,7 +1,9 @@
 """A real `formwork serve` in a subprocess on a free loopback port, for live tests.
 
 The server is started with `--port 0` and announces the port it bound ("serving ... on
-127.0.0.1:PORT"), so there is no race for a port. Its stderr goes to a file that failures show.
+127.0.0.1:PORT"), so there is no race for a port; the same for the HTTP API (`--http-port 0`,
+"serving the OpenAI-compatible API on http://127.0.0.1:PORT/v1"). Its stderr goes to a file that
+failures show.
 """
 from __future__ import annotations
 
@@ -24,6 +26,7 @@ from service._gen.formwork.v1 import generation_pb2_grpc as pb_grpc
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 _READY = re.compile(r"serving .* on (\S+:\d+)")
+_HTTP_READY = re.compile(r"serving the OpenAI-compatible API on (\S+)/v1")
 
 # light engine settings for a 2-core machine
 LIGHT_ARGS = ("--max-model-len", "512", "--num-blocks", "256", "--max-tokens-cap", "256", "--threads", "2")
@@ -45,21 +48,26 @@ class LiveServer:
     def __init__(self, *args: str, startup_timeout_s: float = 300.0) -> None:
         self._stderr = tempfile.NamedTemporaryFile("w+", prefix="formwork-serve-", suffix=".log", delete=False)
         env = {**os.environ, "OMP_WAIT_POLICY": "PASSIVE", "PYTHONUNBUFFERED": "1"}
+        http = "--no-http" not in args
+        http_args = ("--http-port", "0") if http and "--http-port" not in args else ()
         self.process = subprocess.Popen(
-            [sys.executable, "-m", "service.cli", "serve", "--host", "127.0.0.1", "--port", "0", *LIGHT_ARGS, *args],
+            [sys.executable, "-m", "service.cli", "serve", "--host", "127.0.0.1", "--port", "0", *LIGHT_ARGS,
+             *http_args, *args],
             cwd=REPO_ROOT, env=env, stdout=subprocess.PIPE, stderr=self._stderr, text=True)
-        self.address = self._wait_ready(startup_timeout_s)
+        deadline = time.monotonic() + startup_timeout_s
+        self.address = self._wait_ready(_READY, deadline)
+        # the HTTP API's base URL (http://127.0.0.1:PORT), announced right after gRPC's address
+        self.http_url = self._wait_ready(_HTTP_READY, deadline) if http else None
         self.channel = grpc.insecure_channel(self.address)
         self.stub = pb_grpc.GenerationStub(self.channel)
 
-    def _wait_ready(self, timeout_s: float) -> str:
-        deadline = time.monotonic() + timeout_s
+    def _wait_ready(self, ready: re.Pattern, deadline: float) -> str:
         assert self.process.stdout is not None
         while time.monotonic() < deadline:
             line = self.process.stdout.readline()
             if not line:
                 break  # exited
-            match = _READY.search(line)
+            match = ready.search(line)
             if match:
                 return match.group(1)
         self.process.kill()

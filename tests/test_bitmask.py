@@ -121,9 +121,18 @@ def test_a_bitmask_too_narrow_for_the_logits_is_refused():
 def test_cuda_logits_match_the_cpu_result(with_xgrammar_kernel):
     from grammar import bitmask as bitmask_ops
 
+    import grammar.xgrammar_backend  # registers xgrammar's CUDA kernel
+    xgrammar_kernel = grammar.xgrammar_backend.apply_bitmask_xgrammar
+    calls = []
+
+    def counting_kernel(*args):
+        calls.append(1)
+        xgrammar_kernel(*args)
+
+    saved = bitmask_ops._device_kernels.pop("cuda", None)
+    assert saved is xgrammar_kernel
     if with_xgrammar_kernel:
-        import grammar.xgrammar_backend  # noqa: F401  registers xgrammar's CUDA kernel
-    saved = bitmask_ops._device_kernels.pop("cuda", None) if not with_xgrammar_kernel else None
+        bitmask_ops.register_device_kernel("cuda", counting_kernel)
     try:
         vocab_size = 49152 + 40
         bitmask = make_bitmask(10, (vocab_size + 31) // 32, seed=5)
@@ -137,6 +146,6 @@ def test_cuda_logits_match_the_cpu_result(with_xgrammar_kernel):
         keep = [i for i in range(10) if i % 5 != 4]
         expected = masked_argmax(fresh, bitmask[keep], [rows[i] for i in keep])
         assert torch.equal(masked_argmax(fresh.cuda(), bitmask[keep], [rows[i] for i in keep]).cpu(), expected)
+        assert bool(calls) == with_xgrammar_kernel  # xgrammar's kernel ran, or the torch fallback did
     finally:
-        if saved is not None:
-            bitmask_ops.register_device_kernel("cuda", saved)
+        bitmask_ops.register_device_kernel("cuda", saved)

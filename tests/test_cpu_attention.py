@@ -4,11 +4,10 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.nn.functional as F
+from attention_steps import STEPS, make_step, reference, write_kv_by_hand
 
 from engine import cpu_kernels
-from engine.attention import write_kv
 from engine.cpu_attention import CpuAttentionBackend
-from tests.test_sdpa_attention import STEPS, make_step, reference
 
 
 def paged_reference(q, cache, block_table, seq_lens):
@@ -57,8 +56,7 @@ def test_kernel_writes_the_step_then_reads_scattered_blocks(kernels, dtype, head
                                                             num_queries):
     cache, q, k, v, slot_mapping, query_ids, block_table, seq_lens = kernel_inputs(
         dtype, head_dim, group, kv_heads, num_tokens, num_queries)
-    expected_cache = cache.clone()
-    write_kv(expected_cache, k, v, slot_mapping)
+    expected_cache = write_kv_by_hand(cache, k, v, slot_mapping)
     out = torch.full(q.shape, 7.0, dtype=dtype)
     kernels.paged_attention(out, q, k, v, cache, slot_mapping, query_ids, block_table, seq_lens, head_dim ** -0.5)
     assert torch.equal(cache, expected_cache)
@@ -104,9 +102,7 @@ def test_bf16_model_with_bf16_cache(kernels, step):
     assert out.dtype == torch.bfloat16
     expected = reference(inputs, cache16.float(), q16.float(), k16.float(), v16.float())
     torch.testing.assert_close(out.double(), expected, atol=2e-2, rtol=2e-2)  # bf16 output rounding
-    written = cache16.clone()
-    write_kv(written, k16, v16, inputs.slot_mapping)
-    assert torch.equal(ours, written)
+    assert torch.equal(ours, write_kv_by_hand(cache16, k16, v16, inputs.slot_mapping))
 
 
 def test_without_kernels_the_cache_is_fp32(monkeypatch):

@@ -91,11 +91,13 @@ def test_a_packed_layer_that_disagrees_is_not_used(monkeypatch, caplog):
     assert pack_linear(torch.zeros(4, 4, dtype=torch.bfloat16)) is None
 
 
+@pytest.mark.slow
 def test_the_served_model_reads_every_weight_once(llm, model_dir):
     """bf16 on CPU: the decoder's matmuls are packed and the roofline still counts each weight once."""
     from bench.roofline import weight_bytes
     model = llm.engine.runner.model
     dtype = next(model.parameters()).dtype
-    if dtype == torch.bfloat16 and can_pack(next(model.parameters())):
-        assert isinstance(model.layers[0].qkv_proj, PackedLinear) and model.packed_lm_head is not None
+    packs = dtype == torch.bfloat16 and can_pack(next(model.parameters()))
+    assert isinstance(model.layers[0].qkv_proj, PackedLinear) == packs
+    assert (model.packed_lm_head is not None) == packs
     assert model.weight_bytes() == weight_bytes(model_dir, str(dtype).removeprefix("torch."))

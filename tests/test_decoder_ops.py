@@ -1,4 +1,5 @@
-"""The fused decoder steps: the CPU kernels against the torch path they replace."""
+"""The fused decoder steps: the CPU kernels against the torch path they replace, and both against
+the formulas written out here in float64 (so a mistake shared by the two paths still shows)."""
 from __future__ import annotations
 
 import pytest
@@ -21,6 +22,31 @@ def both_paths(fn, *tensors):
     return (out_kernel, first), (out_torch, second)
 
 
+def rms_norm_by_hand(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    x = x.double()
+    return x / torch.sqrt((x * x).mean(dim=-1, keepdim=True) + eps) * weight.double()
+
+
+def silu_and_mul_by_hand(gate_up: torch.Tensor) -> torch.Tensor:
+    half = gate_up.shape[-1] // 2
+    gate, up = gate_up[:, :half].double(), gate_up[:, half:].double()
+    return gate / (1 + torch.exp(-gate)) * up
+
+
+def rotary_by_hand(qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, num_rotated: int,
+                   head_dim: int) -> torch.Tensor:
+    """Element i of the first half pairs with element i + half: (a, b) -> (a cos - b sin, b cos + a sin)."""
+    out = qkv.double().clone()
+    half = head_dim // 2
+    c, s = cos.double(), sin.double()
+    for head in range(num_rotated):
+        a = qkv[:, head * head_dim:head * head_dim + half].double()
+        b = qkv[:, head * head_dim + half:(head + 1) * head_dim].double()
+        out[:, head * head_dim:head * head_dim + half] = a * c[:, :half] - b * s[:, :half]
+        out[:, head * head_dim + half:(head + 1) * head_dim] = b * c[:, half:] + a * s[:, half:]
+    return out
+
+
 TOL = {torch.float32: dict(atol=1e-5, rtol=1e-5), torch.bfloat16: dict(atol=2e-2, rtol=2e-2)}
 ROWS = [1, 7, 300]  # a single decode, a small batch, a prompt chunk (split across threads)
 
@@ -37,6 +63,9 @@ def test_add_rms_norm(kernels, dtype, rows, with_delta):
         lambda r, d: decoder_ops.add_rms_norm(r, d if with_delta else None, weight, 1e-5), residual, delta)
     torch.testing.assert_close(ours, ref, **TOL[dtype])
     torch.testing.assert_close(res_k, res_t, **TOL[dtype])  # the residual was updated in place (or left)
+    summed = residual.double() + delta.double() if with_delta else residual.double()
+    torch.testing.assert_close(res_k.double(), summed, **TOL[dtype])
+    torch.testing.assert_close(ours.double(), rms_norm_by_hand(summed, weight, 1e-5), **TOL[dtype])
     if not with_delta:
         assert torch.equal(res_k, residual)
 
@@ -48,6 +77,7 @@ def test_silu_and_mul(kernels, dtype, rows):
     (ours, _), (ref, _) = both_paths(decoder_ops.silu_and_mul, gate_up)
     assert ours.shape == (rows, 1536)
     torch.testing.assert_close(ours, ref, **TOL[dtype])
+    torch.testing.assert_close(ours.double(), silu_and_mul_by_hand(gate_up), **TOL[dtype])
 
 
 @pytest.mark.parametrize("dtype", TOL)
@@ -60,6 +90,7 @@ def test_rotary_rotates_q_and_k_heads_only(kernels, dtype, rows):
     sin = torch.cat((angles.sin(), angles.sin()), dim=-1).to(dtype)
     (_, (ours,)), (_, (ref,)) = both_paths(lambda x: decoder_ops.rotary_(x, cos, sin, 12, 64), qkv)
     torch.testing.assert_close(ours, ref, **TOL[dtype])
+    torch.testing.assert_close(ours.double(), rotary_by_hand(qkv, cos, sin, 12, 64), **TOL[dtype])
     assert torch.equal(ours[:, 12 * 64:], qkv[:, 12 * 64:])  # values untouched
     assert not torch.equal(ours[:, :64], qkv[:, :64])
 

@@ -1,8 +1,8 @@
 """The docs' runnable snippets, run against a live server so they cannot rot.
 
 A fenced block whose info string is `sh live` or `python live` is a snippet meant to be pasted
-as is while `make serve` runs: it names the server as 127.0.0.1:50051, which this test replaces
-with the address of its own server on a free port. `sh` blocks run in bash (-e -o pipefail) from
+as is while `make serve` runs: it names the server as 127.0.0.1:50051 (gRPC) or 127.0.0.1:8000
+(HTTP), which this test replaces with the addresses of its own server on free ports. `sh` blocks run in bash (-e -o pipefail) from
 the repository root; `python` blocks run in this interpreter (the project's .venv). A snippet
 passes if it exits 0 and prints something; its output is checked further where it says what it
 prints (below).
@@ -25,8 +25,10 @@ from live_server import REPO_ROOT, LiveServer
 
 pytestmark = pytest.mark.slow
 
-DOCS = ("README.md", "docs/api.md", "docs/constraints.md", "clients/python/README.md", "clients/node/README.md")
+DOCS = ("README.md", "docs/api.md", "docs/constraints.md", "clients/python/README.md", "clients/node/README.md",
+        "docs/http.md")
 DEFAULT_ADDRESS = "127.0.0.1:50051"
+DEFAULT_HTTP_ADDRESS = "127.0.0.1:8000"
 _FENCE = re.compile(r"^```(\w+) live[ \t]*\n(.*?)^```[ \t]*$", re.MULTILINE | re.DOTALL)
 
 QUICKSTART_SCHEMA = {
@@ -65,7 +67,8 @@ def test_the_snippets_are_found():
         assert any(s.path == path for s in ALL), f"{path} has no live snippet"
     for snippet in ALL:
         assert snippet.language in ("sh", "python"), snippet.id
-        assert DEFAULT_ADDRESS in snippet.code, f"{snippet.id} must name the server as {DEFAULT_ADDRESS}"
+        assert DEFAULT_ADDRESS in snippet.code or DEFAULT_HTTP_ADDRESS in snippet.code, \
+            f"{snippet.id} must name the server as {DEFAULT_ADDRESS} or {DEFAULT_HTTP_ADDRESS}"
 
 
 @pytest.fixture(scope="module")
@@ -75,8 +78,10 @@ def server():
     assert live.stop() == 0, live.log()
 
 
-def run(snippet: Snippet, address: str, tmp_path: Path) -> subprocess.CompletedProcess:
-    code = snippet.code.replace(DEFAULT_ADDRESS, address)
+def run(snippet: Snippet, server: LiveServer, tmp_path: Path) -> subprocess.CompletedProcess:
+    assert server.http_url is not None
+    code = snippet.code.replace(DEFAULT_ADDRESS, server.address).replace(
+        DEFAULT_HTTP_ADDRESS, server.http_url.removeprefix("http://"))
     if snippet.language == "sh":
         command = ["bash", "-e", "-o", "pipefail", "-c", code]
     else:
@@ -89,7 +94,7 @@ def run(snippet: Snippet, address: str, tmp_path: Path) -> subprocess.CompletedP
 
 @pytest.mark.parametrize("snippet", ALL, ids=[s.id for s in ALL])
 def test_snippet_runs(server, snippet, tmp_path):
-    result = run(snippet, server.address, tmp_path)
+    result = run(snippet, server, tmp_path)
     assert result.returncode == 0, f"{snippet.id} failed:\n{result.stdout}\n{result.stderr}"
     assert result.stdout.strip(), f"{snippet.id} printed nothing:\n{result.stderr}"
     if snippet.path == "README.md" and "Grace Hopper" in snippet.code:  # the quickstart's person

@@ -26,8 +26,8 @@ def test_every_kind_compiles_and_constrains(kind, spec, options, good, bad):
     assert not accepts(compiled, bad)
 
 
-def test_json_is_compact_unless_any_whitespace():
-    compact = make_backend().compile(make_constraint(spec=PERSON))
+def test_compact_json_unless_any_whitespace():
+    compact = make_backend().compile(make_constraint(spec=PERSON, whitespace="compact"))
     loose = make_backend().compile(make_constraint(spec=PERSON, any_whitespace=True))
     spaced = '{"name": "Bo", "age": 7}'
     assert not accepts(compact, spaced)

@@ -69,8 +69,8 @@ def test_cache_hit_returns_a_done_future_and_compiles_once():
     second = compiler.submit(regex("a+"))
     assert second.done() and second.result().spec == "a+"
     compiled, compile_s, cached = compiler.compile_sync(regex("a+"))
-    assert cached and compile_s < 0.05 and compiled.spec == "a+"
-    assert backend.calls == ["a+"]
+    assert cached and compiled.spec == "a+"
+    assert backend.calls == ["a+"]  # one compile: the hits never reached the backend
     assert (compiler.num_hits, compiler.num_misses) == (2, 1)
 
 
@@ -104,11 +104,10 @@ def test_failures_are_cached_as_failures():
 
 def test_a_compile_over_the_time_limit_fails_and_its_late_result_is_kept():
     compiler, backend = make_compiler(compile_timeout_s=0.2)
-    start = time.monotonic()
     future = compiler.submit(regex("slow"))
+    # the backend is blocked until released below: any answer now is the time limit's
     with pytest.raises(GrammarError, match=r"regex compile exceeded the 0.2 s limit"):
         future.result(timeout=5)
-    assert time.monotonic() - start < 2
     # while the runaway compile still runs, duplicates fail fast instead of queueing
     duplicate = compiler.submit(regex("slow"))
     assert duplicate.done() and isinstance(duplicate.exception(), GrammarError)
@@ -125,8 +124,9 @@ def test_a_compile_over_the_time_limit_fails_and_its_late_result_is_kept():
 
 
 def test_the_time_limit_counts_from_the_start_of_the_compile_not_the_queue():
-    compiler, backend = make_compiler(FakeBackend(delay_s=0.15), compile_timeout_s=0.25, num_compile_threads=1)
-    futures = [compiler.submit(regex(f"q{i}")) for i in range(3)]  # 0.45 s of work on one thread
+    # each compile takes 0.1 s, a fifth of the limit; the last of 8 on one thread waits at least 0.7 s in the queue
+    compiler, backend = make_compiler(FakeBackend(delay_s=0.1), compile_timeout_s=0.5, num_compile_threads=1)
+    futures = [compiler.submit(regex(f"q{i}")) for i in range(8)]
     assert all(isinstance(f.result(timeout=5), FakeCompiled) for f in futures)
 
 

@@ -4,14 +4,13 @@ from __future__ import annotations
 import threading
 
 import torch
-from conftest import make_request, make_scheduler
+from conftest import make_request, make_scheduler, sample_step
 
 from engine.config import GrammarConfig
 from engine.request import FinishReason, RequestStatus
 from engine.sampling_params import Constraint
 from engine.structured_output import StructuredOutputManager
 from grammar.backend import CompiledGrammar, Grammar, GrammarBackend, GrammarError
-from test_scheduler import sample
 
 
 class _Compiled(CompiledGrammar):
@@ -78,7 +77,7 @@ def test_slow_compile_does_not_delay_others():
     for _ in range(3):  # the plain request runs; the constrained one keeps waiting in front of the queue
         so = scheduler.schedule()
         assert list(so.num_scheduled_tokens) == [plain.request_id]
-        sample(scheduler, so)
+        sample_step(scheduler, so)
     assert scheduler.num_waiting_for_grammar == 1 and slow.status == RequestStatus.WAITING_FOR_STRUCTURED_OUTPUT_GRAMMAR
     backend.gate.set()
     wait_compiled(manager)
@@ -101,9 +100,10 @@ def test_compile_failure_finishes_only_that_request():
     so = scheduler.schedule()
     assert list(so.num_scheduled_tokens) == [plain.request_id]
     assert bad.status == RequestStatus.FINISHED_ERROR
-    outputs = {o.request_id: o for o in sample(scheduler, so)}
+    outputs = {o.request_id: o for o in sample_step(scheduler, so)}
     assert outputs[bad.request_id].finish_reason == FinishReason.ERROR
     assert "does not compile" in outputs[bad.request_id].error
+    assert outputs[bad.request_id].new_token_ids == [] and outputs[bad.request_id].num_prompt_tokens == 5
     assert plain.status == RequestStatus.RUNNING
 
 

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import numpy as np
+import torch
 
 from engine.input_batch import prepare_step_indices
 
@@ -36,3 +37,38 @@ def test_all_decodes():
     assert s.input_ids.tolist() == [5, 48]
     assert s.slot_mapping.tolist() == [16 + 5, 3 * 16]
     assert s.logits_indices.tolist() == [0, 1]
+
+
+def make_batch():
+    from engine.input_batch import InputBatch
+    return InputBatch(max_num_reqs=2, max_model_len=32, max_blocks_per_req=2)
+
+
+def test_a_preempted_seeded_request_resumes_its_generator():
+    from engine.sampling_params import SamplingParams
+    batch = make_batch()
+    params = SamplingParams(temperature=1.0, seed=5)
+    batch.add_request("a", [1, 2, 3], 3, params, [1], 0)
+    generator = batch.requests["a"].generator
+    torch.rand(4, generator=generator)  # the stream moves on
+    batch.remove_request("a", preempted=True)
+    assert "a" not in batch.requests
+    batch.add_request("a", [1, 2, 3, 9], 3, params, [2], 0)
+    assert batch.requests["a"].generator is generator
+    fresh = torch.Generator().manual_seed(5)
+    torch.rand(4, generator=fresh)
+    assert torch.equal(torch.rand(4, generator=generator), torch.rand(4, generator=fresh))
+
+
+def test_a_finished_request_drops_its_generator_even_while_preempted():
+    from engine.sampling_params import SamplingParams
+    batch = make_batch()
+    params = SamplingParams(temperature=1.0, seed=5)
+    batch.add_request("a", [1, 2], 2, params, [1], 0)
+    torch.rand(4, generator=batch.requests["a"].generator)
+    batch.remove_request("a", preempted=True)
+    batch.remove_request("a")  # aborted while waiting to resume
+    batch.add_request("a", [1, 2], 2, params, [1], 0)  # the id comes back as a new request: a fresh stream
+    assert torch.equal(torch.rand(4, generator=batch.requests["a"].generator),
+                       torch.rand(4, generator=torch.Generator().manual_seed(5)))
+    assert len(batch.requests) == 1 and len(batch._free_rows) == 1  # the row was freed and reused

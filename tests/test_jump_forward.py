@@ -19,9 +19,10 @@ BOUNDED = {"type": "object", "properties": {
     "required": ["color", "size", "ok", "kind"], "additionalProperties": False}
 
 
-def make_grammar(schema):
+def make_grammar(schema, whitespace: str = "compact"):
+    """Compact by default: its separators are forced text, which is what these tests look at."""
     backend = make_backend()
-    return backend.make_grammar(backend.compile(make_constraint(spec=schema)))
+    return backend.make_grammar(backend.compile(make_constraint(spec=schema, whitespace=whitespace)))
 
 
 def test_fixed_key_is_forced_up_to_the_chunk_that_may_merge():
@@ -109,3 +110,28 @@ def test_random_walks_with_jump_forward_stay_valid_and_canonical(seed):
     # the same tokens, replayed through a fresh matcher, are accepted: forcing left no gaps
     replay = make_grammar(BOUNDED)
     assert replay.accept_tokens(output) and replay.is_terminated()
+
+
+def forced_text_tokenizer(enabled: bool = True):
+    from grammar.jump_forward import ForcedTextTokenizer
+    return ForcedTextTokenizer(make_backend().tokenizer, enabled=enabled)
+
+
+def test_nothing_is_forced_after_a_token_that_ends_inside_a_utf8_character():
+    # a character the tokenizer splits into byte tokens: its first token alone is half a character
+    char = next(c for c in ("🦜", "𝄞", "龘", "🙂") if len(encode(c)) > 1 and "\ufffd" in decode(encode(c)[:1]))
+    partial = encode(char)[:1]
+    text = '","age":'
+    # the seam check alone would let the text through after the partial token; the UTF-8 guard stops it
+    assert encode(decode(partial) + text) == encode(decode(partial)) + encode(text)
+    tokenizer = forced_text_tokenizer()
+    assert tokenizer.encode_after(partial, text) == []
+    assert tokenizer.encode_after(encode("x"), text) == encode(text)  # after a whole character it is forced
+
+
+def test_forced_text_off_forces_nothing():
+    text = '{"name'
+    assert forced_text_tokenizer().encode_after([], text) == encode(text)
+    assert forced_text_tokenizer().encode_after(encode("x"), text) != []
+    off = forced_text_tokenizer(enabled=False)
+    assert off.encode_after([], text) == [] and off.encode_after(encode("x"), text) == []

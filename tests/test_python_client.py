@@ -3,6 +3,7 @@ offline, then the sync client, the asyncio client and the CLI against one live s
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import importlib.util
 import json
 import socket
@@ -37,10 +38,13 @@ PERSON_SCHEMA = {  # bounded strings, so extraction finishes in a few tokens
 TEXT = "Ada Lovelace was 36 years old."
 
 
-def free_address() -> str:
+@contextlib.contextmanager
+def unserved_address():
+    """An address where nothing listens: the socket stays bound (never listening) while it is used,
+    so no other process can take the port meanwhile; connecting is refused."""
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
-        return f"127.0.0.1:{s.getsockname()[1]}"  # nothing listens once closed
+        yield f"127.0.0.1:{s.getsockname()[1]}"
 
 
 # ---- packaging --------------------------------------------------------------------------------
@@ -174,8 +178,9 @@ def test_field_violations_come_from_the_status_details():
 
 
 def test_cli_usage_errors_exit_2():
-    result = subprocess.run([*CLI, "--address", free_address(), "generate", "--prompt", "x", "--regex", "a",
-                             "--choice", "b"], capture_output=True, text=True)
+    with unserved_address() as address:
+        result = subprocess.run([*CLI, "--address", address, "generate", "--prompt", "x", "--regex", "a",
+                                 "--choice", "b"], capture_output=True, text=True)
     assert result.returncode == 2 and "give at most one constraint" in result.stderr, result.stderr
 
 
@@ -266,7 +271,7 @@ def test_deadline_incomplete_output_and_no_server(client):
     with pytest.raises(fc.IncompleteOutputError) as info:
         client.extract(PERSON_SCHEMA, TEXT, max_tokens=2)
     assert info.value.finish_reason == "FINISH_REASON_LENGTH" and info.value.text
-    with fc.Client(free_address(), timeout=10) as nowhere, pytest.raises(fc.UnavailableError):
+    with unserved_address() as address, fc.Client(address, timeout=10) as nowhere, pytest.raises(fc.UnavailableError):
         nowhere.model_info()
 
 

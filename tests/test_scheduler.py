@@ -1,21 +1,10 @@
 """The catch-up rule, budgets, chunked prefill, preemption and prefix-cache hits, step by step."""
 from __future__ import annotations
 
-from conftest import make_request, make_scheduler
+from conftest import make_request, make_scheduler, sample_step
 
 from engine.request import RequestStatus
 from engine.scheduler_output import ModelRunnerOutput
-
-
-def sample(scheduler, scheduler_output, token_id=100):
-    """What a runner returns: one token for each request whose catch-up completes."""
-    sampled = {}
-    for req_id, n in scheduler_output.num_scheduled_tokens.items():
-        request = scheduler.requests[req_id]
-        if request.num_computed_tokens == request.num_tokens:
-            sampled[req_id] = [token_id]
-    return scheduler.update_from_output(
-        scheduler_output, ModelRunnerOutput(list(scheduler_output.num_scheduled_tokens), sampled))
 
 
 def test_reference_two_request_example():
@@ -32,7 +21,7 @@ def test_reference_two_request_example():
     assert step1.scheduled_cached_reqs.req_ids == []
     # the scheduler advances its own counters right after planning
     assert (r1.num_computed_tokens, r2.num_computed_tokens) == (4, 2)
-    outputs = sample(scheduler, step1)
+    outputs = sample_step(scheduler, step1)
     assert {o.request_id: o.new_token_ids for o in outputs} == {"r1": [100], "r2": [100]}
 
     step2 = scheduler.schedule()
@@ -52,7 +41,7 @@ def test_token_budget_chunks_a_long_prompt():
     for _ in range(3):
         so = scheduler.schedule()
         chunks.append(so.num_scheduled_tokens[request.request_id])
-        outputs = sample(scheduler, so)
+        outputs = sample_step(scheduler, so)
     assert chunks == [8, 8, 4]
     assert [o.new_token_ids for o in outputs] == [[100]]  # only the last chunk samples
 
@@ -61,7 +50,7 @@ def test_running_requests_come_before_waiting_ones():
     scheduler = make_scheduler(max_num_batched_tokens=10)
     a = make_request(num_tokens=8)
     scheduler.add_request(a)
-    sample(scheduler, scheduler.schedule())
+    sample_step(scheduler, scheduler.schedule())
     b = make_request(num_tokens=20)
     scheduler.add_request(b)
     so = scheduler.schedule()
@@ -93,18 +82,18 @@ def test_preemption_frees_blocks_and_resumes_by_recompute():
     a, b = make_request(num_tokens=8, max_tokens=8), make_request(num_tokens=8, max_tokens=8)
     scheduler.add_request(a)
     scheduler.add_request(b)
-    sample(scheduler, scheduler.schedule())  # both prefilled (4 blocks used, 1 free), one token each
+    sample_step(scheduler, scheduler.schedule())  # both prefilled (4 blocks used, 1 free), one token each
     # a takes the last free block for its 9th token; b then needs one too: b, the newest, is preempted
     so = scheduler.schedule()
     assert b.status == RequestStatus.PREEMPTED
     assert b.num_computed_tokens == 0 and b.num_preemptions == 1
     assert so.num_scheduled_tokens == {a.request_id: 1}
     assert scheduler.kv_cache_manager.get_block_ids(b.request_id) == []
-    sample(scheduler, so)
+    sample_step(scheduler, so)
     # b comes back as a new request carrying its output so far, once a finishes
     while not a.is_finished:
         so = scheduler.schedule()
-        sample(scheduler, so)
+        sample_step(scheduler, so)
     so = scheduler.schedule()
     new = {n.req_id: n for n in so.scheduled_new_reqs}
     assert b.request_id in new and b.request_id in so.preempted_req_ids | set(new)
@@ -117,7 +106,7 @@ def test_prefix_cache_hit_skips_shared_blocks():
     shared = list(range(10, 22))  # three full blocks
     first = make_request(token_ids=shared + [50, 51])
     scheduler.add_request(first)
-    sample(scheduler, scheduler.schedule())
+    sample_step(scheduler, scheduler.schedule())
     second = make_request(token_ids=shared + [60])
     scheduler.add_request(second)
     so = scheduler.schedule()
@@ -133,7 +122,7 @@ def test_full_prompt_hit_still_computes_the_last_token():
     prompt = list(range(10, 18))  # exactly two blocks
     a = make_request(token_ids=prompt)
     scheduler.add_request(a)
-    sample(scheduler, scheduler.schedule())
+    sample_step(scheduler, scheduler.schedule())
     b = make_request(token_ids=prompt)
     scheduler.add_request(b)
     so = scheduler.schedule()
@@ -146,7 +135,7 @@ def test_freed_cached_blocks_are_reused_then_evicted():
     prompt = list(range(10, 19))
     a = make_request(token_ids=prompt, max_tokens=1)
     scheduler.add_request(a)
-    sample(scheduler, scheduler.schedule())
+    sample_step(scheduler, scheduler.schedule())
     assert a.is_finished
     pool = scheduler.kv_cache_manager.pool
     assert pool.num_free_blocks == 3 and pool.num_cached_blocks == 2
@@ -154,10 +143,10 @@ def test_freed_cached_blocks_are_reused_then_evicted():
     scheduler.add_request(b)
     so = scheduler.schedule()
     assert b.num_cached_tokens == 8 and so.num_scheduled_tokens[b.request_id] == 1
-    sample(scheduler, so)
+    sample_step(scheduler, so)
     c = make_request(num_tokens=12, max_tokens=1)  # needs all 3 blocks: evicts the cached ones
     scheduler.add_request(c)
-    sample(scheduler, scheduler.schedule())
+    sample_step(scheduler, scheduler.schedule())
     assert pool.num_cached_blocks == 3  # c's full blocks replaced a's
 
 
@@ -175,7 +164,7 @@ def test_stops_eos_stop_ids_and_length():
     assert eos.status == RequestStatus.FINISHED_STOPPED and outputs[eos.request_id].finish_reason == 0
     assert stop.status == RequestStatus.FINISHED_STOPPED and outputs[stop.request_id].stop_reason == 7
     assert length.status == RequestStatus.RUNNING
-    sample(scheduler, scheduler.schedule(), token_id=5)
+    sample_step(scheduler, scheduler.schedule(), token_id=5)
     assert length.status == RequestStatus.FINISHED_LENGTH_CAPPED
 
 
@@ -184,7 +173,7 @@ def test_context_length_caps_output():
     request = make_request(num_tokens=10, max_tokens=100)
     scheduler.add_request(request)
     for _ in range(2):
-        sample(scheduler, scheduler.schedule())
+        sample_step(scheduler, scheduler.schedule())
     assert request.status == RequestStatus.FINISHED_LENGTH_CAPPED and request.num_tokens == 12
 
 

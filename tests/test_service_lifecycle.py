@@ -20,6 +20,15 @@ def health_status(server: LiveServer) -> int:
     return stub.Check(health_pb2.HealthCheckRequest(service="formwork.v1.Generation"), timeout=5).status
 
 
+def refusing_calls(server) -> bool:
+    """Whether the server refuses new calls yet (a Tokenize call is cheap and runs nothing)."""
+    try:
+        server.stub.Tokenize(pb.TokenizeRequest(prompt="x"), timeout=5)
+        return False
+    except grpc.RpcError:
+        return True
+
+
 def test_engine_process_death_turns_into_unavailable_and_not_serving():
     server = LiveServer()
     try:
@@ -27,10 +36,9 @@ def test_engine_process_death_turns_into_unavailable_and_not_serving():
         stream = server.stub.GenerateStream(chat("Write a long story.", max_tokens=200), timeout=60)
         next(stream)
         os.kill(server.engine_pid, signal.SIGKILL)
-        killed = time.monotonic()
         with pytest.raises(grpc.RpcError) as info:
-            list(stream)
-        assert info.value.code() == grpc.StatusCode.UNAVAILABLE and time.monotonic() - killed < 2
+            list(stream)  # a missed death would end at the stream's deadline instead: DEADLINE_EXCEEDED
+        assert info.value.code() == grpc.StatusCode.UNAVAILABLE
         assert "killed by signal 9" in info.value.details()
         for call, message in ((server.stub.Generate, chat("hi")), (server.stub.GetModelInfo, pb.GetModelInfoRequest()),
                               (server.stub.ValidateConstraint, pb.ValidateConstraintRequest(
@@ -48,7 +56,9 @@ def test_sigterm_finishes_in_flight_requests_within_the_grace_period_then_exits_
     long = server.stub.GenerateStream(chat("Write a long story.", max_tokens=250, ignore_eos=True), timeout=60)
     next(short), next(long)
     server.process.send_signal(signal.SIGTERM)
-    time.sleep(0.3)
+    deadline = time.monotonic() + 20
+    while not refusing_calls(server) and time.monotonic() < deadline:
+        time.sleep(0.01)
     refused = error_of(server.stub.Generate, chat("too late"), timeout=5)
     assert refused.code() == grpc.StatusCode.UNAVAILABLE
     short_messages, long_messages = list(short), list(long)

@@ -3,7 +3,6 @@ from __future__ import annotations
 
 import json
 import re
-import time
 
 import grpc
 import jsonschema
@@ -165,9 +164,7 @@ def test_client_cancel_aborts_the_running_request_and_frees_its_kv_blocks(server
 
 
 def test_deadline_aborts_the_request_and_frees_its_kv_blocks(server):
-    started = time.monotonic()
     error = error_of(server.stub.Generate, chat("Write a long story about a dragon.", max_tokens=200), timeout=1.0)
     assert error.code() == grpc.StatusCode.DEADLINE_EXCEEDED
-    assert time.monotonic() - started < 3
     load = server.wait_idle()
     assert load.num_running == 0 and load.num_free_kv_blocks == load.num_total_kv_blocks, load

@@ -73,9 +73,11 @@ def test_aborts_then_a_grammar_wait_keep_the_engine_alive(server):
     deadline = time.monotonic() + 30
     while server.model_info().load.num_running < MAX_NUM_SEQS and time.monotonic() < deadline:
         time.sleep(0.05)
+    assert server.model_info().load.num_running == MAX_NUM_SEQS
     for call in calls:
         call.cancel()
-    server.wait_idle()  # the engine is idle: no step has told the runner about the aborts yet
+    load = server.wait_idle()  # the engine is idle: no step has told the runner about the aborts yet
+    assert load.num_in_flight == load.num_running == 0 and load.num_free_kv_blocks == load.num_total_kv_blocks, load
     fresh = {"type": "object", "properties": {f"field_{time.monotonic_ns()}": {"type": "integer"}}}
     response = server.stub.Generate(chat("x", max_tokens=8, constraint={"json_schema": fresh}), timeout=60)
     assert response.finish_reason in (pb.FINISH_REASON_STOP, pb.FINISH_REASON_LENGTH)

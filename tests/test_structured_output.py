@@ -74,6 +74,11 @@ def test_json_object_and_bounded_whitespace(llm):
     out = ask(llm, Constraint(kind="json_object"), "Describe a cat as JSON.", max_tokens=96)
     if out.finish_reason == FinishReason.STOP:
         assert isinstance(json.loads(out.text), dict)
+    else:  # cut off by max_tokens: what came out is still a prefix the grammar accepts
+        assert out.finish_reason == FinishReason.LENGTH
+        backend = llm.engine.structured_output_manager.backend
+        grammar = backend.make_grammar(backend.compile(Constraint(kind="json_object")))
+        assert grammar.accept_tokens(list(out.token_ids))
     assert "\n" not in out.text  # compact by default: no runaway whitespace
 
 
@@ -115,4 +120,7 @@ def test_jump_forward_saves_forward_passes_and_stays_valid(llm):
             assert out.finish_reason == FinishReason.STOP
             assert set(json.loads(out.text)) == set(schema["properties"])
         assert on.num_forced_tokens > 0 and off.num_forced_tokens == 0
+        # the same document shape, keys in the schema's order (the values may differ: forced text is
+        # the canonical tokenization, which the model without forcing need not have chosen)
+        assert list(json.loads(on.text)) == list(json.loads(off.text)) == list(schema["properties"])
         assert on.num_forward_passes < off.num_forward_passes

@@ -7,7 +7,7 @@ the project's). They speak one contract, JSON over stdin/stdout:
     stdin:  {"model_dir": ..., "gguf": ..., "threads": n,
              "runs": [{"name": ..., "concurrency": n,
                        "requests": [{"id": ..., "prompt_token_ids": [...], "schema": {...} | null,
-                                     "max_tokens": n}]}]}
+                                     "max_tokens": n, "any_whitespace": bool (optional)}]}]}
     stdout: (last line) {"peer": ..., "version": ..., "load_s": ..., "notes": [...],
              "runs": [{"name": ..., "concurrency": n, "wall_s": ...,
                        "records": [{"id": ..., "text": ..., "num_output_tokens": n,

@@ -11,6 +11,10 @@ import sys
 import time
 
 
+def _grammar_key(request: dict) -> str:
+    return json.dumps([request["schema"], request.get("any_whitespace", False)], sort_keys=True)
+
+
 def main() -> int:
     payload = json.load(sys.stdin)
     import torch
@@ -46,9 +50,10 @@ def main() -> int:
         grammars = {}
         for r in requests:  # compiled before the clock starts, as Formwork's are (cached)
             if r["schema"] is not None:
-                key = json.dumps(r["schema"], sort_keys=True)
+                key = _grammar_key(r)
                 if key not in grammars:
-                    grammars[key] = compiler.compile_json_schema(json.dumps(r["schema"]), any_whitespace=False)
+                    grammars[key] = compiler.compile_json_schema(json.dumps(r["schema"]),
+                                                                 any_whitespace=r.get("any_whitespace", False))
         records = []
         run_start = time.perf_counter()
         for i in range(0, len(requests), n):
@@ -62,7 +67,7 @@ def main() -> int:
                 mask[row, width - len(p):] = 1
             processors = []
             if batch[0]["schema"] is not None:
-                processors = [LogitsProcessor([grammars[json.dumps(r["schema"], sort_keys=True)] for r in batch])]
+                processors = [LogitsProcessor([grammars[_grammar_key(r)] for r in batch])]
             clock = StepClock()
             batch_start = time.perf_counter()
             with torch.inference_mode():

@@ -33,8 +33,9 @@ async def _run(payload: dict) -> dict:
 
     def params(r: dict, max_tokens: int) -> SamplingParams:
         structured = None
-        if r["schema"] is not None:  # compact JSON, as Formwork writes it by default
-            structured = StructuredOutputsParams(json=r["schema"], disable_any_whitespace=True)
+        if r["schema"] is not None:  # compact JSON unless the request allows any whitespace (vLLM's default)
+            structured = StructuredOutputsParams(json=r["schema"],
+                                                 disable_any_whitespace=not r.get("any_whitespace", False))
         return SamplingParams(temperature=0.0, max_tokens=max_tokens, output_kind=RequestOutputKind.DELTA,
                               structured_outputs=structured)
 
@@ -58,7 +59,7 @@ async def _run(payload: dict) -> dict:
     seen, warm = set(), []
     for run in payload["runs"]:
         for r in run["requests"]:
-            key = json.dumps(r["schema"], sort_keys=True)
+            key = json.dumps([r["schema"], r.get("any_whitespace", False)], sort_keys=True)
             if key not in seen:
                 seen.add(key)
                 warm.append(r)

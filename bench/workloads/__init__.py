@@ -2,9 +2,8 @@
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
-_HERE = Path(__file__).resolve().parent
+from bench.datasets import JSON_EXTRACTION_FILE
 
 # Fixed for every item so that the system turn is a shared, prefix-cacheable prefix.
 EXTRACTION_SYSTEM = (
@@ -16,9 +15,9 @@ EXTRACTION_SYSTEM = (
 
 
 def load_json_extraction() -> list[dict]:
-    """Items of json_extraction.jsonl: id, domain, text, schema (a parsed JSON Schema), expected."""
+    """Items of bench/data/json_extraction.jsonl: id, domain, text, schema (a parsed JSON Schema), expected."""
     items = []
-    with open(_HERE / "json_extraction.jsonl", encoding="utf-8") as f:
+    with open(JSON_EXTRACTION_FILE, encoding="utf-8") as f:
         for line in f:
             if line.strip():
                 items.append(json.loads(line))

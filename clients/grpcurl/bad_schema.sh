@@ -3,7 +3,7 @@
 # google.rpc.BadRequest naming the field. grpcurl prints the error and exits non-zero.
 set -euo pipefail
 source "$(dirname "$0")/env.sh"
-"$GRPCURL" -plaintext -d '{
+"$GRPCURL" "${GRPCURL_FLAGS[@]}" -d '{
   "prompt": "hi",
   "max_tokens": 8,
   "constraint": {"json_schema": {"type": "object", "properties": {"age": {"type": "nonsense"}}}}

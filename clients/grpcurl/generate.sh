@@ -3,7 +3,7 @@
 # string (use "json_schema_text" instead to keep the order of properties).
 set -euo pipefail
 source "$(dirname "$0")/env.sh"
-"$GRPCURL" -plaintext -d @ "$ADDR" formwork.v1.Generation/Generate <<'JSON'
+"$GRPCURL" "${GRPCURL_FLAGS[@]}" -d @ "$ADDR" formwork.v1.Generation/Generate <<'JSON'
 {
   "chat": {"messages": [{"role": "user", "content": "Invent a person. Answer in JSON."}]},
   "max_tokens": 48,

@@ -3,7 +3,7 @@
 # carries finish_reason, usage and timings.
 set -euo pipefail
 source "$(dirname "$0")/env.sh"
-"$GRPCURL" -plaintext -d @ "$ADDR" formwork.v1.Generation/GenerateStream <<'JSON'
+"$GRPCURL" "${GRPCURL_FLAGS[@]}" -d @ "$ADDR" formwork.v1.Generation/GenerateStream <<'JSON'
 {
   "prompt": "The three primary colors are",
   "max_tokens": 12,

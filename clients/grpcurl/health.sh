@@ -3,4 +3,4 @@
 # after the engine died, and while shutting down.
 set -euo pipefail
 source "$(dirname "$0")/env.sh"
-"$GRPCURL" -plaintext -d '{"service": ""}' "$ADDR" grpc.health.v1.Health/Check
+"$GRPCURL" "${GRPCURL_FLAGS[@]}" -d '{"service": ""}' "$ADDR" grpc.health.v1.Health/Check

@@ -3,6 +3,6 @@
 # (no .proto file needed).
 set -euo pipefail
 source "$(dirname "$0")/env.sh"
-"$GRPCURL" -plaintext "$ADDR" list
-"$GRPCURL" -plaintext "$ADDR" describe formwork.v1.Generation
-"$GRPCURL" -plaintext "$ADDR" describe formwork.v1.GenerateRequest
+"$GRPCURL" "${GRPCURL_FLAGS[@]}" "$ADDR" list
+"$GRPCURL" "${GRPCURL_FLAGS[@]}" "$ADDR" describe formwork.v1.Generation
+"$GRPCURL" "${GRPCURL_FLAGS[@]}" "$ADDR" describe formwork.v1.GenerateRequest

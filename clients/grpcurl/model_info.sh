@@ -2,4 +2,4 @@
 # The model, the server's limits, and its live load (running / waiting requests, free KV blocks).
 set -euo pipefail
 source "$(dirname "$0")/env.sh"
-"$GRPCURL" -plaintext "$ADDR" formwork.v1.Generation/GetModelInfo
+"$GRPCURL" "${GRPCURL_FLAGS[@]}" "$ADDR" formwork.v1.Generation/GetModelInfo

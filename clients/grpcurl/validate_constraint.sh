@@ -2,4 +2,4 @@
 # Compile a constraint without generating: ok (and now cached), or the compiler's error.
 set -euo pipefail
 source "$(dirname "$0")/env.sh"
-"$GRPCURL" -plaintext -d '{"constraint": {"regex": "[A-Z]{3}-[0-9]{4}"}}' "$ADDR" formwork.v1.Generation/ValidateConstraint
+"$GRPCURL" "${GRPCURL_FLAGS[@]}" -d '{"constraint": {"regex": "[A-Z]{3}-[0-9]{4}"}}' "$ADDR" formwork.v1.Generation/ValidateConstraint

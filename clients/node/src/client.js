@@ -40,17 +40,29 @@ export function loadGenerationService(protoRoot = PROTO_ROOT) {
 
 export class FormworkClient {
   /**
-   * @param {string} address  host:port of `formwork serve` (plaintext)
+   * @param {string} address  host:port of `formwork serve`
    * @param {object} [options]
    * @param {number} [options.timeoutMs]  default deadline of every call (none if unset)
-   * @param {grpc.ChannelCredentials} [options.credentials]  default: insecure (plaintext)
+   * @param {string} [options.apiKey]  sent with every call as `authorization: Bearer KEY`
+   *   (default: $FORMWORK_API_KEY, if set)
+   * @param {boolean} [options.tls]  TLS trusting the system's CAs (implied by the PEM options)
+   * @param {Buffer} [options.rootCerts]  PEM of the CA to trust (e.g. a self-signed server certificate)
+   * @param {Buffer} [options.privateKey]  mutual TLS: the client's private key (PEM)
+   * @param {Buffer} [options.certChain]  mutual TLS: the client's certificate chain (PEM)
+   * @param {grpc.ChannelCredentials} [options.credentials]  credentials of your own instead of the above
    * @param {string} [options.protoRoot]  where proto/ is (default: the repository's)
    * @param {object} [options.channelOptions]  gRPC channel options
    */
-  constructor(address = DEFAULT_ADDRESS, { timeoutMs, credentials, protoRoot, channelOptions } = {}) {
+  constructor(address = DEFAULT_ADDRESS, { timeoutMs, apiKey, tls, rootCerts, privateKey, certChain, credentials,
+    protoRoot, channelOptions } = {}) {
     const Generation = loadGenerationService(protoRoot);
-    this.stub = new Generation(address, credentials ?? grpc.credentials.createInsecure(), channelOptions);
+    const secure = tls ?? [rootCerts, privateKey, certChain].some((pem) => pem !== undefined);
+    const channelCredentials = credentials
+      ?? (secure ? grpc.credentials.createSsl(rootCerts ?? null, privateKey ?? null, certChain ?? null)
+        : grpc.credentials.createInsecure());
+    this.stub = new Generation(address, channelCredentials, channelOptions);
     this.timeoutMs = timeoutMs;
+    this.apiKey = apiKey ?? (process.env.FORMWORK_API_KEY || undefined);
   }
 
   /** The whole answer: a GenerateResponse for a GenerateRequest object. */
@@ -64,7 +76,7 @@ export class FormworkClient {
    * request on the server.
    */
   async *stream(request, { timeoutMs } = {}) {
-    const call = this.stub.GenerateStream(request, this.#callOptions(timeoutMs));
+    const call = this.stub.GenerateStream(request, this.#metadata(), this.#callOptions(timeoutMs));
     try {
       for await (const response of call) {
         yield response;
@@ -84,11 +96,11 @@ export class FormworkClient {
    * IncompleteOutputError if maxTokens ran out before the JSON was complete.
    */
   async extract(schema, text, { instructions, maxTokens, temperature = 0, strict, anyWhitespace, jumpForward,
-    requestId, timeoutMs } = {}) {
+    whitespace, requestId, timeoutMs } = {}) {
     const request = {
       chat: { messages: [{ role: "user", content: extractPrompt(schema, text, instructions) }] },
       temperature,
-      constraint: jsonSchema(schema, { strict, anyWhitespace, jumpForward }),
+      constraint: jsonSchema(schema, { strict, anyWhitespace, jumpForward, whitespace }),
     };
     if (maxTokens !== undefined) request.max_tokens = maxTokens;
     if (requestId !== undefined) request.request_id = requestId;
@@ -120,7 +132,7 @@ export class FormworkClient {
 
   #unary(method, request, timeoutMs) {
     return new Promise((resolve, reject) => {
-      this.stub[method](request, new grpc.Metadata(), this.#callOptions(timeoutMs), (error, response) => {
+      this.stub[method](request, this.#metadata(), this.#callOptions(timeoutMs), (error, response) => {
         if (error) {
           reject(fromServiceError(error));
         } else {
@@ -128,6 +140,12 @@ export class FormworkClient {
         }
       });
     });
+  }
+
+  #metadata() {
+    const metadata = new grpc.Metadata();
+    if (this.apiKey) metadata.set("authorization", `Bearer ${this.apiKey}`);
+    return metadata;
   }
 
   #callOptions(timeoutMs) {

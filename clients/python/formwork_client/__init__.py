@@ -14,12 +14,13 @@ from formwork_client.client import Client
 from formwork_client.constraints import choice, grammar, json_object, json_schema, regex
 from formwork_client.errors import (DeadlineExceededError, FieldViolation, FormworkError, IncompleteOutputError,
                                     InternalError, InvalidArgumentError, RequestCancelledError,
-                                    ResourceExhaustedError, StatusError, UnavailableError)
+                                    ResourceExhaustedError, StatusError, UnauthenticatedError, UnavailableError)
 from formwork_client.request import DEFAULT_ADDRESS
 
 __all__ = [
     "AsyncClient", "Client", "DEFAULT_ADDRESS", "pb",
     "choice", "grammar", "json_object", "json_schema", "regex",
     "DeadlineExceededError", "FieldViolation", "FormworkError", "IncompleteOutputError", "InternalError",
-    "InvalidArgumentError", "RequestCancelledError", "ResourceExhaustedError", "StatusError", "UnavailableError",
+    "InvalidArgumentError", "RequestCancelledError", "ResourceExhaustedError", "StatusError", "UnauthenticatedError",
+    "UnavailableError",
 ]

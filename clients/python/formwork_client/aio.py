@@ -14,6 +14,7 @@ import grpc.aio
 from formwork_client import errors
 from formwork_client._gen.formwork.v1 import generation_pb2 as pb
 from formwork_client._gen.formwork.v1 import generation_pb2_grpc as pb_grpc
+from formwork_client.connection import auth_metadata, open_channel
 from formwork_client.constraints import ConstraintLike, to_constraint
 from formwork_client.request import (DEFAULT_ADDRESS, Messages, extract_request, extraction_result,
                                      generate_request, tokenize_request)
@@ -23,10 +24,15 @@ class AsyncClient:
     """A connection to one server. Use it with `async with`, or await close()."""
 
     def __init__(self, address: str = DEFAULT_ADDRESS, *, timeout: float | None = None,
+                 api_key: str | None = None, tls: bool | None = None, root_certificates: bytes | None = None,
+                 private_key: bytes | None = None, certificate_chain: bytes | None = None,
                  channel: grpc.aio.Channel | None = None, options: Sequence[tuple[str, Any]] = ()) -> None:
-        """As Client: `channel` is a grpc.aio channel of your own (then not closed by the client)."""
+        """As Client (API key, TLS); `channel` is a grpc.aio channel of your own (then not closed by the client)."""
         self._own_channel = channel is None
-        self._channel = channel if channel is not None else grpc.aio.insecure_channel(address, options=list(options))
+        self._channel = channel if channel is not None else open_channel(
+            address, tls=tls, root_certificates=root_certificates, private_key=private_key,
+            certificate_chain=certificate_chain, options=options, asyncio=True)
+        self._metadata = auth_metadata(api_key)
         self._stub = pb_grpc.GenerationStub(self._channel)
         self.timeout = timeout
 
@@ -35,7 +41,7 @@ class AsyncClient:
         """The whole answer; arguments as Client.generate."""
         request = generate_request(prompt, **fields)
         try:
-            return await self._stub.Generate(request, timeout=self._timeout(timeout))
+            return await self._stub.Generate(request, timeout=self._timeout(timeout), metadata=self._metadata)
         except grpc.RpcError as e:
             raise errors.from_rpc_error(e) from e
 
@@ -44,7 +50,7 @@ class AsyncClient:
         """The answer as it is produced (`async for`); leaving the loop early, or closing the
         iterator (aclose), cancels the request on the server. Arguments as Client.generate."""
         request = generate_request(prompt, **fields)
-        return self._responses(self._stub.GenerateStream(request, timeout=self._timeout(timeout)))
+        return self._responses(self._stub.GenerateStream(request, timeout=self._timeout(timeout), metadata=self._metadata))
 
     @staticmethod
     async def _responses(call: Any) -> AsyncIterator[pb.GenerateResponse]:
@@ -66,13 +72,14 @@ class AsyncClient:
                                   timeout: float | None = None) -> pb.ValidateConstraintResponse:
         request = pb.ValidateConstraintRequest(constraint=to_constraint(constraint))
         try:
-            return await self._stub.ValidateConstraint(request, timeout=self._timeout(timeout))
+            return await self._stub.ValidateConstraint(request, timeout=self._timeout(timeout), metadata=self._metadata)
         except grpc.RpcError as e:
             raise errors.from_rpc_error(e) from e
 
     async def model_info(self, *, timeout: float | None = None) -> pb.ModelInfo:
         try:
-            return await self._stub.GetModelInfo(pb.GetModelInfoRequest(), timeout=self._timeout(timeout))
+            return await self._stub.GetModelInfo(pb.GetModelInfoRequest(), timeout=self._timeout(timeout),
+                                              metadata=self._metadata)
         except grpc.RpcError as e:
             raise errors.from_rpc_error(e) from e
 
@@ -81,7 +88,7 @@ class AsyncClient:
                        timeout: float | None = None) -> pb.TokenizeResponse:
         request = tokenize_request(prompt, messages=messages, add_generation_prompt=add_generation_prompt)
         try:
-            return await self._stub.Tokenize(request, timeout=self._timeout(timeout))
+            return await self._stub.Tokenize(request, timeout=self._timeout(timeout), metadata=self._metadata)
         except grpc.RpcError as e:
             raise errors.from_rpc_error(e) from e
 

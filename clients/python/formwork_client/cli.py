@@ -35,6 +35,11 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--address", default=os.environ.get("FORMWORK_ADDR", DEFAULT_ADDRESS),
                         help="host:port of the server (default: $FORMWORK_ADDR or %(default)s)")
     parser.add_argument("--timeout", type=float, default=None, help="seconds per call (default: none)")
+    parser.add_argument("--api-key", default=None, help="sent as 'authorization: Bearer KEY' (default: $FORMWORK_API_KEY)")
+    parser.add_argument("--tls", action="store_true", help="TLS, trusting the system's CAs")
+    parser.add_argument("--tls-ca", metavar="PEM", help="TLS, trusting this CA (e.g. the server's self-signed cert)")
+    parser.add_argument("--tls-client-cert", metavar="PEM", help="mutual TLS: this client's certificate chain")
+    parser.add_argument("--tls-client-key", metavar="PEM", help="mutual TLS: its private key")
     sub = parser.add_subparsers(dest="command", required=True)
 
     extract = sub.add_parser("extract", help="the JSON a schema describes, extracted from a text")
@@ -76,6 +81,8 @@ def _add_constraint_args(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--choice", action="append", metavar="TEXT", help="repeat for each allowed output")
     group.add_argument("--best-effort", action="store_true", help="accept schema keywords that cannot be enforced")
     group.add_argument("--any-whitespace", action="store_true", help="allow free whitespace in JSON")
+    group.add_argument("--whitespace", choices=("compact", "spaced", "bounded", "any"), default=None,
+                       help="whitespace between JSON tokens (default: the server's)")
 
 
 def _constraint(args: argparse.Namespace) -> pb.Constraint | None:
@@ -83,14 +90,15 @@ def _constraint(args: argparse.Namespace) -> pb.Constraint | None:
     if len(given) > 1:
         raise UsageError(f"give at most one constraint, got {', '.join('--' + g.replace('_', '-') for g in given)}")
     strict = False if args.best_effort else None
-    whitespace = True if args.any_whitespace else None
+    any_whitespace = True if args.any_whitespace else None
     if not given:
         return None
     kind = given[0]
     if kind == "json_schema":
-        return constraints.json_schema(_read(args.json_schema), strict=strict, any_whitespace=whitespace)
+        return constraints.json_schema(_read(args.json_schema), strict=strict, any_whitespace=any_whitespace,
+                                       whitespace=args.whitespace)
     if kind == "json_object":
-        return constraints.json_object(any_whitespace=whitespace)
+        return constraints.json_object(any_whitespace=any_whitespace, whitespace=args.whitespace)
     if kind == "regex":
         return constraints.regex(args.regex, strict=strict)
     if kind == "grammar":
@@ -168,11 +176,27 @@ def cmd_model_info(client: Client, args: argparse.Namespace) -> int:
     return 0
 
 
+def _connection_args(args: argparse.Namespace) -> dict[str, Any]:
+    pems = {name: _read_pem(path) for name, path in (("root_certificates", args.tls_ca),
+                                                      ("certificate_chain", args.tls_client_cert),
+                                                      ("private_key", args.tls_client_key)) if path}
+    if ("certificate_chain" in pems) != ("private_key" in pems):
+        raise UsageError("mutual TLS needs both --tls-client-cert and --tls-client-key")
+    return {"api_key": args.api_key, "tls": True if args.tls else None, **pems}
+
+
+def _read_pem(path: str) -> bytes:
+    try:
+        return open(path, "rb").read()
+    except OSError as e:
+        raise UsageError(f"cannot read {path}: {e.strerror}") from None
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     try:
-        with Client(args.address, timeout=args.timeout) as client:
+        with Client(args.address, timeout=args.timeout, **_connection_args(args)) as client:
             return args.func(client, args)
     except UsageError as e:
         parser.error(str(e))  # exits 2

@@ -15,6 +15,7 @@ import grpc
 from formwork_client import errors
 from formwork_client._gen.formwork.v1 import generation_pb2 as pb
 from formwork_client._gen.formwork.v1 import generation_pb2_grpc as pb_grpc
+from formwork_client.connection import auth_metadata, open_channel
 from formwork_client.constraints import ConstraintLike, to_constraint
 from formwork_client.request import (DEFAULT_ADDRESS, Messages, extract_request, extraction_result,
                                      generate_request, tokenize_request)
@@ -24,13 +25,21 @@ class Client:
     """A connection to one server. Use it as a context manager, or call close()."""
 
     def __init__(self, address: str = DEFAULT_ADDRESS, *, timeout: float | None = None,
+                 api_key: str | None = None, tls: bool | None = None, root_certificates: bytes | None = None,
+                 private_key: bytes | None = None, certificate_chain: bytes | None = None,
                  channel: grpc.Channel | None = None,
                  options: Sequence[tuple[str, Any]] = ()) -> None:
-        """`address`: host:port of `formwork serve` (plaintext). `channel`: a channel of your own
-        (TLS, interceptors) instead; the client then does not close it. `options`: gRPC channel
-        options, e.g. ("grpc.max_receive_message_length", 16 << 20)."""
+        """`address`: host:port of `formwork serve`. `api_key`: sent with every call as
+        `authorization: Bearer KEY` (default: $FORMWORK_API_KEY, if set). TLS when `tls` is true or a
+        PEM is given: `root_certificates` (the CA to trust; default the system's), `private_key` and
+        `certificate_chain` (the client's certificate, for mutual TLS); plaintext otherwise.
+        `channel`: a channel of your own instead (the client then does not close it). `options`:
+        gRPC channel options, e.g. ("grpc.max_receive_message_length", 16 << 20)."""
         self._own_channel = channel is None
-        self._channel = channel if channel is not None else grpc.insecure_channel(address, options=list(options))
+        self._channel = channel if channel is not None else open_channel(
+            address, tls=tls, root_certificates=root_certificates, private_key=private_key,
+            certificate_chain=certificate_chain, options=options)
+        self._metadata = auth_metadata(api_key)
         self._stub = pb_grpc.GenerationStub(self._channel)
         self.timeout = timeout
 
@@ -42,7 +51,7 @@ class Client:
         temperature, seed, stop, logprobs, ...). See request.generate_request."""
         request = generate_request(prompt, **fields)
         try:
-            return self._stub.Generate(request, timeout=self._timeout(timeout))
+            return self._stub.Generate(request, timeout=self._timeout(timeout), metadata=self._metadata)
         except grpc.RpcError as e:
             raise errors.from_rpc_error(e) from e
 
@@ -52,7 +61,7 @@ class Client:
         last one has finish_reason, usage and timings. Leaving the loop early (or closing the
         iterator) cancels the request on the server. Same arguments as generate()."""
         request = generate_request(prompt, **fields)
-        return self._responses(self._stub.GenerateStream(request, timeout=self._timeout(timeout)))
+        return self._responses(self._stub.GenerateStream(request, timeout=self._timeout(timeout), metadata=self._metadata))
 
     @staticmethod
     def _responses(call: Any) -> Iterator[pb.GenerateResponse]:
@@ -67,7 +76,7 @@ class Client:
                 timeout: float | None = None, **options: Any) -> Any:
         """Schema-constrained extraction in one call: the JSON value in `text` that `schema`
         describes, parsed (a dict for an object schema). `options`: max_tokens, temperature
-        (default 0: greedy), strict, any_whitespace, jump_forward, request_id.
+        (default 0: greedy), strict, whitespace, any_whitespace, jump_forward, request_id.
 
         Raises InvalidArgumentError for a schema the server cannot enforce (message and
         field_violations say why), IncompleteOutputError if max_tokens ran out first."""
@@ -80,14 +89,15 @@ class Client:
         (a bad constraint is this call's answer, not an exception). A dict is a JSON Schema."""
         request = pb.ValidateConstraintRequest(constraint=to_constraint(constraint))
         try:
-            return self._stub.ValidateConstraint(request, timeout=self._timeout(timeout))
+            return self._stub.ValidateConstraint(request, timeout=self._timeout(timeout), metadata=self._metadata)
         except grpc.RpcError as e:
             raise errors.from_rpc_error(e) from e
 
     def model_info(self, *, timeout: float | None = None) -> pb.ModelInfo:
         """The model, the server's limits, and its live load."""
         try:
-            return self._stub.GetModelInfo(pb.GetModelInfoRequest(), timeout=self._timeout(timeout))
+            return self._stub.GetModelInfo(pb.GetModelInfoRequest(), timeout=self._timeout(timeout),
+                                         metadata=self._metadata)
         except grpc.RpcError as e:
             raise errors.from_rpc_error(e) from e
 
@@ -96,7 +106,7 @@ class Client:
         """The prompt token ids generate() would use for the same input."""
         request = tokenize_request(prompt, messages=messages, add_generation_prompt=add_generation_prompt)
         try:
-            return self._stub.Tokenize(request, timeout=self._timeout(timeout))
+            return self._stub.Tokenize(request, timeout=self._timeout(timeout), metadata=self._metadata)
         except grpc.RpcError as e:
             raise errors.from_rpc_error(e) from e
 

@@ -3,9 +3,11 @@
     json_schema({"type": "object", ...})   json_object()   regex(r"[A-Z]{3}")
     grammar('root ::= "yes" | "no"')       choice(["red", "green"])
 
-Every builder takes the three options; None (default) leaves the field unset, so the server's
-default applies: strict=True (unenforceable schema keywords are an error), any_whitespace=False
-(compact JSON), jump_forward=the server's setting (on unless started with --no-jump-forward).
+Every builder takes the options that apply to it; None (default) leaves the field unset, so the
+server's default applies: strict=True (unenforceable schema keywords are an error), whitespace=the
+server's default JSON whitespace (docs/constraints.md), any_whitespace=False, jump_forward=the
+server's setting (on unless started with --no-jump-forward). `whitespace` is one of "compact",
+"spaced", "bounded", "any".
 """
 from __future__ import annotations
 
@@ -17,19 +19,25 @@ from formwork_client._gen.formwork.v1 import generation_pb2 as pb
 
 # what calls accept where a constraint goes: a built Constraint, or a JSON Schema (dict, JSON text, bool)
 ConstraintLike = pb.Constraint | Mapping[str, Any] | str | bool
+WHITESPACE = {"compact": pb.JSON_WHITESPACE_COMPACT, "spaced": pb.JSON_WHITESPACE_SPACED,
+              "bounded": pb.JSON_WHITESPACE_BOUNDED, "any": pb.JSON_WHITESPACE_ANY}
 
 
 def json_schema(schema: Mapping[str, Any] | str | bool, *, strict: bool | None = None,
-                any_whitespace: bool | None = None, jump_forward: bool | None = None) -> pb.Constraint:
+                any_whitespace: bool | None = None, jump_forward: bool | None = None,
+                whitespace: str | None = None) -> pb.Constraint:
     """A JSON Schema (a dict, or JSON text). Sent as JSON text (`json_schema_text`), so the order of
     properties, which is the order the model writes them in, and numbers are kept as written."""
     text = schema if isinstance(schema, str) else json.dumps(schema, ensure_ascii=False)
-    return _options(pb.Constraint(json_schema_text=text), strict, any_whitespace, jump_forward)
+    return _whitespace(_options(pb.Constraint(json_schema_text=text), strict, any_whitespace, jump_forward),
+                       whitespace)
 
 
-def json_object(*, any_whitespace: bool | None = None, jump_forward: bool | None = None) -> pb.Constraint:
+def json_object(*, any_whitespace: bool | None = None, jump_forward: bool | None = None,
+                whitespace: str | None = None) -> pb.Constraint:
     """Any JSON object."""
-    return _options(pb.Constraint(json_object=pb.JsonObject()), None, any_whitespace, jump_forward)
+    return _whitespace(_options(pb.Constraint(json_object=pb.JsonObject()), None, any_whitespace, jump_forward),
+                       whitespace)
 
 
 def regex(pattern: str, *, strict: bool | None = None, jump_forward: bool | None = None) -> pb.Constraint:
@@ -57,6 +65,14 @@ def to_constraint(constraint: ConstraintLike) -> pb.Constraint:
         return json_schema(constraint)
     raise TypeError(f"expected a formwork Constraint or a JSON Schema (dict, JSON text or bool), "
                     f"got {type(constraint).__name__}")
+
+
+def _whitespace(constraint: pb.Constraint, whitespace: str | None) -> pb.Constraint:
+    if whitespace is not None:
+        if whitespace not in WHITESPACE:
+            raise ValueError(f"whitespace must be one of {', '.join(WHITESPACE)}, not {whitespace!r}")
+        constraint.whitespace = WHITESPACE[whitespace]
+    return constraint
 
 
 def _options(constraint: pb.Constraint, strict: bool | None, any_whitespace: bool | None,

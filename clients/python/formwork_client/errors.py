@@ -49,6 +49,10 @@ class UnavailableError(StatusError):
     """The model is still loading, the engine died, the server is shutting down, or it cannot be reached."""
 
 
+class UnauthenticatedError(StatusError):
+    """The server needs an API key and the call carried none, or a wrong one (api_key=, $FORMWORK_API_KEY)."""
+
+
 class DeadlineExceededError(StatusError):
     """The call's timeout passed; the server aborted the request."""
 
@@ -81,6 +85,7 @@ _ERROR_CLASSES: dict[grpc.StatusCode, type[StatusError]] = {
     grpc.StatusCode.DEADLINE_EXCEEDED: DeadlineExceededError,
     grpc.StatusCode.CANCELLED: RequestCancelledError,
     grpc.StatusCode.INTERNAL: InternalError,
+    grpc.StatusCode.UNAUTHENTICATED: UnauthenticatedError,
 }
 
 

@@ -8,6 +8,14 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 
 DESCRIPTOR: _descriptor.FileDescriptor
 
+class JsonWhitespace(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    JSON_WHITESPACE_UNSPECIFIED: _ClassVar[JsonWhitespace]
+    JSON_WHITESPACE_COMPACT: _ClassVar[JsonWhitespace]
+    JSON_WHITESPACE_SPACED: _ClassVar[JsonWhitespace]
+    JSON_WHITESPACE_BOUNDED: _ClassVar[JsonWhitespace]
+    JSON_WHITESPACE_ANY: _ClassVar[JsonWhitespace]
+
 class FinishReason(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = ()
     FINISH_REASON_UNSPECIFIED: _ClassVar[FinishReason]
@@ -15,6 +23,11 @@ class FinishReason(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     FINISH_REASON_LENGTH: _ClassVar[FinishReason]
     FINISH_REASON_CANCELLED: _ClassVar[FinishReason]
     FINISH_REASON_ERROR: _ClassVar[FinishReason]
+JSON_WHITESPACE_UNSPECIFIED: JsonWhitespace
+JSON_WHITESPACE_COMPACT: JsonWhitespace
+JSON_WHITESPACE_SPACED: JsonWhitespace
+JSON_WHITESPACE_BOUNDED: JsonWhitespace
+JSON_WHITESPACE_ANY: JsonWhitespace
 FINISH_REASON_UNSPECIFIED: FinishReason
 FINISH_REASON_STOP: FinishReason
 FINISH_REASON_LENGTH: FinishReason
@@ -88,7 +101,7 @@ class TokenIds(_message.Message):
     def __init__(self, ids: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class Constraint(_message.Message):
-    __slots__ = ("json_schema", "json_schema_text", "json_object", "regex", "grammar", "choice", "strict", "any_whitespace", "jump_forward")
+    __slots__ = ("json_schema", "json_schema_text", "json_object", "regex", "grammar", "choice", "strict", "any_whitespace", "jump_forward", "whitespace")
     JSON_SCHEMA_FIELD_NUMBER: _ClassVar[int]
     JSON_SCHEMA_TEXT_FIELD_NUMBER: _ClassVar[int]
     JSON_OBJECT_FIELD_NUMBER: _ClassVar[int]
@@ -98,6 +111,7 @@ class Constraint(_message.Message):
     STRICT_FIELD_NUMBER: _ClassVar[int]
     ANY_WHITESPACE_FIELD_NUMBER: _ClassVar[int]
     JUMP_FORWARD_FIELD_NUMBER: _ClassVar[int]
+    WHITESPACE_FIELD_NUMBER: _ClassVar[int]
     json_schema: _struct_pb2.Struct
     json_schema_text: str
     json_object: JsonObject
@@ -107,7 +121,8 @@ class Constraint(_message.Message):
     strict: bool
     any_whitespace: bool
     jump_forward: bool
-    def __init__(self, json_schema: _Optional[_Union[_struct_pb2.Struct, _Mapping]] = ..., json_schema_text: _Optional[str] = ..., json_object: _Optional[_Union[JsonObject, _Mapping]] = ..., regex: _Optional[str] = ..., grammar: _Optional[str] = ..., choice: _Optional[_Union[Choice, _Mapping]] = ..., strict: _Optional[bool] = ..., any_whitespace: _Optional[bool] = ..., jump_forward: _Optional[bool] = ...) -> None: ...
+    whitespace: JsonWhitespace
+    def __init__(self, json_schema: _Optional[_Union[_struct_pb2.Struct, _Mapping]] = ..., json_schema_text: _Optional[str] = ..., json_object: _Optional[_Union[JsonObject, _Mapping]] = ..., regex: _Optional[str] = ..., grammar: _Optional[str] = ..., choice: _Optional[_Union[Choice, _Mapping]] = ..., strict: _Optional[bool] = ..., any_whitespace: _Optional[bool] = ..., jump_forward: _Optional[bool] = ..., whitespace: _Optional[_Union[JsonWhitespace, str]] = ...) -> None: ...
 
 class JsonObject(_message.Message):
     __slots__ = ()

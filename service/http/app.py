@@ -1,0 +1,316 @@
+"""The OpenAI-compatible HTTP API: a FastAPI app over the gRPC server's AsyncLLM.
+
+    GET  /health               200 while the engine serves, else 503 (open, like gRPC health)
+    GET  /v1/models            the served model
+    POST /v1/chat/completions  chat, whole or streamed as server-sent events
+    POST /v1/completions       text completion, whole or streamed
+
+The same SecurityConfig as gRPC: `Authorization: Bearer KEY` on /v1/* when keys are set, and
+the per-key limit on concurrent generation calls (shared with gRPC). Requests are validated by
+service/conversion.py, as gRPC's are, so a bad field gets the same message on both.
+"""
+from __future__ import annotations
+
+import contextlib
+import itertools
+import logging
+import secrets
+import time
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import msgspec
+import pydantic
+from fastapi import FastAPI, Request
+from fastapi.responses import Response, StreamingResponse
+from starlette.exceptions import HTTPException
+
+from engine.request import FinishReason
+from service import conversion
+from service.errors import ServiceError, StatusCode
+from service.http import responses
+from service.http.conversion import Translated, translate_chat, translate_completion
+from service.http.errors import HttpError, bad_request, http_error, not_found, too_large
+from service.http.protocol import ChatCompletionRequest, CompletionRequest
+from service.http.streaming import DONE_EVENT, encode_json, event, merged
+from service.security import ApiKeys, KeyLimiter, SecurityConfig
+
+if TYPE_CHECKING:
+    from engine.core_proc import EngineCoreReady
+    from engine.output_processor import RequestOutput
+    from service.async_llm import AsyncLLM
+    from service.limits import ServiceLimits
+
+logger = logging.getLogger(__name__)
+
+
+class _Refused(Exception):
+    """An HTTP error answer, raised from anywhere in a handler."""
+
+    def __init__(self, error: HttpError) -> None:
+        super().__init__(error.message)
+        self.error = error
+
+
+@dataclass(frozen=True)
+class _Call:
+    """One generation call: what it asks for, and how to answer."""
+
+    translated: Translated
+    chat: bool
+    logprobs: bool
+    model: str
+    response_id: str
+    created: int
+
+
+class OpenAIApi:
+    """The routes; `is_ready` says whether the engine is loaded, warm and alive."""
+
+    def __init__(self, llm: AsyncLLM, limits: ServiceLimits, security: SecurityConfig, limiter: KeyLimiter,
+                 is_ready: Callable[[], bool]) -> None:
+        self._llm = llm
+        self._limits = limits
+        self._keys = ApiKeys(security.api_keys)
+        self._limiter = limiter
+        self._is_ready = is_ready
+        self._ids = itertools.count(1)
+        self._created = int(time.time())
+        self.app = FastAPI(title="Formwork OpenAI-compatible API", docs_url=None, redoc_url=None, openapi_url=None)
+        self.app.add_exception_handler(HTTPException, self._route_error)
+        self.app.add_exception_handler(_Refused, lambda _, e: _answer(e.error))
+        self.app.add_exception_handler(ServiceError, lambda _, e: _answer(http_error(e)))
+        self.app.add_api_route("/health", self.health, methods=["GET"])
+        self.app.add_api_route("/v1/models", self.models, methods=["GET"])
+        self.app.add_api_route("/v1/chat/completions", self.chat_completions, methods=["POST"])
+        self.app.add_api_route("/v1/completions", self.completions, methods=["POST"])
+        # /metrics (Prometheus) belongs on this app too, next to /health
+
+    # ---- routes -------------------------------------------------------------------------------
+
+    async def health(self) -> Response:
+        if self._is_ready():
+            return _json(200, {"status": "ok"})
+        try:
+            self._llm.check_available()
+            message = "the model is warming up"
+        except ServiceError as e:
+            message = e.message
+        return _answer(http_error(ServiceError(StatusCode.UNAVAILABLE, message)))
+
+    async def models(self, request: Request) -> Response:
+        self._authorize(request)
+        info = self._available_info()
+        return _json(200, {"object": "list", "data": [{
+            "id": info.model_name, "object": "model", "created": self._created, "owned_by": "formwork",
+            "max_model_len": info.max_model_len}]})
+
+    async def chat_completions(self, request: Request) -> Response:
+        key = self._authorize(request)
+        body = await self._parse(request, ChatCompletionRequest)
+        translated = translate_chat(body)  # a bad field fails before anything runs
+        return await self._limited(key, lambda: self._generate(body.model, translated, chat=True,
+                                                               logprobs=body.logprobs))
+
+    async def completions(self, request: Request) -> Response:
+        key = self._authorize(request)
+        body = await self._parse(request, CompletionRequest)
+        translated = translate_completion(body)
+        return await self._limited(key, lambda: self._generate(body.model, translated, chat=False,
+                                                               logprobs=body.logprobs is not None))
+
+    # ---- access and parsing -------------------------------------------------------------------
+
+    def _authorize(self, request: Request) -> int | None:
+        """The caller's key index (None without keys); 401 for a missing or wrong key."""
+        if not self._keys:
+            return None
+        key = self._keys.identify(request.headers.get("authorization"))
+        if key is None:
+            raise _Refused(HttpError(401, "missing or invalid API key: send the header 'Authorization: Bearer <key>'",
+                                     "authentication_error", None, "invalid_api_key"))
+        return key
+
+    async def _limited(self, key: int | None, generate: Callable[[], Any]) -> Response:
+        """Run a generation call within the key's concurrency limit (streams release it when they end)."""
+        if key is None or not self._limiter.limit:
+            return await generate()
+        if not self._limiter.try_acquire(key):
+            raise _Refused(http_error(ServiceError(
+                StatusCode.RESOURCE_EXHAUSTED, f"this API key already has {self._limiter.limit} requests in "
+                                               f"flight, the server's limit per key (--max-concurrent-per-key)")))
+        try:
+            response = await generate()
+        except BaseException:
+            self._limiter.release(key)
+            raise
+        if isinstance(response, StreamingResponse):  # held until the stream ends
+            response.body_iterator = _releasing(response.body_iterator, lambda: self._limiter.release(key))
+        else:
+            self._limiter.release(key)
+        return response
+
+    async def _parse(self, request: Request, model: type[pydantic.BaseModel]) -> Any:
+        limit = self._limits.max_message_bytes
+        declared = request.headers.get("content-length")
+        if declared is not None and declared.isdigit() and int(declared) > limit:
+            raise _Refused(too_large(f"the request body is {declared} bytes; this server's max_message_bytes is {limit}"))
+        raw = await request.body()
+        if len(raw) > limit:
+            raise _Refused(too_large(f"the request body is {len(raw)} bytes; this server's max_message_bytes is {limit}"))
+        try:
+            return model.model_validate_json(raw)
+        except pydantic.ValidationError as e:
+            first = e.errors()[0]
+            path = _path(first["loc"])
+            if first["type"] == "json_invalid":
+                raise _Refused(bad_request(f"the request body is not valid JSON: {first['msg']}")) from None
+            raise _Refused(bad_request(f"{path or 'body'}: {first['msg']}", path or None)) from None
+
+    def _available_info(self) -> EngineCoreReady:
+        try:
+            self._llm.check_available()
+        except ServiceError as e:
+            raise _Refused(http_error(e)) from None
+        assert self._llm.info is not None
+        return self._llm.info
+
+    # ---- generation ---------------------------------------------------------------------------
+
+    async def _generate(self, model: str | None, translated: Translated, chat: bool, logprobs: bool) -> Response:
+        info = self._available_info()
+        if model not in (None, info.model_name):
+            raise _Refused(not_found(f"the model '{model}' does not exist; this server serves '{info.model_name}'",
+                                     "model_not_found"))
+        call = _Call(translated, chat, logprobs, info.model_name,
+                     f"{'chatcmpl' if chat else 'cmpl'}-{secrets.token_hex(12)}", int(time.time()))
+        try:
+            params = conversion.sampling_params_from_proto(translated.request, self._limits, info.vocab_size)
+            prompts = [conversion.prompt_from_proto(p, info.vocab_size) for p in translated.prompts]
+            token_ids = [(await self._llm.encode_prompt(p))[0] for p in prompts]
+            arrival_time = time.monotonic()
+            number = next(self._ids)
+            generations = []
+            for prompt_index, (prompt, ids) in enumerate(zip(prompts, token_ids)):
+                for choice in range(translated.num_choices):
+                    choice_params = params
+                    if params.seed is not None and choice:  # the same seed would give n equal choices
+                        choice_params = msgspec.structs.replace(params, seed=params.seed + choice)
+                    index = prompt_index * translated.num_choices + choice
+                    generations.append(self._llm.generate(
+                        ids, choice_params, request_id=f"{call.response_id}#{number}.{index}",
+                        priority=translated.priority, arrival_time=arrival_time, stream=translated.stream,
+                        prompt_field=prompt.field))
+            outputs = merged(generations)
+            if translated.stream:
+                try:  # the first output before the 200: a constraint that fails to compile is a 400
+                    first = await anext(outputs)
+                    self._raise_if_error(first[1], translated)
+                except BaseException:
+                    await outputs.aclose()
+                    raise
+                return StreamingResponse(self._events(call, first, outputs, len(generations)),
+                                         media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
+            finals: list[RequestOutput | None] = [None] * len(generations)
+            async with contextlib.aclosing(outputs):
+                async for index, output in outputs:
+                    self._raise_if_error(output, translated)
+                    finals[index] = output
+        except ServiceError as e:
+            error, param = translated.field_names.rename(e)
+            raise _Refused(http_error(error, param)) from None
+        done = [f for f in finals if f is not None]
+        if call.chat:
+            body = responses.chat_completion(call.response_id, call.created, call.model, done, self._llm.token_text,
+                                             call.logprobs)
+        else:
+            body = responses.completion(call.response_id, call.created, call.model, done, translated.num_choices,
+                                        self._llm.token_text, call.logprobs)
+        return _json(200, body)
+
+    @staticmethod
+    def _raise_if_error(output: RequestOutput, translated: Translated) -> None:
+        if output.finish_reason == FinishReason.ERROR:
+            logger.info("request %s failed: %s", output.request_id, output.error)
+            raise conversion.error_from_output(output, conversion.constraint_field(translated.request))
+
+    async def _events(self, call: _Call, first: tuple[int, RequestOutput],
+                      outputs: AsyncIterator[tuple[int, RequestOutput]], num_choices: int) -> AsyncIterator[bytes]:
+        translated = call.translated
+        token_text, include_usage = self._llm.token_text, translated.include_usage
+        finals: list[RequestOutput | None] = [None] * num_choices
+
+        def chunk(index: int, output: RequestOutput | None, opening: bool = False) -> bytes:
+            if call.chat:
+                return event(responses.chat_chunk(call.response_id, call.created, call.model, index, output,
+                                                  token_text, call.logprobs, include_usage, opening))
+            assert output is not None
+            return event(responses.completion_chunk(call.response_id, call.created, call.model, index, output,
+                                                    token_text, call.logprobs, include_usage))
+
+        async with contextlib.aclosing(outputs):  # type: ignore[type-var]
+            if call.chat:
+                yield b"".join(chunk(index, None, opening=True) for index in range(num_choices))
+            pending = [first]
+            while True:
+                for index, output in pending:
+                    if output.finish_reason == FinishReason.ERROR:
+                        error = conversion.error_from_output(output, conversion.constraint_field(translated.request))
+                        renamed, param = translated.field_names.rename(error)
+                        yield event(http_error(renamed, param).body())
+                        yield DONE_EVENT
+                        return
+                    if output.finished:
+                        finals[index] = output
+                    yield chunk(index, output)
+                try:
+                    pending = [await anext(outputs)]
+                except StopAsyncIteration:
+                    break
+                except ServiceError as e:  # the engine died mid-stream
+                    yield event(http_error(e).body())
+                    yield DONE_EVENT
+                    return
+        if include_usage:
+            obj = "chat.completion.chunk" if call.chat else "text_completion"
+            yield event(responses.usage_chunk(call.response_id, call.created, call.model, obj,
+                                              [f for f in finals if f is not None], translated.num_choices))
+        yield DONE_EVENT
+
+    async def _route_error(self, request: Request, error: HTTPException) -> Response:
+        if error.status_code == 404:
+            return _answer(not_found(f"no route {request.method} {request.url.path}"))
+        return _answer(HttpError(error.status_code, str(error.detail), "invalid_request_error"))
+
+
+_UNION_TAGS = frozenset(("str", "int", "float", "bool", "none"))
+
+
+def _path(loc: tuple) -> str:
+    """A pydantic error location as the request's field path: messages[0].content (without the
+    union member names pydantic adds, like "str" or "list[int]")."""
+    out = ""
+    for part in loc:
+        if isinstance(part, int):
+            out += f"[{part}]"
+        elif part not in _UNION_TAGS and "[" not in part and not part.startswith(("function-", "json-or")):
+            out += f".{part}" if out else part
+    return out
+
+
+async def _releasing(body: AsyncIterator[Any], release: Callable[[], None]) -> AsyncIterator[Any]:
+    try:
+        async for chunk in body:
+            yield chunk
+    finally:
+        release()
+
+
+def _answer(error: HttpError) -> Response:
+    return _json(error.status, error.body())
+
+
+def _json(status: int, body: dict[str, Any]) -> Response:
+    return Response(encode_json(body), status_code=status, media_type="application/json")
+

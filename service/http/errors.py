@@ -1,0 +1,55 @@
+"""ServiceErrors as OpenAI error responses: `{"error": {"message", "type", "param", "code"}}` and
+the HTTP status a client of the OpenAI API expects for it."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from service.errors import ServiceError, StatusCode
+
+# a constraint over the size limit (INVALID_ARGUMENT) and a request the KV cache cannot hold
+# (RESOURCE_EXHAUSTED) are too large (413); a full queue or key limit is RESOURCE_EXHAUSTED too (429)
+_TOO_LARGE_MARKERS = ("max_constraint_bytes", "needs KV cache for up to")
+
+_STATUS = {
+    StatusCode.INVALID_ARGUMENT: (400, "invalid_request_error"),
+    StatusCode.UNAUTHENTICATED: (401, "authentication_error"),
+    StatusCode.RESOURCE_EXHAUSTED: (429, "rate_limit_error"),
+    StatusCode.CANCELLED: (499, "cancelled"),
+    StatusCode.INTERNAL: (500, "internal_error"),
+    StatusCode.UNAVAILABLE: (503, "service_unavailable"),
+    StatusCode.DEADLINE_EXCEEDED: (504, "timeout"),
+}
+
+
+@dataclass(frozen=True)
+class HttpError:
+    status: int
+    message: str
+    type: str
+    param: str | None = None
+    code: str | None = None
+
+    def body(self) -> dict:
+        return {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.code}}
+
+
+def http_error(error: ServiceError, param: str | None = None) -> HttpError:
+    status, kind = _STATUS[error.code]
+    if error.code in (StatusCode.INVALID_ARGUMENT, StatusCode.RESOURCE_EXHAUSTED) and any(
+            marker in error.message for marker in _TOO_LARGE_MARKERS):
+        status, kind = 413, "request_too_large"
+    if param is None and error.violations:
+        param = error.violations[0].field
+    return HttpError(status, error.message, kind, param, error.code.name.lower())
+
+
+def not_found(message: str, code: str = "not_found") -> HttpError:
+    return HttpError(404, message, "not_found_error", None, code)
+
+
+def too_large(message: str, param: str | None = None) -> HttpError:
+    return HttpError(413, message, "request_too_large", param, "request_too_large")
+
+
+def bad_request(message: str, param: str | None = None) -> HttpError:
+    return HttpError(400, message, "invalid_request_error", param, "invalid_argument")

@@ -1,0 +1,117 @@
+"""The OpenAI request bodies Formwork reads, as pydantic models (docs/http.md lists every field).
+
+Types only: ranges, sizes and constraints are checked where gRPC checks them (service/conversion.py),
+so both front ends give the same message. Fields OpenAI defines that have no meaning here (`user`,
+`store`, `metadata`, ...) are ignored; those that would change the answer and cannot be honoured
+(`tools`, `logit_bias`, `echo`, ...) are declared so that service/http/conversion.py can refuse them.
+"""
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+
+class _Lenient(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class JsonSchemaFormat(_Lenient):
+    name: str = "response"
+    description: str | None = None
+    schema_: dict[str, Any] | bool | None = Field(default=None, alias="schema")
+    strict: bool | None = None
+
+
+class ResponseFormat(_Lenient):
+    type: Literal["text", "json_object", "json_schema"]
+    json_schema: JsonSchemaFormat | None = None
+
+
+class StructuredOutputs(_Strict):
+    """vLLM's `structured_outputs`: exactly one of these."""
+
+    json_: dict[str, Any] | bool | str | None = Field(default=None, alias="json")
+    regex: str | None = None
+    choice: list[str] | None = None
+    grammar: str | None = None
+    json_object: bool | None = None
+
+
+class FormworkOptions(_Strict):
+    """Formwork's own knobs, under the request key `formwork`."""
+
+    strict: bool | None = None  # an unsupported JSON-Schema keyword is an error (default) or reported
+    any_whitespace: bool | None = None  # free whitespace between JSON tokens, as gRPC's Constraint field
+    whitespace: Literal["compact", "spaced", "bounded", "any"] | None = None  # JSON whitespace mode (gRPC's)
+    jump_forward: bool | None = None  # append forced text without sampling it (default: the engine's)
+    grammar_syntax: Literal["auto", "ebnf", "lark"] = "auto"  # of a grammar constraint
+    priority: int = 0  # lower runs first under load, as gRPC's `priority`
+
+
+class StreamOptions(_Lenient):
+    include_usage: bool = False
+
+
+class _GenerationRequest(_Lenient):
+    """What chat and text completions share."""
+
+    model: str | None = None
+    max_tokens: int | None = None
+    temperature: float | None = None
+    top_p: float | None = None
+    top_k: int | None = None
+    min_p: float | None = None
+    seed: int | None = None
+    stop: str | list[str] | None = None
+    stop_token_ids: list[int] | None = None
+    frequency_penalty: float | None = None
+    presence_penalty: float | None = None
+    repetition_penalty: float | None = None
+    ignore_eos: bool | None = None
+    include_stop_str_in_output: bool | None = None
+    n: int = 1
+    stream: bool = False
+    stream_options: StreamOptions | None = None
+    user: str | None = None  # accepted, not used
+    response_format: ResponseFormat | None = None
+    structured_outputs: StructuredOutputs | None = None
+    guided_json: dict[str, Any] | bool | str | None = None
+    guided_regex: str | None = None
+    guided_choice: list[str] | None = None
+    guided_grammar: str | None = None
+    formwork: FormworkOptions | None = None
+    # refused when set: they would change the answer in ways the engine does not do
+    logit_bias: dict[str, float] | None = None
+    best_of: int | None = None
+
+
+class ChatMessage(_Lenient):
+    role: str
+    content: str | list[dict[str, Any]] | None = None
+    name: str | None = None
+    tool_calls: list[Any] | None = None
+
+
+class ChatCompletionRequest(_GenerationRequest):
+    messages: list[ChatMessage]
+    max_completion_tokens: int | None = None
+    logprobs: bool = False
+    top_logprobs: int | None = None
+    add_generation_prompt: bool = True
+    tools: list[Any] | None = None
+    tool_choice: Any = None
+    functions: list[Any] | None = None
+    audio: Any = None
+    modalities: list[str] | None = None
+
+
+class CompletionRequest(_GenerationRequest):
+    prompt: str | list[str] | list[int] | list[list[int]]
+    logprobs: int | None = None
+    echo: bool = False
+    suffix: str | None = None

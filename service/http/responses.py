@@ -1,0 +1,133 @@
+"""RequestOutputs -> OpenAI response bodies (plain dicts, JSON-encoded by the caller).
+
+Chat and text completions, whole or as stream chunks, with `usage` and Formwork's extension
+field `formwork` (per choice: timings in seconds, forward passes, forced tokens, not-enforced
+schema parts).
+"""
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any
+
+from engine.request import FinishReason
+
+if TYPE_CHECKING:
+    from engine.output_processor import RequestOutput
+    from engine.protocol import TokenLogprob
+
+TokenText = Callable[[int], str]
+
+_FINISH_REASON = {FinishReason.STOP: "stop", FinishReason.LENGTH: "length", FinishReason.ABORT: "abort",
+                  FinishReason.ERROR: "error"}
+
+
+def finish_reason(output: RequestOutput) -> str | None:
+    return _FINISH_REASON[output.finish_reason] if output.finished and output.finish_reason is not None else None
+
+
+def usage(finals: Sequence[RequestOutput], num_choices: int) -> dict[str, Any]:
+    """Token counts; a prompt counts once however many choices it has (as OpenAI counts), and its
+    cached tokens are those of its first choice (the others reuse its prefix)."""
+    first_choices = finals[::num_choices]
+    prompt_tokens = sum(o.num_prompt_tokens for o in first_choices)
+    completion_tokens = sum(o.num_output_tokens for o in finals)
+    return {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
+            "total_tokens": prompt_tokens + completion_tokens,
+            "prompt_tokens_details": {"cached_tokens": sum(o.num_cached_tokens for o in first_choices)}}
+
+
+def formwork_extension(finals: Sequence[RequestOutput]) -> dict[str, Any]:
+    choices = []
+    for index, output in enumerate(finals):
+        entry: dict[str, Any] = {"index": index, "forward_passes": output.num_forward_passes,
+                                 "forced_tokens": output.num_forced_tokens}
+        if output.timings is not None:
+            t = output.timings
+            entry["timings"] = {"queued_s": t.queued_s, "grammar_wait_s": t.grammar_wait_s,
+                                "time_to_first_token_s": t.ttft_s, "total_s": t.total_s}
+        if output.not_enforced:
+            entry["not_enforced"] = list(output.not_enforced)
+        choices.append(entry)
+    return {"choices": choices}
+
+
+def chat_completion(response_id: str, created: int, model: str, finals: Sequence[RequestOutput],
+                    token_text: TokenText, logprobs: bool) -> dict[str, Any]:
+    return {
+        "id": response_id, "object": "chat.completion", "created": created, "model": model,
+        "choices": [{
+            "index": index,
+            "message": {"role": "assistant", "content": output.text},
+            "logprobs": chat_logprobs(output.logprobs or [], token_text) if logprobs else None,
+            "finish_reason": finish_reason(output),
+        } for index, output in enumerate(finals)],
+        "usage": usage(finals, len(finals)),
+        "formwork": formwork_extension(finals),
+    }
+
+
+def completion(response_id: str, created: int, model: str, finals: Sequence[RequestOutput], num_choices: int,
+               token_text: TokenText, logprobs: bool) -> dict[str, Any]:
+    return {
+        "id": response_id, "object": "text_completion", "created": created, "model": model,
+        "choices": [{
+            "index": index,
+            "text": output.text,
+            "logprobs": completion_logprobs(output.logprobs or [], token_text) if logprobs else None,
+            "finish_reason": finish_reason(output),
+        } for index, output in enumerate(finals)],
+        "usage": usage(finals, num_choices),
+        "formwork": formwork_extension(finals),
+    }
+
+
+def chat_chunk(response_id: str, created: int, model: str, index: int, output: RequestOutput | None,
+               token_text: TokenText, logprobs: bool, include_usage: bool, first: bool) -> dict[str, Any]:
+    """One choice's step; `output` None: the opening chunk that carries the role."""
+    delta: dict[str, Any] = {"role": "assistant", "content": ""} if first else {"content": output.delta_text if output else ""}
+    choice: dict[str, Any] = {"index": index, "delta": delta, "logprobs": None,
+                              "finish_reason": finish_reason(output) if output else None}
+    if logprobs and output is not None:
+        choice["logprobs"] = chat_logprobs(output.new_logprobs or [], token_text)
+    chunk = {"id": response_id, "object": "chat.completion.chunk", "created": created, "model": model,
+             "choices": [choice]}
+    if include_usage:
+        chunk["usage"] = None
+    return chunk
+
+
+def completion_chunk(response_id: str, created: int, model: str, index: int, output: RequestOutput,
+                     token_text: TokenText, logprobs: bool, include_usage: bool) -> dict[str, Any]:
+    choice = {"index": index, "text": output.delta_text,
+              "logprobs": completion_logprobs(output.new_logprobs or [], token_text) if logprobs else None,
+              "finish_reason": finish_reason(output)}
+    chunk = {"id": response_id, "object": "text_completion", "created": created, "model": model, "choices": [choice]}
+    if include_usage:
+        chunk["usage"] = None
+    return chunk
+
+
+def usage_chunk(response_id: str, created: int, model: str, obj: str, finals: Sequence[RequestOutput],
+                num_choices: int) -> dict[str, Any]:
+    """The last chunk with stream_options.include_usage: no choices, the usage, Formwork's extension."""
+    return {"id": response_id, "object": obj, "created": created, "model": model, "choices": [],
+            "usage": usage(finals, num_choices), "formwork": formwork_extension(finals)}
+
+
+def chat_logprobs(logprobs: Sequence[TokenLogprob], token_text: TokenText) -> dict[str, Any]:
+    def entry(token_id: int, logprob: float) -> dict[str, Any]:
+        text = token_text(token_id)
+        return {"token": text, "logprob": logprob, "bytes": list(text.encode())}
+
+    return {"content": [{**entry(lp.token_id, lp.logprob), "top_logprobs": [entry(t, l) for t, l in lp.top]}
+                        for lp in logprobs]}
+
+
+def completion_logprobs(logprobs: Sequence[TokenLogprob], token_text: TokenText) -> dict[str, Any]:
+    tokens = [token_text(lp.token_id) for lp in logprobs]
+    offsets, offset = [], 0
+    for token in tokens:
+        offsets.append(offset)
+        offset += len(token)
+    return {"tokens": tokens, "token_logprobs": [lp.logprob for lp in logprobs],
+            "top_logprobs": [{token_text(t): l for t, l in lp.top} for lp in logprobs], "text_offset": offsets}

@@ -1,0 +1,94 @@
+"""uvicorn serving the OpenAI API inside `formwork serve`'s event loop, beside the gRPC server.
+
+No second engine and no proxy hop: the routes call the gRPC server's AsyncLLM directly. The
+signals belong to serve(), which stops this server with the gRPC one; TLS uses the same
+certificate and key as gRPC (and requires client certificates when gRPC does).
+"""
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import socket
+import ssl
+import tempfile
+from collections.abc import Iterator
+from typing import TYPE_CHECKING
+
+import uvicorn
+
+from service.http.app import OpenAIApi
+
+if TYPE_CHECKING:
+    from service.security import KeyLimiter, SecurityConfig, TlsFiles
+    from service.server import GenerationServer
+
+
+class _EmbeddedServer(uvicorn.Server):
+    @contextlib.contextmanager
+    def capture_signals(self) -> Iterator[None]:  # serve() owns SIGTERM / SIGINT
+        yield
+
+
+class HttpServer:
+    """The HTTP front end of one GenerationServer."""
+
+    def __init__(self, grpc_server: GenerationServer, port: int, limiter: KeyLimiter) -> None:
+        self.host = grpc_server.host
+        self.port = port  # the bound port once started (useful with port 0)
+        self.security: SecurityConfig = grpc_server.security
+        llm = grpc_server.llm
+
+        def is_ready() -> bool:
+            return grpc_server.ready.is_set() and llm.client.dead_error is None and not llm.closing
+
+        self.api = OpenAIApi(llm, grpc_server.limits, self.security, limiter, is_ready)
+        self._server: _EmbeddedServer | None = None
+        self._task: asyncio.Task[None] | None = None
+
+    @property
+    def scheme(self) -> str:
+        return "https" if self.security.tls else "http"
+
+    async def start(self) -> int:
+        """Bind and serve (/health 503 until the engine is ready); returns the port."""
+        family = socket.AF_INET6 if ":" in self.host else socket.AF_INET
+        sock = socket.create_server((self.host.strip("[]"), self.port), family=family, backlog=2048)
+        # accepted connections inherit it: without, each SSE event after the headers waits for the
+        # client's delayed ACK (~40 ms); asyncio sets it only on sockets it creates itself
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        self.port = sock.getsockname()[1]
+        config = uvicorn.Config(self.api.app, lifespan="off", log_level="warning", access_log=False,
+                                timeout_keep_alive=30, timeout_graceful_shutdown=None)
+        config.load()
+        if self.security.tls is not None:
+            config.ssl = _ssl_context(self.security.tls)
+        self._server = _EmbeddedServer(config)
+        self._task = asyncio.create_task(self._server.serve(sockets=[sock]))
+        while not self._server.started and not self._task.done():
+            await asyncio.sleep(0.01)
+        if self._task.done():
+            self._task.result()  # raises what stopped it
+        return self.port
+
+    async def stop(self) -> None:
+        """Stop accepting connections and wait for open responses to end (serve() ends the requests)."""
+        if self._server is None or self._task is None:
+            return
+        self._server.should_exit = True
+        await self._task
+
+
+def _ssl_context(tls: TlsFiles) -> ssl.SSLContext:
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    # load_cert_chain reads files only: the PEMs go through a private directory, removed at once
+    with tempfile.TemporaryDirectory(prefix="formwork-tls-") as directory:
+        cert, key = os.path.join(directory, "cert.pem"), os.path.join(directory, "key.pem")
+        for path, data in ((cert, tls.certificate_chain), (key, tls.private_key)):
+            with open(os.open(path, os.O_WRONLY | os.O_CREAT, 0o600), "wb") as f:
+                f.write(data)
+        context.load_cert_chain(cert, key)
+    if tls.client_ca is not None:
+        context.load_verify_locations(cadata=tls.client_ca.decode())
+        context.verify_mode = ssl.CERT_REQUIRED
+    return context

@@ -1,0 +1,132 @@
+"""OpenAI request bodies -> GenerateRequests (service/http/conversion.py), and the errors they
+give, named as the HTTP request names its fields. Pure: no server, no model."""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+from google.protobuf import json_format
+
+from live_server import REPO_ROOT
+from service import conversion
+from service.errors import ServiceError
+from service.http.conversion import translate_chat, translate_completion
+from service.http.errors import http_error
+from service.http.protocol import ChatCompletionRequest, CompletionRequest
+from service.limits import ServiceLimits
+
+SCHEMA = {"type": "object", "properties": {"b": {"type": "integer"}, "a": {"type": "string"}}}
+
+
+def chat(**fields) -> ChatCompletionRequest:
+    return ChatCompletionRequest.model_validate({"messages": [{"role": "user", "content": "hi"}], **fields})
+
+
+def as_dict(message) -> dict:
+    return json_format.MessageToDict(message)
+
+
+def test_sampling_fields_and_chat_messages():
+    translated = translate_chat(chat(
+        temperature=0, top_p=0.5, top_k=-1, seed=3, stop="\n", max_completion_tokens=9, max_tokens=99,
+        logprobs=True, top_logprobs=2, n=2, stream=True, stream_options={"include_usage": True},
+        messages=[{"role": "system", "content": [{"type": "text", "text": "be "}, {"type": "text", "text": "brief"}]},
+                  {"role": "user", "content": "hi"}]))
+    request = translated.request
+    assert as_dict(request) == {"temperature": 0.0, "topP": 0.5, "topK": 0, "seed": "3", "stop": ["\n"],
+                                "maxTokens": 9, "logprobs": 2}
+    assert as_dict(translated.prompts[0]) == {"chat": {"messages": [{"role": "system", "content": "be brief"},
+                                                                    {"role": "user", "content": "hi"}]}}
+    assert (translated.num_choices, translated.stream, translated.include_usage) == (2, True, True)
+
+
+def test_every_constraint_field_keeps_the_schema_order():
+    for fields, kind in [
+        ({"response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": SCHEMA, "strict": False}}},
+         "jsonSchemaText"),
+        ({"structured_outputs": {"json": SCHEMA}}, "jsonSchemaText"),
+        ({"guided_json": json.dumps(SCHEMA)}, "jsonSchemaText"),
+        ({"response_format": {"type": "json_object"}}, "jsonObject"),
+        ({"guided_regex": "a+"}, "regex"),
+        ({"structured_outputs": {"choice": ["x", "y"]}}, "choice"),
+        ({"guided_grammar": 'root ::= "a"'}, "grammar"),
+    ]:
+        constraint = as_dict(translate_chat(chat(**fields)).request)["constraint"]
+        assert kind in constraint, fields
+        if kind == "jsonSchemaText":
+            assert list(json.loads(constraint[kind])["properties"]) == ["b", "a"]  # declared order: the output's
+    strict = as_dict(translate_chat(chat(**{"response_format": {"type": "json_schema", "json_schema": {
+        "name": "x", "schema": SCHEMA, "strict": False}}})).request)["constraint"]
+    assert strict["strict"] is False
+    options = translate_chat(chat(guided_regex="a", formwork={"any_whitespace": True, "jump_forward": False}))
+    assert as_dict(options.request)["constraint"] == {"regex": "a", "anyWhitespace": True, "jumpForward": False}
+    spaced = translate_chat(chat(guided_json=SCHEMA, formwork={"whitespace": "spaced"}))
+    assert as_dict(spaced.request)["constraint"]["whitespace"] == "JSON_WHITESPACE_SPACED"
+    lark = translate_chat(chat(guided_grammar='start: "a"', formwork={"grammar_syntax": "lark"}))
+    assert lark.request.constraint.grammar.startswith("root ::= start")
+
+
+@pytest.mark.parametrize("fields, message", [
+    ({"tools": [{"type": "function"}]}, "tools: tool calling is not supported"),
+    ({"logit_bias": {"1": 2.0}}, "logit_bias: is not supported"),
+    ({"n": 17}, "n: must be in [1, 16], got 17"),
+    ({"top_logprobs": 1}, "top_logprobs: needs logprobs: true"),
+    ({"max_tokens": -1}, "max_tokens: must be >= 1, got -1"),
+    ({"stream_options": {"include_usage": True}}, "stream_options: is only allowed with stream: true"),
+    ({"guided_regex": "a", "guided_choice": ["a"]}, "guided_choice: only one output constraint per request"),
+    ({"structured_outputs": {"regex": "a", "choice": ["a"]}}, "structured_outputs: set exactly one of"),
+    ({"formwork": {"strict": False}}, "formwork: strict, whitespace, any_whitespace and jump_forward need an output constraint"),
+    ({"response_format": {"type": "json_schema"}}, "response_format.json_schema.schema: is required"),
+    ({"messages": [{"role": "user", "content": [{"type": "image_url"}]}]},
+     "messages[0].content[0]: only text parts are supported, got type 'image_url'"),
+    ({"guided_grammar": "start: x", "formwork": {"grammar_syntax": "lark"}},
+     "guided_grammar: grammar (Lark) is not supported: Lark grammar line 1: 'x' is used but never defined"),
+])
+def test_refusals_name_the_http_field(fields, message):
+    with pytest.raises(ServiceError) as info:
+        translate_chat(chat(**fields))
+    assert info.value.message.startswith(message)
+    assert http_error(info.value).status == 400
+
+
+def test_grpc_validation_errors_come_back_with_http_names():
+    translated = translate_chat(chat(guided_json='{"type": "object"', max_completion_tokens=5000))
+    with pytest.raises(ServiceError) as info:
+        conversion.sampling_params_from_proto(translated.request, ServiceLimits(), 1000)
+    renamed, param = translated.field_names.rename(info.value)
+    assert param == "max_completion_tokens"
+    assert renamed.message == "max_completion_tokens: 5000 exceeds this server's max_tokens_cap of 4096"
+    translated = translate_chat(chat(guided_json='{"type": "object"'))
+    with pytest.raises(ServiceError) as info:
+        conversion.sampling_params_from_proto(translated.request, ServiceLimits(), 1000)
+    renamed, param = translated.field_names.rename(info.value)
+    assert param == "guided_json" and renamed.message.startswith("guided_json: json_schema is not valid JSON")
+    big = translate_chat(chat(guided_regex="a" * 300))
+    with pytest.raises(ServiceError) as info:
+        conversion.sampling_params_from_proto(big.request, ServiceLimits(max_constraint_bytes=256), 1000)
+    renamed, param = big.field_names.rename(info.value)
+    assert renamed.message == "guided_regex: is 300 bytes; this server's max_constraint_bytes is 256"
+    assert http_error(renamed, param).status == 413
+
+
+def test_completion_prompts():
+    def prompts(prompt) -> list[dict]:
+        return [as_dict(p) for p in translate_completion(CompletionRequest(prompt=prompt)).prompts]
+
+    assert prompts("a") == [{"prompt": "a"}]
+    assert prompts(["a", "b"]) == [{"prompt": "a"}, {"prompt": "b"}]
+    assert prompts([1, 2]) == [{"promptTokenIds": {"ids": [1, 2]}}]
+    assert prompts([[1], [2, 3]]) == [{"promptTokenIds": {"ids": [1]}}, {"promptTokenIds": {"ids": [2, 3]}}]
+    with pytest.raises(ServiceError, match=r"prompt: token ids must be in \[0, 2\^32\); got \[-1\]"):
+        translate_completion(CompletionRequest(prompt=[-1]))
+    with pytest.raises(ServiceError, match="echo: echoing the prompt is not supported"):
+        translate_completion(CompletionRequest(prompt="a", echo=True))
+
+
+def test_the_web_stack_stays_in_service_http_and_out_of_torch():
+    code = ("import sys; import service.server, service.cli; "
+            "assert not {'fastapi', 'uvicorn', 'starlette'} & set(sys.modules), 'web stack imported'; "
+            "import service.http.server, grammar.lark_grammar; assert 'torch' not in sys.modules, 'torch imported'")
+    subprocess.run([sys.executable, "-c", code], cwd=REPO_ROOT, check=True)
