@@ -13,7 +13,7 @@ PINS := torch==2.13.0 transformers==5.24.0 tokenizers==0.23.3 xgrammar==0.2.9 gg
 	grpcio-health-checking==1.85.1 googleapis-common-protos==1.76.0 protobuf==7.36.2 msgspec==0.23.0 jsonschema==4.26.0 numpy==2.4.6 \
 	ninja==1.13.2 fastapi==0.163.2 uvicorn==0.54.0 pydantic==2.14.4
 
-.PHONY: setup test test-fast model generate bench clean gpu-check-prepare gpu-check proto serve bench-smoke bench-serve peers peer-llama-cpp peer-vllm soak
+.PHONY: setup test test-fast fuzz model generate bench clean gpu-check-prepare gpu-check proto serve bench-smoke bench-serve peers peer-llama-cpp peer-vllm soak
 
 setup: $(STAMP)
 
@@ -43,6 +43,12 @@ test-fast: $(STAMP)
 FORMWORK_SOAK_S ?= 600
 soak: model
 	FORMWORK_SOAK_S=$(FORMWORK_SOAK_S) $(PY) -m pytest -q -s tests/test_soak.py
+
+# the long fuzz run against a live server (FUZZ_SECONDS of generated bad requests, good ones
+# interleaved); its counts go to build/fuzz.json (docs/reliability.md). `make test` runs a short one.
+FUZZ_SECONDS ?= 600
+fuzz: model
+	FORMWORK_FUZZ_SECONDS=$(FUZZ_SECONDS) $(PY) -m pytest -q -s tests/test_fuzz.py -k fuzz_long
 
 # the gRPC stubs in service/_gen/ from proto/ (committed; tests/test_service_conversion.py checks they are fresh)
 proto: $(STAMP)

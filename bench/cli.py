@@ -89,6 +89,9 @@ def add_bench_parser(subparsers, add_engine_args) -> None:
     serve.add_argument("--json", action="store_true", help="print a machine-readable summary on stdout")
     serve.set_defaults(func=_run_serve)
 
+    from bench.bombs import add_parser as add_bombs_parser
+    add_bombs_parser(which)
+
 
 def _csv(text: str) -> list[str]:
     return [part.strip() for part in text.split(",") if part.strip()]

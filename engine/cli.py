@@ -29,6 +29,20 @@ def add_engine_args(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--enforce-eager", action="store_true", help="CUDA: no CUDA graphs for decode steps")
     g.add_argument("--attention-backend", choices=["auto", "flash_attn", "torch"], default="auto",
                    help="CUDA: flash-attn if usable (auto), flash-attn or an error, or torch SDPA")
+    from engine.config import GrammarConfig
+    defaults = GrammarConfig()
+    b = parser.add_argument_group("grammar bounds (a constraint past one is refused: docs/constraints.md)")
+    b.add_argument("--compile-timeout", type=float, default=defaults.compile_timeout_s,
+                   help="seconds one grammar compile may take (default: %(default)s)")
+    b.add_argument("--max-schema-depth", type=int, default=defaults.max_schema_depth,
+                   help="JSON-schema nesting depth, in schema levels (default: %(default)s)")
+    b.add_argument("--max-forced-bytes", type=int, default=defaults.max_forced_bytes,
+                   help="forced text jump-forward takes per step, and the most output a grammar may need at "
+                        "one point (default: %(default)s)")
+    b.add_argument("--max-repeat-count", type=int, default=defaults.max_repeat_count,
+                   help="largest count of a regex quantifier {m,n} (default: %(default)s)")
+    b.add_argument("--max-fill-ms", type=float, default=defaults.max_fill_ms,
+                   help="CPU milliseconds one request's bitmask fill may take (default: %(default)s)")
 
 
 def engine_config_from_args(args: argparse.Namespace):
@@ -43,7 +57,9 @@ def engine_config_from_args(args: argparse.Namespace):
         cache=CacheConfig(block_size=args.block_size, num_blocks=args.num_blocks,
                           kv_cache_bytes=int(args.kv_cache_gib * (1 << 30)),
                           enable_prefix_caching=not args.no_prefix_caching),
-        grammar=GrammarConfig(jump_forward=not args.no_jump_forward),
+        grammar=GrammarConfig(jump_forward=not args.no_jump_forward, compile_timeout_s=args.compile_timeout,
+                              max_schema_depth=args.max_schema_depth, max_forced_bytes=args.max_forced_bytes,
+                              max_repeat_count=args.max_repeat_count, max_fill_ms=args.max_fill_ms),
         cuda=CudaConfig(gpu_memory_utilization=args.gpu_memory_utilization, enforce_eager=args.enforce_eager,
                         attention_backend=args.attention_backend),
     )

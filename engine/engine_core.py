@@ -56,7 +56,7 @@ class EngineCore:
         self.executor = Executor(self.runner)
         from grammar.xgrammar_backend import XGrammarBackend
         self.structured_output_manager = StructuredOutputManager(
-            XGrammarBackend(str(self.model_dir), self.vocab_size), config.grammar)
+            XGrammarBackend(str(self.model_dir), self.vocab_size, config=config.grammar), config.grammar)
         self.step_timings: list[StepTiming] | None = None  # set to [] to collect
         self.scheduler = Scheduler(config.scheduler, config.cache, self.runner.num_blocks, self.max_model_len,
                                    self.structured_output_manager)

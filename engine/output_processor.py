@@ -47,6 +47,7 @@ class RequestOutput(msgspec.Struct):
     finish_reason: FinishReason | None = None
     stop_reason: str | int | None = None  # the stop string, or the stop / eos token id, that ended it
     error: str | None = None  # with FinishReason.ERROR: a message the client can act on
+    constraint_error: bool = False  # with error: the request's constraint caused it
     num_prompt_tokens: int = 0
     num_cached_tokens: int = 0  # prompt tokens served from the prefix cache
     num_output_tokens: int = 0  # == len(token_ids)
@@ -178,7 +179,9 @@ class OutputProcessor:
 
             if finish_reason is not None:
                 del self._requests[state.request_id]
-                request_outputs.append(self._final_output(state, finish_reason, stop_reason, output.error, now))
+                final = self._final_output(state, finish_reason, stop_reason, output.error, now)
+                final.constraint_error = output.constraint_error
+                request_outputs.append(final)
             elif state.stream and new_token_ids:
                 request_outputs.append(self._make_output(state))
         return request_outputs, to_abort

@@ -67,6 +67,9 @@ class EngineCoreOutput(msgspec.Struct, array_like=True, omit_defaults=True):
     # later), or failed while its grammar compiled (memory_suspect: that compile may be the cause)
     overloaded: bool = False
     memory_suspect: bool = False
+    # with `error`: the request's constraint caused it (a grammar limit, or its grammar work
+    # failed), so the client is told INVALID_ARGUMENT even after tokens
+    constraint_error: bool = False
 
 
 class EngineStats(msgspec.Struct, array_like=True, omit_defaults=True):

@@ -76,6 +76,7 @@ class Request:
         self.num_preemptions = 0
         self.stop_reason: int | str | None = None
         self.error: str | None = None
+        self.constraint_error = False  # the error is the constraint's (a grammar limit or failure)
 
         # structured output
         self.grammar: Grammar | None = None

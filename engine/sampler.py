@@ -15,6 +15,9 @@ import torch
 from engine.protocol import TokenLogprob
 from grammar.bitmask import apply_bitmask, masked_argmax
 
+# a temperature below this samples greedily: dividing float32 logits by it would overflow
+GREEDY_BELOW = 1e-5
+
 
 def _argmax(logits: torch.Tensor) -> torch.Tensor:
     """Row argmax; numpy's is about 10x faster than torch's on CPU here (measured: 3 vs 40 us/row)."""
@@ -38,7 +41,7 @@ class SamplingMetadata:
 
     @property
     def all_greedy(self) -> bool:
-        return not self.temperature.any()
+        return not (self.temperature >= GREEDY_BELOW).any()
 
 
 @dataclass
@@ -74,6 +77,8 @@ class Sampler:
             if meta.penalties:
                 self._apply_penalties(logits, meta.penalties)
             token_ids = _argmax(logits) if meta.all_greedy else self._sample(logits, meta)
+            if len(masked):
+                _keep_allowed(token_ids, logits, bitmask, masked, dead_end_rows)
         logprobs: list[TokenLogprob | None] = [None] * n
         if raw_logprobs is not None:
             logprobs = self._gather_logprobs(raw_logprobs, token_ids, meta.num_logprobs)
@@ -95,7 +100,7 @@ class Sampler:
     def _sample(logits: torch.Tensor, meta: SamplingMetadata) -> torch.Tensor:
         # issue 7: every tensor made here goes to the logits' device (a no-op on the CPU)
         device = logits.device
-        greedy_rows = meta.temperature == 0
+        greedy_rows = meta.temperature < GREEDY_BELOW
         token_ids = torch.empty(logits.shape[0], dtype=torch.int64, device=device)
         if greedy_rows.any():
             rows = torch.from_numpy(np.flatnonzero(greedy_rows)).to(device)
@@ -149,3 +154,17 @@ class Sampler:
                 top = list(zip(ids.tolist(), values.tolist()))
             out.append(TokenLogprob(token_id, float(raw[row, token_id]), top))
         return out
+
+
+def _keep_allowed(token_ids: torch.Tensor, logits: torch.Tensor, bitmask: torch.Tensor, masked: np.ndarray,
+                  dead_end_rows: np.ndarray) -> None:
+    """The grammar's guarantee, whatever the floats did: a sampled token the bitmask forbids
+    (NaN probabilities pick arbitrary ids) is replaced by the best allowed one."""
+    chosen = token_ids[torch.from_numpy(masked).to(token_ids.device)].cpu().numpy()
+    words = bitmask.numpy().view(np.uint32)
+    allowed = (words[np.arange(len(masked)), chosen >> 5] >> (chosen & 31).astype(np.uint32)) & 1
+    bad = np.flatnonzero((allowed == 0) & ~np.isin(masked, dead_end_rows))
+    if len(bad):
+        clean = torch.nan_to_num(logits[torch.from_numpy(masked[bad]).to(logits.device)], nan=float("-inf"))
+        best = masked_argmax(clean, bitmask[torch.from_numpy(bad)])
+        token_ids[torch.from_numpy(masked[bad]).to(token_ids.device)] = best.to(token_ids.device)

@@ -15,6 +15,10 @@ from grammar.backend import JSON_WHITESPACE_MODES
 CONSTRAINT_KINDS = ("json_schema", "json_object", "regex", "grammar", "choice")
 # the whitespace mode of JSON a constraint does not name (JSON_WHITESPACE_MODES says what each allows)
 DEFAULT_JSON_WHITESPACE = "bounded"
+# Ranges of the float knobs (docs/api.md). Past them float32 logits overflow (logits / 1e100 is
+# NaN for a masked -inf), and nothing useful lies there: temperature 100 is already uniform.
+MAX_TEMPERATURE = 100.0
+MIN_REPETITION_PENALTY, MAX_REPETITION_PENALTY = 0.01, 100.0
 
 
 class Constraint(msgspec.Struct, array_like=True, omit_defaults=True, frozen=True):
@@ -62,6 +66,8 @@ class Constraint(msgspec.Struct, array_like=True, omit_defaults=True, frozen=Tru
                 schema = json.loads(self.spec)
             except json.JSONDecodeError as e:
                 raise ValueError(f"json_schema is not valid JSON: {e}") from None
+            except RecursionError:
+                raise ValueError("json_schema is nested too deeply to parse") from None
             if not isinstance(schema, (dict, bool)):
                 raise ValueError("json_schema must be a JSON object (or a boolean schema)")
 
@@ -104,6 +110,8 @@ class SamplingParams(msgspec.Struct, array_like=True, omit_defaults=True):
             raise ValueError(f"max_tokens must be an integer >= 1, got {self.max_tokens!r}")
         if self.temperature < 0:
             raise ValueError(f"temperature must be >= 0, got {self.temperature}")
+        if self.temperature > MAX_TEMPERATURE:
+            raise ValueError(f"temperature must be at most {MAX_TEMPERATURE:g}, got {self.temperature}")
         if not 0 < self.top_p <= 1:
             raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
         if self.top_k < 0:
@@ -112,6 +120,9 @@ class SamplingParams(msgspec.Struct, array_like=True, omit_defaults=True):
             raise ValueError(f"min_p must be in [0, 1], got {self.min_p}")
         if self.repetition_penalty <= 0:
             raise ValueError(f"repetition_penalty must be > 0, got {self.repetition_penalty}")
+        if not MIN_REPETITION_PENALTY <= self.repetition_penalty <= MAX_REPETITION_PENALTY:
+            raise ValueError(f"repetition_penalty must be in [{MIN_REPETITION_PENALTY:g}, {MAX_REPETITION_PENALTY:g}] "
+                             f"(1 disables it), got {self.repetition_penalty}")
         for name in ("frequency_penalty", "presence_penalty"):
             value = getattr(self, name)
             if not -2 <= value <= 2:

@@ -23,6 +23,7 @@ from engine.protocol import EngineCoreOutput
 from engine.request import FINISH_REASON_OF_STATUS, Request, RequestStatus
 from engine.scheduler_output import (CachedRequestData, GrammarOutput, ModelRunnerOutput, NewRequestData,
                                      SchedulerOutput)
+from engine.structured_output import grammar_failure
 
 if TYPE_CHECKING:
     from engine.structured_output import StructuredOutputManager
@@ -74,13 +75,15 @@ class Scheduler:
             if request is not None and not request.is_finished:
                 self._finish(request, RequestStatus.FINISHED_ABORTED)
 
-    def _finish(self, request: Request, status: RequestStatus, error: str | None = None) -> None:
+    def _finish(self, request: Request, status: RequestStatus, error: str | None = None,
+                constraint_error: bool = False) -> None:
         if request.status == RequestStatus.RUNNING:
             self.running.remove(request)
         elif request in self.waiting:
             self.waiting.remove(request)
         request.status = status
         request.error = error
+        request.constraint_error = constraint_error
         self.kv_cache_manager.free(request)
         if self.structured_output_manager is not None:
             self.structured_output_manager.forget(request.request_id)
@@ -230,7 +233,7 @@ class Scheduler:
         try:
             ready = self.structured_output_manager.try_activate(request)
         except ValueError as e:  # compile failure: ends this request only
-            self._finish(request, RequestStatus.FINISHED_ERROR, str(e))
+            self._finish(request, RequestStatus.FINISHED_ERROR, str(e), constraint_error=True)
             self._pending_outputs.append(self._final_output(request, []))
             return False
         if ready:
@@ -242,8 +245,16 @@ class Scheduler:
         rows = scheduler_output.structured_output_request_ids
         if not rows or self.structured_output_manager is None:
             return None
-        return self.structured_output_manager.fill_bitmask(
+        grammar_output = self.structured_output_manager.fill_bitmask(
             [(self.requests[req_id], row) for req_id, row in rows.items()])
+        for req_id, error in grammar_output.failed.items():  # its sampled token will be dropped
+            self._fail_grammar(self.requests[req_id], error)
+        return grammar_output
+
+    def _fail_grammar(self, request: Request, error: str) -> None:
+        """End a request whose grammar work failed or ran past a limit; only this request."""
+        self._finish(request, RequestStatus.FINISHED_ERROR, error, constraint_error=True)
+        self._pending_outputs.append(self._final_output(request, []))
 
     # ---- results -----------------------------------------------------------------------
 
@@ -266,9 +277,16 @@ class Scheduler:
             sampled = runner_output.sampled_token_ids.get(req_id)
             if not sampled:
                 continue  # mid-prompt: nothing to report yet
-            new_token_ids = self._append_tokens(request, sampled)
-            if not request.is_finished:
-                new_token_ids += self._jump_forward(request)
+            try:
+                new_token_ids = self._append_tokens(request, sampled)
+                if not request.is_finished:
+                    new_token_ids += self._jump_forward(request)
+            except Exception as e:  # grammar work (accept, jump-forward) raised: ends this request only
+                if not request.is_finished:
+                    self._finish(request, RequestStatus.FINISHED_ERROR,
+                                 grammar_failure("advancing over the output", e), constraint_error=True)
+                    outputs.append(self._final_output(request, []))
+                continue
             logprobs = runner_output.logprobs.get(req_id, [])
             if request.is_finished:
                 outputs.append(self._final_output(request, new_token_ids, logprobs))
@@ -352,6 +370,7 @@ class Scheduler:
             queued_s=max(first - request.arrival_time, 0.0),
             grammar_wait_s=self._grammar_wait_s(request),
             not_enforced=list(request.grammar.not_enforced) if request.grammar is not None else [],
+            constraint_error=request.constraint_error,
         )
 
     @staticmethod

@@ -60,6 +60,8 @@ class GrammarOutput:
     # req_id -> row of `grammar_bitmask`
     structured_output_request_ids: dict[str, int]
     grammar_bitmask: torch.Tensor  # int32 [num_rows, ceil(vocab_size / 32)], 1 bit = allowed
+    # req_id -> why its fill failed or ran past max_fill_ms; the scheduler ends these requests
+    failed: dict[str, str] = field(default_factory=dict)
 
 
 @dataclass

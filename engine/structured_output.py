@@ -5,14 +5,17 @@ thread pool and is observed here through futures, so a slow compile never blocks
 """
 from __future__ import annotations
 
+import logging
 import time
 from concurrent.futures import Future
 
 from engine.config import GrammarConfig
 from engine.request import Request
 from engine.scheduler_output import GrammarOutput
-from grammar.backend import CompiledGrammar, GrammarBackend
+from grammar.backend import CompiledGrammar, GrammarBackend, GrammarError
 from grammar.compiler import GrammarCompiler
+
+logger = logging.getLogger(__name__)
 
 
 class StructuredOutputManager:
@@ -36,7 +39,10 @@ class StructuredOutputManager:
             return False
         del self._futures[request.request_id]
         compiled = future.result()  # raises GrammarError (a ValueError) on failure
-        request.grammar = self.backend.make_grammar(compiled)
+        try:
+            request.grammar = self.backend.make_grammar(compiled)
+        except Exception as e:  # e.g. MemoryError: this request's grammar failed, not the engine
+            raise GrammarError(grammar_failure("building its matcher", e)) from None
         request.grammar_ready_time = time.monotonic()
         return True
 
@@ -60,9 +66,21 @@ class StructuredOutputManager:
         if self._bitmask.shape[0] < num_rows:
             self._bitmask = self.backend.allocate_bitmask(max(num_rows, 2 * self._bitmask.shape[0]))
         bitmask = self._bitmask[:num_rows]
+        failed: dict[str, str] = {}
+        limit_ms = self.config.max_fill_ms
         for request, row in requests_and_rows:
-            request.grammar.fill_bitmask(bitmask, row)
-        return GrammarOutput({r.request_id: row for r, row in requests_and_rows}, bitmask)
+            start = time.thread_time()  # CPU time: a preempted thread is not the grammar's fault
+            try:
+                request.grammar.fill_bitmask(bitmask, row)
+            except Exception as e:
+                bitmask[row] = 0
+                failed[request.request_id] = grammar_failure("filling its bitmask", e)
+                continue
+            fill_ms = (time.thread_time() - start) * 1000
+            if fill_ms > limit_ms:
+                failed[request.request_id] = (f"one bitmask fill of this constraint took {fill_ms:.0f} ms, over "
+                                              f"this server's max_fill_ms limit of {limit_ms:g}; simplify it")
+        return GrammarOutput({r.request_id: row for r, row in requests_and_rows}, bitmask, failed)
 
     def wait_for_any(self, timeout_s: float) -> None:
         """Block up to `timeout_s` until some compile finishes (the core idles here, not in a spin)."""
@@ -73,3 +91,9 @@ class StructuredOutputManager:
 
     def shutdown(self) -> None:
         self.compiler.shutdown()
+
+
+def grammar_failure(what: str, error: BaseException) -> str:
+    """The message of a request whose grammar work raised (logged once, without a traceback)."""
+    logger.warning("grammar work failed while %s: %s: %s", what, type(error).__name__, error)
+    return f"the constraint's grammar failed while {what}: {type(error).__name__}: {error}"

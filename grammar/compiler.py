@@ -140,6 +140,9 @@ class GrammarCompiler:
             outcome = self.backend.compile(constraint)
         except GrammarError as e:
             outcome = e
+        except MemoryError:  # this constraint's compile ran out of memory: its own failure
+            logger.warning("%s compile ran out of memory", constraint.kind)
+            outcome = GrammarError(f"{constraint.kind} could not be compiled: out of memory; simplify the constraint")
         except Exception as e:  # a backend bug must not strand the request
             logger.exception("grammar backend failed on a %s constraint", constraint.kind)
             outcome = GrammarError(f"{constraint.kind} could not be compiled: internal error {type(e).__name__}: {e}")

@@ -17,7 +17,9 @@ from __future__ import annotations
 
 import json
 import logging
+import random
 import re
+import time
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -25,12 +27,13 @@ import torch
 import xgrammar as xgr
 
 from grammar import bitmask as bitmask_ops
-from grammar import lark_grammar, schema_check, schema_rewrite
+from grammar import lark_grammar, output_bounds, schema_check, schema_rewrite
 from grammar.backend import BOUNDED_JSON_WHITESPACE, CompiledGrammar, Grammar, GrammarBackend, GrammarError
 from grammar.jump_forward import ForcedTextTokenizer
 from grammar.log_capture import capture_native_log, strip_native_prefix
 
 if TYPE_CHECKING:
+    from engine.config import GrammarConfig
     from engine.sampling_params import Constraint
 
 logger = logging.getLogger(__name__)
@@ -42,16 +45,24 @@ _WHITESPACE_OPTIONS: dict[str, dict[str, Any]] = {
     "bounded": {"any_whitespace": True, "max_whitespace_cnt": BOUNDED_JSON_WHITESPACE},
     "any": {"any_whitespace": True},
 }
+_PROBE_TOKENS = 8  # tokens the compile-time fill probe walks
 _ONE_OF_WARNING = "oneOf with overlapping"
 
 
 class XGrammarCompiled(CompiledGrammar):
-    """A compiled xgrammar grammar plus what it does not enforce. Immutable, shareable."""
+    """A compiled xgrammar grammar plus what it does not enforce. Immutable, shareable.
 
-    def __init__(self, compiled: xgr.CompiledGrammar, kind: str, not_enforced: list[str]) -> None:
+    `jump_forward_safe`: the static check bounded the text this grammar can force (see
+    grammar/output_bounds.py); without that bound, xgrammar's forced-text search could run without
+    end, so jump-forward stays off for the grammar.
+    """
+
+    def __init__(self, compiled: xgr.CompiledGrammar, kind: str, not_enforced: list[str],
+                 jump_forward_safe: bool = True) -> None:
         self.compiled = compiled
         self.kind = kind
         self.not_enforced = list(not_enforced)
+        self.jump_forward_safe = jump_forward_safe
         self._num_bytes = compiled.memory_size_bytes + 256  # + this wrapper, roughly
 
     @property
@@ -63,8 +74,10 @@ class XGrammarGrammar(Grammar):
     """One request's GrammarMatcher plus the token history that rollback and jump-forward need."""
 
     def __init__(self, compiled: XGrammarCompiled, forced_text: ForcedTextTokenizer,
-                 stop_token_ids: list[int], vocab_size: int) -> None:
+                 stop_token_ids: list[int], vocab_size: int, max_forced_bytes: int) -> None:
         self._matcher = xgr.GrammarMatcher(compiled.compiled)
+        self._jump_forward_safe = compiled.jump_forward_safe
+        self._max_forced_bytes = max_forced_bytes
         self._forced_text = forced_text
         self._stop_token_ids = stop_token_ids
         self._vocab_size = vocab_size
@@ -124,13 +137,17 @@ class XGrammarGrammar(Grammar):
 
         The head seam is checked against the last accepted token. Every forced token is
         accepted through the matcher; if one is rejected, nothing is forced. The tail chunk is
-        kept only when the grammar ends right after the forced text.
+        kept only when the grammar ends right after the forced text. At most max_forced_bytes of
+        text is taken per call; the rest stays forced and comes in later steps.
         """
-        if self._matcher.is_terminated():
+        if not self._jump_forward_safe or self._matcher.is_terminated():
             return []
         text = self._matcher.find_jump_forward_string()
         if not text:
             return []
+        encoded = text.encode()
+        if len(encoded) > self._max_forced_bytes:
+            text = encoded[:self._max_forced_bytes].decode("utf-8", errors="ignore")
         ids = self._forced_text.encode_after(self._token_ids, text)
         if not ids or not self.accept_tokens(ids):
             return []
@@ -147,11 +164,16 @@ class XGrammarBackend(GrammarBackend):
     Size and depth limits are the caller's job (GrammarCompiler checks them before calling).
     """
 
-    def __init__(self, tokenizer_dir: str, vocab_size: int, *, num_threads: int = 1) -> None:
+    def __init__(self, tokenizer_dir: str, vocab_size: int, *, num_threads: int = 1,
+                 config: GrammarConfig | None = None) -> None:
         """`vocab_size` is the LM head's width; ids from the tokenizer's size up to it are
-        padding and are never allowed. `num_threads`: xgrammar's threads per compile."""
+        padding and are never allowed. `num_threads`: xgrammar's threads per compile.
+        `config`: the bounds a grammar must keep (max_forced_bytes, max_repeat_count, max_fill_ms)."""
         from transformers import AutoTokenizer
 
+        from engine.config import GrammarConfig
+
+        self.config = config or GrammarConfig()
         self.tokenizer = AutoTokenizer.from_pretrained(tokenizer_dir)
         if vocab_size < len(self.tokenizer):
             logger.warning("vocab_size %d is smaller than the tokenizer's %d; ids beyond it are never allowed",
@@ -165,11 +187,16 @@ class XGrammarBackend(GrammarBackend):
         self.forced_text = ForcedTextTokenizer(self.tokenizer, enabled=not prefix_space)
 
     def compile(self, constraint: Constraint) -> XGrammarCompiled:
+        """Also refuses a grammar that would cost more than its own request (a GrammarError):
+        one that can never end or needs more than max_forced_bytes of output at one point,
+        a regex count over max_repeat_count, or a first bitmask fill over max_fill_ms. The
+        first matcher and bitmask fill run here, on the compile thread, rather than in a step."""
         kind = constraint.kind
         not_enforced: list[str] = []
         if kind in ("json_schema", "json_object"):
             grammar, not_enforced = self._json_grammar(constraint)
         elif kind == "regex":
+            _check_repeats("regex", constraint.spec, self.config.max_repeat_count)
             grammar = _convert(kind, constraint.strict, not_enforced, xgr.Grammar.from_regex, constraint.spec)
         elif kind == "grammar":
             try:  # a Lark grammar (vLLM's guided_grammar) is translated; EBNF passes unchanged
@@ -181,16 +208,89 @@ class XGrammarBackend(GrammarBackend):
             grammar = _convert(kind, True, not_enforced, xgr.Grammar.from_ebnf, choice_ebnf(constraint.choices))
         else:
             raise GrammarError(f"unknown constraint kind {kind!r}")
+        bounds = self._check_bounds(kind, grammar)
         try:
             compiled = self._compiler.compile_grammar(grammar)
         except Exception as e:  # xgrammar raises RuntimeError/ValueError with a C++ prefix
             raise GrammarError(f"{kind} does not compile: {strip_native_prefix(str(e))}") from None
-        return XGrammarCompiled(compiled, kind, not_enforced)
+        result = XGrammarCompiled(compiled, kind, not_enforced, jump_forward_safe=bounds.exact)
+        self._warm_up(result)
+        return result
 
     def make_grammar(self, compiled: CompiledGrammar) -> XGrammarGrammar:
         if not isinstance(compiled, XGrammarCompiled):
             raise TypeError(f"expected a grammar compiled by XGrammarBackend, got {type(compiled).__name__}")
-        return XGrammarGrammar(compiled, self.forced_text, self.stop_token_ids, self.vocab_size)
+        return XGrammarGrammar(compiled, self.forced_text, self.stop_token_ids, self.vocab_size,
+                               self.config.max_forced_bytes)
+
+    def output_bounds(self, grammar: xgr.Grammar) -> output_bounds.OutputBounds:
+        """What the grammar's rules need (grammar/output_bounds.py); inexact (jump-forward off,
+        nothing refused) if the rules cannot be read."""
+        try:
+            return output_bounds.analyze(json.loads(grammar.serialize_json()), self._regex_bounds)
+        except (KeyError, IndexError, TypeError, ValueError) as e:
+            logger.warning("grammar rules not analysed (%s: %s); jump-forward is off for this grammar",
+                           type(e).__name__, e)
+            return output_bounds.OutputBounds(0, 0, None, exact=False)
+
+    def _regex_bounds(self, pattern: str) -> output_bounds.OutputBounds:
+        try:
+            grammar = xgr.Grammar.from_regex(pattern)
+        except Exception:  # reported when the grammar compiles; nothing is known here
+            return output_bounds.OutputBounds(0, 0, None, exact=False)
+        return output_bounds.analyze(json.loads(grammar.serialize_json()),
+                                     lambda _: output_bounds.OutputBounds(0, 0, None, exact=False))
+
+    def _check_bounds(self, kind: str, grammar: xgr.Grammar) -> output_bounds.OutputBounds:
+        bounds = self.output_bounds(grammar)
+        example = " (e.g. a required property whose schema refers back to its parent)" if kind == "json_schema" else ""
+        if bounds.min_bytes == output_bounds.INFINITE:
+            raise GrammarError(f"{kind} accepts no output of finite length: a required part contains itself"
+                               f"{example}, so its text would be forced without end")
+        if bounds.dead_rule is not None:
+            raise GrammarError(f"{kind} has a part that can never end (grammar rule {bounds.dead_rule!r}: it "
+                               f"contains itself{example}); output entering it would be forced without end")
+        limit = self.config.max_forced_bytes
+        if bounds.max_required_bytes > limit:
+            raise GrammarError(f"{kind} needs at least {bounds.max_required_bytes:.0f} bytes of output at one point, "
+                               f"over this server's max_forced_bytes limit of {limit}; lower its repetition counts "
+                               "or minimum lengths")
+        return bounds
+
+    def _warm_up(self, compiled: XGrammarCompiled) -> None:
+        """Build the first matcher and fill bitmasks along a short walk here, where a slow fill
+        costs only this compile; refuse a grammar whose fill takes more than max_fill_ms of CPU.
+
+        A compiled grammar's first fill builds xgrammar's lazy caches (66 ms for a Lark
+        calculator whose later fills take 1 ms): it runs here once, untimed, so no step pays
+        it. The fills after it are timed along a walk of a few allowed tokens, chosen by a fixed
+        seed: ambiguous repeats (`(\\w+ ?){1,50}`) fill fast at the start and take seconds a
+        token or two later.
+        """
+        limit_ms = self.config.max_fill_ms
+        rng = random.Random(0)
+        stop_ids = set(self.stop_token_ids)
+        try:
+            matcher = xgr.GrammarMatcher(compiled.compiled)
+            bitmask = xgr.allocate_token_bitmask(1, self.vocab_size)
+            matcher.fill_next_token_bitmask(bitmask, 0)  # the lazy caches; the same fill is timed next
+            for num_tokens in range(_PROBE_TOKENS + 1):
+                start = time.thread_time()
+                matcher.fill_next_token_bitmask(bitmask, 0)
+                fill_ms = (time.thread_time() - start) * 1000
+                if fill_ms > limit_ms:
+                    raise GrammarError(f"{compiled.kind}: one bitmask fill takes {fill_ms:.0f} ms (after {num_tokens} "
+                                       f"tokens), over this server's max_fill_ms limit of {limit_ms:g}; simplify the "
+                                       "constraint (ambiguous repeats such as (\\w+ ?){1,50} are the usual cause)")
+                bits = np.unpackbits(bitmask.numpy().view(np.uint8)[0], bitorder="little")[:self.vocab_size]
+                allowed = [t for t in np.flatnonzero(bits).tolist() if t not in stop_ids]
+                if not allowed or not matcher.accept_token(rng.choice(allowed)):
+                    return
+        except GrammarError:
+            raise
+        except Exception as e:  # e.g. std::bad_alloc: this grammar's failure, reported as such
+            raise GrammarError(f"{compiled.kind}: its first bitmask fills failed: {type(e).__name__}: "
+                               f"{strip_native_prefix(str(e))}") from None
 
     def allocate_bitmask(self, num_rows: int) -> torch.Tensor:
         return xgr.allocate_token_bitmask(num_rows, self.vocab_size)
@@ -203,7 +303,10 @@ class XGrammarBackend(GrammarBackend):
             findings: list[schema_check.Finding] = []
             notes: list[str] = []
         else:
-            rewritten = schema_rewrite.rewrite(schema_check.parse_schema(constraint.spec))
+            parsed = schema_check.parse_schema(constraint.spec)
+            # malformed keyword values are named before the rewrite reads them
+            schema_check.check_keyword_values(parsed, self.config.max_repeat_count)
+            rewritten = schema_rewrite.rewrite(parsed)
             schema, notes = rewritten.schema, rewritten.notes
             findings = schema_check.find_unsupported(schema)
         if constraint.strict and findings:
@@ -274,6 +377,14 @@ def _convert(kind: str, strict: bool, not_enforced: list[str], convert, spec: st
             raise GrammarError(f"{kind} is not fully enforceable: {line}")
         not_enforced.append(f"{kind}: {line}")
     return grammar
+
+
+def _check_repeats(what: str, pattern: str, max_count: int) -> None:
+    found = output_bounds.find_large_repeat(pattern, max_count)
+    if found is not None:
+        count, offset = found
+        raise GrammarError(f"{what} has the repetition count {count} (at character {offset}), over this "
+                           f"server's max_repeat_count limit of {max_count}")
 
 
 def choice_ebnf(choices: list[str]) -> str:

@@ -213,10 +213,15 @@ def error_from_output(output: RequestOutput, constraint_field: str | None) -> Se
     """The status for an output that ended with FinishReason.ERROR.
 
     Before any token, the request itself was at fault (its grammar did not compile, or the core
-    refused it): INVALID_ARGUMENT, naming the constraint if there is one. After tokens, the engine
-    failed mid-generation (e.g. a grammar dead end): INTERNAL. Either way only this request ends.
+    refused it): INVALID_ARGUMENT, naming the constraint if there is one. After tokens, the
+    constraint's fault (a grammar limit, its grammar work failed) is still INVALID_ARGUMENT; any
+    other failure mid-generation (e.g. a grammar dead end) is INTERNAL. Only this request ends.
     """
     error = output.error or "the engine ended the request with an error"
+    if output.token_ids and output.constraint_error and constraint_field is not None:
+        error = f"{error} (after {len(output.token_ids)} tokens)"
+        return ServiceError(StatusCode.INVALID_ARGUMENT, f"{constraint_field}: {error}",
+                            [FieldViolation(constraint_field, error)])
     if output.token_ids:
         return ServiceError(StatusCode.INTERNAL, f"generation failed after {len(output.token_ids)} tokens: {error}")
     if constraint_field is not None:

@@ -39,6 +39,7 @@ from service.errors import STATUS_DETAILS_KEY, ServiceError, StatusCode, invalid
 from service.limits import ServiceLimits
 from service.quarantine import Quarantine
 from service.reflection import V1_SERVICE, V1ALPHA_SERVICE, add_v1_descriptor
+from service.request_decoding import UndecodableRequest, tolerant_deserializer
 from service.supervisor import EngineSupervisor, RestartPolicy
 from service.security import ApiKeys, KeyLimiter, SecurityConfig
 
@@ -75,6 +76,7 @@ class GenerationServicer(pb_grpc.GenerationServicer):
 
     async def Generate(self, request: pb.GenerateRequest, context: grpc.aio.ServicerContext) -> pb.GenerateResponse:
         async with _status(context):
+            _check_decoded(request, "Generate")
             prepared = await self._prepare(request)
             final = None
             async with contextlib.aclosing(self._generate(prepared, request, stream=False)) as outputs:
@@ -85,6 +87,7 @@ class GenerationServicer(pb_grpc.GenerationServicer):
 
     async def GenerateStream(self, request: pb.GenerateRequest, context: grpc.aio.ServicerContext) -> None:
         async with _status(context):
+            _check_decoded(request, "GenerateStream")
             prepared = await self._prepare(request)
             async with contextlib.aclosing(self._generate(prepared, request, stream=True)) as outputs:
                 async for output in outputs:
@@ -94,6 +97,7 @@ class GenerationServicer(pb_grpc.GenerationServicer):
     async def ValidateConstraint(self, request: pb.ValidateConstraintRequest,
                                  context: grpc.aio.ServicerContext) -> pb.ValidateConstraintResponse:
         async with _status(context):
+            _check_decoded(request, "ValidateConstraint")
             self._llm.check_available()
             field = conversion.constraint_field(request)
             if field is None:
@@ -108,6 +112,7 @@ class GenerationServicer(pb_grpc.GenerationServicer):
 
     async def GetModelInfo(self, request: pb.GetModelInfoRequest, context: grpc.aio.ServicerContext) -> pb.ModelInfo:
         async with _status(context):
+            _check_decoded(request, "GetModelInfo")
             stats = await self._llm.get_stats()
             assert self._llm.info is not None
             supervisor = self._supervisor
@@ -117,6 +122,7 @@ class GenerationServicer(pb_grpc.GenerationServicer):
 
     async def Tokenize(self, request: pb.TokenizeRequest, context: grpc.aio.ServicerContext) -> pb.TokenizeResponse:
         async with _status(context):
+            _check_decoded(request, "Tokenize")
             self._llm.check_available()
             assert self._llm.info is not None and self._llm.tokenizer is not None
             prompt = conversion.prompt_from_proto(request, self._llm.info.vocab_size)
@@ -155,6 +161,28 @@ class GenerationServicer(pb_grpc.GenerationServicer):
                     logger.info("request %s failed: %s", prepared.engine_request_id, output.error)
                     raise conversion.error_from_output(output, conversion.constraint_field(request))
                 yield output
+
+
+def _check_decoded(request: object, method: str) -> None:
+    """Answer a request whose bytes did not decode with INVALID_ARGUMENT, logged as one line."""
+    if isinstance(request, UndecodableRequest):
+        logger.info("%s: refused an undecodable request: %s %s", method, request.field, request.description)
+        raise invalid_argument(request.field, request.description)
+
+
+def add_generation_servicer(servicer: GenerationServicer, server: grpc.aio.Server) -> None:
+    """The generated add_GenerationServicer_to_server, with deserializers that never raise
+    (service/request_decoding.py), so bad bytes get INVALID_ARGUMENT instead of UNKNOWN."""
+    handlers = {}
+    for method in pb.DESCRIPTOR.services_by_name["Generation"].methods:
+        request_class = getattr(pb, method.input_type.name)
+        response_class = getattr(pb, method.output_type.name)
+        make = grpc.unary_stream_rpc_method_handler if method.server_streaming else grpc.unary_unary_rpc_method_handler
+        handlers[method.name] = make(getattr(servicer, method.name),
+                                     request_deserializer=tolerant_deserializer(request_class),
+                                     response_serializer=response_class.SerializeToString)
+    server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(GENERATION_SERVICE, handlers),))
+    server.add_registered_method_handlers(GENERATION_SERVICE, handlers)
 
 
 @contextlib.asynccontextmanager
@@ -275,7 +303,7 @@ class GenerationServer:
             ("grpc.max_send_message_length", limits.max_message_bytes),
             ("grpc.so_reuseport", 0),  # a port in use is an error, not a shared port
         ], interceptors=[_AccessInterceptor(security, self.key_limiter)] if security.api_keys else None)
-        pb_grpc.add_GenerationServicer_to_server(GenerationServicer(self.llm, limits, self.supervisor), self.server)
+        add_generation_servicer(GenerationServicer(self.llm, limits, self.supervisor), self.server)
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self.server)
         add_v1_descriptor()
         reflection_servicer = reflection.aio.ReflectionServicer(

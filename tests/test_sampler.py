@@ -76,3 +76,18 @@ def test_logprobs_come_from_raw_logits():
     lp = out.logprobs[0]
     assert lp.token_id == 9 and abs(lp.logprob - raw[9].item()) < 1e-5
     assert [t for t, _ in lp.top] == raw.topk(2).indices.tolist()
+
+
+def test_nan_logits_never_break_the_grammar():
+    logits = torch.full((2, VOCAB), float("nan"))
+    logits[1] = torch.randn(VOCAB)
+    bitmask = bitmask_allowing([7, 9], [11])
+    for seed in range(5):
+        out = Sampler()(logits.clone(), meta(2, temperature=1.0, seeds=[seed, seed]), bitmask, np.array([0, 1]))
+        assert out.token_ids[0] in (7, 9) and out.token_ids[1] == 11
+
+
+def test_a_tiny_temperature_is_greedy():
+    logits = torch.randn(1, VOCAB)
+    out = Sampler()(logits.clone(), meta(1, temperature=1e-30, seeds=[1]))
+    assert out.token_ids[0] == logits[0].argmax()

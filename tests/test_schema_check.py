@@ -122,3 +122,38 @@ def test_normalize_only_frees_objects_and_arrays_that_declare_no_members():
     assert out["properties"]["a"]["items"] is True
     assert "additionalProperties" not in out["properties"]["b"]
     assert schema == original  # the input is not modified
+
+
+@pytest.mark.parametrize("schema, words", [
+    ({"type": "string", "maxLength": -1}, '"maxLength" at / (the root) must be a non-negative integer, got -1'),
+    ({"pattern": 5}, '"pattern" at / (the root) must be a string, got 5'),
+    ({"properties": {"a": {"minItems": 1.5}}}, '"minItems" at /properties/a must be a non-negative integer'),
+    ({"type": [5]}, '"type" at / (the root) must be a type name or a non-empty list of them, got [5]'),
+    ({"required": "a"}, '"required" at / (the root) must be a list of strings'),
+    ({"properties": []}, '"properties" at / (the root) must be an object of subschemas'),
+    ({"properties": {"a": 5}}, "the subschema at /properties/a must be an object or a boolean, got 5"),
+    ({"anyOf": []}, '"anyOf" at / (the root) must be a non-empty list'),
+    ({"multipleOf": 0}, '"multipleOf" at / (the root) must be a number > 0'),
+    ({"items": {"pattern": "a{100001}"}}, '"pattern" at /items has the repetition count 100001'),
+    ({"patternProperties": {"x{999999}": {}}}, "the \"patternProperties\" key 'x{999999}' at / (the root) has"),
+])
+def test_malformed_keyword_values_are_named_with_their_pointer(schema, words):
+    from grammar.schema_check import check_keyword_values
+    with pytest.raises(GrammarError) as info:
+        check_keyword_values(schema, max_repeat_count=100_000)
+    assert str(info.value).startswith("json_schema does not compile: ") and words in str(info.value)
+    for strict in (True, False):  # invalid is invalid, strict or not
+        with pytest.raises(GrammarError):
+            make_backend().compile(make_constraint(spec=schema, strict=strict))
+
+
+@pytest.mark.parametrize("schema", [
+    {"type": "string", "maxLength": 2.0, "minLength": 0},  # 2.0 is an integer in JSON Schema
+    {"type": "number", "exclusiveMinimum": True, "minimum": 0},  # draft 4
+    {"type": ["string", "null"], "pattern": "a{3}"},
+    {"items": [{"type": "string"}], "additionalItems": False},
+    True,
+])
+def test_well_formed_keyword_values_pass(schema):
+    from grammar.schema_check import check_keyword_values
+    check_keyword_values(schema, max_repeat_count=100_000)

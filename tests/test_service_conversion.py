@@ -280,3 +280,30 @@ def test_only_server_py_imports_grpc():
 def test_engine_core_client_never_imports_grpc():
     code = "import sys; import engine.core_client; assert not [m for m in sys.modules if m.startswith('grpc')]"
     subprocess.run([sys.executable, "-c", code], cwd=REPO_ROOT, check=True)
+
+
+@pytest.mark.parametrize("fields, field", [
+    ({"temperature": 1e100}, "temperature"), ({"temperature": 1e300}, "temperature"),
+    ({"temperature": 100.5}, "temperature"), ({"repetition_penalty": 1e-300}, "repetition_penalty"),
+    ({"repetition_penalty": 1e100}, "repetition_penalty"), ({"top_p": 1e100}, "top_p"),
+])
+def test_floats_are_range_checked_not_only_finite(fields, field):
+    got_field, message = violation(**fields, constraint={"regex": "[a-z]+"})
+    assert got_field == field and message.startswith(f"{field}: must be")
+
+
+def test_deeply_nested_schema_text_is_a_clear_error():
+    for text in ("[" * 100000, '{"items":' * 5000 + "{}" + "}" * 5000):
+        with pytest.raises(ServiceError) as info:
+            conversion.constraint_from_proto(pb.Constraint(json_schema_text=text),
+                                             ServiceLimits(max_constraint_bytes=1 << 20))
+        assert info.value.code == StatusCode.INVALID_ARGUMENT
+        assert info.value.message.startswith("constraint.json_schema_text: json_schema is nested too deeply")
+
+
+def test_a_constraint_error_after_tokens_is_invalid_argument():
+    output = final_output(finish_reason=FinishReason.ERROR, error="over max_fill_ms", constraint_error=True)
+    error = conversion.error_from_output(output, "constraint.regex")
+    assert error.code == StatusCode.INVALID_ARGUMENT
+    assert error.message == "constraint.regex: over max_fill_ms (after 3 tokens)"
+    assert error.violations[0].field == "constraint.regex"

@@ -1,0 +1,163 @@
+"""A grammar whose work raises or runs past a limit ends its own request, never the engine."""
+from __future__ import annotations
+
+import pytest
+import torch
+from conftest import make_request, make_scheduler
+
+from engine.config import GrammarConfig
+from engine.request import FinishReason, RequestStatus
+from engine.sampling_params import Constraint
+from engine.scheduler_output import ModelRunnerOutput
+from engine.structured_output import StructuredOutputManager
+from grammar.backend import CompiledGrammar, Grammar, GrammarBackend, GrammarError
+
+
+class _Compiled(CompiledGrammar):
+    num_bytes = 64
+
+
+class _AnyToken(Grammar):
+    def fill_bitmask(self, bitmask, row):
+        bitmask[row] = -1
+
+    def accept_tokens(self, token_ids):
+        return True
+
+    def rollback(self, num_tokens):
+        pass
+
+    def is_terminated(self):
+        return False
+
+    def jump_forward_token_ids(self):
+        return []
+
+
+class _Backend(GrammarBackend):
+    def compile(self, constraint):
+        return _Compiled()
+
+    def make_grammar(self, compiled):
+        return _AnyToken()
+
+    def allocate_bitmask(self, num_rows):
+        return torch.zeros(num_rows, 2, dtype=torch.int32)
+
+
+def wait_compiled(manager):
+    for future in list(manager._futures.values()):
+        try:
+            future.result(timeout=10)
+        except GrammarError:
+            pass
+
+
+def sample(scheduler, scheduler_output, token_id=100):
+    """A runner's answer: a token for each request that samples (a request the bitmask fill
+    ended meanwhile gets one too; the scheduler must drop it)."""
+    sampled = {}
+    for req_id in scheduler_output.num_scheduled_tokens:
+        request = scheduler.requests.get(req_id)
+        if request is None or request.num_computed_tokens == request.num_tokens:
+            sampled[req_id] = [token_id]
+    return scheduler.update_from_output(
+        scheduler_output, ModelRunnerOutput(list(scheduler_output.num_scheduled_tokens), sampled))
+
+
+class _Failing(_AnyToken):
+    """Raises in one piece of grammar work, as xgrammar does when it runs out of memory."""
+
+    def __init__(self, where: str) -> None:
+        self.where = where
+
+    def fill_bitmask(self, bitmask, row):
+        if self.where == "fill":
+            raise MemoryError("std::bad_alloc")
+        bitmask[row] = -1
+
+    def accept_tokens(self, token_ids):
+        if self.where == "accept":
+            raise RuntimeError("std::bad_alloc")
+        return True
+
+    def jump_forward_token_ids(self):
+        if self.where == "jump_forward":
+            raise RuntimeError("std::bad_alloc")
+        return []
+
+
+class _FailingBackend(_Backend):
+    def __init__(self, where: str) -> None:
+        self.where = where
+
+    def make_grammar(self, compiled):
+        if self.where == "make":
+            raise MemoryError("std::bad_alloc")
+        return _Failing(self.where)
+
+
+def run_until_done(scheduler, requests, max_steps=20):
+    outputs = {}
+    for _ in range(max_steps):
+        if all(r.is_finished for r in requests):
+            break
+        so = scheduler.schedule()
+        scheduler.get_grammar_bitmask(so)
+        for output in sample(scheduler, so):
+            if output.finish_reason is not None:
+                outputs[output.request_id] = output
+    return outputs
+
+
+@pytest.mark.parametrize("where", ["make", "fill", "accept", "jump_forward"])
+def test_grammar_exception_ends_only_its_request(where):
+    backend = _FailingBackend(where)
+    manager = StructuredOutputManager(backend, GrammarConfig())
+    scheduler = make_scheduler(structured_output_manager=manager)
+    bad = make_request(num_tokens=5, max_tokens=4, constraint=Constraint(kind="regex", spec="a+"))
+    plain = make_request(num_tokens=5, max_tokens=4)
+    scheduler.add_request(bad)
+    scheduler.add_request(plain)
+    wait_compiled(manager)
+    outputs = run_until_done(scheduler, [bad, plain])
+    assert bad.status == RequestStatus.FINISHED_ERROR and bad.constraint_error
+    assert outputs[bad.request_id].finish_reason == FinishReason.ERROR
+    assert outputs[bad.request_id].constraint_error
+    assert "std::bad_alloc" in outputs[bad.request_id].error
+    assert plain.status == RequestStatus.FINISHED_LENGTH_CAPPED  # the other request ran to its end
+    assert scheduler.kv_cache_manager.pool.num_free_blocks == scheduler.kv_cache_manager.pool.num_blocks - 1
+
+
+class _SlowFill(_AnyToken):
+    def fill_bitmask(self, bitmask, row):
+        total = 0
+        for i in range(200_000):  # CPU time, not sleep: the limit counts the thread's CPU
+            total += i * i
+        bitmask[row] = -1
+
+
+def test_a_fill_over_max_fill_ms_ends_its_request():
+    backend = _Backend()
+    backend.make_grammar = lambda compiled: _SlowFill()
+    manager = StructuredOutputManager(backend, GrammarConfig(max_fill_ms=0.001))
+    scheduler = make_scheduler(structured_output_manager=manager)
+    slow = make_request(num_tokens=5, max_tokens=4, constraint=Constraint(kind="regex", spec="a+"))
+    scheduler.add_request(slow)
+    wait_compiled(manager)
+    outputs = run_until_done(scheduler, [slow])
+    assert "max_fill_ms" in outputs[slow.request_id].error and outputs[slow.request_id].constraint_error
+
+
+def test_bitmask_row_of_a_failed_fill_allows_nothing():
+    backend = _FailingBackend("fill")
+    manager = StructuredOutputManager(backend, GrammarConfig())
+    scheduler = make_scheduler(structured_output_manager=manager)
+    bad = make_request(num_tokens=5, constraint=Constraint(kind="regex", spec="a+"))
+    scheduler.add_request(bad)
+    wait_compiled(manager)
+    so = scheduler.schedule()
+    grammar_output = scheduler.get_grammar_bitmask(so)
+    assert set(grammar_output.failed) == {bad.request_id}
+    assert not torch.any(grammar_output.grammar_bitmask[0])
+    assert bad.status == RequestStatus.FINISHED_ERROR
