@@ -140,7 +140,7 @@ def score_answers(system: str, setting: str, items: list[Item], answers: list[tu
 
 
 def run_formwork(llm, items: list[Item], setting: Setting) -> tuple[list[tuple[str, str, int]], float]:
-    from engine.request import FinishReason
+    from engine.sched.request import FinishReason
     from engine.sampling_params import Constraint, SamplingParams
     prompts = [item.messages[setting.prompt] for item in items]
     params = [SamplingParams(temperature=0, max_tokens=MAX_TOKENS[item.workload], constraint=Constraint(

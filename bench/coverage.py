@@ -62,7 +62,7 @@ class SubsetResult:
 def run_coverage(llm, schemas: list[tuple[str, str, dict]], max_tokens: int) -> dict[str, SubsetResult]:
     import jsonschema
 
-    from engine.request import FinishReason
+    from engine.sched.request import FinishReason
     from engine.sampling_params import Constraint, SamplingParams
 
     prompts = [[{"role": "system", "content": PROMPT}, {"role": "user", "content": f"Schema id: {sid}"}]

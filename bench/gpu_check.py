@@ -154,7 +154,7 @@ def machine(device: torch.device) -> dict:
         info |= {"gpu": props.name, "gpu_memory_gib": round(props.total_memory / 2**30, 1),
                  "multiprocessors": props.multi_processor_count}
     try:
-        import flash_attn  # noqa: F401  (only to report it: engine/flash_attention.py is the one user)
+        import flash_attn  # noqa: F401  (only to report it: engine/attention/flash.py is the one user)
         info["flash_attn"] = getattr(flash_attn, "__version__", "installed")
     except ImportError:
         info["flash_attn"] = None

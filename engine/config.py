@@ -71,8 +71,8 @@ CUDA_ATTENTION_BACKENDS = ("auto", "flash_attn", "torch")
 
 @dataclass(frozen=True)
 class CudaConfig:
-    """How the engine uses a CUDA device (engine/flash_attention.py, engine/cuda_graph.py,
-    engine/device_memory.py)."""
+    """How the engine uses a CUDA device (engine/attention/flash.py, engine/worker/cuda_graph.py,
+    engine/worker/device_memory.py)."""
 
     # fraction of the device's total memory the engine may hold (weights + KV cache + activations);
     # the KV cache takes what is left of it after the weights, unless CacheConfig.num_blocks is set

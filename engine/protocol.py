@@ -52,7 +52,7 @@ class EngineCoreOutput(msgspec.Struct, array_like=True, omit_defaults=True):
     request_id: str
     new_token_ids: list[int] = []
     new_logprobs: list[TokenLogprob] = []
-    finish_reason: int | None = None  # engine.request.FinishReason; None while running
+    finish_reason: int | None = None  # engine.sched.request.FinishReason; None while running
     stop_reason: int | str | None = None  # the stop token id that ended it, if any
     error: str | None = None  # set with FinishReason.ERROR: a message the client can act on
     # set on the final output only

@@ -5,7 +5,7 @@ log line and sometimes silently, and the model is then free to write output the 
 This module finds those keywords *before* compiling, so that a strict constraint fails with a
 message naming the keyword and its JSON pointer, and a best-effort one lists what is not enforced.
 
-Every rule below was measured, not assumed: `python -m grammar.keyword_survey` runs the official
+Every rule below was measured, not assumed: `python -m bench.keyword_survey` runs the official
 JSON-Schema test suite (draft 2020-12) plus our own probes through the real backend and checks
 that no group with an accepted invalid instance goes unflagged (docs/constraints-keywords.md).
 The rules are a whitelist over the known vocabulary: a known assertion keyword is enforced only in

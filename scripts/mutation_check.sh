@@ -4,7 +4,7 @@
 #   scripts/mutation_check.sh REF TEST_FILE...
 #
 # Exports REF (a commit, or "worktree" for the files as they are) into a scratch folder, mutates
-# engine/sampler.py, block_pool.py, kv_cache_manager.py and scheduler.py with mutmut, and runs only
+# engine/worker/sampler.py, block_pool.py, kv_cache_manager.py and scheduler.py with mutmut, and runs only
 # the given test files against a fixed 1-in-5 sample of the mutants (every 5th per file, in name
 # order) with one worker, so a run takes about 10-15 minutes on a loaded 2-core machine.
 # With ONLY=FILE, only the mutants named in FILE (one a line) run, e.g. the survivors of an earlier
@@ -52,7 +52,7 @@ cd "$scratch"
 # the child deadlocks on its first parallel op and the mutant counts as a timeout (a false kill)
 export OMP_WAIT_POLICY=PASSIVE OMP_NUM_THREADS=1 MKL_NUM_THREADS=1
 # the first run writes every mutant (and its name) and checks one; then the sample runs
-nice -n 10 "$venv/bin/mutmut" run --max-children 1 engine.block_pool.x_hash_block__mutmut_1 > mutmut-run.log 2>&1
+nice -n 10 "$venv/bin/mutmut" run --max-children 1 engine.kv_cache.block_pool.x_hash_block__mutmut_1 > mutmut-run.log 2>&1
 "$venv/bin/python" - <<'EOF_PY' > mutant-sample.txt
 import glob, json, re
 names = []

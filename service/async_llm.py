@@ -16,18 +16,18 @@ import time
 from collections.abc import AsyncIterator
 from typing import TYPE_CHECKING
 
-from engine.core_client import EngineDeadError
-from engine.output_processor import OutputProcessor, RequestOutput
+from engine.frontend.core_client import EngineDeadError
+from engine.frontend.output_processor import OutputProcessor, RequestOutput
 from engine.protocol import ConstraintReport, EngineCoreOutput, EngineCoreRequest, EngineStats
-from engine.request import FinishReason
+from engine.sched.request import FinishReason
 from engine.sampling_params import Constraint, SamplingParams
-from engine.tokenizer import Tokenizer
+from engine.frontend.tokenizer import Tokenizer
 from service.errors import FieldViolation, ServiceError, StatusCode, invalid_argument, unavailable
 from service.quarantine import Quarantine
 
 if TYPE_CHECKING:
-    from engine.core_client import EngineCoreClient, RequestOutputStream
-    from engine.core_proc import EngineCoreReady
+    from engine.frontend.core_client import EngineCoreClient, RequestOutputStream
+    from engine.core.core_proc import EngineCoreReady
     from service.conversion import PromptInput
     from service.limits import ServiceLimits
 

@@ -3,7 +3,7 @@
     formwork serve [--model PATH] [--host 127.0.0.1] [--port 50051] [--http-port 8000 | --no-http] [engine options] [limits]
     python -m service.cli serve ...   (the same, without the console script)
 
-The engine CLI (engine/cli.py) registers this subcommand with `add_serve_parser(subparsers,
+The engine CLI (cli/main.py) registers this subcommand with `add_serve_parser(subparsers,
 add_engine_args)`; the parsed namespace carries `func`, which runs it and returns the exit code.
 """
 from __future__ import annotations
@@ -17,9 +17,9 @@ from collections.abc import Callable
 from dataclasses import replace
 from typing import TYPE_CHECKING
 
-from engine import cli as engine_cli
+from cli import main as engine_cli
 from engine.config import EngineConfig, SchedulerConfig
-from engine.memory_watchdog import DEFAULT_FRACTION_OF_MEMORY, MemoryLimit, machine_memory_bytes
+from engine.core.memory_watchdog import DEFAULT_FRACTION_OF_MEMORY, MemoryLimit, machine_memory_bytes
 from service.limits import ServiceLimits
 from service.security import API_KEY_ENV, SecurityConfig, load_api_keys, load_tls_files
 from service.supervisor import RestartPolicy
@@ -33,7 +33,7 @@ _RESTART_DEFAULTS = RestartPolicy()
 
 def add_serve_parser(subparsers: argparse._SubParsersAction,
                      add_engine_args: Callable[[argparse.ArgumentParser], None] | None = None) -> argparse.ArgumentParser:
-    """Register `serve`; `add_engine_args` adds the engine options (default: engine.cli's)."""
+    """Register `serve`; `add_engine_args` adds the engine options (default: cli.main's)."""
     parser = subparsers.add_parser("serve", help="serve the Generation gRPC API",
                                    description="Serve formwork.v1.Generation (plus health and reflection) over gRPC.")
     parser.add_argument("--host", default="127.0.0.1", help="address to listen on (default: %(default)s)")
@@ -94,7 +94,7 @@ def security_from_args(args: argparse.Namespace) -> SecurityConfig:
 
 
 def engine_config_from_args(args: argparse.Namespace) -> EngineConfig:
-    """engine.cli's EngineConfig, with the service's queue length and constraint size."""
+    """cli.main's EngineConfig, with the service's queue length and constraint size."""
     config = engine_cli.engine_config_from_args(args)
     return replace(config, scheduler=replace(config.scheduler, max_num_waiting=args.max_queue_len),
                    grammar=replace(config.grammar,
@@ -123,7 +123,7 @@ def limits_from_args(args: argparse.Namespace) -> ServiceLimits:
 
 def run_serve(args: argparse.Namespace) -> int:
     """Serve until SIGTERM / Ctrl-C; the exit code (0 after a graceful stop)."""
-    from engine.core_client import AsyncMPClient
+    from engine.frontend.core_client import AsyncMPClient
     from service.server import GenerationServer, serve
 
     log_level = getattr(logging, args.log_level)

@@ -15,15 +15,15 @@ from typing import TYPE_CHECKING, Any
 from google.protobuf import struct_pb2
 
 from engine.protocol import ConstraintReport, EngineStats, TokenLogprob
-from engine.request import FinishReason
+from engine.sched.request import FinishReason
 from engine.sampling_params import CONSTRAINT_KINDS, Constraint, SamplingParams
 from service._gen.formwork.v1 import generation_pb2 as pb
 from service.errors import FieldViolation, ServiceError, StatusCode, invalid_argument
 from service.limits import MAX_LOGPROBS, ServiceLimits
 
 if TYPE_CHECKING:
-    from engine.core_proc import EngineCoreReady
-    from engine.output_processor import RequestOutput
+    from engine.core.core_proc import EngineCoreReady
+    from engine.frontend.output_processor import RequestOutput
 
 # proto3 `optional` sampling fields, named as in SamplingParams
 _OPTIONAL_SAMPLING_FIELDS = ("temperature", "top_p", "top_k", "min_p", "seed", "repetition_penalty",

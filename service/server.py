@@ -27,9 +27,9 @@ import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection, reflection_pb2, reflection_pb2_grpc
 
-from engine.core_client import EngineCoreClient
-from engine.output_processor import RequestOutput
-from engine.request import FinishReason
+from engine.frontend.core_client import EngineCoreClient
+from engine.frontend.output_processor import RequestOutput
+from engine.sched.request import FinishReason
 from engine.sampling_params import SamplingParams
 from service import conversion
 from service._gen.formwork.v1 import generation_pb2 as pb

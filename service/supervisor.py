@@ -19,7 +19,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from engine.core_client import EngineDeadError
+from engine.frontend.core_client import EngineDeadError
 from service.quarantine import Quarantine
 
 if TYPE_CHECKING:

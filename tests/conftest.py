@@ -9,9 +9,9 @@ os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 import pytest
 
 from engine.config import CacheConfig, SchedulerConfig
-from engine.request import Request
+from engine.sched.request import Request
 from engine.sampling_params import SamplingParams
-from engine.scheduler import Scheduler
+from engine.sched.scheduler import Scheduler
 
 _ids = itertools.count()
 
@@ -37,7 +37,7 @@ def make_request(num_tokens: int = 10, max_tokens: int = 16, token_ids: list[int
 
 def sample_step(scheduler: Scheduler, scheduler_output, token_id: int = 100):
     """What a runner returns: one token for each request whose catch-up completes; then update."""
-    from engine.scheduler_output import ModelRunnerOutput
+    from engine.sched.scheduler_output import ModelRunnerOutput
     sampled = {}
     for req_id in scheduler_output.num_scheduled_tokens:
         request = scheduler.requests[req_id]
@@ -78,7 +78,7 @@ def llm_fp32(model_dir):
 @pytest.fixture(scope="session")
 def kernels():
     """Formwork's compiled CPU kernels; a build failure fails the tests that need them (CI has a compiler)."""
-    from engine.cpu_kernels import load_cpu_kernels
+    from engine.kernels.loader import load_cpu_kernels
     module = load_cpu_kernels()
     if module is None:
         pytest.fail("the CPU kernels did not build here (see the warning in the log)")

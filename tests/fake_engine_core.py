@@ -19,9 +19,9 @@ import msgspec
 
 from engine.config import CacheConfig, EngineConfig, SchedulerConfig
 from engine.protocol import ConstraintReport, EngineCoreOutput, EngineCoreRequest, EngineStats, TokenLogprob
-from engine.request import FinishReason
+from engine.sched.request import FinishReason
 from engine.sampling_params import Constraint
-from engine.tokenizer import Tokenizer
+from engine.frontend.tokenizer import Tokenizer
 
 CRASH_SEED = 666
 PLAIN_ANSWER = "Hello from the fake engine, one token at a time."

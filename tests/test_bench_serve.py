@@ -166,7 +166,7 @@ def test_smoke_benchmark_runs_and_its_numbers_are_sane(tmp_path):
     """`formwork bench serve --smoke` (what `make bench-smoke` runs) against a real server."""
     out = tmp_path / "smoke.json"
     env = {**os.environ, "OMP_WAIT_POLICY": "PASSIVE"}
-    proc = subprocess.run([sys.executable, "-m", "engine.cli", "bench", "serve", "--smoke", "--json",
+    proc = subprocess.run([sys.executable, "-m", "cli.main", "bench", "serve", "--smoke", "--json",
                            "--output", str(out), "--plots-dir", str(tmp_path)],
                           cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-4000:]

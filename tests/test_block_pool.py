@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import pytest
 
-from engine.block_pool import BlockPool, hash_block
+from engine.kv_cache.block_pool import BlockPool, hash_block
 
 
 def cached_blocks(pool: BlockPool, *token_runs: tuple[int, ...]):

@@ -9,7 +9,7 @@ import pytest
 
 
 def formwork(*args: str, stdin: str | None = None) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "engine.cli", *args], input=stdin, capture_output=True,
+    return subprocess.run([sys.executable, "-m", "cli.main", *args], input=stdin, capture_output=True,
                           text=True, timeout=300)
 
 

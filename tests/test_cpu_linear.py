@@ -1,4 +1,4 @@
-"""bf16 linear layers pre-packed for oneDNN (engine/cpu_linear.py)."""
+"""bf16 linear layers pre-packed for oneDNN (engine/kernels/cpu_linear.py)."""
 from __future__ import annotations
 
 import pytest
@@ -6,8 +6,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from engine import cpu_linear
-from engine.cpu_linear import PackedLinear, can_pack, pack_linear, pack_linears
+from engine.kernels import cpu_linear
+from engine.kernels.cpu_linear import PackedLinear, can_pack, pack_linear, pack_linears
 
 needs_packing = pytest.mark.skipif(not can_pack(torch.zeros(1, dtype=torch.bfloat16)),
                                    reason="torch here has no oneDNN weight packing")

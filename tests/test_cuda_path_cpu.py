@@ -6,10 +6,10 @@ import pytest
 import torch
 
 from engine.config import CacheConfig, CudaConfig, EngineConfig, SchedulerConfig
-from engine.cuda_graph import DecodeGraphRunner, capture_sizes
-from engine.device_memory import StepShape, activation_reserve_bytes, num_blocks_from_free_memory
+from engine.worker.cuda_graph import DecodeGraphRunner, capture_sizes
+from engine.worker.device_memory import StepShape, activation_reserve_bytes, num_blocks_from_free_memory
 from engine.sampling_params import SamplingParams
-from engine.sdpa_attention import SdpaAttentionBackend
+from engine.attention.sdpa import SdpaAttentionBackend
 
 
 def test_capture_sizes():

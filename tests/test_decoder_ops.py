@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from engine import decoder_ops
+from engine.kernels import decoder_ops
 
 
 def both_paths(fn, *tensors):

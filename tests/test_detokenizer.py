@@ -3,8 +3,8 @@ from __future__ import annotations
 
 import pytest
 
-from engine.detokenizer import IncrementalDetokenizer
-from engine.tokenizer import Tokenizer
+from engine.frontend.detokenizer import IncrementalDetokenizer
+from engine.frontend.tokenizer import Tokenizer
 
 MULTI_BYTE_TEXTS = [
     "Héllo wörld, café crème brûlée à la façon",

@@ -20,7 +20,7 @@ import pytest
 import torch
 
 from engine.config import CacheConfig, CudaConfig, EngineConfig, GrammarConfig, SchedulerConfig
-from engine.request import FinishReason
+from engine.sched.request import FinishReason
 from engine.sampling_params import Constraint, SamplingParams
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")]

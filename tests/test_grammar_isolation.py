@@ -6,10 +6,10 @@ import torch
 from conftest import make_request, make_scheduler
 
 from engine.config import GrammarConfig
-from engine.request import FinishReason, RequestStatus
+from engine.sched.request import FinishReason, RequestStatus
 from engine.sampling_params import Constraint
-from engine.scheduler_output import ModelRunnerOutput
-from engine.structured_output import StructuredOutputManager
+from engine.sched.scheduler_output import ModelRunnerOutput
+from engine.sched.structured_output import StructuredOutputManager
 from grammar.backend import CompiledGrammar, Grammar, GrammarBackend, GrammarError
 
 

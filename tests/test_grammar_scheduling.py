@@ -7,9 +7,9 @@ import torch
 from conftest import make_request, make_scheduler, sample_step
 
 from engine.config import GrammarConfig
-from engine.request import FinishReason, RequestStatus
+from engine.sched.request import FinishReason, RequestStatus
 from engine.sampling_params import Constraint
-from engine.structured_output import StructuredOutputManager
+from engine.sched.structured_output import StructuredOutputManager
 from grammar.backend import CompiledGrammar, Grammar, GrammarBackend, GrammarError
 
 

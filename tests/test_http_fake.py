@@ -12,7 +12,7 @@ import grpc
 import httpx
 import pytest
 
-from engine.core_client import InprocClient
+from engine.frontend.core_client import InprocClient
 from fake_engine_core import CRASH_SEED, PLAIN_ANSWER, FakeEngineCore, fake_config
 from live_server import chat, error_of
 from service._gen.formwork.v1 import generation_pb2_grpc as pb_grpc

@@ -4,7 +4,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from engine.input_batch import prepare_step_indices
+from engine.worker.input_batch import prepare_step_indices
 
 
 def test_scheduled_tokens_2_5_3():
@@ -40,7 +40,7 @@ def test_all_decodes():
 
 
 def make_batch():
-    from engine.input_batch import InputBatch
+    from engine.worker.input_batch import InputBatch
     return InputBatch(max_num_reqs=2, max_model_len=32, max_blocks_per_req=2)
 
 

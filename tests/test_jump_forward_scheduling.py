@@ -10,9 +10,9 @@ import torch
 from conftest import make_request, make_scheduler, sample_step
 
 from engine.config import GrammarConfig
-from engine.request import RequestStatus
+from engine.sched.request import RequestStatus
 from engine.sampling_params import Constraint
-from engine.structured_output import StructuredOutputManager
+from engine.sched.structured_output import StructuredOutputManager
 from grammar.backend import CompiledGrammar, Grammar, GrammarBackend
 
 SAMPLED = 100

@@ -3,8 +3,8 @@ from __future__ import annotations
 
 from conftest import make_request, make_scheduler, sample_step
 
-from engine.block_pool import hash_block
-from engine.kv_cache_manager import KVCacheManager
+from engine.kv_cache.block_pool import hash_block
+from engine.kv_cache.manager import KVCacheManager
 
 BLOCK = 4
 

@@ -3,11 +3,11 @@ from __future__ import annotations
 
 import pytest
 
-from engine.output_processor import OutputProcessor, RequestOutput
+from engine.frontend.output_processor import OutputProcessor, RequestOutput
 from engine.protocol import EngineCoreOutput, TokenLogprob
-from engine.request import FinishReason
+from engine.sched.request import FinishReason
 from engine.sampling_params import SamplingParams
-from engine.tokenizer import Tokenizer
+from engine.frontend.tokenizer import Tokenizer
 
 EOS = 2
 PROMPT = [1, 4093, 198, 26843, 2, 198, 1, 520, 9531, 198]

@@ -107,5 +107,5 @@ def test_load_schemas_reads_another_copy_given_with_data(tmp_path):
 
 
 def test_keyword_survey_defaults_to_the_carried_suite():
-    from grammar.keyword_survey import DEFAULT_SUITE
+    from bench.keyword_survey import DEFAULT_SUITE
     assert DEFAULT_SUITE.resolve() == TEST_SUITE_DIR.resolve()

@@ -4,7 +4,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from engine.sampler import Sampler, SamplingMetadata
+from engine.worker.sampler import Sampler, SamplingMetadata
 
 VOCAB = 64
 

@@ -12,7 +12,7 @@ import math
 import numpy as np
 import torch
 
-from engine.sampler import Sampler, SamplingMetadata
+from engine.worker.sampler import Sampler, SamplingMetadata
 
 VOCAB = 8
 NUM_DRAWS = 4000

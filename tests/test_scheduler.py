@@ -3,8 +3,8 @@ from __future__ import annotations
 
 from conftest import make_request, make_scheduler, sample_step
 
-from engine.request import RequestStatus
-from engine.scheduler_output import ModelRunnerOutput
+from engine.sched.request import RequestStatus
+from engine.sched.scheduler_output import ModelRunnerOutput
 
 
 def test_reference_two_request_example():

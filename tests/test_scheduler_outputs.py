@@ -5,8 +5,8 @@ from __future__ import annotations
 from conftest import make_request, make_scheduler, sample_step
 
 from engine.protocol import EngineCoreOutput, TokenLogprob
-from engine.request import FinishReason, RequestStatus
-from engine.scheduler_output import ModelRunnerOutput
+from engine.sched.request import FinishReason, RequestStatus
+from engine.sched.scheduler_output import ModelRunnerOutput
 
 
 def test_first_and_final_outputs_carry_the_counters():

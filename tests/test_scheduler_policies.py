@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from conftest import make_request, make_scheduler, sample_step
 
-from engine.request import RequestStatus
+from engine.sched.request import RequestStatus
 
 
 def admitted(scheduler_output) -> list[str]:

@@ -9,7 +9,7 @@ from __future__ import annotations
 import pytest
 
 from engine.config import CacheConfig, EngineConfig, SchedulerConfig
-from engine.request import Request
+from engine.sched.request import Request
 from engine.sampling_params import SamplingParams
 
 VOCAB = 384
@@ -34,8 +34,8 @@ def tiny_model(tmp_path_factory):
 
 def generate(tiny_model, num_blocks: int, params: list[SamplingParams], prompts: list[list[int]]):
     """Every request to the end; returns (output token ids per request, number of preemptions)."""
-    from engine.model_runner import ModelRunner
-    from engine.scheduler import Scheduler
+    from engine.worker.model_runner import ModelRunner
+    from engine.sched.scheduler import Scheduler
 
     model_dir, hf_config = tiny_model
     config = EngineConfig(model=str(model_dir), dtype="float32",

@@ -11,10 +11,10 @@ import pytest
 from google.protobuf import json_format
 from google.rpc import error_details_pb2
 
-from engine.core_proc import EngineCoreReady
-from engine.output_processor import RequestOutput, RequestTimings
+from engine.core.core_proc import EngineCoreReady
+from engine.frontend.output_processor import RequestOutput, RequestTimings
 from engine.protocol import ConstraintReport, EngineStats, TokenLogprob
-from engine.request import FinishReason
+from engine.sched.request import FinishReason
 from engine.sampling_params import Constraint, SamplingParams
 from service import conversion, protogen
 from service._gen.formwork.v1 import generation_pb2 as pb
@@ -259,7 +259,7 @@ def test_generated_stubs_are_fresh():
 
 
 def test_service_never_imports_torch():
-    code = ("import sys; import service.server, service.cli, service.async_llm, engine.core_client; "
+    code = ("import sys; import service.server, service.cli, service.async_llm, engine.frontend.core_client; "
             "assert 'torch' not in sys.modules, 'torch imported'; assert 'transformers' not in sys.modules")
     subprocess.run([sys.executable, "-c", code], cwd=REPO_ROOT, check=True)
 
@@ -278,7 +278,7 @@ def test_only_server_py_imports_grpc():
 
 
 def test_engine_core_client_never_imports_grpc():
-    code = "import sys; import engine.core_client; assert not [m for m in sys.modules if m.startswith('grpc')]"
+    code = "import sys; import engine.frontend.core_client; assert not [m for m in sys.modules if m.startswith('grpc')]"
     subprocess.run([sys.executable, "-c", code], cwd=REPO_ROOT, check=True)
 
 

@@ -7,7 +7,7 @@ import re
 import pytest
 
 from bench.coverage import SUBSETS, load_schemas, run_coverage
-from engine.request import FinishReason
+from engine.sched.request import FinishReason
 from engine.sampling_params import Constraint, SamplingParams
 
 pytestmark = pytest.mark.slow

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from engine.tokenizer import Tokenizer, validate_messages
+from engine.frontend.tokenizer import Tokenizer, validate_messages
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 
@@ -201,7 +201,7 @@ def test_missing_tokenizer_json(tmp_path):
 
 
 def test_front_end_modules_do_not_import_torch():
-    code = ("import sys, engine.tokenizer, engine.detokenizer, engine.output_processor; "
+    code = ("import sys, engine.frontend.tokenizer, engine.frontend.detokenizer, engine.frontend.output_processor; "
             "assert 'torch' not in sys.modules and 'transformers' not in sys.modules")
     env = {**os.environ, "OMP_WAIT_POLICY": "PASSIVE"}
     subprocess.run([sys.executable, "-c", code], cwd=REPO_ROOT, env=env, check=True)

@@ -9,10 +9,10 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
-from engine.request import FinishReason
+from engine.sched.request import FinishReason
 
 if TYPE_CHECKING:
-    from engine.output_processor import RequestOutput
+    from engine.frontend.output_processor import RequestOutput
     from engine.protocol import TokenLogprob
 
 TokenText = Callable[[int], str]

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 import msgspec
 
 if TYPE_CHECKING:
-    from engine.output_processor import RequestOutput
+    from engine.frontend.output_processor import RequestOutput
 
 DONE_EVENT = b"data: [DONE]\n\n"
 _encoder = msgspec.json.Encoder()

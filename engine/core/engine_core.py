@@ -1,0 +1,177 @@
+"""The engine core: requests in, one step at a time, outputs out. Never touches gRPC."""
+from __future__ import annotations
+
+import logging
+import os
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from engine.config import EngineConfig
+from engine.core.executor import Executor
+from engine.model_files import resolve_model
+from engine.worker.model_runner import ModelRunner
+from engine.protocol import ConstraintReport, EngineCoreOutput, EngineCoreRequest, EngineStats
+from engine.sched.request import FinishReason, Request
+from engine.sampling_params import Constraint
+from engine.sched.scheduler import Scheduler
+from engine.sched.structured_output import StructuredOutputManager
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass
+class StepTiming:
+    """One step's time split (seconds), collected when `EngineCore.step_timings` is a list."""
+
+    num_reqs: int
+    num_tokens: int
+    forward_s: float  # execute_model in the worker thread
+    fill_s: float  # grammar bitmask fill on the engine thread, beside the forward
+    wait_s: float  # engine thread blocked on the forward after the fill
+    sample_s: float  # bitmask application + sampling
+    total_s: float  # launch -> outputs built
+
+
+class EngineCore:
+    def __init__(self, config: EngineConfig) -> None:
+        # spin-waiting OpenMP threads slow the forward 10-20x when grammar work runs beside it
+        os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+        import torch
+        from transformers import AutoConfig
+
+        if config.num_threads:
+            torch.set_num_threads(config.num_threads)
+        self.config = config
+        self.model_dir: Path = resolve_model(config.model)
+        hf_config = AutoConfig.from_pretrained(self.model_dir)
+        model_len = int(getattr(hf_config, "max_position_embeddings", 2048))
+        self.max_model_len = min(config.max_model_len or model_len, model_len)
+        self.vocab_size = int(hf_config.vocab_size)
+        eos = getattr(hf_config, "eos_token_id", None)
+        self.eos_token_id = eos[0] if isinstance(eos, list) else eos
+        self.model_name = self.model_dir.name
+
+        self.runner = ModelRunner(config, self.model_dir, hf_config, self.max_model_len)
+        self.executor = Executor(self.runner)
+        from grammar.xgrammar_backend import XGrammarBackend
+        self.structured_output_manager = StructuredOutputManager(
+            XGrammarBackend(str(self.model_dir), self.vocab_size, config=config.grammar), config.grammar)
+        self.step_timings: list[StepTiming] | None = None  # set to [] to collect
+        self.scheduler = Scheduler(config.scheduler, config.cache, self.runner.num_blocks, self.max_model_len,
+                                   self.structured_output_manager)
+
+    # ---- requests ----------------------------------------------------------------------
+
+    def validate_request(self, request: EngineCoreRequest) -> None:
+        """Raise ValueError naming what is wrong with a request; nothing is changed."""
+        num_prompt = len(request.prompt_token_ids)
+        if num_prompt == 0:
+            raise ValueError("the prompt is empty")
+        if num_prompt >= self.max_model_len:
+            raise ValueError(f"the prompt has {num_prompt} tokens; the context length is {self.max_model_len}, "
+                             f"which leaves no room to generate")
+        bad = [t for t in request.prompt_token_ids if not 0 <= t < self.vocab_size]
+        if bad:
+            raise ValueError(f"prompt token ids out of range [0, {self.vocab_size}): {bad[:5]}")
+        request.sampling_params.validate(self.vocab_size)
+        # a request that cannot fit in the whole KV cache would preempt itself forever
+        capacity = (self.runner.num_blocks - 1) * self.config.cache.block_size
+        needed = min(num_prompt + request.sampling_params.max_tokens, self.max_model_len)
+        if needed > capacity:
+            raise ValueError(f"the prompt ({num_prompt} tokens) plus max_tokens ({request.sampling_params.max_tokens}) "
+                             f"needs {needed} tokens of KV cache, but the cache holds {capacity}; lower max_tokens")
+        if request.request_id in self.scheduler.requests:
+            raise ValueError(f"request id {request.request_id!r} is already in use")
+
+    def add_request(self, request: EngineCoreRequest) -> None:
+        """Queue a request; an invalid one ends at once with an ERROR output (never raises)."""
+        try:
+            self.validate_request(request)
+        except ValueError as e:
+            self.scheduler.report(EngineCoreOutput(request.request_id, finish_reason=int(FinishReason.ERROR),
+                                                   error=str(e), num_prompt_tokens=len(request.prompt_token_ids)))
+            return
+        self.scheduler.add_request(Request(
+            request.request_id, request.prompt_token_ids, request.sampling_params, self.eos_token_id,
+            arrival_time=request.arrival_time or time.monotonic(), priority=request.priority))
+
+    def abort_requests(self, request_ids: list[str]) -> None:
+        self.scheduler.abort_requests(request_ids)
+
+    def fail_grammar_compiles(self, error: str) -> int:
+        """End every request whose grammar is still compiling with an ERROR output saying `error`
+        (the engine is short of memory, and a compile is grammar work that grows outside a step);
+        returns how many. The compiles themselves run on: Python cannot stop a thread."""
+        manager = self.structured_output_manager
+        failing = [r for r in self.scheduler.waiting if manager.is_compiling(r.request_id)]
+        self.scheduler.abort_requests([r.request_id for r in failing])
+        for request in failing:
+            self.scheduler.report(EngineCoreOutput(request.request_id, finish_reason=int(FinishReason.ERROR),
+                                                   error=error, num_prompt_tokens=request.num_prompt_tokens,
+                                                   memory_suspect=True))
+        return len(failing)
+
+    def has_unfinished_requests(self) -> bool:
+        return self.scheduler.has_unfinished_requests()
+
+    # ---- the loop ----------------------------------------------------------------------
+
+    def step(self) -> list[EngineCoreOutput]:
+        scheduler_output = self.scheduler.schedule()
+        if scheduler_output.is_empty:
+            if scheduler_output.finished_req_ids or scheduler_output.preempted_req_ids:
+                self.executor.execute_model(scheduler_output)  # nothing to run, but the runner frees their rows
+            if self.scheduler.num_waiting_for_grammar:  # idle on the compile, not in a spin
+                self.structured_output_manager.wait_for_any(0.005)
+            return self.scheduler.update_from_output(scheduler_output, None)
+        t0 = time.perf_counter()
+        future = self.executor.execute_model(scheduler_output, non_block=True)
+        grammar_output = self.scheduler.get_grammar_bitmask(scheduler_output)  # overlaps the forward
+        t1 = time.perf_counter()
+        model_output = future.result()
+        t2 = time.perf_counter()
+        if model_output is None:
+            model_output = self.executor.sample_tokens(grammar_output)
+        t3 = time.perf_counter()
+        outputs = self.scheduler.update_from_output(scheduler_output, model_output)
+        if self.step_timings is not None:
+            self.step_timings.append(StepTiming(
+                num_reqs=len(scheduler_output.num_scheduled_tokens),
+                num_tokens=scheduler_output.total_num_scheduled_tokens,
+                forward_s=self.runner.last_forward_s, fill_s=t1 - t0, wait_s=t2 - t1, sample_s=t3 - t2,
+                total_s=time.perf_counter() - t0))
+        return outputs
+
+    # ---- calls -------------------------------------------------------------------------
+
+    def get_stats(self) -> EngineStats:
+        s = self.scheduler
+        pool = s.kv_cache_manager.pool
+        return EngineStats(
+            num_running=len(s.running),
+            num_waiting=len(s.waiting) - s.num_waiting_for_grammar,
+            num_waiting_for_grammar=s.num_waiting_for_grammar,
+            num_free_blocks=pool.num_free_blocks,
+            num_total_blocks=pool.num_blocks - 1,
+            num_cached_blocks=pool.num_cached_blocks,
+            num_steps=s.num_steps,
+        )
+
+    def validate_constraint(self, constraint: Constraint) -> ConstraintReport:
+        """Compile now (warming the cache) and report; never raises for a bad constraint."""
+        try:
+            constraint.validate()
+            compiled, compile_s, cached = self.structured_output_manager.compiler.compile_sync(constraint)
+        except ValueError as e:
+            return ConstraintReport(ok=False, error=str(e))
+        return ConstraintReport(ok=True, compile_s=compile_s, cached=cached,
+                                not_enforced=list(compiled.not_enforced))
+
+    def reset_prefix_cache(self) -> None:
+        """Forget every cached prefix (benchmarks: each run starts from the same cache state)."""
+        self.scheduler.kv_cache_manager.pool.reset_prefix_cache()
+
+    def shutdown(self) -> None:
+        self.executor.shutdown()
+        self.structured_output_manager.shutdown()

@@ -1,0 +1,44 @@
+// fp32 <-> the kernels' storage dtypes, shared by engine/kernels/csrc/*.cpp. All arithmetic is fp32.
+#pragma once
+
+#include <torch/extension.h>
+
+#include <cstdint>
+#include <cstring>
+#if defined(__AVX512BF16__)
+#include <immintrin.h>
+#endif
+
+namespace formwork {
+
+inline float to_float(float x) { return x; }
+inline float to_float(double x) { return static_cast<float>(x); }
+inline float to_float(c10::Half x) { return static_cast<float>(x); }
+inline float to_float(c10::BFloat16 x) {  // bf16 is the top half of an fp32: a shift the compiler vectorizes
+  uint32_t bits = static_cast<uint32_t>(x.x) << 16;
+  float f;
+  std::memcpy(&f, &bits, sizeof f);
+  return f;
+}
+
+template <typename scalar_t>
+inline scalar_t from_float(float x) { return static_cast<scalar_t>(x); }
+// bf16: round to nearest even in integer arithmetic, bit for bit what c10's conversion does save its
+// per-element NaN branch, which keeps loops from vectorizing (the decoder holds no NaNs)
+template <>
+inline c10::BFloat16 from_float<c10::BFloat16>(float x) {
+  uint32_t bits;
+  std::memcpy(&bits, &x, sizeof bits);
+  bits += 0x7FFF + ((bits >> 16) & 1);
+  return c10::BFloat16(static_cast<uint16_t>(bits >> 16), c10::BFloat16::from_bits());
+}
+
+#if defined(__AVX512BF16__)
+// 16 bf16 values at p -> 16 fp32 lanes
+inline __m512 widen16(const void* p) {
+  const __m256i x = _mm256_loadu_si256(static_cast<const __m256i*>(p));
+  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(x), 16));
+}
+#endif
+
+}  // namespace formwork

@@ -1,0 +1,61 @@
+"""Formwork's own CPU kernels (engine/kernels/csrc/), compiled on first use and cached.
+
+torch's CPU ops cannot read a paged KV cache in place: decode attention in plain torch gathers
+every request's blocks into a padded copy, then reads it again in SDPA; the kernel reads the
+blocks where they are. The decoder's elementwise steps (residual + RMSNorm, SiLU-and-multiply,
+rotary) are fused, so a decode batch wakes no OpenMP threads for them. The module is built with
+torch's extension tooling (a C++ compiler and ninja) into $FORMWORK_CACHE/kernels/<cpu features>
+the first time an engine starts (about 45 s on 2 cores; `make setup` does it), then loads in a
+fraction of a second. Where it cannot be built, the engine says why once and uses torch ops.
+"""
+from __future__ import annotations
+
+import hashlib
+import logging
+import os
+import threading
+from pathlib import Path
+from types import ModuleType
+
+from engine.config import cpu_flags
+from engine.model_files import cache_dir
+
+logger = logging.getLogger(__name__)
+
+_SOURCES = [Path(__file__).parent / "csrc" / name
+            for name in ("bindings.cpp", "paged_attention.cpp", "fused_ops.cpp", "small_batch_gemm.cpp")]
+_lock = threading.Lock()
+_state: dict[str, ModuleType | None] = {}
+
+
+def load_cpu_kernels() -> ModuleType | None:
+    """The compiled module, or None when it cannot be built here (FORMWORK_CPU_KERNELS=0 disables it)."""
+    if "module" in _state:  # the decoder asks on every op: no lock once settled
+        return _state["module"]
+    with _lock:
+        if "module" not in _state:
+            _state["module"] = _build()
+        return _state["module"]
+
+
+def _build() -> ModuleType | None:
+    if os.environ.get("FORMWORK_CPU_KERNELS", "1") == "0":
+        return None
+    try:
+        from torch.utils import cpp_extension
+        tag = _cpu_tag()
+        build_dir = cache_dir() / "kernels" / tag
+        build_dir.mkdir(parents=True, exist_ok=True)
+        return cpp_extension.load(
+            name=f"formwork_cpu_kernels_{tag}", sources=[str(s) for s in _SOURCES], build_directory=str(build_dir),
+            extra_cflags=["-O3", "-march=native", "-ffast-math", "-fopenmp"], extra_ldflags=["-fopenmp"], verbose=False)
+    except Exception as e:  # no compiler, no ninja, a build error: the torch path still works
+        logger.warning("CPU kernels unavailable, using the slower torch attention path: %s",
+                       str(e).strip().splitlines()[-1] if str(e).strip() else type(e).__name__)
+        return None
+
+
+def _cpu_tag() -> str:
+    """-march=native code runs only on CPUs with the same features: one build per feature set, so a
+    cache folder shared between machines never hands one a module it cannot execute."""
+    return hashlib.sha1(" ".join(cpu_flags()).encode()).hexdigest()[:10]

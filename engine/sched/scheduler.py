@@ -1,0 +1,384 @@
+"""The scheduler: one catch-up rule, no prefill/decode phases.
+
+Each step every request gets tokens so that `num_computed_tokens` catches up with `num_tokens`,
+within the token budget, the sequence cap and the free KV blocks: running requests first, then
+waiting ones, both in (priority, arrival) order (a lower priority value goes first). A prompt, a
+prompt chunk, a decode, jump-forward text and a resumed request are all the same rule.
+
+When the KV cache is full, the running request that comes last in that order is preempted (the
+lowest priority, and among equals the newest arrival): its blocks are freed and it goes back to
+waiting, to be recomputed later. A request never preempts one that comes before it; when it is
+itself the last, it preempts itself, and no waiting request is admitted in that step.
+"""
+from __future__ import annotations
+
+import bisect
+import logging
+import time
+from typing import TYPE_CHECKING
+
+from engine.config import CacheConfig, SchedulerConfig
+from engine.kv_cache.manager import KVCacheManager
+from engine.protocol import EngineCoreOutput
+from engine.sched.request import FINISH_REASON_OF_STATUS, Request, RequestStatus
+from engine.sched.scheduler_output import (CachedRequestData, GrammarOutput, ModelRunnerOutput, NewRequestData,
+                                     SchedulerOutput)
+from engine.sched.structured_output import grammar_failure
+
+if TYPE_CHECKING:
+    from engine.sched.structured_output import StructuredOutputManager
+
+logger = logging.getLogger(__name__)
+
+
+class Scheduler:
+    def __init__(
+        self,
+        scheduler_config: SchedulerConfig,
+        cache_config: CacheConfig,
+        num_blocks: int,
+        max_model_len: int,
+        structured_output_manager: StructuredOutputManager | None = None,
+    ) -> None:
+        self.config = scheduler_config
+        self.max_model_len = max_model_len
+        self.kv_cache_manager = KVCacheManager(num_blocks, cache_config.block_size,
+                                               cache_config.enable_prefix_caching)
+        self.structured_output_manager = structured_output_manager
+        self.requests: dict[str, Request] = {}
+        # both sorted by (priority, arrival_time): the last running request is the one to preempt
+        self.waiting: list[Request] = []
+        self.running: list[Request] = []
+        # finished or preempted since the last schedule(): the runner drops their state
+        self.finished_req_ids: set[str] = set()
+        self.preempted_req_ids: set[str] = set()
+        # outputs of requests that ended outside update_from_output (grammar compile failures)
+        self._pending_outputs: list[EngineCoreOutput] = []
+        self.num_steps = 0
+        self.num_preemptions = 0
+
+    # ---- requests in and out -------------------------------------------------------------
+
+    def add_request(self, request: Request) -> None:
+        self.requests[request.request_id] = request
+        if request.use_structured_output and self.structured_output_manager is not None:
+            self.structured_output_manager.grammar_init(request)
+            request.status = RequestStatus.WAITING_FOR_STRUCTURED_OUTPUT_GRAMMAR
+        self._enqueue_waiting(request)
+
+    def _enqueue_waiting(self, request: Request) -> None:
+        _insert_in_order(self.waiting, request)
+
+    def abort_requests(self, request_ids: list[str]) -> None:
+        for req_id in request_ids:
+            request = self.requests.get(req_id)
+            if request is not None and not request.is_finished:
+                self._finish(request, RequestStatus.FINISHED_ABORTED)
+
+    def _finish(self, request: Request, status: RequestStatus, error: str | None = None,
+                constraint_error: bool = False) -> None:
+        if request.status == RequestStatus.RUNNING:
+            self.running.remove(request)
+        elif request in self.waiting:
+            self.waiting.remove(request)
+        request.status = status
+        request.error = error
+        request.constraint_error = constraint_error
+        self.kv_cache_manager.free(request)
+        if self.structured_output_manager is not None:
+            self.structured_output_manager.forget(request.request_id)
+        self.finished_req_ids.add(request.request_id)
+        del self.requests[request.request_id]
+
+    def report(self, output: EngineCoreOutput) -> None:
+        """Queue an output for the next update_from_output (a request rejected before it was added)."""
+        self._pending_outputs.append(output)
+
+    @property
+    def num_waiting_for_grammar(self) -> int:
+        """Waiting requests whose grammar is still compiling. A request keeps the
+        WAITING_FOR_STRUCTURED_OUTPUT_GRAMMAR status until it reaches a batch slot, so the status
+        alone would count cached grammars queued for a slot."""
+        manager = self.structured_output_manager
+        if manager is None:
+            return 0
+        return sum(manager.is_compiling(r.request_id) for r in self.waiting
+                   if r.status == RequestStatus.WAITING_FOR_STRUCTURED_OUTPUT_GRAMMAR)
+
+    def has_unfinished_requests(self) -> bool:
+        return bool(self.requests) or bool(self._pending_outputs)
+
+    # ---- planning ----------------------------------------------------------------------
+
+    def schedule(self) -> SchedulerOutput:
+        """Plan one step and advance `num_computed_tokens` of every scheduled request."""
+        token_budget = self.config.max_num_batched_tokens
+        num_scheduled_tokens: dict[str, int] = {}
+        new_reqs: list[NewRequestData] = []
+        cached = CachedRequestData()
+        preempted_now = False
+
+        # 1. running requests (admitted earlier) first
+        index = 0
+        while index < len(self.running) and token_budget > 0:
+            request = self.running[index]
+            num_new = min(request.num_tokens - request.num_computed_tokens, token_budget)
+            if num_new <= 0:
+                index += 1
+                continue
+            while True:
+                new_blocks = self.kv_cache_manager.allocate_slots(request, num_new)
+                if new_blocks is not None:
+                    break
+                # KV full: preempt the last running request (lowest priority, then newest)
+                victim = self.running.pop()
+                self._preempt(victim)
+                preempted_now = True
+                if victim is request:
+                    break
+            if new_blocks is None:
+                break
+            cached.req_ids.append(request.request_id)
+            pending = request.num_forced_tokens_pending
+            cached.new_token_ids.append(request.all_token_ids[-pending:] if pending else [])
+            request.num_forced_tokens_pending = 0
+            cached.new_block_ids.append([b.block_id for b in new_blocks])
+            cached.num_computed_tokens.append(request.num_computed_tokens)
+            num_scheduled_tokens[request.request_id] = num_new
+            token_budget -= num_new
+            index += 1
+
+        # 2. waiting requests, unless this step had to preempt (no room to admit anyone)
+        skipped: list[Request] = []
+        while self.waiting and token_budget > 0 and not preempted_now:
+            if len(self.running) >= self.config.max_num_seqs:
+                break
+            request = self.waiting[0]
+            if request.status == RequestStatus.WAITING_FOR_STRUCTURED_OUTPUT_GRAMMAR:
+                if not self._grammar_ready(request):
+                    if not request.is_finished:  # still compiling: nobody waits for it
+                        skipped.append(self.waiting.pop(0))
+                    continue
+            hits, num_hit_tokens = self.kv_cache_manager.get_computed_blocks(request)
+            num_new = request.num_tokens - num_hit_tokens
+            # chunked prefill off: a prompt waits for a step with room for all of it, unless it is
+            # longer than a whole step's budget (then it is chunked anyway, or it would never run)
+            if (not self.config.enable_chunked_prefill
+                    and token_budget < num_new <= self.config.max_num_batched_tokens):
+                break
+            num_new = min(num_new, token_budget)
+            new_blocks = self.kv_cache_manager.allocate_slots(request, num_new, hits)
+            if new_blocks is None:
+                break
+            self.waiting.pop(0)
+            request.num_computed_tokens = num_hit_tokens
+            if request.num_cached_tokens < 0:
+                request.num_cached_tokens = num_hit_tokens
+            if request.first_scheduled_time is None:
+                request.first_scheduled_time = time.monotonic()
+            request.status = RequestStatus.RUNNING
+            request.num_forced_tokens_pending = 0  # new requests are sent in full
+            _insert_in_order(self.running, request)
+            new_reqs.append(NewRequestData(
+                req_id=request.request_id,
+                token_ids=list(request.all_token_ids),
+                num_prompt_tokens=request.num_prompt_tokens,
+                sampling_params=request.sampling_params,
+                block_ids=self.kv_cache_manager.get_block_ids(request.request_id),
+                num_computed_tokens=num_hit_tokens,
+            ))
+            num_scheduled_tokens[request.request_id] = num_new
+            token_budget -= num_new
+        for request in reversed(skipped):
+            self.waiting.insert(0, request)
+
+        # requests that sample this step get a grammar bitmask row
+        structured_rows: dict[str, int] = {}
+        for req_id, num_new in num_scheduled_tokens.items():
+            request = self.requests[req_id]
+            if request.grammar is not None and request.num_computed_tokens + num_new == request.num_tokens:
+                structured_rows[req_id] = len(structured_rows)
+
+        output = SchedulerOutput(
+            scheduled_new_reqs=new_reqs,
+            scheduled_cached_reqs=cached,
+            num_scheduled_tokens=num_scheduled_tokens,
+            total_num_scheduled_tokens=sum(num_scheduled_tokens.values()),
+            finished_req_ids=self.finished_req_ids,
+            preempted_req_ids=self.preempted_req_ids,
+            structured_output_request_ids=structured_rows,
+        )
+        # the plan is made: these tokens count as computed from now on
+        for req_id, num_new in num_scheduled_tokens.items():
+            self.requests[req_id].num_computed_tokens += num_new
+        self.finished_req_ids = set()
+        self.preempted_req_ids = set()
+        self.num_steps += 1
+        return output
+
+    def _preempt(self, request: Request) -> None:
+        """Recompute-style preemption: drop the KV, keep the tokens (and the grammar state)."""
+        self.kv_cache_manager.free(request)
+        request.status = RequestStatus.PREEMPTED
+        request.num_computed_tokens = 0
+        request.num_forced_tokens_pending = 0
+        request.num_preemptions += 1
+        self.num_preemptions += 1
+        self.preempted_req_ids.add(request.request_id)
+        self._enqueue_waiting(request)
+        logger.debug("preempted %s", request.request_id)
+
+    def _grammar_ready(self, request: Request) -> bool:
+        assert self.structured_output_manager is not None
+        try:
+            ready = self.structured_output_manager.try_activate(request)
+        except ValueError as e:  # compile failure: ends this request only
+            self._finish(request, RequestStatus.FINISHED_ERROR, str(e), constraint_error=True)
+            self._pending_outputs.append(self._final_output(request, []))
+            return False
+        if ready:
+            request.status = RequestStatus.WAITING
+        return ready
+
+    def get_grammar_bitmask(self, scheduler_output: SchedulerOutput) -> GrammarOutput | None:
+        """Fill the bitmask rows of this step's constrained requests (CPU, beside the forward)."""
+        rows = scheduler_output.structured_output_request_ids
+        if not rows or self.structured_output_manager is None:
+            return None
+        grammar_output = self.structured_output_manager.fill_bitmask(
+            [(self.requests[req_id], row) for req_id, row in rows.items()])
+        for req_id, error in grammar_output.failed.items():  # its sampled token will be dropped
+            self._fail_grammar(self.requests[req_id], error)
+        return grammar_output
+
+    def _fail_grammar(self, request: Request, error: str) -> None:
+        """End a request whose grammar work failed or ran past a limit; only this request."""
+        self._finish(request, RequestStatus.FINISHED_ERROR, error, constraint_error=True)
+        self._pending_outputs.append(self._final_output(request, []))
+
+    # ---- results -----------------------------------------------------------------------
+
+    def update_from_output(self, scheduler_output: SchedulerOutput,
+                           runner_output: ModelRunnerOutput | None) -> list[EngineCoreOutput]:
+        """Append sampled tokens, advance grammars, apply stops and jump-forward, free KV."""
+        outputs, self._pending_outputs = self._pending_outputs, []
+        if runner_output is None:
+            return outputs
+        for req_id in runner_output.req_ids:
+            request = self.requests.get(req_id)
+            if request is None:  # aborted while the step ran
+                continue
+            request.num_forward_passes += 1
+            if req_id in runner_output.dead_end_req_ids:
+                self._finish(request, RequestStatus.FINISHED_ERROR,
+                             "grammar dead end: no token is allowed at this position")
+                outputs.append(self._final_output(request, []))
+                continue
+            sampled = runner_output.sampled_token_ids.get(req_id)
+            if not sampled:
+                continue  # mid-prompt: nothing to report yet
+            try:
+                new_token_ids = self._append_tokens(request, sampled)
+                if not request.is_finished:
+                    new_token_ids += self._jump_forward(request)
+            except Exception as e:  # grammar work (accept, jump-forward) raised: ends this request only
+                if not request.is_finished:
+                    self._finish(request, RequestStatus.FINISHED_ERROR,
+                                 grammar_failure("advancing over the output", e), constraint_error=True)
+                    outputs.append(self._final_output(request, []))
+                continue
+            logprobs = runner_output.logprobs.get(req_id, [])
+            if request.is_finished:
+                outputs.append(self._final_output(request, new_token_ids, logprobs))
+            elif request.num_output_tokens == len(new_token_ids):  # first tokens: the front end wants the counters
+                outputs.append(EngineCoreOutput(
+                    req_id, new_token_ids, logprobs, num_prompt_tokens=request.num_prompt_tokens,
+                    num_cached_tokens=max(request.num_cached_tokens, 0),
+                    queued_s=max((request.first_scheduled_time or 0.0) - request.arrival_time, 0.0),
+                    grammar_wait_s=self._grammar_wait_s(request)))
+            else:
+                outputs.append(EngineCoreOutput(req_id, new_token_ids, logprobs))
+        return outputs
+
+    def _append_tokens(self, request: Request, token_ids: list[int]) -> list[int]:
+        """Append tokens one by one, stopping at the first that ends the request."""
+        appended = []
+        for token_id in token_ids:
+            request.append_output_token_ids([token_id])
+            appended.append(token_id)
+            grammar = request.grammar
+            if grammar is not None and not grammar.accept_tokens([token_id]):
+                self._finish(request, RequestStatus.FINISHED_ERROR,
+                             f"internal error: the grammar rejected sampled token {token_id}")
+                break
+            status = self._check_stop(request, token_id)
+            if status is not None:
+                self._finish(request, status)
+                break
+        return appended
+
+    def _check_stop(self, request: Request, token_id: int) -> RequestStatus | None:
+        params = request.sampling_params
+        if request.grammar is not None and request.grammar.is_terminated():
+            return RequestStatus.FINISHED_STOPPED
+        if not params.ignore_eos and token_id == request.eos_token_id:
+            request.stop_reason = token_id
+            return RequestStatus.FINISHED_STOPPED
+        if token_id in params.stop_token_ids:
+            request.stop_reason = token_id
+            return RequestStatus.FINISHED_STOPPED
+        if request.num_output_tokens >= params.max_tokens or request.num_tokens >= self.max_model_len:
+            return RequestStatus.FINISHED_LENGTH_CAPPED
+        return None
+
+    def _jump_forward(self, request: Request) -> list[int]:
+        """Append the tokens the grammar forces; the next step computes them in one pass."""
+        manager = self.structured_output_manager
+        if request.grammar is None or manager is None or not manager.jump_forward_enabled(request):
+            return []
+        forced = request.grammar.jump_forward_token_ids()
+        room = min(request.sampling_params.max_tokens - request.num_output_tokens,
+                   self.max_model_len - request.num_tokens)
+        if len(forced) > room:
+            request.grammar.rollback(len(forced) - room)
+            forced = forced[:room]
+        if not forced:
+            return []
+        request.append_output_token_ids(forced)
+        request.num_forced_tokens_pending = len(forced)
+        request.num_forced_tokens += len(forced)
+        status = self._check_stop(request, forced[-1])
+        if status is not None:
+            self._finish(request, status)
+        return forced
+
+    def _final_output(self, request: Request, new_token_ids: list[int],
+                      logprobs: list | None = None) -> EngineCoreOutput:
+        now = time.monotonic()
+        first = request.first_scheduled_time or now
+        return EngineCoreOutput(
+            request_id=request.request_id,
+            new_token_ids=new_token_ids,
+            new_logprobs=logprobs or [],
+            finish_reason=int(FINISH_REASON_OF_STATUS[request.status]),
+            stop_reason=request.stop_reason,
+            error=request.error,
+            num_prompt_tokens=request.num_prompt_tokens,
+            num_cached_tokens=max(request.num_cached_tokens, 0),
+            num_forward_passes=request.num_forward_passes,
+            num_forced_tokens=request.num_forced_tokens,
+            queued_s=max(first - request.arrival_time, 0.0),
+            grammar_wait_s=self._grammar_wait_s(request),
+            not_enforced=list(request.grammar.not_enforced) if request.grammar is not None else [],
+            constraint_error=request.constraint_error,
+        )
+
+    @staticmethod
+    def _grammar_wait_s(request: Request) -> float:
+        return max((request.grammar_ready_time or request.arrival_time) - request.arrival_time, 0.0)
+
+
+def _insert_in_order(queue: list[Request], request: Request) -> None:
+    """Insert by (priority, arrival_time), after any equal keys (first come, first served)."""
+    keys = [(r.priority, r.arrival_time) for r in queue]
+    queue.insert(bisect.bisect_right(keys, (request.priority, request.arrival_time)), request)

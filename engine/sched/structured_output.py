@@ -1,0 +1,99 @@
+"""The engine's side of structured output: starts compiles, activates grammars, fills bitmasks.
+
+All grammar objects are driven from the engine thread only; compilation runs on the compiler's
+thread pool and is observed here through futures, so a slow compile never blocks a step.
+"""
+from __future__ import annotations
+
+import logging
+import time
+from concurrent.futures import Future
+
+from engine.config import GrammarConfig
+from engine.sched.request import Request
+from engine.sched.scheduler_output import GrammarOutput
+from grammar.backend import CompiledGrammar, GrammarBackend, GrammarError
+from grammar.compiler import GrammarCompiler
+
+logger = logging.getLogger(__name__)
+
+
+class StructuredOutputManager:
+    def __init__(self, backend: GrammarBackend, config: GrammarConfig) -> None:
+        self.backend = backend
+        self.config = config
+        self.compiler = GrammarCompiler(backend, config)
+        self._futures: dict[str, Future[CompiledGrammar]] = {}
+        self._bitmask = backend.allocate_bitmask(0)
+
+    def grammar_init(self, request: Request) -> None:
+        """Start compiling (or take the cached grammar) for a new constrained request."""
+        self._futures[request.request_id] = self.compiler.submit(request.sampling_params.constraint)
+
+    def try_activate(self, request: Request) -> bool:
+        """True once the request has its matcher; raises ValueError if the compile failed."""
+        future = self._futures.get(request.request_id)
+        if future is None:
+            return request.grammar is not None
+        if not future.done():
+            return False
+        del self._futures[request.request_id]
+        compiled = future.result()  # raises GrammarError (a ValueError) on failure
+        try:
+            request.grammar = self.backend.make_grammar(compiled)
+        except Exception as e:  # e.g. MemoryError: this request's grammar failed, not the engine
+            raise GrammarError(grammar_failure("building its matcher", e)) from None
+        request.grammar_ready_time = time.monotonic()
+        return True
+
+    def is_compiling(self, request_id: str) -> bool:
+        """True while the request's grammar compile is running (or queued); False once it is done,
+        even before the scheduler activates it."""
+        future = self._futures.get(request_id)
+        return future is not None and not future.done()
+
+    def forget(self, request_id: str) -> None:
+        self._futures.pop(request_id, None)
+
+    def jump_forward_enabled(self, request: Request) -> bool:
+        constraint = request.sampling_params.constraint
+        if constraint is not None and constraint.jump_forward is not None:
+            return constraint.jump_forward
+        return self.config.jump_forward
+
+    def fill_bitmask(self, requests_and_rows: list[tuple[Request, int]]) -> GrammarOutput:
+        num_rows = len(requests_and_rows)
+        if self._bitmask.shape[0] < num_rows:
+            self._bitmask = self.backend.allocate_bitmask(max(num_rows, 2 * self._bitmask.shape[0]))
+        bitmask = self._bitmask[:num_rows]
+        failed: dict[str, str] = {}
+        limit_ms = self.config.max_fill_ms
+        for request, row in requests_and_rows:
+            start = time.thread_time()  # CPU time: a preempted thread is not the grammar's fault
+            try:
+                request.grammar.fill_bitmask(bitmask, row)
+            except Exception as e:
+                bitmask[row] = 0
+                failed[request.request_id] = grammar_failure("filling its bitmask", e)
+                continue
+            fill_ms = (time.thread_time() - start) * 1000
+            if fill_ms > limit_ms:
+                failed[request.request_id] = (f"one bitmask fill of this constraint took {fill_ms:.0f} ms, over "
+                                              f"this server's max_fill_ms limit of {limit_ms:g}; simplify it")
+        return GrammarOutput({r.request_id: row for r, row in requests_and_rows}, bitmask, failed)
+
+    def wait_for_any(self, timeout_s: float) -> None:
+        """Block up to `timeout_s` until some compile finishes (the core idles here, not in a spin)."""
+        from concurrent.futures import FIRST_COMPLETED, wait
+        pending = [f for f in self._futures.values() if not f.done()]
+        if pending:
+            wait(pending, timeout=timeout_s, return_when=FIRST_COMPLETED)
+
+    def shutdown(self) -> None:
+        self.compiler.shutdown()
+
+
+def grammar_failure(what: str, error: BaseException) -> str:
+    """The message of a request whose grammar work raised (logged once, without a traceback)."""
+    logger.warning("grammar work failed while %s: %s: %s", what, type(error).__name__, error)
+    return f"the constraint's grammar failed while {what}: {type(error).__name__}: {error}"

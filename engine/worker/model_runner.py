@@ -1,0 +1,203 @@
+"""The worker side: applies each SchedulerOutput diff, runs the forward, samples.
+
+`execute_model` computes logits only at `logits_indices` and parks them; `sample_tokens` applies
+the grammar bitmask and samples, then writes the sampled tokens into the runner's own token
+cache (the scheduler never sends sampled tokens back).
+"""
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from engine.attention import AttentionInputs, get_attention_backend
+from engine.config import EngineConfig
+from engine.worker.input_batch import InputBatch, prepare_step_indices
+from engine.models.llama import LlamaForCausalLM
+from engine.worker.sampler import Sampler, SamplingMetadata
+from engine.sched.scheduler_output import GrammarOutput, ModelRunnerOutput, SchedulerOutput
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass
+class _ParkedLogits:
+    req_ids: list[str]  # every request of the step, in order
+    sampling_req_ids: list[str]  # those that sample (their catch-up completes this step)
+    logits: torch.Tensor  # [len(sampling_req_ids), vocab]
+
+
+class ModelRunner:
+    def __init__(self, config: EngineConfig, model_dir: Path, hf_config, max_model_len: int) -> None:
+        self.config = config
+        self.device = torch.device(config.device)
+        self.dtype = getattr(torch, config.torch_dtype)
+        self.max_model_len = max_model_len
+        self.block_size = config.cache.block_size
+        with torch.device(self.device):
+            self.model = LlamaForCausalLM(hf_config, max_model_len).to(self.dtype)
+        self.model.load_weights(model_dir)
+        self.model.eval()
+        if packed := self.model.pack_cpu_weights():
+            logger.info("%d weight matrices pre-packed for oneDNN bf16 matmuls", packed)
+        self.vocab_size = hf_config.vocab_size
+        self.attn_backend = get_attention_backend(self.device, self.block_size, config.cuda.attention_backend)
+        self.kv_dtype = self.attn_backend.kv_cache_dtype(self.dtype)
+        self.num_blocks = self._determine_num_blocks(hf_config)
+        layer = self.model.layers[0]
+        self.kv_caches = self.attn_backend.allocate_kv_cache(
+            len(self.model.layers), self.num_blocks, self.block_size, layer.num_kv_heads, layer.head_dim,
+            self.kv_dtype, self.device)
+        max_blocks_per_req = -(-max_model_len // self.block_size)
+        self.input_batch = InputBatch(config.scheduler.max_num_seqs, max_model_len, max_blocks_per_req)
+        # issue 7: on CUDA, decode-only steps replay captured graphs (engine/worker/cuda_graph.py) unless enforce_eager
+        self.decode_graphs = None
+        if self.device.type == "cuda" and not config.cuda.enforce_eager:
+            from engine.worker.cuda_graph import DecodeGraphRunner
+            self.decode_graphs = DecodeGraphRunner(self.model, self.kv_caches, self.attn_backend,
+                                                   config.scheduler.max_num_seqs, max_blocks_per_req,
+                                                   self.block_size, self.device)
+        self.sampler = Sampler()
+        self._parked: _ParkedLogits | None = None
+        self.last_forward_s = 0.0  # wall time of the last execute_model (benchmarks)
+
+    def _determine_num_blocks(self, hf_config) -> int:
+        if self.config.cache.num_blocks is not None:
+            return self.config.cache.num_blocks
+        layer = self.model.layers[0]
+        bytes_per_block = (2 * len(self.model.layers) * self.block_size * layer.num_kv_heads * layer.head_dim
+                           * torch.finfo(self.kv_dtype).bits // 8)
+        if self.device.type == "cuda":  # issue 7: what gpu_memory_utilization leaves (engine/worker/device_memory.py)
+            from engine.worker.device_memory import StepShape, num_blocks_from_free_memory
+            sched = self.config.scheduler
+            shape = StepShape(sched.max_num_seqs, sched.max_num_batched_tokens, self.max_model_len,
+                              hf_config.hidden_size, layer.intermediate_size, layer.num_heads, layer.num_kv_heads,
+                              layer.head_dim, hf_config.vocab_size, torch.finfo(self.dtype).bits // 8)
+            return num_blocks_from_free_memory(self.device, self.config.cuda.gpu_memory_utilization,
+                                               bytes_per_block, shape)
+        return max(2, self.config.cache.kv_cache_bytes // bytes_per_block)
+
+    # ---- the step --------------------------------------------------------------------
+
+    def execute_model(self, scheduler_output: SchedulerOutput) -> None:
+        """Forward the scheduled tokens and park the logits of the requests that sample."""
+        start = time.perf_counter()
+        self._execute_model(scheduler_output)
+        self.last_forward_s = time.perf_counter() - start
+
+    @torch.inference_mode()
+    def _execute_model(self, scheduler_output: SchedulerOutput) -> None:
+        self._update_states(scheduler_output)
+        if scheduler_output.is_empty:
+            self._parked = _ParkedLogits([], [], torch.empty(0, self.vocab_size))
+            return None
+        batch = self.input_batch
+        req_ids = list(scheduler_output.num_scheduled_tokens)
+        rows = np.fromiter((batch.requests[r].row for r in req_ids), dtype=np.int64, count=len(req_ids))
+        num_scheduled = np.fromiter(scheduler_output.num_scheduled_tokens.values(), dtype=np.int32,
+                                    count=len(req_ids))
+        num_computed = batch.num_computed_tokens[rows]
+        step = prepare_step_indices(rows, num_scheduled, num_computed, batch.token_ids, batch.block_table,
+                                    self.block_size)
+        batch.num_computed_tokens[rows] += num_scheduled
+        # a request samples when its catch-up completes this step (not mid-prompt)
+        samples = step.seq_lens == batch.num_tokens[rows]
+        sampling_req_ids = [r for r, s in zip(req_ids, samples) if s]
+        graphs = self.decode_graphs  # issue 7: a decode-only step on CUDA replays a graph, padded
+        if graphs is not None and (num_scheduled == 1).all() and graphs.padded_batch_size(len(rows)) is not None:
+            logits = graphs.run(step.input_ids, step.positions, step.slot_mapping, step.seq_lens,
+                                batch.block_table[rows])
+            if not samples.all():  # a one-token prompt chunk computes KV but does not sample
+                logits = logits[torch.from_numpy(np.flatnonzero(samples)).to(self.device)]
+            self._parked = _ParkedLogits(req_ids, sampling_req_ids, logits)
+            return None
+        attn_inputs = AttentionInputs(
+            slot_mapping=torch.from_numpy(step.slot_mapping).to(self.device),
+            query_start_loc=step.query_start_loc,
+            num_computed_tokens=num_computed,
+            seq_lens=step.seq_lens,
+            block_table=torch.from_numpy(batch.block_table[rows]).to(self.device),
+            block_size=self.block_size,
+        )
+        metadata = self.attn_backend.build_metadata(attn_inputs)
+        logits = self.model(
+            torch.from_numpy(step.input_ids.astype(np.int64)).to(self.device),
+            torch.from_numpy(step.positions).to(self.device),
+            self.kv_caches, self.attn_backend, metadata,
+            torch.from_numpy(step.logits_indices[samples]).to(self.device),
+        )
+        self._parked = _ParkedLogits(req_ids, sampling_req_ids, logits)
+        return None
+
+    @torch.inference_mode()
+    def sample_tokens(self, grammar_output: GrammarOutput | None) -> ModelRunnerOutput:
+        parked, self._parked = self._parked, None
+        if parked is None:
+            raise RuntimeError("sample_tokens called without a preceding execute_model")
+        if not parked.sampling_req_ids:
+            return ModelRunnerOutput(parked.req_ids, {})
+        bitmask = bitmask_rows = None
+        if grammar_output is not None:
+            rows = grammar_output.structured_output_request_ids
+            bitmask_rows = np.fromiter((rows.get(r, -1) for r in parked.sampling_req_ids), dtype=np.int64,
+                                       count=len(parked.sampling_req_ids))
+            bitmask = grammar_output.grammar_bitmask
+        meta = self._sampling_metadata(parked.sampling_req_ids)
+        out = self.sampler(parked.logits, meta, bitmask, bitmask_rows)
+        dead_ends = {parked.sampling_req_ids[i] for i in out.dead_end_rows}
+        sampled: dict[str, list[int]] = {}
+        logprobs = {}
+        batch = self.input_batch
+        for i, (req_id, token_id) in enumerate(zip(parked.sampling_req_ids, out.token_ids.tolist())):
+            if req_id in dead_ends:
+                continue
+            batch.append_token_ids(batch.requests[req_id].row, [token_id])
+            sampled[req_id] = [token_id]
+            if out.logprobs[i] is not None:
+                logprobs[req_id] = [out.logprobs[i]]
+        return ModelRunnerOutput(parked.req_ids, sampled, logprobs, dead_ends)
+
+    # ---- bookkeeping -----------------------------------------------------------------
+
+    def _update_states(self, so: SchedulerOutput) -> None:
+        batch = self.input_batch
+        for req_id in so.preempted_req_ids:
+            batch.remove_request(req_id, preempted=True)
+        for req_id in so.finished_req_ids:
+            batch.remove_request(req_id)
+        for new in so.scheduled_new_reqs:
+            batch.remove_request(new.req_id, preempted=True)  # resumed after preemption: rebuilt from scratch
+            batch.add_request(new.req_id, new.token_ids, new.num_prompt_tokens, new.sampling_params,
+                              new.block_ids, new.num_computed_tokens)
+        cached = so.scheduled_cached_reqs
+        for req_id, new_token_ids, new_block_ids, num_computed in zip(
+                cached.req_ids, cached.new_token_ids, cached.new_block_ids, cached.num_computed_tokens):
+            row = batch.requests[req_id].row
+            if new_token_ids:  # jump-forward text the scheduler appended
+                batch.append_token_ids(row, new_token_ids)
+            if new_block_ids:
+                batch.append_block_ids(row, new_block_ids)
+            batch.num_computed_tokens[row] = num_computed
+
+    def _sampling_metadata(self, req_ids: list[str]) -> SamplingMetadata:
+        batch = self.input_batch
+        states = [batch.requests[r] for r in req_ids]
+        params = [s.sampling_params for s in states]
+        penalties = {}
+        for i, (state, p) in enumerate(zip(states, params)):
+            if p.repetition_penalty != 1.0 or p.frequency_penalty or p.presence_penalty:
+                penalties[i] = (batch.all_token_ids(state.req_id), batch.output_token_ids(state.req_id),
+                                p.repetition_penalty, p.frequency_penalty, p.presence_penalty)
+        return SamplingMetadata(
+            temperature=np.array([p.temperature for p in params], dtype=np.float32),
+            top_k=np.array([p.top_k for p in params], dtype=np.int64),
+            top_p=np.array([p.top_p for p in params], dtype=np.float32),
+            min_p=np.array([p.min_p for p in params], dtype=np.float32),
+            generators=[s.generator for s in states],
+            penalties=penalties,
+            num_logprobs=[p.logprobs for p in params],
+        )
