@@ -48,7 +48,7 @@ _DOCUMENTS = [
 
 def record_masks(tokenizer_dir: str | None = None) -> torch.Tensor:
     """Bitmask rows at every position of the documents, under the schema's grammar."""
-    from engine.sampling_params import Constraint
+    from grammar.constraint import Constraint
     from grammar.xgrammar_backend import XGrammarBackend
 
     if tokenizer_dir is None:

@@ -63,7 +63,8 @@ def run_coverage(llm, schemas: list[tuple[str, str, dict]], max_tokens: int) -> 
     import jsonschema
 
     from engine.sched.request import FinishReason
-    from engine.sampling_params import Constraint, SamplingParams
+    from grammar.constraint import Constraint
+    from engine.sampling_params import SamplingParams
 
     prompts = [[{"role": "system", "content": PROMPT}, {"role": "user", "content": f"Schema id: {sid}"}]
                for _, sid, _ in schemas]

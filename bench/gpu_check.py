@@ -64,7 +64,8 @@ def measure_copy_bandwidth_gbs(device: torch.device, num_bytes: int = 2 << 30) -
 
 
 def make_llm(args):
-    from engine.config import CacheConfig, CudaConfig, EngineConfig, GrammarConfig, SchedulerConfig
+    from engine.config import CacheConfig, CudaConfig, EngineConfig, SchedulerConfig
+    from grammar.config import GrammarConfig
     from engine.llm import LLM
     cuda = args.device == "cuda"
     return LLM(config=EngineConfig(
@@ -236,7 +237,7 @@ def main() -> int:
     stage("floor", floor)
 
     def structured() -> dict:
-        from engine.sampling_params import Constraint
+        from grammar.constraint import Constraint
         spec = json.dumps(LONG_SCHEMA)
         base = decode_run(llm, structured_batch, max_tokens)
         out = {"batch": structured_batch, "unconstrained": base}

@@ -134,7 +134,7 @@ class Oracle:
 
     def compile(self, schema: Any):
         """(compiled grammar, not_enforced) or (None, error message)."""
-        from engine.sampling_params import Constraint
+        from grammar.constraint import Constraint
 
         text = json.dumps(schema, sort_keys=True)
         if text not in self._compiled:

@@ -69,7 +69,8 @@ def run_formwork(llm, items, mode: str, batch_size: int, max_tokens: int,
                  lengths: list[int] | None = None) -> RunResult:
     """lengths (mode unconstrained-matched): each answer's exact length, EOS ignored."""
     from engine.sched.request import FinishReason
-    from engine.sampling_params import Constraint, SamplingParams
+    from grammar.constraint import Constraint
+    from engine.sampling_params import SamplingParams
 
     params = []
     for i, item in enumerate(items):
@@ -105,7 +106,7 @@ def run_transformers(model_dir, tokenizer, items, batch_size: int, max_tokens: i
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from engine.sampling_params import Constraint
+    from grammar.constraint import Constraint
     from grammar.xgrammar_backend import XGrammarBackend, hf_logits_processor
 
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=getattr(torch, dtype)).eval()

@@ -46,7 +46,8 @@ def add_engine_args(parser: argparse.ArgumentParser) -> None:
 
 
 def engine_config_from_args(args: argparse.Namespace):
-    from engine.config import CacheConfig, CudaConfig, EngineConfig, GrammarConfig, SchedulerConfig
+    from engine.config import CacheConfig, CudaConfig, EngineConfig, SchedulerConfig
+    from grammar.config import GrammarConfig
     return EngineConfig(
         model=args.model,
         device=args.device,
@@ -79,7 +80,7 @@ def add_constraint_args(parser: argparse.ArgumentParser) -> None:
 
 
 def constraint_from_args(args: argparse.Namespace):
-    from engine.sampling_params import Constraint
+    from grammar.constraint import Constraint
     given = [name for name in ("json_schema", "json_object", "regex", "grammar", "choice") if getattr(args, name)]
     if len(given) > 1:
         raise ValueError(f"give at most one constraint, got {', '.join('--' + g.replace('_', '-') for g in given)}")

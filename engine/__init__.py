@@ -3,7 +3,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from engine.sampling_params import Constraint, SamplingParams
+from grammar.constraint import Constraint
+from engine.sampling_params import SamplingParams
 
 if TYPE_CHECKING:
     from engine.llm import LLM

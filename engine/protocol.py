@@ -7,7 +7,8 @@ from __future__ import annotations
 
 import msgspec
 
-from engine.sampling_params import Constraint, SamplingParams
+from grammar.constraint import Constraint
+from engine.sampling_params import SamplingParams
 
 
 class EngineCoreRequest(msgspec.Struct, array_like=True, omit_defaults=True, tag=True):

@@ -17,8 +17,8 @@ from grammar.backend import CompiledGrammar, GrammarBackend, GrammarError
 from grammar.schema_check import check_limits
 
 if TYPE_CHECKING:
-    from engine.config import GrammarConfig
-    from engine.sampling_params import Constraint
+    from grammar.config import GrammarConfig
+    from grammar.constraint import Constraint
 
 logger = logging.getLogger(__name__)
 
@@ -46,7 +46,7 @@ class GrammarCompiler:
 
     def __init__(self, backend: GrammarBackend, config: GrammarConfig | None = None) -> None:
         if config is None:
-            from engine.config import GrammarConfig
+            from grammar.config import GrammarConfig
 
             config = GrammarConfig()
         self.backend = backend

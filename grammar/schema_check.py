@@ -28,7 +28,7 @@ from grammar.backend import GrammarError
 from grammar.output_bounds import find_large_repeat
 
 if TYPE_CHECKING:
-    from engine.sampling_params import Constraint
+    from grammar.constraint import Constraint
 
 # Keywords that assert something about an instance, in any draft. Keywords outside this set
 # (annotations like "title", identifiers like "$id", vendor extensions) never constrain output.

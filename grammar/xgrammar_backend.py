@@ -33,8 +33,8 @@ from grammar.jump_forward import ForcedTextTokenizer
 from grammar.log_capture import capture_native_log, strip_native_prefix
 
 if TYPE_CHECKING:
-    from engine.config import GrammarConfig
-    from engine.sampling_params import Constraint
+    from grammar.config import GrammarConfig
+    from grammar.constraint import Constraint
 
 logger = logging.getLogger(__name__)
 

@@ -20,7 +20,8 @@ from engine.frontend.core_client import EngineDeadError
 from engine.frontend.output_processor import OutputProcessor, RequestOutput
 from engine.protocol import ConstraintReport, EngineCoreOutput, EngineCoreRequest, EngineStats
 from engine.sched.request import FinishReason
-from engine.sampling_params import Constraint, SamplingParams
+from grammar.constraint import Constraint
+from engine.sampling_params import SamplingParams
 from engine.frontend.tokenizer import Tokenizer
 from service.errors import FieldViolation, ServiceError, StatusCode, invalid_argument, unavailable
 from service.quarantine import Quarantine

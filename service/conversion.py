@@ -16,7 +16,8 @@ from google.protobuf import struct_pb2
 
 from engine.protocol import ConstraintReport, EngineStats, TokenLogprob
 from engine.sched.request import FinishReason
-from engine.sampling_params import CONSTRAINT_KINDS, Constraint, SamplingParams
+from grammar.constraint import CONSTRAINT_KINDS, Constraint
+from engine.sampling_params import SamplingParams
 from service._gen.formwork.v1 import generation_pb2 as pb
 from service.errors import FieldViolation, ServiceError, StatusCode, invalid_argument
 from service.limits import MAX_LOGPROBS, ServiceLimits

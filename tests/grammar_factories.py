@@ -17,7 +17,7 @@ def make_backend(padding: int = VOCAB_PADDING):
 
 
 def make_constraint(kind: str = "json_schema", spec: object = "", **options):
-    from engine.sampling_params import Constraint
+    from grammar.constraint import Constraint
 
     if not isinstance(spec, str):
         spec = json.dumps(spec)

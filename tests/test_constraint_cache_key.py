@@ -1,7 +1,7 @@
 """Constraint.cache_key: the grammar cache must not mix up schemas that compile differently."""
 from __future__ import annotations
 
-from engine.sampling_params import Constraint
+from grammar.constraint import Constraint
 
 
 def schema(text: str, **options) -> Constraint:

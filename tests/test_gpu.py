@@ -19,9 +19,11 @@ import os
 import pytest
 import torch
 
-from engine.config import CacheConfig, CudaConfig, EngineConfig, GrammarConfig, SchedulerConfig
+from engine.config import CacheConfig, CudaConfig, EngineConfig, SchedulerConfig
+from grammar.config import GrammarConfig
 from engine.sched.request import FinishReason
-from engine.sampling_params import Constraint, SamplingParams
+from grammar.constraint import Constraint
+from engine.sampling_params import SamplingParams
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")]
 

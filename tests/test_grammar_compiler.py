@@ -9,8 +9,8 @@ import time
 
 import pytest
 
-from engine.config import GrammarConfig
-from engine.sampling_params import Constraint
+from grammar.config import GrammarConfig
+from grammar.constraint import Constraint
 from grammar.backend import CompiledGrammar, Grammar, GrammarBackend, GrammarError
 from grammar.compiler import GrammarCompiler
 

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from engine.sampling_params import DEFAULT_JSON_WHITESPACE, Constraint
+from grammar.constraint import DEFAULT_JSON_WHITESPACE, Constraint
 from grammar.backend import BOUNDED_JSON_WHITESPACE, JSON_WHITESPACE_MODES
 from grammar_factories import accepts, make_backend, make_constraint
 

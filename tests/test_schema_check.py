@@ -6,7 +6,7 @@ import copy
 import pytest
 from grammar_factories import accepts, make_backend, make_constraint
 
-from engine.config import GrammarConfig
+from grammar.config import GrammarConfig
 from grammar.backend import GrammarError
 from grammar.compiler import GrammarCompiler
 from grammar.schema_check import check_limits, find_unsupported, normalize

@@ -15,7 +15,8 @@ from engine.core.core_proc import EngineCoreReady
 from engine.frontend.output_processor import RequestOutput, RequestTimings
 from engine.protocol import ConstraintReport, EngineStats, TokenLogprob
 from engine.sched.request import FinishReason
-from engine.sampling_params import Constraint, SamplingParams
+from grammar.constraint import Constraint
+from engine.sampling_params import SamplingParams
 from service import conversion, protogen
 from service._gen.formwork.v1 import generation_pb2 as pb
 from service.errors import ServiceError, StatusCode

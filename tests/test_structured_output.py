@@ -8,7 +8,8 @@ import pytest
 
 from bench.coverage import SUBSETS, load_schemas, run_coverage
 from engine.sched.request import FinishReason
-from engine.sampling_params import Constraint, SamplingParams
+from grammar.constraint import Constraint
+from engine.sampling_params import SamplingParams
 
 pytestmark = pytest.mark.slow
 

@@ -13,7 +13,7 @@ from engine.model_files import resolve_model
 from engine.worker.model_runner import ModelRunner
 from engine.protocol import ConstraintReport, EngineCoreOutput, EngineCoreRequest, EngineStats
 from engine.sched.request import FinishReason, Request
-from engine.sampling_params import Constraint
+from grammar.constraint import Constraint
 from engine.sched.scheduler import Scheduler
 from engine.sched.structured_output import StructuredOutputManager
 

@@ -37,7 +37,7 @@ from engine.protocol import (AbortRequests, ConstraintReport, EngineCoreInput, E
 if TYPE_CHECKING:
     from engine.config import EngineConfig
     from engine.core.memory_watchdog import MemoryLimit
-    from engine.sampling_params import Constraint
+    from grammar.constraint import Constraint
 
 logger = logging.getLogger(__name__)
 

@@ -9,7 +9,7 @@ import logging
 import time
 from concurrent.futures import Future
 
-from engine.config import GrammarConfig
+from grammar.config import GrammarConfig
 from engine.sched.request import Request
 from engine.sched.scheduler_output import GrammarOutput
 from grammar.backend import CompiledGrammar, GrammarBackend, GrammarError

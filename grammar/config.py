@@ -1,0 +1,37 @@
+"""Limits and defaults of grammar compilation (one per engine)."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class GrammarConfig:
+    """Grammar work and its bounds: a constraint past one is refused with a message naming the
+    limit (at ValidateConstraint too), so one request's grammar never costs the others."""
+
+    compile_timeout_s: float = 10.0
+    max_spec_bytes: int = 256 * 1024  # schema / regex / grammar text
+    max_schema_depth: int = 64
+    cache_bytes: int = 256 << 20
+    num_compile_threads: int = 1
+    jump_forward: bool = True  # engine default; a request may switch it off (or on)
+    # bytes of forced text jump-forward takes per step, and the most output a grammar may need at
+    # one point (grammar/output_bounds.py): beyond it, forced text could outgrow any request
+    max_forced_bytes: int = 65536
+    # counted regex quantifiers ({m,n}, in regexes and schema patterns); xgrammar reads counts as
+    # 32-bit integers, so an unbounded count could wrap silently
+    max_repeat_count: int = 100_000
+    # CPU time of one request's bitmask fill: fills along a short walk are measured at compile
+    # time, the others in every step; a request past it ends with an error. Most fills take
+    # 0.01-1.5 ms, but a Lark grammar with %ignore takes 60 ms at every gap, so not lower
+    max_fill_ms: float = 100.0
+
+    def __post_init__(self) -> None:
+        for name in ("max_spec_bytes", "max_schema_depth", "cache_bytes", "num_compile_threads",
+                     "max_forced_bytes", "max_repeat_count"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if self.max_repeat_count >= 1 << 31:
+            raise ValueError(f"max_repeat_count must be below 2**31, got {self.max_repeat_count}")
+        if not self.max_fill_ms > 0:
+            raise ValueError(f"max_fill_ms must be > 0, got {self.max_fill_ms}")

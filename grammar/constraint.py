@@ -1,0 +1,78 @@
+"""The shape a request asks its output to have: the one type every layer shares.
+
+It crosses the process boundary inside `EngineCoreRequest`, so it is a msgspec struct
+(array_like, omit_defaults): compact on the wire, and an unset field costs nothing.
+"""
+from __future__ import annotations
+
+import json
+
+import msgspec
+
+from grammar.backend import JSON_WHITESPACE_MODES
+
+CONSTRAINT_KINDS = ("json_schema", "json_object", "regex", "grammar", "choice")
+# the whitespace mode of JSON a constraint does not name (JSON_WHITESPACE_MODES says what each allows)
+DEFAULT_JSON_WHITESPACE = "bounded"
+
+
+class Constraint(msgspec.Struct, array_like=True, omit_defaults=True, frozen=True):
+    """The shape the output must have.
+
+    kind: one of CONSTRAINT_KINDS.
+    spec: JSON Schema text (json_schema), a regex (regex), an EBNF grammar in xgrammar's syntax
+          (grammar); empty for json_object and choice.
+    choices: the allowed outputs, for kind "choice".
+    strict: a JSON-Schema keyword the backend cannot enforce is an error (True) or is reported in
+            the output as not enforced (False, best effort).
+    any_whitespace: allow free whitespace between JSON tokens (the same as whitespace="any").
+    jump_forward: append text the grammar forces without sampling it (None: the engine's default).
+    whitespace: one of JSON_WHITESPACE_MODES for the JSON kinds ("": DEFAULT_JSON_WHITESPACE).
+    """
+
+    kind: str
+    spec: str = ""
+    choices: list[str] = []
+    strict: bool = True
+    any_whitespace: bool = False
+    jump_forward: bool | None = None
+    whitespace: str = ""
+
+    @property
+    def json_whitespace(self) -> str:
+        """The whitespace mode JSON is compiled with."""
+        return "any" if self.any_whitespace else (self.whitespace or DEFAULT_JSON_WHITESPACE)
+
+    def validate(self) -> None:
+        if self.kind not in CONSTRAINT_KINDS:
+            raise ValueError(f"unknown constraint kind {self.kind!r}; expected one of {', '.join(CONSTRAINT_KINDS)}")
+        if self.whitespace and self.whitespace not in JSON_WHITESPACE_MODES:
+            raise ValueError(f"unknown whitespace mode {self.whitespace!r}; expected one of "
+                             f"{', '.join(JSON_WHITESPACE_MODES)}")
+        if self.kind == "choice":
+            if not self.choices:
+                raise ValueError("a choice constraint needs at least one choice")
+            if any(not c for c in self.choices):
+                raise ValueError("choices must be non-empty strings")
+        elif self.kind in ("json_schema", "regex", "grammar") and not self.spec.strip():
+            raise ValueError(f"a {self.kind} constraint needs a non-empty spec")
+        if self.kind == "json_schema":
+            try:
+                schema = json.loads(self.spec)
+            except json.JSONDecodeError as e:
+                raise ValueError(f"json_schema is not valid JSON: {e}") from None
+            except RecursionError:
+                raise ValueError("json_schema is nested too deeply to parse") from None
+            if not isinstance(schema, (dict, bool)):
+                raise ValueError("json_schema must be a JSON object (or a boolean schema)")
+
+    @property
+    def cache_key(self) -> tuple:
+        """(kind, canonical spec, options): equal keys compile to the same grammar."""
+        spec = self.spec
+        if self.kind == "json_schema":
+            # whitespace is canonicalized, key order is not: properties are generated in the
+            # order the schema declares them, so a reordered schema is a different grammar
+            spec = json.dumps(json.loads(spec), separators=(",", ":"))
+        whitespace = self.json_whitespace if self.kind in ("json_schema", "json_object") else ""
+        return (self.kind, spec, tuple(self.choices), self.strict, whitespace)
