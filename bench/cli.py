@@ -117,7 +117,7 @@ def _run_serve(args: argparse.Namespace) -> int:
 
 
 def _run_offline(args: argparse.Namespace) -> int:
-    from cli.main import engine_config_from_args
+    from engine.args import engine_config_from_args
     config = engine_config_from_args(args)
     if args.workload == "json-extraction":
         from bench.structured import main
@@ -128,14 +128,14 @@ def _run_offline(args: argparse.Namespace) -> int:
 
 def _run_accuracy(args: argparse.Namespace) -> int:
     from bench.accuracy import DEFAULT_SETTINGS, WORKLOADS, main
-    from cli.main import engine_config_from_args
+    from engine.args import engine_config_from_args
     args.settings = args.settings or list(DEFAULT_SETTINGS)
     args.workloads = args.workloads or list(WORKLOADS)
     return main(args, engine_config_from_args(args))
 
 
 def _run_coverage(args: argparse.Namespace) -> int:
-    from cli.main import engine_config_from_args
+    from engine.args import engine_config_from_args
     if args.compile_only:
         from bench.compile_coverage import main as compile_main
         return compile_main(args, engine_config_from_args(args))

@@ -3,7 +3,7 @@
     formwork serve [--model PATH] [--host 127.0.0.1] [--port 50051] [--http-port 8000 | --no-http] [engine options] [limits]
     python -m service.cli serve ...   (the same, without the console script)
 
-The engine CLI (cli/main.py) registers this subcommand with `add_serve_parser(subparsers,
+The `formwork` command (cli/main.py) registers this subcommand with `add_serve_parser(subparsers,
 add_engine_args)`; the parsed namespace carries `func`, which runs it and returns the exit code.
 """
 from __future__ import annotations
@@ -17,7 +17,7 @@ from collections.abc import Callable
 from dataclasses import replace
 from typing import TYPE_CHECKING
 
-from cli import main as engine_cli
+from engine import args as engine_args
 from engine.config import EngineConfig, SchedulerConfig
 from engine.core.memory_watchdog import DEFAULT_FRACTION_OF_MEMORY, MemoryLimit, machine_memory_bytes
 from service.limits import ServiceLimits
@@ -33,7 +33,7 @@ _RESTART_DEFAULTS = RestartPolicy()
 
 def add_serve_parser(subparsers: argparse._SubParsersAction,
                      add_engine_args: Callable[[argparse.ArgumentParser], None] | None = None) -> argparse.ArgumentParser:
-    """Register `serve`; `add_engine_args` adds the engine options (default: cli.main's)."""
+    """Register `serve`; `add_engine_args` adds the engine options (default: engine/args.py's)."""
     parser = subparsers.add_parser("serve", help="serve the Generation gRPC API",
                                    description="Serve formwork.v1.Generation (plus health and reflection) over gRPC.")
     parser.add_argument("--host", default="127.0.0.1", help="address to listen on (default: %(default)s)")
@@ -43,7 +43,7 @@ def add_serve_parser(subparsers: argparse._SubParsersAction,
                              "port)")
     parser.add_argument("--no-http", action="store_true", help="serve gRPC only")
     parser.add_argument("--log-level", default="INFO", choices=("DEBUG", "INFO", "WARNING", "ERROR"))
-    (add_engine_args or engine_cli.add_engine_args)(parser)
+    (add_engine_args or engine_args.add_engine_args)(parser)
     limits = parser.add_argument_group("limits")
     limits.add_argument("--max-queue-len", type=int, default=SchedulerConfig().max_num_waiting,
                         help="requests waiting beyond the batch; more get RESOURCE_EXHAUSTED (default: %(default)s)")
@@ -94,8 +94,8 @@ def security_from_args(args: argparse.Namespace) -> SecurityConfig:
 
 
 def engine_config_from_args(args: argparse.Namespace) -> EngineConfig:
-    """cli.main's EngineConfig, with the service's queue length and constraint size."""
-    config = engine_cli.engine_config_from_args(args)
+    """engine/args.py's EngineConfig, with the service's queue length and constraint size."""
+    config = engine_args.engine_config_from_args(args)
     return replace(config, scheduler=replace(config.scheduler, max_num_waiting=args.max_queue_len),
                    grammar=replace(config.grammar,
                                    max_spec_bytes=max(args.max_constraint_bytes, config.grammar.max_spec_bytes)))

@@ -1,0 +1,63 @@
+"""The engine's command-line flags, shared by `formwork generate`, `serve` and `bench`."""
+from __future__ import annotations
+
+import argparse
+
+
+def add_engine_args(parser: argparse.ArgumentParser) -> None:
+    g = parser.add_argument_group("engine")
+    g.add_argument("--model", default=None, help="local Hugging Face model folder (default: packaged SmolLM2-135M-Instruct)")
+    g.add_argument("--max-model-len", type=int, default=None, help="context length (default: the model's)")
+    g.add_argument("--max-num-seqs", type=int, default=64, help="requests per step")
+    g.add_argument("--max-num-batched-tokens", type=int, default=512, help="token budget per step")
+    g.add_argument("--num-blocks", type=int, default=None, help="KV cache blocks (default: from --kv-cache-gib on CPU, --gpu-memory-utilization on CUDA)")
+    g.add_argument("--kv-cache-gib", type=float, default=1.0, help="CPU: KV cache memory when --num-blocks is unset")
+    g.add_argument("--no-prefix-caching", action="store_true")
+    g.add_argument("--no-jump-forward", action="store_true", help="engine default for jump-forward decoding")
+    g.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's)")
+    g.add_argument("--device", default="cpu")
+    g.add_argument("--dtype", choices=["auto", "float32", "bfloat16", "float16"], default="auto",
+                   help="weights and activations (auto: bfloat16 on CUDA and on CPUs with bf16 dot products)")
+    # CUDA options (a CPU engine ignores them)
+    g.add_argument("--block-size", type=int, default=16, help="tokens per KV cache block")
+    g.add_argument("--gpu-memory-utilization", type=float, default=0.9,
+                   help="CUDA: fraction of device memory for weights + KV cache + activations (KV takes the rest)")
+    g.add_argument("--enforce-eager", action="store_true", help="CUDA: no CUDA graphs for decode steps")
+    g.add_argument("--attention-backend", choices=["auto", "flash_attn", "torch"], default="auto",
+                   help="CUDA: flash-attn if usable (auto), flash-attn or an error, or torch SDPA")
+    from grammar.config import GrammarConfig
+    defaults = GrammarConfig()
+    b = parser.add_argument_group("grammar bounds (a constraint past one is refused: docs/constraints.md)")
+    b.add_argument("--compile-timeout", type=float, default=defaults.compile_timeout_s,
+                   help="seconds one grammar compile may take (default: %(default)s)")
+    b.add_argument("--max-schema-depth", type=int, default=defaults.max_schema_depth,
+                   help="JSON-schema nesting depth, in schema levels (default: %(default)s)")
+    b.add_argument("--max-forced-bytes", type=int, default=defaults.max_forced_bytes,
+                   help="forced text jump-forward takes per step, and the most output a grammar may need at "
+                        "one point (default: %(default)s)")
+    b.add_argument("--max-repeat-count", type=int, default=defaults.max_repeat_count,
+                   help="largest count of a regex quantifier {m,n} (default: %(default)s)")
+    b.add_argument("--max-fill-ms", type=float, default=defaults.max_fill_ms,
+                   help="CPU milliseconds one request's bitmask fill may take (default: %(default)s)")
+
+
+
+def engine_config_from_args(args: argparse.Namespace):
+    from engine.config import CacheConfig, CudaConfig, EngineConfig, SchedulerConfig
+    from grammar.config import GrammarConfig
+    return EngineConfig(
+        model=args.model,
+        device=args.device,
+        dtype=args.dtype,
+        max_model_len=args.max_model_len,
+        num_threads=args.threads,
+        scheduler=SchedulerConfig(max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.max_num_batched_tokens),
+        cache=CacheConfig(block_size=args.block_size, num_blocks=args.num_blocks,
+                          kv_cache_bytes=int(args.kv_cache_gib * (1 << 30)),
+                          enable_prefix_caching=not args.no_prefix_caching),
+        grammar=GrammarConfig(jump_forward=not args.no_jump_forward, compile_timeout_s=args.compile_timeout,
+                              max_schema_depth=args.max_schema_depth, max_forced_bytes=args.max_forced_bytes,
+                              max_repeat_count=args.max_repeat_count, max_fill_ms=args.max_fill_ms),
+        cuda=CudaConfig(gpu_memory_utilization=args.gpu_memory_utilization, enforce_eager=args.enforce_eager,
+                        attention_backend=args.attention_backend),
+    )
