@@ -62,7 +62,7 @@ class SubsetResult:
 def run_coverage(llm, schemas: list[tuple[str, str, dict]], max_tokens: int) -> dict[str, SubsetResult]:
     import jsonschema
 
-    from engine.sched.request import FinishReason
+    from engine.protocol import FinishReason
     from grammar.constraint import Constraint
     from engine.sampling_params import SamplingParams
 

@@ -68,7 +68,7 @@ def split_summary(timings) -> dict:
 def run_formwork(llm, items, mode: str, batch_size: int, max_tokens: int,
                  lengths: list[int] | None = None) -> RunResult:
     """lengths (mode unconstrained-matched): each answer's exact length, EOS ignored."""
-    from engine.sched.request import FinishReason
+    from engine.protocol import FinishReason
     from grammar.constraint import Constraint
     from engine.sampling_params import SamplingParams
 

@@ -5,10 +5,21 @@ build, which matters because one crosses the process boundary every engine step.
 """
 from __future__ import annotations
 
+import enum
+
 import msgspec
 
 from grammar.constraint import Constraint
 from engine.sampling_params import SamplingParams
+
+
+class FinishReason(enum.IntEnum):
+    """Why a request ended, as clients see it."""
+
+    STOP = 0  # EOS, a stop string / token id, or the grammar completed
+    LENGTH = 1  # max_tokens or the context length
+    ABORT = 2  # cancelled by the client or a deadline
+    ERROR = 3  # grammar compile failure or a grammar dead end
 
 
 class EngineCoreRequest(msgspec.Struct, array_like=True, omit_defaults=True, tag=True):
@@ -53,7 +64,7 @@ class EngineCoreOutput(msgspec.Struct, array_like=True, omit_defaults=True):
     request_id: str
     new_token_ids: list[int] = []
     new_logprobs: list[TokenLogprob] = []
-    finish_reason: int | None = None  # engine.sched.request.FinishReason; None while running
+    finish_reason: int | None = None  # a FinishReason; None while running
     stop_reason: int | str | None = None  # the stop token id that ended it, if any
     error: str | None = None  # set with FinishReason.ERROR: a message the client can act on
     # set on the final output only
@@ -99,3 +110,28 @@ class EngineCoreOutputs(msgspec.Struct, array_like=True, omit_defaults=True, tag
     stats: EngineStats | None = None
     report: ConstraintReport | None = None
     timestamp: float = 0.0
+
+
+class EngineCoreReady(msgspec.Struct, array_like=True, omit_defaults=True, tag=True):
+    """The core's first message: the model is loaded and inputs are welcome."""
+
+    model_name: str
+    model_dir: str  # the front end loads the same tokenizer from here
+    max_model_len: int  # tokens, prompt + output
+    vocab_size: int
+    eos_token_id: int | None = None
+    block_size: int = 16  # tokens per KV block
+    num_total_blocks: int = 0  # KV blocks a request can use
+    max_num_seqs: int = 0  # requests in one step
+    max_num_waiting: int = 0  # the engine's own queue length
+    pid: int = 0  # the engine process (0: in-process)
+
+
+class EngineCoreDead(msgspec.Struct, array_like=True, omit_defaults=True, tag=True):
+    """The core's last message when it fails to start or a step raises."""
+
+    error: str
+
+
+# everything the core sends to the front end
+EngineCoreMessage = EngineCoreOutputs | EngineCoreReady | EngineCoreDead

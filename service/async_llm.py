@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING
 from engine.frontend.core_client import EngineDeadError
 from engine.frontend.output_processor import OutputProcessor, RequestOutput
 from engine.protocol import ConstraintReport, EngineCoreOutput, EngineCoreRequest, EngineStats
-from engine.sched.request import FinishReason
+from engine.protocol import FinishReason
 from grammar.constraint import Constraint
 from engine.sampling_params import SamplingParams
 from engine.frontend.tokenizer import Tokenizer
@@ -28,7 +28,7 @@ from service.quarantine import Quarantine
 
 if TYPE_CHECKING:
     from engine.frontend.core_client import EngineCoreClient, RequestOutputStream
-    from engine.core.core_proc import EngineCoreReady
+    from engine.protocol import EngineCoreReady
     from service.conversion import PromptInput
     from service.limits import ServiceLimits
 

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 from google.protobuf import struct_pb2
 
 from engine.protocol import ConstraintReport, EngineStats, TokenLogprob
-from engine.sched.request import FinishReason
+from engine.protocol import FinishReason
 from grammar.constraint import CONSTRAINT_KINDS, Constraint
 from engine.sampling_params import SamplingParams
 from service._gen.formwork.v1 import generation_pb2 as pb
@@ -23,7 +23,7 @@ from service.errors import FieldViolation, ServiceError, StatusCode, invalid_arg
 from service.limits import MAX_LOGPROBS, ServiceLimits
 
 if TYPE_CHECKING:
-    from engine.core.core_proc import EngineCoreReady
+    from engine.protocol import EngineCoreReady
     from engine.frontend.output_processor import RequestOutput
 
 # proto3 `optional` sampling fields, named as in SamplingParams

@@ -29,7 +29,7 @@ from grpc_reflection.v1alpha import reflection, reflection_pb2, reflection_pb2_g
 
 from engine.frontend.core_client import EngineCoreClient
 from engine.frontend.output_processor import RequestOutput
-from engine.sched.request import FinishReason
+from engine.protocol import FinishReason
 from engine.sampling_params import SamplingParams
 from service import conversion
 from service._gen.formwork.v1 import generation_pb2 as pb

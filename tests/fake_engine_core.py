@@ -19,7 +19,7 @@ import msgspec
 
 from engine.config import CacheConfig, EngineConfig, SchedulerConfig
 from engine.protocol import ConstraintReport, EngineCoreOutput, EngineCoreRequest, EngineStats, TokenLogprob
-from engine.sched.request import FinishReason
+from engine.protocol import FinishReason
 from grammar.constraint import Constraint
 from engine.frontend.tokenizer import Tokenizer
 

@@ -21,7 +21,7 @@ import torch
 
 from engine.config import CacheConfig, CudaConfig, EngineConfig, SchedulerConfig
 from grammar.config import GrammarConfig
-from engine.sched.request import FinishReason
+from engine.protocol import FinishReason
 from grammar.constraint import Constraint
 from engine.sampling_params import SamplingParams
 

@@ -5,7 +5,7 @@ import pytest
 
 from engine.frontend.output_processor import OutputProcessor, RequestOutput
 from engine.protocol import EngineCoreOutput, TokenLogprob
-from engine.sched.request import FinishReason
+from engine.protocol import FinishReason
 from engine.sampling_params import SamplingParams
 from engine.frontend.tokenizer import Tokenizer
 

@@ -11,10 +11,10 @@ import pytest
 from google.protobuf import json_format
 from google.rpc import error_details_pb2
 
-from engine.core.core_proc import EngineCoreReady
+from engine.protocol import EngineCoreReady
 from engine.frontend.output_processor import RequestOutput, RequestTimings
 from engine.protocol import ConstraintReport, EngineStats, TokenLogprob
-from engine.sched.request import FinishReason
+from engine.protocol import FinishReason
 from grammar.constraint import Constraint
 from engine.sampling_params import SamplingParams
 from service import conversion, protogen

@@ -7,7 +7,7 @@ import re
 import pytest
 
 from bench.coverage import SUBSETS, load_schemas, run_coverage
-from engine.sched.request import FinishReason
+from engine.protocol import FinishReason
 from grammar.constraint import Constraint
 from engine.sampling_params import SamplingParams
 

@@ -28,9 +28,9 @@ import msgspec
 
 from engine.core.memory_watchdog import (EXIT_MEMORY_CEILING, MemoryLimit, MemoryWatchdog, format_gib,
                                     release_free_heap, rss_bytes)
-from engine.protocol import (AbortRequests, ConstraintReport, EngineCoreInput, EngineCoreOutput, EngineCoreOutputs,
-                             EngineCoreRequest, GetStats, Shutdown, ValidateConstraint)
-from engine.sched.request import FinishReason
+from engine.protocol import (AbortRequests, ConstraintReport, EngineCoreDead, EngineCoreInput, EngineCoreOutput,
+                             EngineCoreOutputs, EngineCoreReady, EngineCoreRequest, FinishReason, GetStats, Shutdown,
+                             ValidateConstraint)
 
 if TYPE_CHECKING:
     from multiprocessing.connection import Connection
@@ -38,31 +38,6 @@ if TYPE_CHECKING:
     from engine.config import EngineConfig
 
 logger = logging.getLogger(__name__)
-
-
-class EngineCoreReady(msgspec.Struct, array_like=True, omit_defaults=True, tag=True):
-    """The core's first message: the model is loaded and inputs are welcome."""
-
-    model_name: str
-    model_dir: str  # the front end loads the same tokenizer from here
-    max_model_len: int  # tokens, prompt + output
-    vocab_size: int
-    eos_token_id: int | None = None
-    block_size: int = 16  # tokens per KV block
-    num_total_blocks: int = 0  # KV blocks a request can use
-    max_num_seqs: int = 0  # requests in one step
-    max_num_waiting: int = 0  # the engine's own queue length
-    pid: int = 0  # the engine process (0: in-process)
-
-
-class EngineCoreDead(msgspec.Struct, array_like=True, omit_defaults=True, tag=True):
-    """The core's last message when it fails to start or a step raises."""
-
-    error: str
-
-
-# everything the core sends to the front end
-EngineCoreMessage = EngineCoreOutputs | EngineCoreReady | EngineCoreDead
 
 
 class MemoryPressure(msgspec.Struct, frozen=True):

@@ -12,7 +12,8 @@ from engine.core.executor import Executor
 from engine.model_files import resolve_model
 from engine.worker.model_runner import ModelRunner
 from engine.protocol import ConstraintReport, EngineCoreOutput, EngineCoreRequest, EngineStats
-from engine.sched.request import FinishReason, Request
+from engine.protocol import FinishReason
+from engine.sched.request import Request
 from grammar.constraint import Constraint
 from engine.sched.scheduler import Scheduler
 from engine.sched.structured_output import StructuredOutputManager

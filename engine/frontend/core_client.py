@@ -28,11 +28,11 @@ from typing import TYPE_CHECKING, Any
 
 import msgspec
 
-from engine.core.core_proc import (EngineCoreDead, EngineCoreMessage, EngineCoreProc, EngineCoreReady, ready_message,
-                              run_engine_core)
+from engine.core.core_proc import EngineCoreProc, ready_message, run_engine_core
 from engine.core.memory_watchdog import EXIT_MEMORY_CEILING
-from engine.protocol import (AbortRequests, ConstraintReport, EngineCoreInput, EngineCoreOutput, EngineCoreOutputs,
-                             EngineCoreRequest, EngineStats, GetStats, Shutdown, ValidateConstraint)
+from engine.protocol import (AbortRequests, ConstraintReport, EngineCoreDead, EngineCoreInput, EngineCoreMessage,
+                             EngineCoreOutput, EngineCoreOutputs, EngineCoreReady, EngineCoreRequest, EngineStats,
+                             GetStats, Shutdown, ValidateConstraint)
 
 if TYPE_CHECKING:
     from engine.config import EngineConfig

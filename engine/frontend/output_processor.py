@@ -17,7 +17,7 @@ import msgspec
 
 from engine.frontend.detokenizer import IncrementalDetokenizer
 from engine.protocol import EngineCoreOutput, TokenLogprob
-from engine.sched.request import FinishReason
+from engine.protocol import FinishReason
 from engine.sampling_params import SamplingParams
 
 if TYPE_CHECKING:

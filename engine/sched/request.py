@@ -5,6 +5,7 @@ import enum
 import time
 from typing import TYPE_CHECKING
 
+from engine.protocol import FinishReason
 from engine.sampling_params import SamplingParams
 
 if TYPE_CHECKING:
@@ -26,15 +27,6 @@ class RequestStatus(enum.IntEnum):
     @property
     def is_finished(self) -> bool:
         return self > RequestStatus.PREEMPTED
-
-
-class FinishReason(enum.IntEnum):
-    """Why a request ended, as clients see it."""
-
-    STOP = 0  # EOS, a stop string / token id, or the grammar completed
-    LENGTH = 1  # max_tokens or the context length
-    ABORT = 2  # cancelled by the client or a deadline
-    ERROR = 3  # grammar compile failure or a grammar dead end
 
 
 FINISH_REASON_OF_STATUS = {
