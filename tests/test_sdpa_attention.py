@@ -93,7 +93,7 @@ def without_flash_attn(monkeypatch):
 
 def test_cuda_without_flash_attn_falls_back_to_sdpa_with_a_warning(without_flash_attn, caplog):
     cuda = torch.device("cuda")  # choosing touches no device
-    with caplog.at_level(logging.WARNING, logger="engine.attention.flash"):
+    with caplog.at_level(logging.WARNING, logger="engine.attention"):
         assert isinstance(get_attention_backend(cuda, 16, "auto"), SdpaAttentionBackend)
     assert "flash-attn is not installed" in caplog.text and "torch SDPA" in caplog.text
     with pytest.raises(ValueError, match="flash-attn is not installed.*pip install"):
@@ -105,7 +105,7 @@ def test_flash_attn_needs_blocks_of_256(monkeypatch, caplog):
     monkeypatch.setitem(sys.modules, "flash_attn", fake_flash_attn())
     cuda = torch.device("cuda")
     assert isinstance(get_attention_backend(cuda, 256, "auto"), FlashAttentionBackend)
-    with caplog.at_level(logging.WARNING, logger="engine.attention.flash"):
+    with caplog.at_level(logging.WARNING, logger="engine.attention"):
         assert isinstance(get_attention_backend(cuda, 16, "auto"), SdpaAttentionBackend)
     assert "divisible by 256" in caplog.text
     with pytest.raises(ValueError, match="divisible by 256"):

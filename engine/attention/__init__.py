@@ -1,70 +1,38 @@
-"""The attention backend interface, over a paged KV cache.
+"""Attention over the paged KV cache: the backend interface (base.py) and the choice of backend.
 
-KV cache layout, one tensor per layer: [2 (K, V), num_blocks, block_size, num_kv_heads, head_dim]
-— flash-attn's paged layout, so a CUDA backend reads the same cache the CPU backend writes.
-Token t of a request lives in slot `block_table[t // block_size] * block_size + t % block_size`.
+CPU: Formwork's kernel (cpu.py). CUDA: flash-attn when installed and usable with the cache's
+block size (flash.py), else torch SDPA over the same cache (sdpa.py), with a warning saying why.
 """
 from __future__ import annotations
 
-from abc import ABC, abstractmethod
-from dataclasses import dataclass
+import logging
 
-import numpy as np
 import torch
 
+from engine.attention.base import AttentionBackend, AttentionInputs, write_kv
 
-@dataclass
-class AttentionInputs:
-    """Per-step attention facts, shared by every layer. Built once per step by the runner."""
+__all__ = ["AttentionBackend", "AttentionInputs", "get_attention_backend", "write_kv"]
 
-    slot_mapping: torch.Tensor  # [num_tokens] int64: cache slot of each scheduled token
-    query_start_loc: np.ndarray  # [num_reqs + 1] int32: request i's tokens are [qsl[i], qsl[i+1])
-    num_computed_tokens: np.ndarray  # [num_reqs] int32: KV already cached before this step
-    seq_lens: np.ndarray  # [num_reqs] int32: num_computed_tokens + scheduled tokens
-    block_table: torch.Tensor  # [num_reqs, max_blocks_per_req] int32, rows padded with block 0
-    block_size: int
-
-
-class AttentionBackend(ABC):
-    """Writes this step's K/V into the paged cache and attends over it.
-
-    `build_metadata` runs once per step (plain bookkeeping, no tensors of the model's size);
-    `forward` runs once per layer and must not keep state between calls.
-    """
-
-    @abstractmethod
-    def build_metadata(self, inputs: AttentionInputs) -> object:
-        """Whatever this backend needs per step, derived from `inputs`."""
-
-    @abstractmethod
-    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kv_cache: torch.Tensor,
-                metadata: object) -> torch.Tensor:
-        """q: [num_tokens, num_heads, head_dim]; k, v: [num_tokens, num_kv_heads, head_dim].
-
-        Stores k, v at `slot_mapping`, then returns causal attention of each query over its
-        request's cached keys: [num_tokens, num_heads, head_dim].
-        """
-
-    def kv_cache_dtype(self, model_dtype: torch.dtype) -> torch.dtype:
-        """The cache's dtype for a model computing in model_dtype; forward receives q/k/v in model_dtype."""
-        return model_dtype
-
-    def allocate_kv_cache(self, num_layers: int, num_blocks: int, block_size: int, num_kv_heads: int,
-                          head_dim: int, dtype: torch.dtype, device: torch.device) -> list[torch.Tensor]:
-        return [torch.zeros(2, num_blocks, block_size, num_kv_heads, head_dim, dtype=dtype, device=device)
-                for _ in range(num_layers)]
-
-
-def write_kv(kv_cache: torch.Tensor, k: torch.Tensor, v: torch.Tensor, slot_mapping: torch.Tensor) -> None:
-    num_kv_heads, head_dim = k.shape[1], k.shape[2]
-    kv_cache[0].view(-1, num_kv_heads, head_dim).index_copy_(0, slot_mapping, k)
-    kv_cache[1].view(-1, num_kv_heads, head_dim).index_copy_(0, slot_mapping, v)
+logger = logging.getLogger(__name__)
 
 
 def get_attention_backend(device: torch.device, block_size: int = 16, cuda_choice: str = "auto") -> AttentionBackend:
-    if device.type == "cuda":
-        # issue 7: flash-attn when usable, else torch SDPA; the choice and its messages live there
-        from engine.attention.flash import select_cuda_backend  # lazily: flash-attn is optional
-        return select_cuda_backend(block_size, cuda_choice)
-    from engine.attention.cpu import CpuAttentionBackend
-    return CpuAttentionBackend()
+    """The backend for `device`. On CUDA, `cuda_choice` is CudaConfig.attention_backend: flash-attn
+    when usable ("auto"), flash-attn or a ValueError saying what to change ("flash_attn"), or torch
+    SDPA ("torch")."""
+    if device.type != "cuda":
+        from engine.attention.cpu import CpuAttentionBackend
+        return CpuAttentionBackend()
+    from engine.attention.sdpa import SdpaAttentionBackend
+    if cuda_choice == "torch":
+        return SdpaAttentionBackend()
+    from engine.attention.flash import FlashAttentionBackend, load_flash_attn
+    flash_attn, problem = load_flash_attn(block_size)
+    if flash_attn is not None:
+        return FlashAttentionBackend(flash_attn)
+    if cuda_choice == "flash_attn":
+        raise ValueError(f"attention_backend='flash_attn' is not usable: {problem}; "
+                         "or use attention_backend='torch'")
+    logger.warning("CUDA attention falls back to torch SDPA over the paged cache (slower on long contexts): %s",
+                   problem)
+    return SdpaAttentionBackend()

@@ -18,7 +18,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from engine.attention import AttentionBackend, AttentionInputs, write_kv
+from engine.attention.base import AttentionBackend, AttentionInputs, write_kv
 from engine.kernels.loader import load_cpu_kernels
 
 

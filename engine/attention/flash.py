@@ -1,7 +1,7 @@
-"""flash-attn over the paged cache, and the choice of CUDA attention backend.
+"""flash-attn over the paged cache.
 
-The only module that imports flash-attn, lazily (inside `select_cuda_backend`). It uses the
-flash-attn 2 API over the cache layout of engine/attention/__init__.py ([2, num_blocks, block_size,
+The only module that imports flash-attn, lazily (inside `load_flash_attn`). It uses the
+flash-attn 2 API over the cache layout of engine/attention/base.py ([2, num_blocks, block_size,
 kv_heads, head_dim] per layer: K and V each in flash-attn's paged layout):
 
 * any step: `flash_attn_varlen_func(q, k_cache, v_cache, cu_seqlens_q, cu_seqlens_k, ...,
@@ -11,9 +11,9 @@ kv_heads, head_dim] per layer: K and V each in flash-attn's paged layout):
   `cache_seqlens` and the block table.
 
 flash-attn 2's paged kernels take only KV blocks of a multiple of 256 tokens. With the engine's
-default block size (16), or without flash-attn installed, "auto" selects torch SDPA over the same
-cache (engine/attention/sdpa.py) and says why in a warning; asking for "flash_attn" explicitly
-raises a ValueError that says what to change.
+default block size (16), or without flash-attn installed, `get_attention_backend` (auto) selects
+torch SDPA over the same cache (engine/attention/sdpa.py) and says why in a warning; asking for
+"flash_attn" explicitly raises a ValueError that says what to change.
 """
 from __future__ import annotations
 
@@ -24,37 +24,24 @@ from types import ModuleType
 import numpy as np
 import torch
 
-from engine.attention import AttentionBackend, AttentionInputs, write_kv
+from engine.attention.base import AttentionBackend, AttentionInputs, write_kv
 
 logger = logging.getLogger(__name__)
 
 FLASH_ATTN_PAGE_MULTIPLE = 256  # flash-attn 2: "Paged KV cache block size must be divisible by 256"
 
 
-def select_cuda_backend(block_size: int, choice: str = "auto") -> AttentionBackend:
-    """The attention backend for a CUDA device; `choice` is CudaConfig.attention_backend."""
-    from engine.attention.sdpa import SdpaAttentionBackend
-
-    if choice == "torch":
-        return SdpaAttentionBackend()
-    problem = None
+def load_flash_attn(block_size: int) -> tuple[ModuleType | None, str | None]:
+    """flash-attn if it is installed and takes KV blocks of `block_size` tokens, else (None, why not)."""
     try:
         import flash_attn
     except ImportError as e:
-        flash_attn = None
-        problem = (f"flash-attn is not installed ({e}); install it with pip install 'formwork[cuda]' "
-                   "(flash-attn 2 builds from source against the local CUDA toolkit)")
-    if flash_attn is not None and block_size % FLASH_ATTN_PAGE_MULTIPLE:
-        problem = (f"flash-attn 2's paged kernels need a KV block size divisible by {FLASH_ATTN_PAGE_MULTIPLE}, "
-                   f"the cache uses {block_size} (set CacheConfig.block_size / --block-size)")
-    if problem is None:
-        return FlashAttentionBackend(flash_attn)
-    if choice == "flash_attn":
-        raise ValueError(f"attention_backend='flash_attn' is not usable: {problem}; "
-                         "or use attention_backend='torch'")
-    logger.warning("CUDA attention falls back to torch SDPA over the paged cache (slower on long contexts): %s",
-                   problem)
-    return SdpaAttentionBackend()
+        return None, (f"flash-attn is not installed ({e}); install it with pip install 'formwork[cuda]' "
+                      "(flash-attn 2 builds from source against the local CUDA toolkit)")
+    if block_size % FLASH_ATTN_PAGE_MULTIPLE:
+        return None, (f"flash-attn 2's paged kernels need a KV block size divisible by {FLASH_ATTN_PAGE_MULTIPLE}, "
+                      f"the cache uses {block_size} (set CacheConfig.block_size / --block-size)")
+    return flash_attn, None
 
 
 @dataclass
@@ -70,6 +57,8 @@ class FlashAttentionMetadata:
 
 
 class FlashAttentionBackend(AttentionBackend):
+    supports_decode_metadata = True
+
     def __init__(self, flash_attn: ModuleType) -> None:
         self._varlen = flash_attn.flash_attn_varlen_func
         self._with_kvcache = flash_attn.flash_attn_with_kvcache

@@ -26,7 +26,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from engine.attention import AttentionBackend, AttentionInputs, write_kv
+from engine.attention.base import AttentionBackend, AttentionInputs, write_kv
 
 _KEY_ALIGN = 16  # packed key count rounded up to this (memory-efficient kernels want aligned masks)
 
@@ -58,6 +58,8 @@ class SdpaAttentionMetadata:
 
 class SdpaAttentionBackend(AttentionBackend):
     """Stateless; any device torch runs SDPA on."""
+
+    supports_decode_metadata = True
 
     def build_metadata(self, inputs: AttentionInputs) -> SdpaAttentionMetadata:
         qsl, seq_lens, bs = inputs.query_start_loc, inputs.seq_lens, inputs.block_size

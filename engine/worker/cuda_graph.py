@@ -55,7 +55,7 @@ class DecodeGraphRunner:
     def __init__(self, model: LlamaForCausalLM, kv_caches: list[torch.Tensor], attn_backend: AttentionBackend,
                  max_num_seqs: int, max_blocks_per_req: int, block_size: int, device: torch.device,
                  capture: bool = True) -> None:
-        if not hasattr(attn_backend, "decode_metadata"):
+        if not attn_backend.supports_decode_metadata:
             raise ValueError(f"{type(attn_backend).__name__} cannot build decode metadata from device tensors")
         self.model, self.kv_caches, self.attn_backend = model, kv_caches, attn_backend
         self.block_size = block_size

@@ -2,7 +2,7 @@
 // each listed query token attends its request's keys read straight from the cache blocks (no gather
 // copy), scores and softmax in fp32 whatever the dtype.
 //
-// Layout (engine/attention/__init__.py): cache [2, num_blocks, block_size, num_kv_heads, head_dim];
+// Layout (engine/attention/base.py): cache [2, num_blocks, block_size, num_kv_heads, head_dim];
 // token t of request i lives at block_table[i][t / block_size], offset t % block_size.
 // One work item per (request, kv head): its group of query heads shares every K/V row it reads.
 #include <torch/extension.h>
