@@ -1,8 +1,12 @@
 """Per-request block tables on top of the BlockPool, with prefix caching."""
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from engine.kv_cache.block_pool import BlockPool, KVCacheBlock, hash_block
-from engine.sched.request import Request
+
+if TYPE_CHECKING:  # the cache reads a request's ids and token counts; the scheduler owns requests
+    from engine.sched.request import Request
 
 
 class KVCacheManager:
@@ -23,10 +27,6 @@ class KVCacheManager:
     @property
     def num_free_blocks(self) -> int:
         return self.pool.num_free_blocks
-
-    @property
-    def usage(self) -> float:
-        return 1.0 - self.pool.num_free_blocks / (self.pool.num_blocks - 1)
 
     def get_computed_blocks(self, request: Request) -> tuple[list[KVCacheBlock], int]:
         """Prefix-cache hits for a request about to be scheduled from scratch.
