@@ -109,7 +109,6 @@ class EngineCoreOutputs(msgspec.Struct, array_like=True, omit_defaults=True, tag
     call_id: int = 0  # set when answering GetStats / ValidateConstraint
     stats: EngineStats | None = None
     report: ConstraintReport | None = None
-    timestamp: float = 0.0
 
 
 class EngineCoreReady(msgspec.Struct, array_like=True, omit_defaults=True, tag=True):

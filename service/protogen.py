@@ -34,7 +34,6 @@ class Target:
 SERVICE = Target(Path(__file__).resolve().parent / "_gen", "service._gen")
 CLIENT = Target(REPO_ROOT / "clients" / "python" / "formwork_client" / "_gen", "formwork_client._gen")
 TARGETS = (SERVICE, CLIENT)
-GEN_ROOT = SERVICE.root  # the server's stubs (kept for callers that predate the client copy)
 
 
 def _proto_files() -> list[str]:

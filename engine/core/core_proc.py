@@ -18,7 +18,6 @@ import queue
 import signal
 import sys
 import threading
-import time
 import traceback
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -95,7 +94,7 @@ class EngineCoreProc:
             if core.has_unfinished_requests():
                 outputs = core.step()
                 if outputs:
-                    self._send(EngineCoreOutputs(outputs=outputs, timestamp=time.monotonic()))
+                    self._send(EngineCoreOutputs(outputs=outputs))
             if self.memory_pressure is not None and not core.has_unfinished_requests():
                 raise MemoryCeilingExceeded(f"{self.memory_pressure} with no request left to finish")
 
@@ -124,15 +123,13 @@ class EngineCoreProc:
             if self.memory_pressure is not None:
                 self._send(EngineCoreOutputs(outputs=[EngineCoreOutput(
                     message.request_id, finish_reason=int(FinishReason.ERROR), overloaded=True,
-                    error=f"the engine is short of memory ({self.memory_pressure}); retry later")],
-                    timestamp=time.monotonic()))
+                    error=f"the engine is short of memory ({self.memory_pressure}); retry later")]))
             else:
                 core.add_request(message)  # an invalid request ends at once with an ERROR output
         elif isinstance(message, AbortRequests):
             core.abort_requests(message.request_ids)
         elif isinstance(message, GetStats):
-            self._send(EngineCoreOutputs(call_id=message.call_id, stats=core.get_stats(),
-                                         timestamp=time.monotonic()))
+            self._send(EngineCoreOutputs(call_id=message.call_id, stats=core.get_stats()))
         elif isinstance(message, ValidateConstraint):
             self._validator.submit(self._validate, message)
         elif isinstance(message, MemoryPressure):
@@ -158,7 +155,7 @@ class EngineCoreProc:
         except Exception as e:  # validate_constraint reports bad constraints itself; this is a bug
             logger.exception("validate_constraint failed")
             report = ConstraintReport(ok=False, error=f"internal error while compiling: {e}")
-        self._send(EngineCoreOutputs(call_id=message.call_id, report=report, timestamp=time.monotonic()))
+        self._send(EngineCoreOutputs(call_id=message.call_id, report=report))
 
 
 # ---- the engine process -----------------------------------------------------------------------

@@ -199,10 +199,6 @@ class OutputProcessor:
     def has_unfinished(self) -> bool:
         return bool(self._requests)
 
-    @property
-    def num_unfinished(self) -> int:
-        return len(self._requests)
-
     # ---- internals ----------------------------------------------------------------------------
 
     def _is_stop_token(self, token_id: int, stop_reason: str | int | None) -> bool:
