@@ -15,6 +15,7 @@ from __future__ import annotations
 import bisect
 import logging
 import time
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from engine.config import CacheConfig, SchedulerConfig
@@ -22,13 +23,28 @@ from engine.kv_cache.manager import KVCacheManager
 from engine.protocol import EngineCoreOutput
 from engine.sched.request import FINISH_REASON_OF_STATUS, Request, RequestStatus
 from engine.sched.scheduler_output import (CachedRequestData, GrammarOutput, ModelRunnerOutput, NewRequestData,
-                                     SchedulerOutput)
+                                           SchedulerOutput)
 from engine.sched.structured_output import grammar_failure
 
 if TYPE_CHECKING:
+    from engine.kv_cache.block_pool import KVCacheBlock
     from engine.sched.structured_output import StructuredOutputManager
 
 logger = logging.getLogger(__name__)
+
+
+@dataclass
+class _StepPlan:
+    """What one schedule() call has planned so far."""
+
+    token_budget: int  # tokens still free this step
+    num_scheduled_tokens: dict[str, int] = field(default_factory=dict)  # req_id -> tokens this step
+    new_reqs: list[NewRequestData] = field(default_factory=list)
+    cached: CachedRequestData = field(default_factory=CachedRequestData)
+
+    def add(self, req_id: str, num_new: int) -> None:
+        self.num_scheduled_tokens[req_id] = num_new
+        self.token_budget -= num_new
 
 
 class Scheduler:
@@ -112,50 +128,73 @@ class Scheduler:
 
     def schedule(self) -> SchedulerOutput:
         """Plan one step and advance `num_computed_tokens` of every scheduled request."""
-        token_budget = self.config.max_num_batched_tokens
-        num_scheduled_tokens: dict[str, int] = {}
-        new_reqs: list[NewRequestData] = []
-        cached = CachedRequestData()
-        preempted_now = False
+        plan = _StepPlan(token_budget=self.config.max_num_batched_tokens)
+        preempted = self._schedule_running(plan)
+        if not preempted:  # a step that had to preempt has no room to admit anyone
+            self._admit_waiting(plan)
+        output = SchedulerOutput(
+            scheduled_new_reqs=plan.new_reqs,
+            scheduled_cached_reqs=plan.cached,
+            num_scheduled_tokens=plan.num_scheduled_tokens,
+            total_num_scheduled_tokens=sum(plan.num_scheduled_tokens.values()),
+            finished_req_ids=self.finished_req_ids,
+            preempted_req_ids=self.preempted_req_ids,
+            structured_output_request_ids=self._bitmask_rows(plan.num_scheduled_tokens),
+        )
+        self._advance_computed_tokens(plan.num_scheduled_tokens)
+        return output
 
-        # 1. running requests (admitted earlier) first
+    def _schedule_running(self, plan: _StepPlan) -> bool:
+        """Give running requests (admitted earlier) their tokens first; True if KV ran out and
+        running requests were preempted to make room."""
+        preempted = False
         index = 0
-        while index < len(self.running) and token_budget > 0:
+        while index < len(self.running) and plan.token_budget > 0:
             request = self.running[index]
-            num_new = min(request.num_tokens - request.num_computed_tokens, token_budget)
+            num_new = min(request.num_tokens - request.num_computed_tokens, plan.token_budget)
             if num_new <= 0:
                 index += 1
                 continue
-            while True:
-                new_blocks = self.kv_cache_manager.allocate_slots(request, num_new)
-                if new_blocks is not None:
-                    break
-                # KV full: preempt the last running request (lowest priority, then newest)
-                victim = self.running.pop()
-                self._preempt(victim)
-                preempted_now = True
-                if victim is request:
-                    break
+            new_blocks, preempted_now = self._allocate_or_preempt(request, num_new)
+            preempted |= preempted_now
             if new_blocks is None:
                 break
-            cached.req_ids.append(request.request_id)
+            plan.cached.req_ids.append(request.request_id)
             pending = request.num_forced_tokens_pending
-            cached.new_token_ids.append(request.all_token_ids[-pending:] if pending else [])
+            plan.cached.new_token_ids.append(request.all_token_ids[-pending:] if pending else [])
             request.num_forced_tokens_pending = 0
-            cached.new_block_ids.append([b.block_id for b in new_blocks])
-            cached.num_computed_tokens.append(request.num_computed_tokens)
-            num_scheduled_tokens[request.request_id] = num_new
-            token_budget -= num_new
+            plan.cached.new_block_ids.append([b.block_id for b in new_blocks])
+            plan.cached.num_computed_tokens.append(request.num_computed_tokens)
+            plan.add(request.request_id, num_new)
             index += 1
+        return preempted
 
-        # 2. waiting requests, unless this step had to preempt (no room to admit anyone)
+    def _allocate_or_preempt(self, request: Request, num_new: int) -> tuple[list[KVCacheBlock] | None, bool]:
+        """KV slots for `num_new` more tokens of a running request, preempting the newest running
+        requests until they fit: (blocks, whether anyone was preempted); (None, True) when
+        `request` itself had to go."""
+        preempted = False
+        while True:
+            new_blocks = self.kv_cache_manager.allocate_slots(request, num_new)
+            if new_blocks is not None:
+                return new_blocks, preempted
+            victim = self.running.pop()  # KV full: the last running request (lowest priority, then newest)
+            self._preempt(victim)
+            preempted = True
+            if victim is request:
+                return None, True
+
+    def _admit_waiting(self, plan: _StepPlan) -> None:
+        """Move waiting requests into `running` in (priority, arrival) order while the budget, the
+        sequence cap and the KV blocks allow; a request whose grammar still compiles keeps its place
+        without holding up the ones behind it."""
         skipped: list[Request] = []
-        while self.waiting and token_budget > 0 and not preempted_now:
+        while self.waiting and plan.token_budget > 0:
             if len(self.running) >= self.config.max_num_seqs:
                 break
             request = self.waiting[0]
             if request.status == RequestStatus.WAITING_FOR_STRUCTURED_OUTPUT_GRAMMAR:
-                if not self._grammar_ready(request):
+                if not self._activate_grammar_or_finish(request):
                     if not request.is_finished:  # still compiling: nobody waits for it
                         skipped.append(self.waiting.pop(0))
                     continue
@@ -164,57 +203,53 @@ class Scheduler:
             # chunked prefill off: a prompt waits for a step with room for all of it, unless it is
             # longer than a whole step's budget (then it is chunked anyway, or it would never run)
             if (not self.config.enable_chunked_prefill
-                    and token_budget < num_new <= self.config.max_num_batched_tokens):
+                    and plan.token_budget < num_new <= self.config.max_num_batched_tokens):
                 break
-            num_new = min(num_new, token_budget)
+            num_new = min(num_new, plan.token_budget)
             new_blocks = self.kv_cache_manager.allocate_slots(request, num_new, hits)
             if new_blocks is None:
                 break
             self.waiting.pop(0)
-            request.num_computed_tokens = num_hit_tokens
-            if request.num_cached_tokens < 0:
-                request.num_cached_tokens = num_hit_tokens
-            if request.first_scheduled_time is None:
-                request.first_scheduled_time = time.monotonic()
-            request.status = RequestStatus.RUNNING
-            request.num_forced_tokens_pending = 0  # new requests are sent in full
-            _insert_in_order(self.running, request)
-            new_reqs.append(NewRequestData(
-                req_id=request.request_id,
-                token_ids=list(request.all_token_ids),
-                num_prompt_tokens=request.num_prompt_tokens,
-                sampling_params=request.sampling_params,
-                block_ids=self.kv_cache_manager.get_block_ids(request.request_id),
-                num_computed_tokens=num_hit_tokens,
-            ))
-            num_scheduled_tokens[request.request_id] = num_new
-            token_budget -= num_new
+            plan.new_reqs.append(self._start_running(request, num_hit_tokens))
+            plan.add(request.request_id, num_new)
         for request in reversed(skipped):
             self.waiting.insert(0, request)
 
-        # requests that sample this step get a grammar bitmask row
-        structured_rows: dict[str, int] = {}
+    def _start_running(self, request: Request, num_hit_tokens: int) -> NewRequestData:
+        """Mark an admitted request running (its first `num_hit_tokens` come from the prefix cache)."""
+        request.num_computed_tokens = num_hit_tokens
+        if request.num_cached_tokens < 0:
+            request.num_cached_tokens = num_hit_tokens
+        if request.first_scheduled_time is None:
+            request.first_scheduled_time = time.monotonic()
+        request.status = RequestStatus.RUNNING
+        request.num_forced_tokens_pending = 0  # new requests are sent in full
+        _insert_in_order(self.running, request)
+        return NewRequestData(
+            req_id=request.request_id,
+            token_ids=list(request.all_token_ids),
+            num_prompt_tokens=request.num_prompt_tokens,
+            sampling_params=request.sampling_params,
+            block_ids=self.kv_cache_manager.get_block_ids(request.request_id),
+            num_computed_tokens=num_hit_tokens,
+        )
+
+    def _bitmask_rows(self, num_scheduled_tokens: dict[str, int]) -> dict[str, int]:
+        """req_id -> grammar bitmask row, for the constrained requests that sample this step."""
+        rows: dict[str, int] = {}
         for req_id, num_new in num_scheduled_tokens.items():
             request = self.requests[req_id]
             if request.grammar is not None and request.num_computed_tokens + num_new == request.num_tokens:
-                structured_rows[req_id] = len(structured_rows)
+                rows[req_id] = len(rows)
+        return rows
 
-        output = SchedulerOutput(
-            scheduled_new_reqs=new_reqs,
-            scheduled_cached_reqs=cached,
-            num_scheduled_tokens=num_scheduled_tokens,
-            total_num_scheduled_tokens=sum(num_scheduled_tokens.values()),
-            finished_req_ids=self.finished_req_ids,
-            preempted_req_ids=self.preempted_req_ids,
-            structured_output_request_ids=structured_rows,
-        )
-        # the plan is made: these tokens count as computed from now on
+    def _advance_computed_tokens(self, num_scheduled_tokens: dict[str, int]) -> None:
+        """The plan is made: its tokens count as computed from now on, and a new step begins."""
         for req_id, num_new in num_scheduled_tokens.items():
             self.requests[req_id].num_computed_tokens += num_new
         self.finished_req_ids = set()
         self.preempted_req_ids = set()
         self.num_steps += 1
-        return output
 
     def _preempt(self, request: Request) -> None:
         """Recompute-style preemption: drop the KV, keep the tokens (and the grammar state)."""
@@ -228,8 +263,11 @@ class Scheduler:
         self._enqueue_waiting(request)
         logger.debug("preempted %s", request.request_id)
 
-    def _grammar_ready(self, request: Request) -> bool:
-        assert self.structured_output_manager is not None
+    def _activate_grammar_or_finish(self, request: Request) -> bool:
+        """True once the request's grammar is compiled (the request becomes WAITING). On a compile
+        failure the request finishes with FINISHED_ERROR (its output queued) and this returns False,
+        as it does while the grammar still compiles."""
+        assert self.structured_output_manager is not None  # only constrained requests wait for a grammar
         try:
             ready = self.structured_output_manager.try_activate(request)
         except ValueError as e:  # compile failure: ends this request only
