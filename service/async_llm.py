@@ -16,6 +16,7 @@ import time
 from collections.abc import AsyncIterator
 from typing import TYPE_CHECKING
 
+from engine.capacity import KVCacheTooSmall, PromptTooLong, check_context_length, check_kv_capacity
 from engine.frontend.core_client import EngineDeadError
 from engine.frontend.output_processor import OutputProcessor, RequestOutput
 from engine.protocol import ConstraintReport, EngineCoreOutput, EngineCoreRequest, EngineStats
@@ -209,19 +210,16 @@ class AsyncLLM:
     def _admit(self, num_prompt_tokens: int, max_tokens: int, prompt_field: str) -> None:
         info = self.info
         assert info is not None
-        if num_prompt_tokens >= info.max_model_len:
-            description = (f"the prompt has {num_prompt_tokens} tokens; the context length is {info.max_model_len} "
-                           f"tokens (prompt + output), which leaves no room to generate")
-            raise ServiceError(StatusCode.INVALID_ARGUMENT, f"{prompt_field}: {description}",
-                               [FieldViolation(prompt_field, description)])
-        kv_tokens = info.num_total_blocks * info.block_size
-        num_tokens = min(num_prompt_tokens + max_tokens, info.max_model_len)
-        if num_tokens > kv_tokens:
-            raise ServiceError(StatusCode.RESOURCE_EXHAUSTED, (
-                f"the request needs KV cache for up to {num_tokens} tokens (prompt {num_prompt_tokens} + max_tokens "
-                f"{max_tokens}, within the context length {info.max_model_len}), but the engine's KV cache holds "
-                f"{kv_tokens} tokens ({info.num_total_blocks} blocks of {info.block_size}); shorten the prompt "
-                f"or lower max_tokens"))
+        try:
+            check_context_length(num_prompt_tokens, info.max_model_len)
+        except PromptTooLong as e:
+            raise ServiceError(StatusCode.INVALID_ARGUMENT, f"{prompt_field}: {e}",
+                               [FieldViolation(prompt_field, str(e))]) from None
+        try:
+            check_kv_capacity(num_prompt_tokens, max_tokens, info.max_model_len, info.num_total_blocks,
+                              info.block_size)
+        except KVCacheTooSmall as e:
+            raise ServiceError(StatusCode.RESOURCE_EXHAUSTED, str(e)) from None
         capacity = info.max_num_seqs + info.max_num_waiting
         if len(self._streams) >= capacity:
             raise ServiceError(StatusCode.RESOURCE_EXHAUSTED, (

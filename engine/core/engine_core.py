@@ -7,6 +7,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from engine.capacity import check_context_length, check_kv_capacity
 from engine.config import EngineConfig
 from engine.core.executor import Executor
 from engine.model_files import resolve_model
@@ -69,19 +70,13 @@ class EngineCore:
         num_prompt = len(request.prompt_token_ids)
         if num_prompt == 0:
             raise ValueError("the prompt is empty")
-        if num_prompt >= self.max_model_len:
-            raise ValueError(f"the prompt has {num_prompt} tokens; the context length is {self.max_model_len}, "
-                             f"which leaves no room to generate")
+        check_context_length(num_prompt, self.max_model_len)
         bad = [t for t in request.prompt_token_ids if not 0 <= t < self.vocab_size]
         if bad:
             raise ValueError(f"prompt token ids out of range [0, {self.vocab_size}): {bad[:5]}")
         request.sampling_params.validate(self.vocab_size)
-        # a request that cannot fit in the whole KV cache would preempt itself forever
-        capacity = (self.runner.num_blocks - 1) * self.config.cache.block_size
-        needed = min(num_prompt + request.sampling_params.max_tokens, self.max_model_len)
-        if needed > capacity:
-            raise ValueError(f"the prompt ({num_prompt} tokens) plus max_tokens ({request.sampling_params.max_tokens}) "
-                             f"needs {needed} tokens of KV cache, but the cache holds {capacity}; lower max_tokens")
+        check_kv_capacity(num_prompt, request.sampling_params.max_tokens, self.max_model_len,
+                          self.runner.num_blocks - 1, self.config.cache.block_size)  # less the null block
         if request.request_id in self.scheduler.requests:
             raise ValueError(f"request id {request.request_id!r} is already in use")
 
