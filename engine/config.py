@@ -34,7 +34,7 @@ class CacheConfig:
             raise ValueError(f"num_blocks must be >= 1, got {self.num_blocks}")
 
 
-# ---- CUDA (issue 7): options that only a CUDA device reads; a CPU engine ignores them ----
+# ---- CUDA: options that only a CUDA device reads; a CPU engine ignores them ----
 CUDA_ATTENTION_BACKENDS = ("auto", "flash_attn", "torch")
 
 
@@ -69,7 +69,7 @@ class EngineConfig:
     scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
     cache: CacheConfig = field(default_factory=CacheConfig)
     grammar: GrammarConfig = field(default_factory=GrammarConfig)
-    cuda: CudaConfig = field(default_factory=CudaConfig)  # issue 7: read only when device is cuda
+    cuda: CudaConfig = field(default_factory=CudaConfig)  # read only when device is cuda
 
     def __post_init__(self) -> None:
         if self.dtype not in ("auto", "float32", "bfloat16", "float16"):

@@ -54,7 +54,7 @@ class ModelRunner:
             self.kv_dtype, self.device)
         max_blocks_per_req = -(-max_model_len // self.block_size)
         self.input_batch = InputBatch(config.scheduler.max_num_seqs, max_model_len, max_blocks_per_req)
-        # issue 7: on CUDA, decode-only steps replay captured graphs (engine/worker/cuda_graph.py) unless enforce_eager
+        # on CUDA, decode-only steps replay captured graphs (engine/worker/cuda_graph.py) unless enforce_eager
         self.decode_graphs = None
         if self.device.type == "cuda" and not config.cuda.enforce_eager:
             from engine.worker.cuda_graph import DecodeGraphRunner
@@ -71,7 +71,7 @@ class ModelRunner:
         layer = self.model.layers[0]
         bytes_per_block = (2 * len(self.model.layers) * self.block_size * layer.num_kv_heads * layer.head_dim
                            * torch.finfo(self.kv_dtype).bits // 8)
-        if self.device.type == "cuda":  # issue 7: what gpu_memory_utilization leaves (engine/worker/device_memory.py)
+        if self.device.type == "cuda":  # what gpu_memory_utilization leaves (engine/worker/device_memory.py)
             from engine.worker.device_memory import StepShape, num_blocks_from_free_memory
             sched = self.config.scheduler
             shape = StepShape(sched.max_num_seqs, sched.max_num_batched_tokens, self.max_model_len,
@@ -107,7 +107,7 @@ class ModelRunner:
         # a request samples when its catch-up completes this step (not mid-prompt)
         samples = step.seq_lens == batch.num_tokens[rows]
         sampling_req_ids = [r for r, s in zip(req_ids, samples) if s]
-        graphs = self.decode_graphs  # issue 7: a decode-only step on CUDA replays a graph, padded
+        graphs = self.decode_graphs  # a decode-only step on CUDA replays a graph, padded to a captured size
         if graphs is not None and (num_scheduled == 1).all() and graphs.padded_batch_size(len(rows)) is not None:
             logits = graphs.run(step.input_ids, step.positions, step.slot_mapping, step.seq_lens,
                                 batch.block_table[rows])

@@ -1,6 +1,6 @@
 """Turning logits into tokens.
 
-Order (DESIGN §6): logprobs from the raw logits → grammar bitmask → penalties → temperature →
+Order: logprobs from the raw logits → grammar bitmask → penalties → temperature →
 top-k / top-p / min-p → sample. The bitmask comes before anything that looks at probabilities.
 Greedy rows take a fast path (argmax); seeded rows draw from their own generator, so a seeded
 request samples the same tokens whatever else is in the batch.
@@ -69,7 +69,7 @@ class Sampler:
             # fast path: argmax, and over only the allowed ids where a grammar applies (logits untouched)
             token_ids = _argmax(logits)
             if len(masked):
-                # .to: CUDA logits (issue 7); a no-op on the CPU
+                # .to: the logits may be on CUDA; a no-op on the CPU
                 token_ids[torch.from_numpy(masked).to(token_ids.device)] = masked_argmax(logits, bitmask, masked)
         else:
             if len(masked):
@@ -82,11 +82,11 @@ class Sampler:
         logprobs: list[TokenLogprob | None] = [None] * n
         if raw_logprobs is not None:
             logprobs = self._gather_logprobs(raw_logprobs, token_ids, meta.num_logprobs)
-        return SamplerOutput(token_ids.cpu().numpy(), logprobs, dead_end_rows)  # .cpu(): CUDA logits (issue 7)
+        return SamplerOutput(token_ids.cpu().numpy(), logprobs, dead_end_rows)  # .cpu(): the logits may be on CUDA
 
     @staticmethod
     def _apply_penalties(logits: torch.Tensor, penalties: dict) -> None:
-        vocab, device = logits.shape[1], logits.device  # device: CUDA logits (issue 7); a no-op on the CPU
+        vocab, device = logits.shape[1], logits.device  # device: the logits may be on CUDA; a no-op on the CPU
         for row, (all_ids, output_ids, repetition, frequency, presence) in penalties.items():
             if repetition != 1.0 and len(all_ids):
                 ids = torch.from_numpy(np.unique(all_ids).astype(np.int64)).to(device)
@@ -98,7 +98,7 @@ class Sampler:
 
     @staticmethod
     def _sample(logits: torch.Tensor, meta: SamplingMetadata) -> torch.Tensor:
-        # issue 7: every tensor made here goes to the logits' device (a no-op on the CPU)
+        # every tensor made here goes to the logits' device (a no-op on the CPU)
         device = logits.device
         greedy_rows = meta.temperature < GREEDY_BELOW
         token_ids = torch.empty(logits.shape[0], dtype=torch.int64, device=device)
@@ -133,7 +133,7 @@ class Sampler:
             generator = meta.generators[row]
             if generator is not None and generator.device != noise.device:
                 # a seeded request's stream is a CPU generator: draw there, so a seed gives the same
-                # noise on every device (issue 7)
+                # noise on every device
                 noise[i] = torch.empty(noise.shape[1]).exponential_(generator=generator)
             else:
                 noise[i].exponential_(generator=generator)
