@@ -32,7 +32,7 @@ $(STAMP): pyproject.toml clients/python/pyproject.toml Makefile
 model: $(STAMP)
 	$(PY) -m engine.model_files
 
-# proto lint + breaking check, then every test (Python client, Node client, docs' snippets included)
+# proto lint + breaking check + import contracts, then every test (Python client, Node client, docs' snippets included)
 test: $(STAMP) node-deps lint
 	$(PY) -m pytest -q tests
 
@@ -108,10 +108,12 @@ $(NODE_STAMP): $(NODE_DIR)/package.json $(NODE_DIR)/package-lock.json
 	cd $(NODE_DIR) && npm ci --no-audit --no-fund
 	touch $@
 
-# buf.yaml: STANDARD lint rules (with the API's deliberate exceptions) and FILE-level breaking changes
-lint: $(NODE_STAMP)
+# buf.yaml: STANDARD lint rules (with the API's deliberate exceptions) and FILE-level breaking changes;
+# lint-imports: the import contracts in pyproject.toml (layers, and where torch, xgrammar, flash_attn, grpc go)
+lint: $(STAMP) $(NODE_STAMP)
 	$(BUF) lint
 	$(BUF) breaking --against '$(BUF_AGAINST)'
+	$(VENV)/bin/lint-imports --no-cache
 
 clean:
 	rm -rf $(VENV) build *.egg-info clients/python/*.egg-info $(NODE_DIR)/node_modules
