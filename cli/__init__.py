@@ -1,0 +1,1 @@
+"""The `formwork` command, assembled above the packages whose sub-commands it offers."""

@@ -1,0 +1,1 @@
+"""Model architectures over the attention backends and the CPU kernels."""
