@@ -15,9 +15,6 @@ from engine.kernels import decoder_ops as ops
 from engine.attention import AttentionBackend
 from engine.kernels.cpu_linear import PackedLinear, pack_linear, pack_linears
 
-SUPPORTED_ARCHITECTURES = ("LlamaForCausalLM", "MistralForCausalLM")
-
-
 def _rope_theta(config) -> float:
     params = getattr(config, "rope_parameters", None) or {}
     rope_type = params.get("rope_type", "default")
@@ -88,9 +85,6 @@ class DecoderLayer(nn.Module):
 class LlamaForCausalLM(nn.Module):
     def __init__(self, config, max_positions: int) -> None:
         super().__init__()
-        arch = (getattr(config, "architectures", None) or ["LlamaForCausalLM"])[0]
-        if arch not in SUPPORTED_ARCHITECTURES:
-            raise ValueError(f"architecture {arch} is not supported; supported: {', '.join(SUPPORTED_ARCHITECTURES)}")
         self.config = config
         self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
         self.layers = nn.ModuleList(DecoderLayer(config, i) for i in range(config.num_hidden_layers))

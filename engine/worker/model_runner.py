@@ -16,8 +16,8 @@ import torch
 
 from engine.attention import AttentionInputs, get_attention_backend
 from engine.config import EngineConfig
+from engine.models import model_class
 from engine.worker.input_batch import InputBatch, prepare_step_indices
-from engine.models.llama import LlamaForCausalLM
 from engine.worker.sampler import Sampler, SamplingMetadata
 from engine.sched.scheduler_output import GrammarOutput, ModelRunnerOutput, SchedulerOutput
 
@@ -39,7 +39,7 @@ class ModelRunner:
         self.max_model_len = max_model_len
         self.block_size = config.cache.block_size
         with torch.device(self.device):
-            self.model = LlamaForCausalLM(hf_config, max_model_len).to(self.dtype)
+            self.model = model_class(hf_config)(hf_config, max_model_len).to(self.dtype)
         self.model.load_weights(model_dir)
         self.model.eval()
         if packed := self.model.pack_cpu_weights():
