@@ -35,8 +35,8 @@ class CompileTally:
 
 def compile_formwork(schemas: list[tuple[str, str, dict]], engine_config) -> dict[str, CompileTally]:
     from engine.model_files import resolve_model
-    from engine.sampling_params import Constraint
-    from engine.config import GrammarConfig
+    from grammar.constraint import Constraint
+    from grammar.config import GrammarConfig
     from grammar.backend import GrammarError
     from grammar.schema_check import check_limits
     from grammar.xgrammar_backend import XGrammarBackend

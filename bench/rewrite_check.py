@@ -170,7 +170,7 @@ def accepted_by_grammar(backend, compiled, text: str) -> bool:
 
 def check_schema(backend, sampler: GrammarSampler, sid: str, schema: Any, result: CheckResult,
                  rng: random.Random, num_samples: int) -> None:
-    from engine.sampling_params import Constraint
+    from grammar.constraint import Constraint
     from grammar.backend import GrammarError
     from grammar.schema_rewrite import rewrite
 

@@ -171,7 +171,7 @@ class XGrammarBackend(GrammarBackend):
         `config`: the bounds a grammar must keep (max_forced_bytes, max_repeat_count, max_fill_ms)."""
         from transformers import AutoTokenizer
 
-        from engine.config import GrammarConfig
+        from grammar.config import GrammarConfig
 
         self.config = config or GrammarConfig()
         self.tokenizer = AutoTokenizer.from_pretrained(tokenizer_dir)

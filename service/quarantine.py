@@ -15,7 +15,7 @@ from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from engine.sampling_params import Constraint
+    from grammar.constraint import Constraint
 
 
 class Quarantine:

@@ -23,7 +23,7 @@ from engine.frontend.core_client import EngineDeadError
 from service.quarantine import Quarantine
 
 if TYPE_CHECKING:
-    from engine.sampling_params import Constraint
+    from grammar.constraint import Constraint
     from service.async_llm import AsyncLLM
 
 logger = logging.getLogger(__name__)

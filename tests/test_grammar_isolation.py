@@ -5,9 +5,10 @@ import pytest
 import torch
 from conftest import make_request, make_scheduler
 
-from engine.config import GrammarConfig
-from engine.sched.request import FinishReason, RequestStatus
-from engine.sampling_params import Constraint
+from grammar.config import GrammarConfig
+from engine.protocol import FinishReason
+from engine.sched.request import RequestStatus
+from grammar.constraint import Constraint
 from engine.sched.scheduler_output import ModelRunnerOutput
 from engine.sched.structured_output import StructuredOutputManager
 from grammar.backend import CompiledGrammar, Grammar, GrammarBackend, GrammarError

@@ -9,9 +9,9 @@ from __future__ import annotations
 import torch
 from conftest import make_request, make_scheduler, sample_step
 
-from engine.config import GrammarConfig
+from grammar.config import GrammarConfig
 from engine.sched.request import RequestStatus
-from engine.sampling_params import Constraint
+from grammar.constraint import Constraint
 from engine.sched.structured_output import StructuredOutputManager
 from grammar.backend import CompiledGrammar, Grammar, GrammarBackend
 

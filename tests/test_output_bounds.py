@@ -6,7 +6,7 @@ import json
 import pytest
 from grammar_factories import encode, make_constraint
 
-from engine.config import GrammarConfig
+from grammar.config import GrammarConfig
 from grammar.backend import GrammarError
 from grammar.output_bounds import INFINITE, OutputBounds, analyze, find_large_repeat
 

@@ -14,7 +14,7 @@ import pytest
 from engine.frontend.core_client import AsyncMPClient
 from engine.core.core_proc import MemoryPressure
 from engine.core.memory_watchdog import MemoryLimit, MemoryWatchdog
-from engine.sampling_params import Constraint
+from grammar.constraint import Constraint
 from fake_engine_core import CRASH_SEED, fake_config, make_fake_core
 from inproc_server import NOT_SERVING, SERVING, InprocServer, long_request
 from live_server import error_of, field_violations

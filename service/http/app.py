@@ -26,7 +26,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import Response, StreamingResponse
 from starlette.exceptions import HTTPException
 
-from engine.sched.request import FinishReason
+from engine.protocol import FinishReason
 from service import conversion
 from service.errors import ServiceError, StatusCode
 from service.http import responses
@@ -37,7 +37,7 @@ from service.http.streaming import DONE_EVENT, encode_json, event, merged
 from service.security import ApiKeys, KeyLimiter, SecurityConfig
 
 if TYPE_CHECKING:
-    from engine.core.core_proc import EngineCoreReady
+    from engine.protocol import EngineCoreReady
     from engine.frontend.output_processor import RequestOutput
     from service.async_llm import AsyncLLM
     from service.limits import ServiceLimits

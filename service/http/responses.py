@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
-from engine.sched.request import FinishReason
+from engine.protocol import FinishReason
 
 if TYPE_CHECKING:
     from engine.frontend.output_processor import RequestOutput
