@@ -141,8 +141,8 @@ def score_answers(system: str, setting: str, items: list[Item], answers: list[tu
 
 def run_formwork(llm, items: list[Item], setting: Setting) -> tuple[list[tuple[str, str, int]], float]:
     from engine.protocol import FinishReason
-    from grammar.constraint import Constraint
     from engine.sampling_params import SamplingParams
+    from grammar.constraint import Constraint
     prompts = [item.messages[setting.prompt] for item in items]
     params = [SamplingParams(temperature=0, max_tokens=MAX_TOKENS[item.workload], constraint=Constraint(
         kind="json_schema", spec=json.dumps(item.schema), whitespace=setting.whitespace,

@@ -35,9 +35,9 @@ class CompileTally:
 
 def compile_formwork(schemas: list[tuple[str, str, dict]], engine_config) -> dict[str, CompileTally]:
     from engine.model_files import resolve_model
-    from grammar.constraint import Constraint
-    from grammar.config import GrammarConfig
     from grammar.backend import GrammarError
+    from grammar.config import GrammarConfig
+    from grammar.constraint import Constraint
     from grammar.schema_check import check_limits
     from grammar.xgrammar_backend import XGrammarBackend
 

@@ -63,8 +63,8 @@ def run_coverage(llm, schemas: list[tuple[str, str, dict]], max_tokens: int) -> 
     import jsonschema
 
     from engine.protocol import FinishReason
-    from grammar.constraint import Constraint
     from engine.sampling_params import SamplingParams
+    from grammar.constraint import Constraint
 
     prompts = [[{"role": "system", "content": PROMPT}, {"role": "user", "content": f"Schema id: {sid}"}]
                for _, sid, _ in schemas]

@@ -65,8 +65,8 @@ def measure_copy_bandwidth_gbs(device: torch.device, num_bytes: int = 2 << 30) -
 
 def make_llm(args):
     from engine.config import CacheConfig, CudaConfig, EngineConfig, SchedulerConfig
-    from grammar.config import GrammarConfig
     from engine.llm import LLM
+    from grammar.config import GrammarConfig
     cuda = args.device == "cuda"
     return LLM(config=EngineConfig(
         model=args.model, device=args.device, dtype="bfloat16" if cuda else "float32",

@@ -170,8 +170,8 @@ def accepted_by_grammar(backend, compiled, text: str) -> bool:
 
 def check_schema(backend, sampler: GrammarSampler, sid: str, schema: Any, result: CheckResult,
                  rng: random.Random, num_samples: int) -> None:
-    from grammar.constraint import Constraint
     from grammar.backend import GrammarError
+    from grammar.constraint import Constraint
     from grammar.schema_rewrite import rewrite
 
     result.num_schemas += 1

@@ -69,8 +69,8 @@ def run_formwork(llm, items, mode: str, batch_size: int, max_tokens: int,
                  lengths: list[int] | None = None) -> RunResult:
     """lengths (mode unconstrained-matched): each answer's exact length, EOS ignored."""
     from engine.protocol import FinishReason
-    from grammar.constraint import Constraint
     from engine.sampling_params import SamplingParams
+    from grammar.constraint import Constraint
 
     params = []
     for i, item in enumerate(items):

@@ -3,8 +3,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from grammar.constraint import Constraint
 from engine.sampling_params import SamplingParams
+from grammar.constraint import Constraint
 
 if TYPE_CHECKING:
     from engine.llm import LLM

@@ -10,9 +10,9 @@ from typing import Union
 from engine.config import EngineConfig
 from engine.core.engine_core import EngineCore
 from engine.frontend.output_processor import OutputProcessor, RequestOutput
+from engine.frontend.tokenizer import Tokenizer
 from engine.protocol import EngineCoreRequest
 from engine.sampling_params import SamplingParams
-from engine.frontend.tokenizer import Tokenizer
 
 # a prompt: raw text, a chat conversation (rendered with the chat template), or token ids
 Prompt = Union[str, list[dict], dict]

@@ -9,8 +9,8 @@ import enum
 
 import msgspec
 
-from grammar.constraint import Constraint
 from engine.sampling_params import SamplingParams
+from grammar.constraint import Constraint
 
 
 class FinishReason(enum.IntEnum):

@@ -19,11 +19,10 @@ from typing import TYPE_CHECKING
 from engine.capacity import KVCacheTooSmall, PromptTooLong, check_context_length, check_kv_capacity
 from engine.frontend.core_client import EngineDeadError
 from engine.frontend.output_processor import OutputProcessor, RequestOutput
-from engine.protocol import ConstraintReport, EngineCoreOutput, EngineCoreRequest, EngineStats
-from engine.protocol import FinishReason
-from grammar.constraint import Constraint
-from engine.sampling_params import SamplingParams
 from engine.frontend.tokenizer import Tokenizer
+from engine.protocol import ConstraintReport, EngineCoreOutput, EngineCoreRequest, EngineStats, FinishReason
+from engine.sampling_params import SamplingParams
+from grammar.constraint import Constraint
 from service.errors import FieldViolation, ServiceError, StatusCode, invalid_argument, unavailable
 from service.quarantine import Quarantine
 

@@ -14,17 +14,16 @@ from typing import TYPE_CHECKING, Any
 
 from google.protobuf import struct_pb2
 
-from engine.protocol import ConstraintReport, EngineStats, TokenLogprob
-from engine.protocol import FinishReason
-from grammar.constraint import CONSTRAINT_KINDS, Constraint
+from engine.protocol import ConstraintReport, EngineStats, FinishReason, TokenLogprob
 from engine.sampling_params import SamplingParams
+from grammar.constraint import CONSTRAINT_KINDS, Constraint
 from service._gen.formwork.v1 import generation_pb2 as pb
 from service.errors import FieldViolation, ServiceError, StatusCode, invalid_argument
 from service.limits import MAX_LOGPROBS, ServiceLimits
 
 if TYPE_CHECKING:
-    from engine.protocol import EngineCoreReady
     from engine.frontend.output_processor import RequestOutput
+    from engine.protocol import EngineCoreReady
 
 # proto3 `optional` sampling fields, named as in SamplingParams
 _OPTIONAL_SAMPLING_FIELDS = ("temperature", "top_p", "top_k", "min_p", "seed", "repetition_penalty",

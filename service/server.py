@@ -40,8 +40,8 @@ from service.limits import ServiceLimits
 from service.quarantine import Quarantine
 from service.reflection import V1_SERVICE, V1ALPHA_SERVICE, add_v1_descriptor
 from service.request_decoding import UndecodableRequest, tolerant_deserializer
-from service.supervisor import EngineSupervisor, RestartPolicy
 from service.security import ApiKeys, KeyLimiter, SecurityConfig
+from service.supervisor import EngineSupervisor, RestartPolicy
 
 if TYPE_CHECKING:
     from service.http.server import HttpServer

@@ -9,8 +9,8 @@ os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 import pytest
 
 from engine.config import CacheConfig, SchedulerConfig
-from engine.sched.request import Request
 from engine.sampling_params import SamplingParams
+from engine.sched.request import Request
 from engine.sched.scheduler import Scheduler
 
 _ids = itertools.count()

@@ -18,10 +18,10 @@ from pathlib import Path
 import msgspec
 
 from engine.config import CacheConfig, EngineConfig, SchedulerConfig
-from engine.protocol import ConstraintReport, EngineCoreOutput, EngineCoreRequest, EngineStats, TokenLogprob
-from engine.protocol import FinishReason
-from grammar.constraint import Constraint
 from engine.frontend.tokenizer import Tokenizer
+from engine.protocol import (ConstraintReport, EngineCoreOutput, EngineCoreRequest, EngineStats, FinishReason,
+                             TokenLogprob)
+from grammar.constraint import Constraint
 
 CRASH_SEED = 666
 PLAIN_ANSWER = "Hello from the fake engine, one token at a time."

@@ -6,8 +6,8 @@ import torch
 import torch.nn.functional as F
 from attention_steps import STEPS, make_step, reference, write_kv_by_hand
 
-from engine.kernels import loader as cpu_kernels
 from engine.attention.cpu import CpuAttentionBackend
+from engine.kernels import loader as cpu_kernels
 
 
 def paged_reference(q, cache, block_table, seq_lens):

@@ -5,11 +5,11 @@ from __future__ import annotations
 import pytest
 import torch
 
+from engine.attention.sdpa import SdpaAttentionBackend
 from engine.config import CacheConfig, CudaConfig, EngineConfig, SchedulerConfig
+from engine.sampling_params import SamplingParams
 from engine.worker.cuda_graph import DecodeGraphRunner, capture_sizes
 from engine.worker.device_memory import StepShape, activation_reserve_bytes, num_blocks_from_free_memory
-from engine.sampling_params import SamplingParams
-from engine.attention.sdpa import SdpaAttentionBackend
 
 
 def test_capture_sizes():

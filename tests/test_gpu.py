@@ -20,10 +20,10 @@ import pytest
 import torch
 
 from engine.config import CacheConfig, CudaConfig, EngineConfig, SchedulerConfig
-from grammar.config import GrammarConfig
 from engine.protocol import FinishReason
-from grammar.constraint import Constraint
 from engine.sampling_params import SamplingParams
+from grammar.config import GrammarConfig
+from grammar.constraint import Constraint
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")]
 

@@ -9,10 +9,10 @@ import time
 
 import pytest
 
-from grammar.config import GrammarConfig
-from grammar.constraint import Constraint
 from grammar.backend import CompiledGrammar, Grammar, GrammarBackend, GrammarError
 from grammar.compiler import GrammarCompiler
+from grammar.config import GrammarConfig
+from grammar.constraint import Constraint
 
 
 class FakeCompiled(CompiledGrammar):

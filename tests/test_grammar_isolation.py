@@ -5,13 +5,13 @@ import pytest
 import torch
 from conftest import make_request, make_scheduler
 
-from grammar.config import GrammarConfig
 from engine.protocol import FinishReason
 from engine.sched.request import RequestStatus
-from grammar.constraint import Constraint
 from engine.sched.scheduler_output import ModelRunnerOutput
 from engine.sched.structured_output import StructuredOutputManager
 from grammar.backend import CompiledGrammar, Grammar, GrammarBackend, GrammarError
+from grammar.config import GrammarConfig
+from grammar.constraint import Constraint
 
 
 class _Compiled(CompiledGrammar):

@@ -6,12 +6,12 @@ import threading
 import torch
 from conftest import make_request, make_scheduler, sample_step
 
-from grammar.config import GrammarConfig
 from engine.protocol import FinishReason
 from engine.sched.request import RequestStatus
-from grammar.constraint import Constraint
 from engine.sched.structured_output import StructuredOutputManager
 from grammar.backend import CompiledGrammar, Grammar, GrammarBackend, GrammarError
+from grammar.config import GrammarConfig
+from grammar.constraint import Constraint
 
 
 class _Compiled(CompiledGrammar):

@@ -9,11 +9,11 @@ from __future__ import annotations
 import torch
 from conftest import make_request, make_scheduler, sample_step
 
-from grammar.config import GrammarConfig
 from engine.sched.request import RequestStatus
-from grammar.constraint import Constraint
 from engine.sched.structured_output import StructuredOutputManager
 from grammar.backend import CompiledGrammar, Grammar, GrammarBackend
+from grammar.config import GrammarConfig
+from grammar.constraint import Constraint
 
 SAMPLED = 100
 FORCED = [50, 51, 52]

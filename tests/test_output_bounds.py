@@ -6,8 +6,8 @@ import json
 import pytest
 from grammar_factories import encode, make_constraint
 
-from grammar.config import GrammarConfig
 from grammar.backend import GrammarError
+from grammar.config import GrammarConfig
 from grammar.output_bounds import INFINITE, OutputBounds, analyze, find_large_repeat
 
 RECURSIVE = {"type": "object", "properties": {"child": {"$ref": "#"}, "n": {"type": "integer"}}, "required": ["child"]}

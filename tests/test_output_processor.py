@@ -4,10 +4,9 @@ from __future__ import annotations
 import pytest
 
 from engine.frontend.output_processor import OutputProcessor, RequestOutput
-from engine.protocol import EngineCoreOutput, TokenLogprob
-from engine.protocol import FinishReason
-from engine.sampling_params import SamplingParams
 from engine.frontend.tokenizer import Tokenizer
+from engine.protocol import EngineCoreOutput, FinishReason, TokenLogprob
+from engine.sampling_params import SamplingParams
 
 EOS = 2
 PROMPT = [1, 4093, 198, 26843, 2, 198, 1, 520, 9531, 198]

@@ -4,8 +4,7 @@ from __future__ import annotations
 
 from conftest import make_request, make_scheduler, sample_step
 
-from engine.protocol import EngineCoreOutput, TokenLogprob
-from engine.protocol import FinishReason
+from engine.protocol import EngineCoreOutput, FinishReason, TokenLogprob
 from engine.sched.request import RequestStatus
 from engine.sched.scheduler_output import ModelRunnerOutput
 

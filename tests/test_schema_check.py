@@ -6,9 +6,9 @@ import copy
 import pytest
 from grammar_factories import accepts, make_backend, make_constraint
 
-from grammar.config import GrammarConfig
 from grammar.backend import GrammarError
 from grammar.compiler import GrammarCompiler
+from grammar.config import GrammarConfig
 from grammar.schema_check import check_limits, find_unsupported, normalize
 
 TAGS = {"type": "object", "properties": {

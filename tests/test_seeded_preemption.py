@@ -9,8 +9,8 @@ from __future__ import annotations
 import pytest
 
 from engine.config import CacheConfig, EngineConfig, SchedulerConfig
-from engine.sched.request import Request
 from engine.sampling_params import SamplingParams
+from engine.sched.request import Request
 
 VOCAB = 384
 MAX_MODEL_LEN = 128
@@ -34,8 +34,8 @@ def tiny_model(tmp_path_factory):
 
 def generate(tiny_model, num_blocks: int, params: list[SamplingParams], prompts: list[list[int]]):
     """Every request to the end; returns (output token ids per request, number of preemptions)."""
-    from engine.worker.model_runner import ModelRunner
     from engine.sched.scheduler import Scheduler
+    from engine.worker.model_runner import ModelRunner
 
     model_dir, hf_config = tiny_model
     config = EngineConfig(model=str(model_dir), dtype="float32",

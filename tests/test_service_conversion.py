@@ -11,12 +11,10 @@ import pytest
 from google.protobuf import json_format
 from google.rpc import error_details_pb2
 
-from engine.protocol import EngineCoreReady
 from engine.frontend.output_processor import RequestOutput, RequestTimings
-from engine.protocol import ConstraintReport, EngineStats, TokenLogprob
-from engine.protocol import FinishReason
-from grammar.constraint import Constraint
+from engine.protocol import ConstraintReport, EngineCoreReady, EngineStats, FinishReason, TokenLogprob
 from engine.sampling_params import SamplingParams
+from grammar.constraint import Constraint
 from service import conversion, protogen
 from service._gen.formwork.v1 import generation_pb2 as pb
 from service.errors import ServiceError, StatusCode

@@ -8,8 +8,8 @@ import pytest
 
 from bench.coverage import SUBSETS, load_schemas, run_coverage
 from engine.protocol import FinishReason
-from grammar.constraint import Constraint
 from engine.sampling_params import SamplingParams
+from grammar.constraint import Constraint
 
 pytestmark = pytest.mark.slow
 

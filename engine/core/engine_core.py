@@ -11,13 +11,12 @@ from engine.capacity import check_context_length, check_kv_capacity
 from engine.config import EngineConfig
 from engine.core.executor import Executor
 from engine.model_files import resolve_model
-from engine.worker.model_runner import ModelRunner
-from engine.protocol import ConstraintReport, EngineCoreOutput, EngineCoreRequest, EngineStats
-from engine.protocol import FinishReason
+from engine.protocol import ConstraintReport, EngineCoreOutput, EngineCoreRequest, EngineStats, FinishReason
 from engine.sched.request import Request
-from grammar.constraint import Constraint
 from engine.sched.scheduler import Scheduler
 from engine.sched.structured_output import StructuredOutputManager
+from engine.worker.model_runner import ModelRunner
+from grammar.constraint import Constraint
 
 logger = logging.getLogger(__name__)
 

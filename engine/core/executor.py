@@ -3,8 +3,8 @@ from __future__ import annotations
 
 from concurrent.futures import Future, ThreadPoolExecutor
 
-from engine.worker.model_runner import ModelRunner
 from engine.sched.scheduler_output import GrammarOutput, ModelRunnerOutput, SchedulerOutput
+from engine.worker.model_runner import ModelRunner
 
 
 class Executor:

@@ -16,8 +16,7 @@ from typing import TYPE_CHECKING
 import msgspec
 
 from engine.frontend.detokenizer import IncrementalDetokenizer
-from engine.protocol import EngineCoreOutput, TokenLogprob
-from engine.protocol import FinishReason
+from engine.protocol import EngineCoreOutput, FinishReason, TokenLogprob
 from engine.sampling_params import SamplingParams
 
 if TYPE_CHECKING:

@@ -11,8 +11,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from engine.kernels import decoder_ops as ops
 from engine.attention import AttentionBackend
+from engine.kernels import decoder_ops as ops
 from engine.kernels.cpu_linear import PackedLinear, pack_linear, pack_linears
 
 def _rope_theta(config) -> float:

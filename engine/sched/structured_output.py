@@ -9,11 +9,11 @@ import logging
 import time
 from concurrent.futures import Future
 
-from grammar.config import GrammarConfig
 from engine.sched.request import Request
 from engine.sched.scheduler_output import GrammarOutput
 from grammar.backend import CompiledGrammar, GrammarBackend, GrammarError
 from grammar.compiler import GrammarCompiler
+from grammar.config import GrammarConfig
 
 logger = logging.getLogger(__name__)
 

@@ -17,9 +17,9 @@ import torch
 from engine.attention import AttentionInputs, get_attention_backend
 from engine.config import EngineConfig
 from engine.models import model_class
+from engine.sched.scheduler_output import GrammarOutput, ModelRunnerOutput, SchedulerOutput
 from engine.worker.input_batch import InputBatch, prepare_step_indices
 from engine.worker.sampler import Sampler, SamplingMetadata
-from engine.sched.scheduler_output import GrammarOutput, ModelRunnerOutput, SchedulerOutput
 
 logger = logging.getLogger(__name__)
 

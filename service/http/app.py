@@ -37,8 +37,8 @@ from service.http.streaming import DONE_EVENT, encode_json, event, merged
 from service.security import ApiKeys, KeyLimiter, SecurityConfig
 
 if TYPE_CHECKING:
-    from engine.protocol import EngineCoreReady
     from engine.frontend.output_processor import RequestOutput
+    from engine.protocol import EngineCoreReady
     from service.async_llm import AsyncLLM
     from service.limits import ServiceLimits
 
