@@ -29,11 +29,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from bench.datasets import TEST_SUITE_DIR
 from grammar.backend import GrammarBackend, GrammarError
 from grammar.schema_check import iter_subschemas
 
-# the suite's draft 2020-12 files carried in the repository (bench/data/README.md)
-DEFAULT_SUITE = Path(__file__).resolve().parent.parent / "bench" / "data" / "json-schema-test-suite" / "draft2020-12"
+DEFAULT_SUITE = TEST_SUITE_DIR  # the suite's draft 2020-12 files carried in the repository (bench/data/README.md)
 
 # suite file -> the keywords it tests (stripped for attribution)
 _STRIP = {
