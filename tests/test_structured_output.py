@@ -8,17 +8,19 @@ import pytest
 
 from bench.coverage import SUBSETS, load_schemas, run_coverage
 from engine.protocol import FinishReason
+from grammar.backend import BOUNDED_JSON_WHITESPACE
 from engine.sampling_params import SamplingParams
 from grammar.constraint import Constraint
 
 pytestmark = pytest.mark.slow
 
+# bounded arrays: a small model can repeat items of an unbounded one until max_tokens (LENGTH, not success)
 HAND_WRITTEN = [
     {"type": "object", "properties": {"name": {"type": "string"}, "age": {"type": "integer", "minimum": 0}},
      "required": ["name", "age"], "additionalProperties": False},
     {"type": "array", "items": {"type": "string", "enum": ["red", "green", "blue"]}, "minItems": 1, "maxItems": 3},
     {"type": "object", "properties": {"ok": {"type": "boolean"}, "score": {"type": "number"},
-                                      "tags": {"type": "array", "items": {"type": "string"}}},
+                                      "tags": {"type": "array", "items": {"type": "string"}, "maxItems": 4}},
      "required": ["ok", "score", "tags"]},
     {"type": "object", "properties": {"when": {"type": "string", "format": "date"}}, "required": ["when"]},
     {"type": "object", "properties": {"kind": {"const": "point"}, "x": {"type": "integer"}, "y": {"type": "integer"}},
@@ -80,7 +82,28 @@ def test_json_object_and_bounded_whitespace(llm):
         backend = llm.engine.structured_output_manager.backend
         grammar = backend.make_grammar(backend.compile(Constraint(kind="json_object")))
         assert grammar.accept_tokens(list(out.token_ids))
-    assert "\n" not in out.text  # compact by default: no runaway whitespace
+    assert max_whitespace_gap(out.text) <= BOUNDED_JSON_WHITESPACE  # the default bounds every gap: no runaway
+
+
+def max_whitespace_gap(text: str) -> int:
+    """The longest run of whitespace between JSON tokens (outside strings)."""
+    longest = run = 0
+    in_string = escaped = False
+    for char in text:
+        if in_string:
+            escaped, in_string = (not escaped and char == "\\"), in_string and (escaped or char != '"')
+            continue
+        if char in " \t\r\n":
+            run += 1
+            longest = max(longest, run)
+        else:
+            run, in_string = 0, char == '"'
+    return longest
+
+
+def test_the_gap_measure():
+    assert max_whitespace_gap('{"a": "x    y",\n  "b": 1}') == 3
+    assert max_whitespace_gap('{"a":"\\"   "}') == 0
 
 
 def test_mixed_batch_each_ends_correctly(llm_fp32):
