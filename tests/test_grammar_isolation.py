@@ -4,43 +4,23 @@ from __future__ import annotations
 import pytest
 import torch
 from conftest import make_request, make_scheduler
+from grammar_fakes import AnyTokenGrammar, FakeCompiled
 
 from engine.protocol import FinishReason
 from engine.sched.request import RequestStatus
 from engine.sched.scheduler_output import ModelRunnerOutput
 from engine.sched.structured_output import StructuredOutputManager
-from grammar.backend import CompiledGrammar, Grammar, GrammarBackend, GrammarError
+from grammar.backend import GrammarBackend, GrammarError
 from grammar.config import GrammarConfig
 from grammar.constraint import Constraint
 
 
-class _Compiled(CompiledGrammar):
-    num_bytes = 64
-
-
-class _AnyToken(Grammar):
-    def fill_bitmask(self, bitmask, row):
-        bitmask[row] = -1
-
-    def accept_tokens(self, token_ids):
-        return True
-
-    def rollback(self, num_tokens):
-        pass
-
-    def is_terminated(self):
-        return False
-
-    def jump_forward_token_ids(self):
-        return []
-
-
 class _Backend(GrammarBackend):
     def compile(self, constraint):
-        return _Compiled()
+        return FakeCompiled()
 
     def make_grammar(self, compiled):
-        return _AnyToken()
+        return AnyTokenGrammar()
 
     def allocate_bitmask(self, num_rows):
         return torch.zeros(num_rows, 2, dtype=torch.int32)
@@ -66,7 +46,7 @@ def sample(scheduler, scheduler_output, token_id=100):
         scheduler_output, ModelRunnerOutput(list(scheduler_output.num_scheduled_tokens), sampled))
 
 
-class _Failing(_AnyToken):
+class _Failing(AnyTokenGrammar):
     """Raises in one piece of grammar work, as xgrammar does when it runs out of memory."""
 
     def __init__(self, where: str) -> None:
@@ -130,7 +110,7 @@ def test_grammar_exception_ends_only_its_request(where):
     assert scheduler.kv_cache_manager.pool.num_free_blocks == scheduler.kv_cache_manager.pool.num_blocks - 1
 
 
-class _SlowFill(_AnyToken):
+class _SlowFill(AnyTokenGrammar):
     def fill_bitmask(self, bitmask, row):
         total = 0
         for i in range(200_000):  # CPU time, not sleep: the limit counts the thread's CPU

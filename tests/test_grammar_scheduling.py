@@ -5,34 +5,14 @@ import threading
 
 import torch
 from conftest import make_request, make_scheduler, sample_step
+from grammar_fakes import AnyTokenGrammar, FakeCompiled
 
 from engine.protocol import FinishReason
 from engine.sched.request import RequestStatus
 from engine.sched.structured_output import StructuredOutputManager
-from grammar.backend import CompiledGrammar, Grammar, GrammarBackend, GrammarError
+from grammar.backend import GrammarBackend, GrammarError
 from grammar.config import GrammarConfig
 from grammar.constraint import Constraint
-
-
-class _Compiled(CompiledGrammar):
-    num_bytes = 64
-
-
-class _AnyToken(Grammar):
-    def fill_bitmask(self, bitmask, row):
-        bitmask[row] = -1
-
-    def accept_tokens(self, token_ids):
-        return True
-
-    def rollback(self, num_tokens):
-        pass
-
-    def is_terminated(self):
-        return False
-
-    def jump_forward_token_ids(self):
-        return []
 
 
 class GatedBackend(GrammarBackend):
@@ -45,10 +25,10 @@ class GatedBackend(GrammarBackend):
         self.gate.wait(timeout=30)
         if constraint.spec == "bad":
             raise GrammarError("regex does not compile: bad")
-        return _Compiled()
+        return FakeCompiled()
 
     def make_grammar(self, compiled):
-        return _AnyToken()
+        return AnyTokenGrammar()
 
     def allocate_bitmask(self, num_rows):
         return torch.zeros(num_rows, 2, dtype=torch.int32)
