@@ -258,7 +258,11 @@ def smoke_checks(result: dict) -> list[str]:
             value = r.get(key)
             if value is None or not math.isfinite(value) or value <= 0:
                 problems.append(f"{name}: {key} = {value}")
-        if r["mode"] != "unconstrained" and r["num_valid"] != r["num_requests"]:
+        # a constrained answer that ended must validate; one cut at max_tokens is a runaway the
+        # grammar allows (reported, counted as not valid), not a broken engine
+        if r["mode"] != "unconstrained" and r["num_finished_invalid"]:
+            problems.append(f"{name}: {r['num_finished_invalid']} finished outputs invalid: {r['invalid_samples']}")
+        if r["mode"] != "unconstrained" and r["num_valid"] + r["num_length_capped"] != r["num_requests"]:
             problems.append(f"{name}: only {r['num_valid']}/{r['num_requests']} outputs valid: {r['invalid_samples']}")
         fpt = r.get("forward_passes_per_output_token")  # above 1 only by the prompts' extra prefill chunks
         if fpt is None or not 0 < fpt < 1.5:

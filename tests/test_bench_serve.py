@@ -175,7 +175,8 @@ def test_smoke_benchmark_runs_and_its_numbers_are_sane(tmp_path):
     runs = {r["mode"]: r for r in summary["runs"]}
     assert set(runs) == {"unconstrained", "constrained+jf"}
     structured = runs["constrained+jf"]
-    assert structured["num_valid"] == structured["num_requests"] == 8
+    assert structured["num_requests"] == 8 and structured["num_finished_invalid"] == 0
+    assert structured["num_valid"] >= 6  # at max_tokens 64 an answer may run long (LENGTH), never invalid
     assert structured["forward_passes_per_output_token"] < 1.0  # jump-forward saved passes
     assert json.loads(out.read_text())["runs"][0]["cdf"]["itl_s"]
     assert {Path(p).name for p in summary["plots"]} >= {"serve-throughput.png", "serve-latency-cdf.png"}
