@@ -60,9 +60,10 @@ def test_no_tracked_file_references_a_path_outside_the_repository():
 
 def test_the_path_check_catches_each_kind_of_escape(tmp_path):
     probe = ROOT / "docs" / "probe.md"
-    up, ws = "..", "shared"  # spelled in parts, so that this file does not match itself
-    escapes = [f"/work/{ws}/data/x", f"{up}/{ws}/data", f'Path("a") / "{ws}" / "data"', f"see {up}/{up}/other.md",
-               "/ho" + "me/someone/model"]
+    # spelled in parts, so that this file names no such path itself
+    up, ws, root, slash = "..", "sha" + "red", "wo" + "rk", "/"
+    escapes = [slash + root + slash + ws + "/data/x", up + slash + ws + "/data", 'Path("a") / "' + ws + '" / "data"',
+               "see " + up + slash + up + "/other.md", "/ho" + "me/someone/model"]
     for text in escapes:
         assert outside_references(probe, text), text
     for fine in ["https://example.org/home/page", "~/.cache/formwork", "/usr/lib/x", "../README.md",
