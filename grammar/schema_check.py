@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING, Any
 
 from grammar.backend import GrammarError
 from grammar.output_bounds import find_large_repeat
+from grammar.schema_merge import json_type
 
 if TYPE_CHECKING:
     from grammar.constraint import Constraint
@@ -292,7 +293,7 @@ def _types(node: Any) -> set[str] | None:
         return {t for t in declared if isinstance(t, str)}
     if "enum" in node or "const" in node:
         values = node["enum"] if isinstance(node.get("enum"), list) else [node.get("const")]
-        return {_json_type(v) for v in values}
+        return {json_type(v) for v in values}
     if any(k in node for k in _INFERS_OBJECT):
         return {"object"}
     if any(k in node for k in _INFERS_ARRAY):
@@ -304,20 +305,6 @@ def _has_type(types: set[str] | None, wanted: str) -> bool:
     if types is None:
         return False
     return wanted in types or (wanted == "number" and "integer" in types)
-
-
-def _json_type(value: Any) -> str:
-    if value is None:
-        return "null"
-    if isinstance(value, bool):
-        return "boolean"
-    if isinstance(value, int) or (isinstance(value, float) and value.is_integer()):
-        return "integer"
-    if isinstance(value, float):
-        return "number"
-    if isinstance(value, str):
-        return "string"
-    return "array" if isinstance(value, list) else "object"
 
 
 def _asserting(node: dict, *exclude: str) -> list[str]:
@@ -388,7 +375,7 @@ def _check_node(node: dict, pointer: str, root: Any, uses_refs: bool) -> list[Fi
         if fixed in node:
             values = node[fixed] if fixed == "enum" and isinstance(node[fixed], list) else [node[fixed]]
             for keyword in _asserting(node, "enum", "const", *NEVER_ENFORCED):
-                if keyword == "type" and _within({_json_type(v) for v in values}, _declared(node)):
+                if keyword == "type" and _within({json_type(v) for v in values}, _declared(node)):
                     continue  # every allowed value already has the declared type
                 flag(keyword, f"keywords beside {fixed} are ignored")
             return out
