@@ -1,6 +1,6 @@
 """The gRPC layer: the Generation servicer, health, reflection, and the server's lifecycle.
 
-With service/grpc_access.py (who may call) the only modules of service/ that import grpc; everything it serves is computed by AsyncLLM and
+The only module of service/ that imports grpc; everything it serves is computed by AsyncLLM and
 service/conversion.py on plain messages. Lifecycle:
 
     start()    bind the port, health NOT_SERVING, load the engine and warm it up in the background
