@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import inspect
 import itertools
 import logging
 import signal
@@ -34,13 +35,12 @@ from service import conversion
 from service._gen.formwork.v1 import generation_pb2 as pb
 from service._gen.formwork.v1 import generation_pb2_grpc as pb_grpc
 from service.async_llm import AsyncLLM
-from service.errors import ServiceError, StatusCode, invalid_argument
+from service.errors import STATUS_DETAILS_KEY, ServiceError, StatusCode, invalid_argument
 from service.limits import ServiceLimits
 from service.quarantine import Quarantine
 from service.reflection import V1_SERVICE, V1ALPHA_SERVICE, add_v1_descriptor
 from service.request_decoding import UndecodableRequest, tolerant_deserializer
-from service.grpc_access import AccessInterceptor, abort_with_status
-from service.security import KeyLimiter, SecurityConfig
+from service.security import ApiKeys, KeyLimiter, SecurityConfig
 from service.supervisor import EngineSupervisor, RestartPolicy
 
 if TYPE_CHECKING:
@@ -51,6 +51,7 @@ logger = logging.getLogger(__name__)
 GENERATION_SERVICE = pb.DESCRIPTOR.services_by_name["Generation"].full_name
 _SERVING = health_pb2.HealthCheckResponse.SERVING
 _NOT_SERVING = health_pb2.HealthCheckResponse.NOT_SERVING
+_GENERATE_METHODS = frozenset(f"/{GENERATION_SERVICE}/{name}" for name in ("Generate", "GenerateStream"))
 
 
 @dataclass(frozen=True)
@@ -191,12 +192,18 @@ async def _status(context: grpc.aio.ServicerContext) -> AsyncIterator[None]:
     try:
         yield
     except ServiceError as e:
-        await abort_with_status(context, e)
+        await _abort(context, e)
     except Exception as e:
         if isinstance(e, grpc.aio.AbortError):
             raise
         logger.exception("internal error")
-        await abort_with_status(context, ServiceError(StatusCode.INTERNAL, f"internal error: {type(e).__name__}: {e}"))
+        await _abort(context, ServiceError(StatusCode.INTERNAL, f"internal error: {type(e).__name__}: {e}"))
+
+
+async def _abort(context: grpc.aio.ServicerContext, error: ServiceError) -> None:
+    details = error.status_proto().SerializeToString()
+    await context.abort(grpc.StatusCode[error.code.name], error.message,
+                        trailing_metadata=((STATUS_DETAILS_KEY, details),))
 
 
 def _v1_reflection_handler(servicer: reflection.aio.ReflectionServicer) -> grpc.GenericRpcHandler:
@@ -206,6 +213,72 @@ def _v1_reflection_handler(servicer: reflection.aio.ReflectionServicer) -> grpc.
         request_deserializer=reflection_pb2.ServerReflectionRequest.FromString,
         response_serializer=reflection_pb2.ServerReflectionResponse.SerializeToString)
     return grpc.method_handlers_generic_handler(V1_SERVICE, {"ServerReflectionInfo": method})
+
+
+class _AccessInterceptor(grpc.aio.ServerInterceptor):
+    """API keys on every call (grpc.health.v1 excepted unless protected) and the per-key limit on
+    concurrent Generate / GenerateStream calls. A refused call gets its status before any handler runs."""
+
+    def __init__(self, security: SecurityConfig, limiter: KeyLimiter) -> None:
+        self._keys = ApiKeys(security.api_keys)
+        self._limiter = limiter
+        self._open_prefix = None if security.protect_health else f"/{health.SERVICE_NAME}/"
+
+    async def intercept_service(self, continuation, details: grpc.HandlerCallDetails):
+        if self._open_prefix is not None and details.method.startswith(self._open_prefix):
+            return await continuation(details)
+        handler = await continuation(details)
+        if handler is None:  # unknown method: grpc answers UNIMPLEMENTED
+            return None
+        authorization = next((value for name, value in details.invocation_metadata or ()
+                              if name == "authorization"), None)
+        key = self._keys.identify(authorization if isinstance(authorization, str) else None)
+        if key is None:
+            return _refusing(handler, ServiceError(
+                StatusCode.UNAUTHENTICATED, "missing or invalid API key: send the metadata 'authorization: Bearer <key>'"))
+        if self._limiter.limit and details.method in _GENERATE_METHODS:
+            return _limited(handler, self._limiter, key)
+        return handler
+
+
+def _refusing(handler: grpc.RpcMethodHandler, error: ServiceError) -> grpc.RpcMethodHandler:
+    """A handler of the same kind as `handler` that answers `error` and runs nothing."""
+    async def refuse(request, context):
+        await _abort(context, error)
+    return _same_kind(handler, refuse)
+
+
+def _limited(handler: grpc.RpcMethodHandler, limiter: KeyLimiter, key: int) -> grpc.RpcMethodHandler:
+    behaviour = handler.unary_unary or handler.unary_stream
+
+    async def call(request, context):
+        if not limiter.try_acquire(key):
+            await _abort(context, ServiceError(
+                StatusCode.RESOURCE_EXHAUSTED, f"this API key already has {limiter.limit} requests in flight, the "
+                                               f"server's limit per key (--max-concurrent-per-key)"))
+        try:
+            result = behaviour(request, context)
+            if inspect.isasyncgen(result):  # a generator-style streaming handler
+                async for response in result:
+                    await context.write(response)
+                return None
+            return await result
+        finally:
+            limiter.release(key)
+    return _same_kind(handler, call)
+
+
+def _same_kind(handler: grpc.RpcMethodHandler, behaviour) -> grpc.RpcMethodHandler:
+    if handler.unary_unary:
+        make = grpc.unary_unary_rpc_method_handler
+    elif handler.unary_stream:
+        make = grpc.unary_stream_rpc_method_handler
+    elif handler.stream_unary:
+        make = grpc.stream_unary_rpc_method_handler
+    else:
+        make = grpc.stream_stream_rpc_method_handler
+    return make(behaviour, request_deserializer=handler.request_deserializer,
+                response_serializer=handler.response_serializer)
 
 
 class GenerationServer:
@@ -229,7 +302,7 @@ class GenerationServer:
             ("grpc.max_receive_message_length", limits.max_message_bytes),
             ("grpc.max_send_message_length", limits.max_message_bytes),
             ("grpc.so_reuseport", 0),  # a port in use is an error, not a shared port
-        ], interceptors=[AccessInterceptor(security, self.key_limiter)] if security.api_keys else None)
+        ], interceptors=[_AccessInterceptor(security, self.key_limiter)] if security.api_keys else None)
         add_generation_servicer(GenerationServicer(self.llm, limits, self.supervisor), self.server)
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self.server)
         add_v1_descriptor()
