@@ -4,7 +4,7 @@ torch's CPU ops cannot read a paged KV cache in place: decode attention in plain
 every request's blocks into a padded copy, then reads it again in SDPA; the kernel reads the
 blocks where they are. The decoder's elementwise steps (residual + RMSNorm, SiLU-and-multiply,
 rotary) are fused, so a decode batch wakes no OpenMP threads for them. The module is built with
-torch's extension tooling (a C++ compiler and ninja) into $FORMWORK_CACHE/kernels/<cpu features>
+torch's extension tooling (a C++ compiler and ninja) into $FORMWORK_CACHE/kernels/<cpu features + sources>
 the first time an engine starts (about 45 s on 2 cores; `make setup` does it), then loads in a
 fraction of a second. Where it cannot be built, the engine says why once and uses torch ops.
 """
@@ -43,7 +43,7 @@ def _build() -> ModuleType | None:
         return None
     try:
         from torch.utils import cpp_extension
-        tag = _cpu_tag()
+        tag = _build_tag()
         build_dir = cache_dir() / "kernels" / tag
         build_dir.mkdir(parents=True, exist_ok=True)
         return cpp_extension.load(
@@ -55,7 +55,12 @@ def _build() -> ModuleType | None:
         return None
 
 
-def _cpu_tag() -> str:
+def _build_tag() -> str:
     """-march=native code runs only on CPUs with the same features: one build per feature set, so a
-    cache folder shared between machines never hands one a module it cannot execute."""
-    return hashlib.sha1(" ".join(cpu_flags()).encode()).hexdigest()[:10]
+    cache folder shared between machines never hands one a module it cannot execute. The sources'
+    bytes are part of the tag too: two checkouts with different kernels sharing one cache each keep
+    their own build instead of rebuilding over each other's."""
+    digest = hashlib.sha1(" ".join(cpu_flags()).encode())
+    for source in sorted((Path(__file__).parent / "csrc").iterdir()):
+        digest.update(source.name.encode() + source.read_bytes())
+    return digest.hexdigest()[:10]
