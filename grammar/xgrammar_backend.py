@@ -27,14 +27,15 @@ import torch
 import xgrammar as xgr
 
 from grammar import bitmask as bitmask_ops
-from grammar import lark_grammar, output_bounds, schema_check, schema_rewrite
+from grammar import lark_grammar, output_bounds, schema_check, schema_rewrite, structural_tags
 from grammar.backend import BOUNDED_JSON_WHITESPACE, CompiledGrammar, Grammar, GrammarBackend, GrammarError
+from grammar.constraint import Constraint
 from grammar.jump_forward import ForcedTextTokenizer
 from grammar.log_capture import capture_native_log, strip_native_prefix
+from grammar.tool_calls import ToolCalls
 
 if TYPE_CHECKING:
     from grammar.config import GrammarConfig
-    from grammar.constraint import Constraint
 
 logger = logging.getLogger(__name__)
 
@@ -206,8 +207,12 @@ class XGrammarBackend(GrammarBackend):
             grammar = _convert(kind, constraint.strict, not_enforced, xgr.Grammar.from_ebnf, ebnf)
         elif kind == "choice":
             grammar = _convert(kind, True, not_enforced, xgr.Grammar.from_ebnf, choice_ebnf(constraint.choices))
+        elif kind == "tool_calls":
+            grammar = None  # built from its tools' schemas below
         else:
             raise GrammarError(f"unknown constraint kind {kind!r}")
+        if kind == "tool_calls" or constraint.think_end:
+            grammar = self._structural_grammar(constraint, grammar, not_enforced)
         bounds = self._check_bounds(kind, grammar)
         try:
             compiled = self._compiler.compile_grammar(grammar)
@@ -294,6 +299,47 @@ class XGrammarBackend(GrammarBackend):
 
     def allocate_bitmask(self, num_rows: int) -> torch.Tensor:
         return xgr.allocate_token_bitmask(num_rows, self.vocab_size)
+
+    # -- tool calls and think sections -------------------------------------------------------
+
+    def _structural_grammar(self, constraint: Constraint, grammar: xgr.Grammar | None,
+                            not_enforced: list[str]) -> xgr.Grammar:
+        """A tool_calls constraint's grammar, and/or `grammar` after a think section."""
+        if constraint.kind == "tool_calls":
+            answer = self._tool_calls_format(constraint, not_enforced)
+        else:
+            assert grammar is not None
+            answer = structural_tags.grammar_format(str(grammar))
+        if constraint.think_end:
+            answer = structural_tags.think_then(answer, constraint.think_end, constraint.think_budget)
+        try:
+            return xgr.Grammar.from_structural_tag(json.dumps(structural_tags.structural_tag(answer)))
+        except Exception as e:
+            raise GrammarError(f"{constraint.kind} does not compile: {strip_native_prefix(str(e))}") from None
+
+    def _tool_calls_format(self, constraint: Constraint, not_enforced: list[str]) -> structural_tags.Format:
+        """Each allowed tool's arguments compiled as a json_schema constraint with the same options,
+        so a schema is refused (or listed as not enforced) exactly as json_schema would be, with
+        the tool's index and name in front of the keyword's JSON pointer."""
+        try:
+            spec = ToolCalls.from_spec(constraint.spec)
+        except ValueError as e:
+            raise GrammarError(str(e)) from None
+        arguments: dict[str, str] = {}
+        allowed = {tool.name for tool in spec.allowed_tools}
+        for index, tool in enumerate(spec.tools):
+            if tool.name not in allowed:
+                continue
+            schema = Constraint(kind="json_schema", spec=json.dumps(tool.schema, ensure_ascii=False),
+                                strict=constraint.strict, whitespace=constraint.json_whitespace)
+            try:
+                schema_check.check_limits(schema, self.config.max_spec_bytes, self.config.max_schema_depth)
+                grammar, notes = self._json_grammar(schema)
+            except GrammarError as e:
+                raise GrammarError(f'tools[{index}] "{tool.name}" parameters: {e}') from None
+            not_enforced += [f'tool "{tool.name}": {note}' for note in notes]
+            arguments[tool.name] = str(grammar)
+        return structural_tags.tool_calls_format(spec, arguments)
 
     # -- JSON -------------------------------------------------------------------------------
 

@@ -20,9 +20,12 @@ from engine.capacity import KVCacheTooSmall, PromptTooLong, check_context_length
 from engine.frontend.core_client import EngineDeadError
 from engine.frontend.output_processor import OutputProcessor, RequestOutput
 from engine.frontend.tokenizer import Tokenizer
+from engine.frontend.tool_prompt import messages_with_tools, template_knows_tools
 from engine.protocol import ConstraintReport, EngineCoreOutput, EngineCoreRequest, EngineStats, FinishReason
 from engine.sampling_params import SamplingParams
 from grammar.constraint import Constraint
+from grammar.tool_calls import SYNTAXES
+from service.chat_format import ChatFormat
 from service.errors import FieldViolation, ServiceError, StatusCode, invalid_argument, unavailable
 from service.quarantine import Quarantine
 
@@ -50,6 +53,7 @@ class AsyncLLM:
         self.down_reason: str | None = None
         self.tokenizer: Tokenizer | None = None
         self.output_processor: OutputProcessor | None = None
+        self.chat_format = ChatFormat()  # the model's, once started
         # request id -> its core output stream, from admission until the request ends here
         self._streams: dict[str, RequestOutputStream] = {}
         self._closing = False
@@ -61,6 +65,7 @@ class AsyncLLM:
         info = await self.client.start()
         self.tokenizer = await asyncio.to_thread(Tokenizer.from_model_dir, info.model_dir)
         self.output_processor = OutputProcessor(self.tokenizer)
+        self.chat_format = ChatFormat.for_model(info.model_dir, self.tokenizer.chat_template, self.limits)
         self.info = info
         return info
 
@@ -139,8 +144,14 @@ class AsyncLLM:
         if prompt.token_ids is not None:
             return prompt.token_ids, None
         if prompt.messages is not None:
+            messages, template_kwargs = prompt.messages, dict(prompt.template_kwargs or {})
+            uses_tools = prompt.tools or any(m["role"] == "tool" or m.get("tool_calls") for m in messages)
+            if uses_tools and template_knows_tools(tokenizer.chat_template):
+                template_kwargs["tools"] = prompt.tools
+            elif uses_tools:
+                messages = messages_with_tools(messages, prompt.tools, SYNTAXES[self.chat_format.tool_syntax])
             try:
-                text = tokenizer.apply_chat_template(prompt.messages, prompt.add_generation_prompt)
+                text = tokenizer.apply_chat_template(messages, prompt.add_generation_prompt, **template_kwargs)
             except ValueError as e:
                 raise invalid_argument("chat.messages", str(e)) from None
             return await self._encode(text, add_special_tokens=False), text  # the template wrote them

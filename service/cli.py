@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING
 from engine import args as engine_args
 from engine.config import EngineConfig, SchedulerConfig
 from engine.core.memory_watchdog import DEFAULT_FRACTION_OF_MEMORY, MemoryLimit, machine_memory_bytes
+from grammar.tool_calls import SYNTAXES
 from service.limits import ServiceLimits
 from service.security import API_KEY_ENV, SecurityConfig, load_api_keys, load_tls_files
 from service.supervisor import RestartPolicy
@@ -57,6 +58,12 @@ def add_serve_parser(subparsers: argparse._SubParsersAction,
                         help="max_tokens of a request that leaves it unset (default: %(default)s)")
     limits.add_argument("--shutdown-grace", type=float, default=_LIMIT_DEFAULTS.shutdown_grace_s,
                         help="seconds in-flight requests get to finish after SIGTERM (default: %(default)s)")
+    chat = parser.add_argument_group("chat format (defaults: the model family's)")
+    chat.add_argument("--tool-call-syntax", choices=tuple(SYNTAXES), default="",
+                      help="how the model writes tool calls (default: by its family; hermes otherwise)")
+    chat.add_argument("--think-markers", metavar="START,END", default="",
+                      help="the markers around the model's think section, e.g. '<think>,</think>'")
+    chat.add_argument("--no-reasoning", action="store_true", help="the model does not think (no think section)")
     healing = parser.add_argument_group("self-healing")
     healing.add_argument("--engine-restarts", type=int, default=_RESTART_DEFAULTS.max_restarts,
                          help="consecutive engine crashes to restart after; 0: never restart (default: %(default)s)")
@@ -118,7 +125,17 @@ def memory_limit_from_args(args: argparse.Namespace) -> MemoryLimit | None:
 def limits_from_args(args: argparse.Namespace) -> ServiceLimits:
     return ServiceLimits(max_message_bytes=args.max_message_bytes, max_constraint_bytes=args.max_constraint_bytes,
                          max_tokens_cap=args.max_tokens_cap, default_max_tokens=args.default_max_tokens,
-                         shutdown_grace_s=args.shutdown_grace)
+                         shutdown_grace_s=args.shutdown_grace, tool_call_syntax=args.tool_call_syntax,
+                         no_reasoning=args.no_reasoning, **_think_markers(args.think_markers))
+
+
+def _think_markers(text: str) -> dict[str, str]:
+    if not text:
+        return {}
+    start, comma, end = text.partition(",")
+    if not comma or not end:
+        raise ValueError(f"--think-markers must be START,END (e.g. '<think>,</think>'), got {text!r}")
+    return {"think_start": start, "think_end": end}
 
 
 def run_serve(args: argparse.Namespace) -> int:

@@ -3,6 +3,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from grammar.tool_calls import SYNTAXES
+
 MAX_LOGPROBS = 20  # the engine's bound (SamplingParams.validate)
 
 
@@ -20,6 +22,11 @@ class ServiceLimits:
     default_max_tokens: int = 256  # max_tokens when a request leaves it unset
     max_request_id_len: int = 256  # characters
     shutdown_grace_s: float = 30.0  # SIGTERM: in-flight requests get this long to finish
+    # the model's chat format, over its family's defaults (service/chat_format.py)
+    tool_call_syntax: str = ""  # a grammar.tool_calls.SYNTAXES name; "": the family's
+    think_start: str = ""  # with think_end: the model's think markers
+    think_end: str = ""  # "": the family's markers, if any
+    no_reasoning: bool = False  # treat the model as one that does not think
 
     def __post_init__(self) -> None:
         for name in ("max_message_bytes", "max_constraint_bytes", "max_tokens_cap", "default_max_tokens",
@@ -29,5 +36,10 @@ class ServiceLimits:
         if self.default_max_tokens > self.max_tokens_cap:
             raise ValueError(f"default_max_tokens ({self.default_max_tokens}) must not exceed max_tokens_cap "
                              f"({self.max_tokens_cap})")
+        if self.tool_call_syntax and self.tool_call_syntax not in SYNTAXES:
+            raise ValueError(f"unknown tool call syntax {self.tool_call_syntax!r}; expected one of "
+                             f"{', '.join(SYNTAXES)}")
+        if self.think_start and not self.think_end:
+            raise ValueError("think_start needs think_end")
         if self.shutdown_grace_s < 0:
             raise ValueError(f"shutdown_grace_s must be >= 0, got {self.shutdown_grace_s}")

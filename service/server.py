@@ -35,6 +35,7 @@ from service import conversion
 from service._gen.formwork.v1 import generation_pb2 as pb
 from service._gen.formwork.v1 import generation_pb2_grpc as pb_grpc
 from service.async_llm import AsyncLLM
+from service.chat_format import OutputShape
 from service.errors import STATUS_DETAILS_KEY, ServiceError, StatusCode, invalid_argument
 from service.limits import ServiceLimits
 from service.quarantine import Quarantine
@@ -62,6 +63,7 @@ class _Prepared:
     prompt_field: str
     params: SamplingParams
     arrival_time: float
+    shape: OutputShape  # how the output is read back (think section, tool calls)
 
 
 class GenerationServicer(pb_grpc.GenerationServicer):
@@ -83,7 +85,8 @@ class GenerationServicer(pb_grpc.GenerationServicer):
                 async for final in outputs:
                     pass
             assert final is not None
-            return conversion.generate_response(final, prepared.request_id, self._llm.token_text, delta=False)
+            return conversion.generate_response(final, prepared.request_id, self._llm.token_text, delta=False,
+                                                shape=prepared.shape)
 
     async def GenerateStream(self, request: pb.GenerateRequest, context: grpc.aio.ServicerContext) -> None:
         async with _status(context):
@@ -92,7 +95,8 @@ class GenerationServicer(pb_grpc.GenerationServicer):
             async with contextlib.aclosing(self._generate(prepared, request, stream=True)) as outputs:
                 async for output in outputs:
                     await context.write(
-                        conversion.generate_response(output, prepared.request_id, self._llm.token_text, delta=True))
+                        conversion.generate_response(output, prepared.request_id, self._llm.token_text, delta=True,
+                                                     shape=prepared.shape))
 
     async def ValidateConstraint(self, request: pb.ValidateConstraintRequest,
                                  context: grpc.aio.ServicerContext) -> pb.ValidateConstraintResponse:
@@ -118,7 +122,8 @@ class GenerationServicer(pb_grpc.GenerationServicer):
             supervisor = self._supervisor
             return conversion.model_info(self._llm.info, stats, self._limits, self._llm.num_in_flight,
                                          conversion.RestartStats(supervisor.num_restarts, supervisor.last_crash,
-                                                                 supervisor.quarantine.num_quarantined))
+                                                                 supervisor.quarantine.num_quarantined),
+                                         self._llm.chat_format)
 
     async def Tokenize(self, request: pb.TokenizeRequest, context: grpc.aio.ServicerContext) -> pb.TokenizeResponse:
         async with _status(context):
@@ -143,11 +148,14 @@ class GenerationServicer(pb_grpc.GenerationServicer):
                                                  f"{self._limits.max_request_id_len}")
         prompt = conversion.prompt_from_proto(request, info.vocab_size)
         params = conversion.sampling_params_from_proto(request, self._limits, info.vocab_size)
+        plan = self._llm.chat_format.plan(request, params.constraint, self._limits)
+        params, prompt = plan.sampling(params), plan.prompt(prompt)
         token_ids, _ = await self._llm.encode_prompt(prompt)
         number = next(self._ids)
         request_id = request.request_id or f"req-{number}"
         # the client's id need not be unique; the engine's must be
-        return _Prepared(request_id, f"{request_id}#{number}", token_ids, prompt.field, params, arrival_time)
+        return _Prepared(request_id, f"{request_id}#{number}", token_ids, prompt.field, params, arrival_time,
+                         plan.shape)
 
     async def _generate(self, prepared: _Prepared, request: pb.GenerateRequest,
                         stream: bool) -> AsyncIterator[RequestOutput]:

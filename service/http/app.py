@@ -12,6 +12,7 @@ service/conversion.py, as gRPC's are, so a bad field gets the same message on bo
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import itertools
 import logging
 import secrets
@@ -28,6 +29,8 @@ from starlette.exceptions import HTTPException
 
 from engine.protocol import FinishReason
 from service import conversion
+from service.assistant_output import AssistantStream
+from service.chat_format import OutputShape
 from service.errors import ServiceError, StatusCode
 from service.http import responses
 from service.http.conversion import Translated, translate_chat, translate_completion
@@ -63,6 +66,7 @@ class _Call:
     model: str
     response_id: str
     created: int
+    shape: OutputShape = OutputShape()  # how each choice's output is read back
 
 
 class OpenAIApi:
@@ -187,7 +191,9 @@ class OpenAIApi:
                      f"{'chatcmpl' if chat else 'cmpl'}-{secrets.token_hex(12)}", int(time.time()))
         try:
             params = conversion.sampling_params_from_proto(translated.request, self._limits, info.vocab_size)
-            prompts = [conversion.prompt_from_proto(p, info.vocab_size) for p in translated.prompts]
+            plan = self._llm.chat_format.plan(translated.request, params.constraint, self._limits)
+            params, call = plan.sampling(params), dataclasses.replace(call, shape=plan.shape)
+            prompts = [plan.prompt(conversion.prompt_from_proto(p, info.vocab_size)) for p in translated.prompts]
             token_ids = [(await self._llm.encode_prompt(p))[0] for p in prompts]
             arrival_time = time.monotonic()
             number = next(self._ids)
@@ -223,7 +229,7 @@ class OpenAIApi:
         done = [f for f in finals if f is not None]
         if call.chat:
             body = responses.chat_completion(call.response_id, call.created, call.model, done, self._llm.token_text,
-                                             call.logprobs)
+                                             call.logprobs, call.shape)
         else:
             body = responses.completion(call.response_id, call.created, call.model, done, translated.num_choices,
                                         self._llm.token_text, call.logprobs)
@@ -240,11 +246,13 @@ class OpenAIApi:
         translated = call.translated
         token_text, include_usage = self._llm.token_text, translated.include_usage
         finals: list[RequestOutput | None] = [None] * num_choices
+        readers = [AssistantStream(call.shape) for _ in range(num_choices)]
 
         def chunk(index: int, output: RequestOutput | None, opening: bool = False) -> bytes:
             if call.chat:
                 return event(responses.chat_chunk(call.response_id, call.created, call.model, index, output,
-                                                  token_text, call.logprobs, include_usage, opening))
+                                                  token_text, call.logprobs, include_usage, opening,
+                                                  None if call.shape.plain else readers[index]))
             assert output is not None
             return event(responses.completion_chunk(call.response_id, call.created, call.model, index, output,
                                                     token_text, call.logprobs, include_usage))
