@@ -62,7 +62,7 @@ def add_bench_parser(subparsers, add_engine_args) -> None:
                        help="http: every Formwork run over gRPC and, right after, over the OpenAI-compatible HTTP API")
     serve.add_argument("--http-address", help="with --address and --protocol http: the server's HTTP HOST:PORT")
     serve.add_argument("--model", default=None, help="model folder (default: the packaged SmolLM2-135M-Instruct)")
-    serve.add_argument("--workload", choices=["json-extraction", "mixed-schemas", "unconstrained"],
+    serve.add_argument("--workload", choices=["json-extraction", "mixed-schemas", "unconstrained", "tool-calls"],
                        default="json-extraction")
     serve.add_argument("--modes", type=_csv, default=["unconstrained", "constrained", "unconstrained-matched", "constrained+jf"],
                        help="comma list of unconstrained, constrained (jump-forward off), unconstrained-matched (as long as constrained, EOS ignored), constrained+jf")
