@@ -10,6 +10,7 @@ import json
 import msgspec
 
 from grammar.backend import JSON_WHITESPACE_MODES
+from grammar.lark_grammar import GRAMMAR_SYNTAXES
 
 CONSTRAINT_KINDS = ("json_schema", "json_object", "regex", "grammar", "choice")
 # the whitespace mode of JSON a constraint does not name (JSON_WHITESPACE_MODES says what each allows)
@@ -20,7 +21,7 @@ class Constraint(msgspec.Struct, array_like=True, omit_defaults=True, frozen=Tru
     """The shape the output must have.
 
     kind: one of CONSTRAINT_KINDS.
-    spec: JSON Schema text (json_schema), a regex (regex), an EBNF grammar in xgrammar's syntax
+    spec: JSON Schema text (json_schema), a regex (regex), a grammar in xgrammar's EBNF or in Lark
           (grammar); empty for json_object and choice.
     choices: the allowed outputs, for kind "choice".
     strict: a JSON-Schema keyword the backend cannot enforce is an error (True) or is reported in
@@ -28,6 +29,7 @@ class Constraint(msgspec.Struct, array_like=True, omit_defaults=True, frozen=Tru
     any_whitespace: allow free whitespace between JSON tokens (the same as whitespace="any").
     jump_forward: append text the grammar forces without sampling it (None: the engine's default).
     whitespace: one of JSON_WHITESPACE_MODES for the JSON kinds ("": DEFAULT_JSON_WHITESPACE).
+    grammar_syntax: "ebnf" or "lark" for kind "grammar" ("" or "auto": told apart by the text).
     """
 
     kind: str
@@ -37,6 +39,7 @@ class Constraint(msgspec.Struct, array_like=True, omit_defaults=True, frozen=Tru
     any_whitespace: bool = False
     jump_forward: bool | None = None
     whitespace: str = ""
+    grammar_syntax: str = ""
 
     @property
     def json_whitespace(self) -> str:
@@ -49,6 +52,9 @@ class Constraint(msgspec.Struct, array_like=True, omit_defaults=True, frozen=Tru
         if self.whitespace and self.whitespace not in JSON_WHITESPACE_MODES:
             raise ValueError(f"unknown whitespace mode {self.whitespace!r}; expected one of "
                              f"{', '.join(JSON_WHITESPACE_MODES)}")
+        if self.grammar_syntax and self.grammar_syntax not in GRAMMAR_SYNTAXES:
+            raise ValueError(f"unknown grammar syntax {self.grammar_syntax!r}; expected one of "
+                             f"{', '.join(GRAMMAR_SYNTAXES)}")
         if self.kind == "choice":
             if not self.choices:
                 raise ValueError("a choice constraint needs at least one choice")
@@ -75,4 +81,5 @@ class Constraint(msgspec.Struct, array_like=True, omit_defaults=True, frozen=Tru
             # order the schema declares them, so a reordered schema is a different grammar
             spec = json.dumps(json.loads(spec), separators=(",", ":"))
         whitespace = self.json_whitespace if self.kind in ("json_schema", "json_object") else ""
-        return (self.kind, spec, tuple(self.choices), self.strict, whitespace)
+        syntax = (self.grammar_syntax or "auto") if self.kind == "grammar" else ""
+        return (self.kind, spec, tuple(self.choices), self.strict, whitespace, syntax)
