@@ -27,7 +27,7 @@ import torch
 import xgrammar as xgr
 
 from grammar import bitmask as bitmask_ops
-from grammar import lark_grammar, output_bounds, schema_check, schema_rewrite
+from grammar import lark_grammar, output_bounds, schema_check, schema_rewrite, schema_values
 from grammar.backend import BOUNDED_JSON_WHITESPACE, CompiledGrammar, Grammar, GrammarBackend, GrammarError
 from grammar.jump_forward import ForcedTextTokenizer
 from grammar.log_capture import capture_native_log, strip_native_prefix
@@ -310,7 +310,7 @@ class XGrammarBackend(GrammarBackend):
         else:
             parsed = schema_check.parse_schema(constraint.spec)
             # malformed keyword values are named before the rewrite reads them
-            schema_check.check_keyword_values(parsed, self.config.max_repeat_count)
+            schema_values.check_keyword_values(parsed, self.config.max_repeat_count)
             rewritten = schema_rewrite.rewrite(parsed)
             schema, notes = rewritten.schema, rewritten.notes
             findings = schema_check.find_unsupported(schema)
