@@ -83,7 +83,8 @@ SUPPORTED_FORMATS = frozenset({
 APPLICATORS = ("allOf", "anyOf", "oneOf")
 SUBSCHEMA_MAP_KEYWORDS = ("properties", "patternProperties", "$defs", "definitions", "dependentSchemas")
 SINGLE_SUBSCHEMA_KEYWORDS = ("additionalProperties", "items", "contains", "propertyNames", "not", "if",
-                             "then", "else", "unevaluatedItems", "unevaluatedProperties", "additionalItems", "contentSchema")
+                             "then", "else", "unevaluatedItems", "unevaluatedProperties", "additionalItems",
+                             "contentSchema")
 _SCHEMA_LISTS = ("allOf", "anyOf", "oneOf", "prefixItems", "items")
 
 
