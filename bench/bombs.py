@@ -52,6 +52,7 @@ def add_parser(which) -> None:
     bombs.add_argument("--address", help="a running server on loopback (default: start one on a free port)")
     bombs.add_argument("--rounds", type=int, default=7, help="probe pairs per row (median)")
     bombs.add_argument("--probe-tokens", type=int, default=32, help="output tokens of the probe")
+    bombs.add_argument("--only", help="comma list: only the bombs whose name contains one of these")
     bombs.add_argument("--output", default="build/bench/bombs.json")
     bombs.set_defaults(func=main)
 
@@ -103,7 +104,9 @@ def main(args: argparse.Namespace) -> int:
         for _ in range(2):  # warm-up: compile paths, caches, allocator
             probe_beside(companion(-1))
         # control: the probe beside nothing, paired the same way; its spread is the noise floor
-        makers = {"control (nothing beside the probe)": None, "companion (benign constraint)": companion, **BOMBS}
+        chosen = {name: make for name, make in BOMBS.items()
+                  if not args.only or any(part in name for part in args.only.split(","))}
+        makers = {"control (nothing beside the probe)": None, "companion (benign constraint)": companion, **chosen}
         rows: dict[str, dict] = {name: {"probe_s": [], "ratio": [], "refusal_s": [], "validate_s": [], "outcome": ""}
                                  for name in ["baseline (probe alone)", *makers]}
         for round_index in range(args.rounds):

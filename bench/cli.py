@@ -78,7 +78,7 @@ def add_bench_parser(subparsers, add_engine_args) -> None:
                        help="mixed-schemas: a folder of <Subset>.jsonl (default: the carried JSONSchemaBench sample)")
     serve.add_argument("--items", type=_csv, default=None, help="comma list of json-extraction item ids (default: all)")
     serve.add_argument("--rpc-timeout", type=float, default=1200.0, help="deadline of every RPC, seconds")
-    serve.add_argument("--peers", type=_csv, default=[], help="comma list of transformers, llama-cpp, vllm")
+    serve.add_argument("--peers", type=_csv, default=[], help="comma list of transformers, llama-cpp, vllm, vllm-http")
     serve.add_argument("--roofline", action="store_true", help="measure bandwidth; step time / weight-read floor")
     serve.add_argument("--burst", action="store_true", help="ITL of steady requests under a burst of new schemas")
     serve.add_argument("--smoke", action="store_true", help="tiny run (concurrency 4, 8 requests); checks the numbers")

@@ -10,6 +10,7 @@ import json
 import msgspec
 
 from grammar.backend import JSON_WHITESPACE_MODES
+from grammar.lark_grammar import GRAMMAR_SYNTAXES
 from grammar.tool_calls import ToolCalls
 
 CONSTRAINT_KINDS = ("json_schema", "json_object", "regex", "grammar", "choice")
@@ -23,7 +24,7 @@ class Constraint(msgspec.Struct, array_like=True, omit_defaults=True, frozen=Tru
     """The shape the output must have.
 
     kind: one of ENGINE_KINDS.
-    spec: JSON Schema text (json_schema), a regex (regex), an EBNF grammar in xgrammar's syntax
+    spec: JSON Schema text (json_schema), a regex (regex), a grammar in xgrammar's EBNF or in Lark
           (grammar), a grammar.tool_calls.ToolCalls spec (tool_calls); empty for json_object and
           choice.
     choices: the allowed outputs, for kind "choice".
@@ -32,6 +33,7 @@ class Constraint(msgspec.Struct, array_like=True, omit_defaults=True, frozen=Tru
     any_whitespace: allow free whitespace between JSON tokens (the same as whitespace="any").
     jump_forward: append text the grammar forces without sampling it (None: the engine's default).
     whitespace: one of JSON_WHITESPACE_MODES for the JSON kinds ("": DEFAULT_JSON_WHITESPACE).
+    grammar_syntax: "ebnf" or "lark" for kind "grammar" ("" or "auto": told apart by the text).
     think_end: non-empty: the output first thinks freely until this marker (grammar/reasoning.py),
                and the constraint applies after it.
     think_budget: the most tokens of thinking (0: no limit); at the limit the marker is forced.
@@ -44,6 +46,7 @@ class Constraint(msgspec.Struct, array_like=True, omit_defaults=True, frozen=Tru
     any_whitespace: bool = False
     jump_forward: bool | None = None
     whitespace: str = ""
+    grammar_syntax: str = ""
     think_end: str = ""
     think_budget: int = 0
 
@@ -58,6 +61,9 @@ class Constraint(msgspec.Struct, array_like=True, omit_defaults=True, frozen=Tru
         if self.whitespace and self.whitespace not in JSON_WHITESPACE_MODES:
             raise ValueError(f"unknown whitespace mode {self.whitespace!r}; expected one of "
                              f"{', '.join(JSON_WHITESPACE_MODES)}")
+        if self.grammar_syntax and self.grammar_syntax not in GRAMMAR_SYNTAXES:
+            raise ValueError(f"unknown grammar syntax {self.grammar_syntax!r}; expected one of "
+                             f"{', '.join(GRAMMAR_SYNTAXES)}")
         if self.kind == "choice":
             if not self.choices:
                 raise ValueError("a choice constraint needs at least one choice")
@@ -90,4 +96,6 @@ class Constraint(msgspec.Struct, array_like=True, omit_defaults=True, frozen=Tru
             # order the schema declares them, so a reordered schema is a different grammar
             spec = json.dumps(json.loads(spec), separators=(",", ":"))
         whitespace = self.json_whitespace if self.kind in ("json_schema", "json_object", "tool_calls") else ""
-        return (self.kind, spec, tuple(self.choices), self.strict, whitespace, self.think_end, self.think_budget)
+        syntax = (self.grammar_syntax or "auto") if self.kind == "grammar" else ""
+        return (self.kind, spec, tuple(self.choices), self.strict, whitespace, syntax, self.think_end,
+                self.think_budget)

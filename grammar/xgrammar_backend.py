@@ -27,11 +27,12 @@ import torch
 import xgrammar as xgr
 
 from grammar import bitmask as bitmask_ops
-from grammar import lark_grammar, output_bounds, schema_check, schema_rewrite, structural_tags
+from grammar import lark_grammar, output_bounds, schema_check, schema_rewrite, schema_values, structural_tags
 from grammar.backend import BOUNDED_JSON_WHITESPACE, CompiledGrammar, Grammar, GrammarBackend, GrammarError
 from grammar.constraint import Constraint
 from grammar.jump_forward import ForcedTextTokenizer
 from grammar.log_capture import capture_native_log, strip_native_prefix
+from grammar.low_priority import run_at_low_priority
 from grammar.tool_calls import ToolCalls
 
 if TYPE_CHECKING:
@@ -201,7 +202,7 @@ class XGrammarBackend(GrammarBackend):
             grammar = _convert(kind, constraint.strict, not_enforced, xgr.Grammar.from_regex, constraint.spec)
         elif kind == "grammar":
             try:  # a Lark grammar (vLLM's guided_grammar) is translated; EBNF passes unchanged
-                ebnf = lark_grammar.to_ebnf(constraint.spec)
+                ebnf = lark_grammar.to_ebnf(constraint.spec, constraint.grammar_syntax or "auto")
             except lark_grammar.LarkGrammarError as e:
                 raise GrammarError(f"grammar (Lark) is not supported: {e}") from None
             grammar = _convert(kind, constraint.strict, not_enforced, xgr.Grammar.from_ebnf, ebnf)
@@ -270,8 +271,12 @@ class XGrammarBackend(GrammarBackend):
         calculator whose later fills take 1 ms): it runs here once, untimed, so no step pays
         it. The fills after it are timed along a walk of a few allowed tokens, chosen by a fixed
         seed: ambiguous repeats (`(\\w+ ?){1,50}`) fill fast at the start and take seconds a
-        token or two later.
+        token or two later. The walk runs at the lowest CPU priority (grammar/low_priority.py), so
+        a grammar that takes those seconds takes them from its own compile, not from the forward pass.
         """
+        run_at_low_priority(self._probe_fills, compiled)
+
+    def _probe_fills(self, compiled: XGrammarCompiled) -> None:
         limit_ms = self.config.max_fill_ms
         rng = random.Random(0)
         stop_ids = set(self.stop_token_ids)
@@ -351,7 +356,7 @@ class XGrammarBackend(GrammarBackend):
         else:
             parsed = schema_check.parse_schema(constraint.spec)
             # malformed keyword values are named before the rewrite reads them
-            schema_check.check_keyword_values(parsed, self.config.max_repeat_count)
+            schema_values.check_keyword_values(parsed, self.config.max_repeat_count)
             rewritten = schema_rewrite.rewrite(parsed)
             schema, notes = rewritten.schema, rewritten.notes
             findings = schema_check.find_unsupported(schema)

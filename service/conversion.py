@@ -38,6 +38,7 @@ _CONSTRAINT_OPTIONS = ("strict", "any_whitespace", "jump_forward")
 _WHITESPACE = {pb.JSON_WHITESPACE_COMPACT: "compact", pb.JSON_WHITESPACE_SPACED: "spaced",
                pb.JSON_WHITESPACE_BOUNDED: "bounded", pb.JSON_WHITESPACE_ANY: "any"}
 # Constraint.kind oneof field -> engine constraint kind
+_GRAMMAR_SYNTAX = {pb.GRAMMAR_SYNTAX_EBNF: "ebnf", pb.GRAMMAR_SYNTAX_LARK: "lark"}
 _ENGINE_KIND = {"json_schema": "json_schema", "json_schema_text": "json_schema", "json_object": "json_object",
                 "regex": "regex", "grammar": "grammar", "choice": "choice"}
 
@@ -167,6 +168,12 @@ def constraint_from_proto(constraint: pb.Constraint, limits: ServiceLimits, fiel
         if constraint.whitespace not in _WHITESPACE:
             raise invalid_argument(f"{field}.whitespace", f"unknown value {constraint.whitespace}")
         options["whitespace"] = _WHITESPACE[constraint.whitespace]
+    if constraint.HasField("grammar_syntax") and constraint.grammar_syntax != pb.GRAMMAR_SYNTAX_UNSPECIFIED:
+        if constraint.grammar_syntax not in _GRAMMAR_SYNTAX:
+            raise invalid_argument(f"{field}.grammar_syntax", f"unknown value {constraint.grammar_syntax}")
+        if kind != "grammar":
+            raise invalid_argument(f"{field}.grammar_syntax", f"applies to a grammar constraint, not {kind}")
+        options["grammar_syntax"] = _GRAMMAR_SYNTAX[constraint.grammar_syntax]
     result = Constraint(kind=_ENGINE_KIND[kind], spec=spec, choices=choices, **options)
     try:
         result.validate()

@@ -177,6 +177,18 @@ def test_a_disconnect_mid_stream_frees_the_kv_blocks(server):
     assert load.num_free_kv_blocks == load.num_total_kv_blocks
 
 
+def test_a_disconnect_before_a_whole_answer_aborts_it(server):
+    # 256 tokens take seconds; the request must end as soon as its client is gone, not at max_tokens
+    body = {"model": MODEL, "messages": [{"role": "user", "content": "Write a long story."}], "max_tokens": 256,
+            "temperature": 0, "ignore_eos": True}
+    with pytest.raises(httpx.ReadTimeout):
+        httpx.post(f"{server.http_url}/v1/chat/completions", json=body, timeout=httpx.Timeout(60, read=1.0))
+    load = server.wait_idle(timeout_s=2.0)
+    assert load.num_running == load.num_in_flight == 0
+    assert load.num_free_kv_blocks == load.num_total_kv_blocks
+    assert "the client disconnected before the answer" in server.log()
+
+
 # ---- errors -----------------------------------------------------------------------------------
 
 

@@ -65,7 +65,7 @@ def test_every_constraint_field_keeps_the_schema_order():
     spaced = translate_chat(chat(guided_json=SCHEMA, formwork={"whitespace": "spaced"}))
     assert as_dict(spaced.request)["constraint"]["whitespace"] == "JSON_WHITESPACE_SPACED"
     lark = translate_chat(chat(guided_grammar='start: "a"', formwork={"grammar_syntax": "lark"}))
-    assert lark.request.constraint.grammar.startswith("root ::= start")
+    assert as_dict(lark.request)["constraint"] == {"grammar": 'start: "a"', "grammarSyntax": "GRAMMAR_SYNTAX_LARK"}
 
 
 @pytest.mark.parametrize("fields, message", [
@@ -82,8 +82,6 @@ def test_every_constraint_field_keeps_the_schema_order():
     ({"response_format": {"type": "json_schema"}}, "response_format.json_schema.schema: is required"),
     ({"messages": [{"role": "user", "content": [{"type": "image_url"}]}]},
      "messages[0].content[0]: only text parts are supported, got type 'image_url'"),
-    ({"guided_grammar": "start: x", "formwork": {"grammar_syntax": "lark"}},
-     "guided_grammar: grammar (Lark) is not supported: Lark grammar line 1: 'x' is used but never defined"),
 ])
 def test_refusals_name_the_http_field(fields, message):
     with pytest.raises(ServiceError) as info:

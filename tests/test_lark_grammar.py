@@ -120,6 +120,18 @@ def test_the_backend_names_a_refused_lark_grammar():
         compiled("start: item")
 
 
+def test_a_named_syntax_is_the_only_one_read():
+    backend = make_backend()
+    lark = backend.compile(make_constraint("grammar", 'start: "a"', grammar_syntax="lark"))
+    assert lark.kind == "grammar"
+    with pytest.raises(GrammarError) as info:  # read as EBNF, this Lark text has no rule
+        backend.compile(make_constraint("grammar", 'start: "a"', grammar_syntax="ebnf"))
+    assert "Lark" not in str(info.value)
+    assert make_constraint("grammar", "x", grammar_syntax="lark").cache_key != make_constraint("grammar", "x").cache_key
+    with pytest.raises(ValueError, match="unknown grammar syntax 'bnf'"):
+        make_constraint("grammar", "x", grammar_syntax="bnf").validate()
+
+
 @pytest.mark.parametrize("pattern, good, bad", [
     (r"[a-z]+@[a-z]+\.com", ["bob@example.com"], ["bob@examplexcom"]),
     (r"(-)?(0|[1-9][0-9]*)(\.[0-9]+)?", ["-0.5", "12"], ["012", "1."]),

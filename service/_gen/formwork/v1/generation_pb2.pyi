@@ -15,6 +15,12 @@ class ToolChoiceMode(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     TOOL_CHOICE_MODE_AUTO: _ClassVar[ToolChoiceMode]
     TOOL_CHOICE_MODE_REQUIRED: _ClassVar[ToolChoiceMode]
 
+class GrammarSyntax(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    GRAMMAR_SYNTAX_UNSPECIFIED: _ClassVar[GrammarSyntax]
+    GRAMMAR_SYNTAX_EBNF: _ClassVar[GrammarSyntax]
+    GRAMMAR_SYNTAX_LARK: _ClassVar[GrammarSyntax]
+
 class JsonWhitespace(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = ()
     JSON_WHITESPACE_UNSPECIFIED: _ClassVar[JsonWhitespace]
@@ -34,6 +40,9 @@ TOOL_CHOICE_MODE_UNSPECIFIED: ToolChoiceMode
 TOOL_CHOICE_MODE_NONE: ToolChoiceMode
 TOOL_CHOICE_MODE_AUTO: ToolChoiceMode
 TOOL_CHOICE_MODE_REQUIRED: ToolChoiceMode
+GRAMMAR_SYNTAX_UNSPECIFIED: GrammarSyntax
+GRAMMAR_SYNTAX_EBNF: GrammarSyntax
+GRAMMAR_SYNTAX_LARK: GrammarSyntax
 JSON_WHITESPACE_UNSPECIFIED: JsonWhitespace
 JSON_WHITESPACE_COMPACT: JsonWhitespace
 JSON_WHITESPACE_SPACED: JsonWhitespace
@@ -162,7 +171,7 @@ class TokenIds(_message.Message):
     def __init__(self, ids: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class Constraint(_message.Message):
-    __slots__ = ("json_schema", "json_schema_text", "json_object", "regex", "grammar", "choice", "strict", "any_whitespace", "jump_forward", "whitespace")
+    __slots__ = ("json_schema", "json_schema_text", "json_object", "regex", "grammar", "choice", "strict", "any_whitespace", "jump_forward", "whitespace", "grammar_syntax")
     JSON_SCHEMA_FIELD_NUMBER: _ClassVar[int]
     JSON_SCHEMA_TEXT_FIELD_NUMBER: _ClassVar[int]
     JSON_OBJECT_FIELD_NUMBER: _ClassVar[int]
@@ -173,6 +182,7 @@ class Constraint(_message.Message):
     ANY_WHITESPACE_FIELD_NUMBER: _ClassVar[int]
     JUMP_FORWARD_FIELD_NUMBER: _ClassVar[int]
     WHITESPACE_FIELD_NUMBER: _ClassVar[int]
+    GRAMMAR_SYNTAX_FIELD_NUMBER: _ClassVar[int]
     json_schema: _struct_pb2.Struct
     json_schema_text: str
     json_object: JsonObject
@@ -183,7 +193,8 @@ class Constraint(_message.Message):
     any_whitespace: bool
     jump_forward: bool
     whitespace: JsonWhitespace
-    def __init__(self, json_schema: _Optional[_Union[_struct_pb2.Struct, _Mapping]] = ..., json_schema_text: _Optional[str] = ..., json_object: _Optional[_Union[JsonObject, _Mapping]] = ..., regex: _Optional[str] = ..., grammar: _Optional[str] = ..., choice: _Optional[_Union[Choice, _Mapping]] = ..., strict: _Optional[bool] = ..., any_whitespace: _Optional[bool] = ..., jump_forward: _Optional[bool] = ..., whitespace: _Optional[_Union[JsonWhitespace, str]] = ...) -> None: ...
+    grammar_syntax: GrammarSyntax
+    def __init__(self, json_schema: _Optional[_Union[_struct_pb2.Struct, _Mapping]] = ..., json_schema_text: _Optional[str] = ..., json_object: _Optional[_Union[JsonObject, _Mapping]] = ..., regex: _Optional[str] = ..., grammar: _Optional[str] = ..., choice: _Optional[_Union[Choice, _Mapping]] = ..., strict: _Optional[bool] = ..., any_whitespace: _Optional[bool] = ..., jump_forward: _Optional[bool] = ..., whitespace: _Optional[_Union[JsonWhitespace, str]] = ..., grammar_syntax: _Optional[_Union[GrammarSyntax, str]] = ...) -> None: ...
 
 class JsonObject(_message.Message):
     __slots__ = ()
