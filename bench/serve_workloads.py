@@ -7,7 +7,9 @@
   checked against the schema, which shows what the constraint buys);
 * tool-calls: the dozen function-calling requests of bench/data/function_calls.jsonl, each offered
   every tool, tool_choice required (unconstrained: the same tools shown, tool_choice none); an
-  answer is valid when it is one call (Hermes syntax) of a tool whose schema its arguments match.
+  answer is valid when it is one call (Hermes syntax) of a tool whose schema its arguments match
+  (jump-forward is the server's default in both constrained modes: a request's tools carry no
+  constraint options).
 """
 from __future__ import annotations
 

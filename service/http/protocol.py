@@ -95,7 +95,6 @@ class FunctionDefinition(_Lenient):
     name: str
     description: str | None = None
     parameters: dict[str, Any] | bool | None = None
-    strict: bool | None = None
 
 
 class ToolParam(_Lenient):
