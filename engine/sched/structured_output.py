@@ -28,7 +28,9 @@ class StructuredOutputManager:
 
     def grammar_init(self, request: Request) -> None:
         """Start compiling (or take the cached grammar) for a new constrained request."""
-        self._futures[request.request_id] = self.compiler.submit(request.sampling_params.constraint)
+        future = self.compiler.submit(request.sampling_params.constraint)
+        request.grammar_cache_hit = future.done() and future.exception() is None  # done at once: from the cache
+        self._futures[request.request_id] = future
 
     def try_activate(self, request: Request) -> bool:
         """True once the request has its matcher; raises ValueError if the compile failed."""
