@@ -11,6 +11,7 @@ import pytest
 
 from live_server import PERSON_SCHEMA, LiveServer, chat, error_of
 from observability import promtool_check, samples, scrape, value
+from service._gen.formwork.v1 import generation_pb2 as pb
 from service.metrics import STEP_PHASES
 
 pytestmark = pytest.mark.slow
@@ -43,10 +44,12 @@ def test_live_metrics_after_a_mixed_load(server) -> None:
         prompt += response.usage.prompt_tokens
         completion += response.usage.completion_tokens
         with_tokens += response.usage.completion_tokens > 0
-    refused = error_of(server.stub.Generate, chat("x", max_tokens=8, constraint={"json_schema": DANGLING_REF}),
-                       timeout=120)
+    bad = chat("x", max_tokens=8, constraint={"json_schema": DANGLING_REF})
+    refused = error_of(server.stub.Generate, bad, timeout=120)
     assert refused.code() == grpc.StatusCode.INVALID_ARGUMENT, refused.details()
     finished[("error", "json_schema")] += 1
+    # it reached the engine, so its prompt counts too
+    prompt += len(server.stub.Tokenize(pb.TokenizeRequest(chat=bad.chat), timeout=30).token_ids)
     answer = httpx.post(f"{server.http_url}/v1/chat/completions", timeout=120, json={
         "messages": [{"role": "user", "content": "Say yes."}], "max_tokens": 6, "temperature": 0}).json()
     finished[(answer["choices"][0]["finish_reason"], "none")] += 1

@@ -78,7 +78,7 @@ class Request:
 
         # timings (monotonic seconds) and counters reported to clients
         self.first_scheduled_time: float | None = None
-        self.grammar_ready_time: float | None = None
+        self.grammar_ready_time: float | None = None  # its grammar compile ended (or failed)
         self.num_forward_passes = 0
 
     @property
