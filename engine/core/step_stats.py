@@ -11,12 +11,12 @@ from typing import TYPE_CHECKING
 
 from engine.protocol import StepStats
 
-# steps kept for a reader that has not taken them (the offline LLM never does): then start over
-_MAX_PENDING_STEPS = 1 << 16
-
 if TYPE_CHECKING:
     from engine.sched.scheduler import Scheduler
     from grammar.compiler import GrammarCompiler
+
+# steps kept for a reader that has not taken them (the offline LLM never does): then start over
+_MAX_PENDING_STEPS = 1 << 16
 
 
 class StepStatsCollector:
