@@ -1,11 +1,14 @@
-"""Helpers of the observability tests: scraping /metrics, promtool, and a real Prometheus server
-on loopback (Debian's `prometheus` package; `make promtool` installs it, and `make test` runs that)."""
+"""Helpers of the observability tests: scraping /metrics, promtool, a real Prometheus server on
+loopback (Debian's `prometheus` package; `make promtool` installs it, and `make test` runs that),
+and an OTLP/HTTP receiver for traces."""
 from __future__ import annotations
 
+import http.server
 import shutil
 import socket
 import subprocess
 import tempfile
+import threading
 import time
 from pathlib import Path
 
@@ -104,3 +107,46 @@ class PrometheusServer:
             self.process.kill()
         self.log.close()
         self.directory.cleanup()
+
+
+class OtlpCollector:
+    """An OTLP/HTTP trace receiver on a loopback port: keeps each export's spans (decoded)."""
+
+    def __init__(self) -> None:
+        from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
+        self.spans: list = []
+        self.content_types: list[str] = []
+        collector = self
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def do_POST(self) -> None:  # noqa: N802 (the http.server name)
+                body = self.rfile.read(int(self.headers["Content-Length"]))
+                request = ExportTraceServiceRequest.FromString(body)
+                collector.content_types.append(self.headers["Content-Type"])
+                for resource_spans in request.resource_spans:
+                    for scope_spans in resource_spans.scope_spans:
+                        collector.spans.extend(scope_spans.spans)
+                self.send_response(200)
+                self.send_header("Content-Type", "application/x-protobuf")
+                self.send_header("Content-Length", "0")
+                self.end_headers()
+
+            def log_message(self, *args) -> None:
+                pass
+
+        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.endpoint = f"http://127.0.0.1:{self.server.server_address[1]}/v1/traces"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def wait_for(self, trace_id: str, count: int, timeout_s: float = 60.0) -> list:
+        """The spans of a trace (hex id) once `count` have arrived (the SDK exports every few seconds)."""
+        deadline = time.monotonic() + timeout_s
+        while True:
+            spans = [span for span in self.spans if span.trace_id.hex() == trace_id]
+            if len(spans) >= count or time.monotonic() > deadline:
+                return spans
+            time.sleep(0.2)
+
+    def stop(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()

@@ -10,7 +10,7 @@ import httpx
 import pytest
 
 from live_server import PERSON_SCHEMA, LiveServer, chat, error_of
-from observability import promtool_check, samples, scrape, value
+from observability import OtlpCollector, promtool_check, samples, scrape, value
 from service._gen.formwork.v1 import generation_pb2 as pb
 from service.metrics import STEP_PHASES
 
@@ -22,8 +22,15 @@ DANGLING_REF = {"type": "object", "properties": {"a": {"$ref": "#/$defs/missing"
 
 
 @pytest.fixture(scope="module")
-def server(model_dir):
-    live = LiveServer()
+def collector():
+    receiver = OtlpCollector()
+    yield receiver
+    receiver.stop()
+
+
+@pytest.fixture(scope="module")
+def server(model_dir, collector):
+    live = LiveServer("--otlp-endpoint", collector.endpoint)
     yield live
     live.stop()
 
@@ -87,3 +94,17 @@ def test_live_metrics_after_a_mixed_load(server) -> None:
 
     check = promtool_check(text)
     assert check.returncode == 0, check.stdout + check.stderr
+
+
+def test_live_traces_reach_an_otlp_collector(server, collector) -> None:
+    trace_id = "0af7651916cd43dd8448eb211c80319c"
+    server.stub.Generate(chat("Ada is 36.", max_tokens=40, temperature=0, constraint={"json_schema": PERSON_SCHEMA}),
+                         timeout=120, metadata=(("traceparent", f"00-{trace_id}-b7ad6b7169203331-01"),))
+    spans = collector.wait_for(trace_id, count=5)  # the call and its four phases
+    assert collector.content_types[0] == "application/x-protobuf"
+    calls = [s for s in spans if s.name == "/formwork.v1.Generation/Generate"]
+    assert len(calls) == 1 and calls[0].parent_span_id.hex() == "b7ad6b7169203331"
+    attributes = {a.key for a in calls[0].attributes}
+    assert {"formwork.request_id", "formwork.ttft_s", "gen_ai.usage.output_tokens"} <= attributes
+    children = {s.name for s in spans if s.parent_span_id == calls[0].span_id}
+    assert children == {"queue", "grammar_wait", "prefill", "decode"}
