@@ -70,6 +70,7 @@ class EngineConfig:
     cache: CacheConfig = field(default_factory=CacheConfig)
     grammar: GrammarConfig = field(default_factory=GrammarConfig)
     cuda: CudaConfig = field(default_factory=CudaConfig)  # read only when device is cuda
+    collect_stats: bool = True  # per-step numbers for the front end's metrics (engine/core/step_stats.py)
 
     def __post_init__(self) -> None:
         if self.dtype not in ("auto", "float32", "bfloat16", "float16"):

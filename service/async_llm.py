@@ -28,6 +28,7 @@ from grammar.tool_calls import SYNTAXES
 from service.chat_format import ChatFormat
 from service.errors import FieldViolation, ServiceError, StatusCode, invalid_argument, unavailable
 from service.quarantine import Quarantine
+from service.telemetry import Telemetry
 
 if TYPE_CHECKING:
     from engine.frontend.core_client import EngineCoreClient, RequestOutputStream
@@ -44,10 +45,14 @@ WARM_UP_REQUEST_ID = "warm-up"
 class AsyncLLM:
     """Not thread-safe: use it from the one event loop that started it."""
 
-    def __init__(self, client: EngineCoreClient, limits: ServiceLimits, quarantine: Quarantine | None = None) -> None:
+    def __init__(self, client: EngineCoreClient, limits: ServiceLimits, quarantine: Quarantine | None = None,
+                 telemetry: Telemetry | None = None) -> None:
         self.client = client
         self.limits = limits
         self.quarantine = quarantine or Quarantine(0)  # 0 s: nothing is ever quarantined
+        # every request that ends is reported here once (metrics, its log line, its spans)
+        self.telemetry = telemetry or Telemetry()
+        client.on_step_stats = self.telemetry.engine_steps
         self.info: EngineCoreReady | None = None  # set by start()
         # after the core died: what is being done about it (set by the supervisor)
         self.down_reason: str | None = None
@@ -84,6 +89,7 @@ class AsyncLLM:
     async def restart(self) -> EngineCoreReady:
         """Start a new core after the old one died (same model, so the same tokenizer; warm it up
         next); EngineDeadError if it cannot start."""
+        self.telemetry.engine_restarted()  # the new core counts from zero
         self.info = await self.client.restart()
         return self.info
 
@@ -208,6 +214,8 @@ class AsyncLLM:
                     self.client.abort_requests(to_abort)
                 for output in request_outputs:
                     finished = output.finished
+                    if finished and request_id != WARM_UP_REQUEST_ID:
+                        self.telemetry.request_finished(output, params.constraint, arrival_time)
                     yield output
         except EngineDeadError as e:
             raise unavailable(f"the engine is unavailable: {e}") from None
@@ -215,7 +223,9 @@ class AsyncLLM:
             del self._streams[request_id]
             if not finished:  # cancelled, deadline, or the consumer stopped: free it in the core
                 self.client.abort_requests([request_id])
-                self.output_processor.abort(request_id)
+                aborted = self.output_processor.abort(request_id)
+                if aborted is not None and request_id != WARM_UP_REQUEST_ID:
+                    self.telemetry.request_finished(aborted, params.constraint, arrival_time)
 
     def _admit(self, num_prompt_tokens: int, max_tokens: int, prompt_field: str) -> None:
         info = self.info

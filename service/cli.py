@@ -20,10 +20,12 @@ from typing import TYPE_CHECKING
 from engine import args as engine_args
 from engine.config import EngineConfig, SchedulerConfig
 from engine.core.memory_watchdog import DEFAULT_FRACTION_OF_MEMORY, MemoryLimit, machine_memory_bytes
+from engine.log_format import configure_logging
 from grammar.tool_calls import SYNTAXES
 from service.limits import ServiceLimits
 from service.security import API_KEY_ENV, SecurityConfig, load_api_keys, load_tls_files
 from service.supervisor import RestartPolicy
+from service.telemetry import Telemetry
 
 if TYPE_CHECKING:
     from service.http.server import HttpServer
@@ -44,6 +46,14 @@ def add_serve_parser(subparsers: argparse._SubParsersAction,
                              "port)")
     parser.add_argument("--no-http", action="store_true", help="serve gRPC only")
     parser.add_argument("--log-level", default="INFO", choices=("DEBUG", "INFO", "WARNING", "ERROR"))
+    observability = parser.add_argument_group("observability (docs/observability.md)")
+    observability.add_argument("--log-format", default="text", choices=("text", "json"),
+                               help="json: one JSON object a line, for log pipelines (default: %(default)s)")
+    observability.add_argument("--no-metrics", action="store_true",
+                               help="no Prometheus metrics (GET /metrics answers 404; the engine collects nothing)")
+    observability.add_argument("--otlp-endpoint", default=None,
+                               help="export OpenTelemetry traces over OTLP/HTTP to this URL, e.g. "
+                                    "http://127.0.0.1:4318/v1/traces (default: no tracing)")
     (add_engine_args or engine_args.add_engine_args)(parser)
     limits = parser.add_argument_group("limits")
     limits.add_argument("--max-queue-len", type=int, default=SchedulerConfig().max_num_waiting,
@@ -103,7 +113,8 @@ def security_from_args(args: argparse.Namespace) -> SecurityConfig:
 def engine_config_from_args(args: argparse.Namespace) -> EngineConfig:
     """engine/args.py's EngineConfig, with the service's queue length and constraint size."""
     config = engine_args.engine_config_from_args(args)
-    return replace(config, scheduler=replace(config.scheduler, max_num_waiting=args.max_queue_len),
+    return replace(config, collect_stats=not args.no_metrics,
+                   scheduler=replace(config.scheduler, max_num_waiting=args.max_queue_len),
                    grammar=replace(config.grammar,
                                    max_spec_bytes=max(args.max_constraint_bytes, config.grammar.max_spec_bytes)))
 
@@ -138,13 +149,23 @@ def _think_markers(text: str) -> dict[str, str]:
     return {"think_start": start, "think_end": end}
 
 
+def telemetry_from_args(args: argparse.Namespace) -> Telemetry:
+    from service.metrics import ServiceMetrics
+    metrics = None if args.no_metrics else ServiceMetrics()
+    tracing = None
+    if args.otlp_endpoint:
+        from service.tracing import Tracing
+        tracing = Tracing.to_otlp(args.otlp_endpoint)
+    return Telemetry(metrics, tracing)
+
+
 def run_serve(args: argparse.Namespace) -> int:
     """Serve until SIGTERM / Ctrl-C; the exit code (0 after a graceful stop)."""
     from engine.frontend.core_client import AsyncMPClient
     from service.server import GenerationServer, serve
 
     log_level = getattr(logging, args.log_level)
-    logging.basicConfig(level=log_level, format="[formwork] %(levelname)s %(name)s: %(message)s")
+    configure_logging(log_level, args.log_format)
     try:
         config, limits, security = engine_config_from_args(args), limits_from_args(args), security_from_args(args)
         restart_policy, memory_limit = restart_policy_from_args(args), memory_limit_from_args(args)
@@ -166,10 +187,10 @@ def run_serve(args: argparse.Namespace) -> int:
         key = " -H 'Authorization: Bearer KEY'" if security.api_keys else ""
         print(f"formwork: serving the OpenAI-compatible API on {url}/v1 (try: curl{key} {url}/v1/models)", flush=True)
 
-    client = AsyncMPClient(config, log_level=log_level, memory_limit=memory_limit)
+    client = AsyncMPClient(config, log_level=log_level, memory_limit=memory_limit, log_format=args.log_format)
     return asyncio.run(serve(client, limits, args.host, args.port, on_ready=announce, security=security,
                              http_port=None if args.no_http else args.http_port, on_http_ready=announce_http,
-                             restart_policy=restart_policy))
+                             restart_policy=restart_policy, telemetry=telemetry_from_args(args)))
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -43,6 +43,7 @@ from service.reflection import V1_SERVICE, V1ALPHA_SERVICE, add_v1_descriptor
 from service.request_decoding import UndecodableRequest, tolerant_deserializer
 from service.security import ApiKeys, KeyLimiter, SecurityConfig
 from service.supervisor import EngineSupervisor, RestartPolicy
+from service.telemetry import Telemetry
 
 if TYPE_CHECKING:
     from service.http.server import HttpServer
@@ -77,7 +78,7 @@ class GenerationServicer(pb_grpc.GenerationServicer):
         self._ids = itertools.count(1)
 
     async def Generate(self, request: pb.GenerateRequest, context: grpc.aio.ServicerContext) -> pb.GenerateResponse:
-        async with _status(context):
+        async with _status(context, self._rejected):
             _check_decoded(request, "Generate")
             prepared = await self._prepare(request)
             final = None
@@ -88,15 +89,16 @@ class GenerationServicer(pb_grpc.GenerationServicer):
             return conversion.generate_response(final, prepared.request_id, self._llm.token_text, delta=False,
                                                 shape=prepared.shape)
 
-    async def GenerateStream(self, request: pb.GenerateRequest, context: grpc.aio.ServicerContext) -> None:
-        async with _status(context):
+    async def GenerateStream(self, request: pb.GenerateRequest,
+                             context: grpc.aio.ServicerContext) -> AsyncIterator[pb.GenerateResponse]:
+        # a generator, not context.write: interceptors (tracing) wrap a streaming handler by iterating it
+        async with _status(context, self._rejected):
             _check_decoded(request, "GenerateStream")
             prepared = await self._prepare(request)
             async with contextlib.aclosing(self._generate(prepared, request, stream=True)) as outputs:
                 async for output in outputs:
-                    await context.write(
-                        conversion.generate_response(output, prepared.request_id, self._llm.token_text, delta=True,
-                                                     shape=prepared.shape))
+                    yield conversion.generate_response(output, prepared.request_id, self._llm.token_text, delta=True,
+                                                       shape=prepared.shape)
 
     async def ValidateConstraint(self, request: pb.ValidateConstraintRequest,
                                  context: grpc.aio.ServicerContext) -> pb.ValidateConstraintResponse:
@@ -137,6 +139,9 @@ class GenerationServicer(pb_grpc.GenerationServicer):
                                        rendered_prompt=rendered or "")
 
     # ---- helpers ------------------------------------------------------------------------------
+
+    def _rejected(self, code: StatusCode) -> None:
+        self._llm.telemetry.request_rejected("grpc", code.name)
 
     async def _prepare(self, request: pb.GenerateRequest) -> _Prepared:
         arrival_time = time.monotonic()
@@ -194,17 +199,22 @@ def add_generation_servicer(servicer: GenerationServicer, server: grpc.aio.Serve
 
 
 @contextlib.asynccontextmanager
-async def _status(context: grpc.aio.ServicerContext) -> AsyncIterator[None]:
+async def _status(context: grpc.aio.ServicerContext,
+                  on_error: Callable[[StatusCode], None] | None = None) -> AsyncIterator[None]:
     """End the RPC with the status of a ServiceError (rich details in the trailer); any other
-    exception is a bug: INTERNAL, logged. Cancellation passes through."""
+    exception is a bug: INTERNAL, logged. Cancellation passes through. `on_error` hears the code."""
     try:
         yield
     except ServiceError as e:
+        if on_error is not None:
+            on_error(e.code)
         await _abort(context, e)
     except Exception as e:
         if isinstance(e, grpc.aio.AbortError):
             raise
         logger.exception("internal error")
+        if on_error is not None:
+            on_error(StatusCode.INTERNAL)
         await _abort(context, ServiceError(StatusCode.INTERNAL, f"internal error: {type(e).__name__}: {e}"))
 
 
@@ -294,9 +304,10 @@ class GenerationServer:
 
     def __init__(self, client: EngineCoreClient, limits: ServiceLimits, host: str = "127.0.0.1",
                  port: int = 50051, warm_up: bool = True, security: SecurityConfig = SecurityConfig(),
-                 restart_policy: RestartPolicy = RestartPolicy()) -> None:
+                 restart_policy: RestartPolicy = RestartPolicy(), telemetry: Telemetry | None = None) -> None:
         quarantine = Quarantine(restart_policy.quarantine_s)
-        self.llm = AsyncLLM(client, limits, quarantine)
+        self.llm = AsyncLLM(client, limits, quarantine, telemetry)
+        self.telemetry = self.llm.telemetry
         self.supervisor = EngineSupervisor(self.llm, restart_policy, quarantine, self._set_serving)
         self.limits = limits
         self.host = host
@@ -306,11 +317,16 @@ class GenerationServer:
         self.key_limiter = KeyLimiter(security.max_concurrent_per_key)
         self._warm_up = warm_up
         self.health = health.aio.HealthServicer()
+        interceptors = []
+        if security.api_keys:
+            interceptors.append(_AccessInterceptor(security, self.key_limiter))
+        if self.telemetry.tracing is not None:  # inside the access checks: a refused call has no span
+            interceptors.append(self.telemetry.tracing.grpc_interceptor(GENERATION_SERVICE))
         self.server = grpc.aio.server(options=[
             ("grpc.max_receive_message_length", limits.max_message_bytes),
             ("grpc.max_send_message_length", limits.max_message_bytes),
             ("grpc.so_reuseport", 0),  # a port in use is an error, not a shared port
-        ], interceptors=[_AccessInterceptor(security, self.key_limiter)] if security.api_keys else None)
+        ], interceptors=interceptors or None)
         add_generation_servicer(GenerationServicer(self.llm, limits, self.supervisor), self.server)
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self.server)
         add_v1_descriptor()
@@ -390,18 +406,20 @@ class GenerationServer:
         if self._supervision is not None:
             self._supervision.cancel()
         await self.llm.shutdown()
+        self.telemetry.shutdown()
 
 
 async def serve(client: EngineCoreClient, limits: ServiceLimits, host: str, port: int,
                 on_ready: Callable[[GenerationServer], None] | None = None,
                 security: SecurityConfig = SecurityConfig(), http_port: int | None = None,
                 on_http_ready: Callable[[HttpServer], None] | None = None,
-                restart_policy: RestartPolicy = RestartPolicy()) -> int:
+                restart_policy: RestartPolicy = RestartPolicy(), telemetry: Telemetry | None = None) -> int:
     """Run a server until SIGTERM or SIGINT; returns the process exit code (0 after a graceful
     stop, 1 if the engine failed to start). A second signal cuts the grace period short.
     With `http_port`, the OpenAI-compatible HTTP API (service/http/) is served too, on the same
     AsyncLLM and host."""
-    server = GenerationServer(client, limits, host, port, security=security, restart_policy=restart_policy)
+    server = GenerationServer(client, limits, host, port, security=security, restart_policy=restart_policy,
+                              telemetry=telemetry)
     http = None
     if http_port is not None:
         from service.http.server import HttpServer

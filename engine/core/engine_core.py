@@ -10,8 +10,10 @@ from pathlib import Path
 from engine.capacity import check_context_length, check_kv_capacity
 from engine.config import EngineConfig
 from engine.core.executor import Executor
+from engine.core.step_stats import StepStatsCollector
 from engine.model_files import resolve_model
-from engine.protocol import ConstraintReport, EngineCoreOutput, EngineCoreRequest, EngineStats, FinishReason
+from engine.protocol import (ConstraintReport, EngineCoreOutput, EngineCoreRequest, EngineStats, FinishReason,
+                             StepStats)
 from engine.sched.request import Request
 from engine.sched.scheduler import Scheduler
 from engine.sched.structured_output import StructuredOutputManager
@@ -59,6 +61,7 @@ class EngineCore:
         self.structured_output_manager = StructuredOutputManager(
             XGrammarBackend(str(self.model_dir), self.vocab_size, config=config.grammar), config.grammar)
         self.step_timings: list[StepTiming] | None = None  # set to [] to collect
+        self.step_stats = StepStatsCollector() if config.collect_stats else None  # for the front end's metrics
         self.scheduler = Scheduler(config.scheduler, config.cache, self.runner.num_blocks, self.max_model_len,
                                    self.structured_output_manager)
 
@@ -136,6 +139,11 @@ class EngineCore:
                 num_tokens=scheduler_output.total_num_scheduled_tokens,
                 forward_s=self.runner.last_forward_s, fill_s=t1 - t0, wait_s=t2 - t1, sample_s=t3 - t2,
                 total_s=time.perf_counter() - t0))
+        if self.step_stats is not None:
+            self.step_stats.record_step(
+                len(scheduler_output.num_scheduled_tokens), scheduler_output.total_num_scheduled_tokens,
+                len(scheduler_output.structured_output_request_ids), self.runner.last_forward_s, t1 - t0, t2 - t1,
+                t3 - t2, time.perf_counter() - t0)
         return outputs
 
     # ---- calls -------------------------------------------------------------------------
@@ -152,6 +160,12 @@ class EngineCore:
             num_cached_blocks=pool.num_cached_blocks,
             num_steps=s.num_steps,
         )
+
+    def take_step_stats(self) -> StepStats | None:
+        """What the steps since the last call measured, with the running totals (None: not collected)."""
+        if self.step_stats is None:
+            return None
+        return self.step_stats.take(self.scheduler, self.structured_output_manager.compiler)
 
     def validate_constraint(self, constraint: Constraint) -> ConstraintReport:
         """Compile now (warming the cache) and report; never raises for a bad constraint."""

@@ -74,10 +74,11 @@ class Request:
         self.grammar: Grammar | None = None
         self.num_forced_tokens_pending = 0  # jump-forward tokens appended, not yet sent to the runner
         self.num_forced_tokens = 0  # all jump-forward tokens of this request
+        self.grammar_cache_hit = False  # its compiled grammar was in the compile cache on arrival
 
         # timings (monotonic seconds) and counters reported to clients
         self.first_scheduled_time: float | None = None
-        self.grammar_ready_time: float | None = None
+        self.grammar_ready_time: float | None = None  # its grammar compile ended (or failed)
         self.num_forward_passes = 0
 
     @property

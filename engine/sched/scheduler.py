@@ -409,6 +409,7 @@ class Scheduler:
             grammar_wait_s=self._grammar_wait_s(request),
             not_enforced=list(request.grammar.not_enforced) if request.grammar is not None else [],
             constraint_error=request.constraint_error,
+            grammar_cache_hit=request.grammar_cache_hit,
         )
 
     @staticmethod

@@ -28,7 +28,11 @@ class StructuredOutputManager:
 
     def grammar_init(self, request: Request) -> None:
         """Start compiling (or take the cached grammar) for a new constrained request."""
-        self._futures[request.request_id] = self.compiler.submit(request.sampling_params.constraint)
+        future = self.compiler.submit(request.sampling_params.constraint)
+        request.grammar_cache_hit = future.done() and future.exception() is None  # done at once: from the cache
+        # the grammar wait ends when the compile does, not when a batch slot frees up for the request
+        future.add_done_callback(lambda _: _mark_grammar_ready(request))
+        self._futures[request.request_id] = future
 
     def try_activate(self, request: Request) -> bool:
         """True once the request has its matcher; raises ValueError if the compile failed."""
@@ -43,7 +47,7 @@ class StructuredOutputManager:
             request.grammar = self.backend.make_grammar(compiled)
         except Exception as e:  # e.g. MemoryError: this request's grammar failed, not the engine
             raise GrammarError(grammar_failure("building its matcher", e)) from None
-        request.grammar_ready_time = time.monotonic()
+        _mark_grammar_ready(request)  # if the compile's callback has not run yet
         return True
 
     def is_compiling(self, request_id: str) -> bool:
@@ -91,6 +95,12 @@ class StructuredOutputManager:
 
     def shutdown(self) -> None:
         self.compiler.shutdown()
+
+
+def _mark_grammar_ready(request: Request) -> None:
+    """Runs on a compile thread (the future's callback) or the engine thread, whichever is first."""
+    if request.grammar_ready_time is None:
+        request.grammar_ready_time = time.monotonic()
 
 
 def grammar_failure(what: str, error: BaseException) -> str:
