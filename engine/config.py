@@ -61,7 +61,7 @@ class CudaConfig:
 
 @dataclass(frozen=True)
 class EngineConfig:
-    model: str | None = None  # local Hugging Face folder; None: the packaged SmolLM2-135M-Instruct
+    model: str | None = None  # local Hugging Face folder or .gguf file; None: the packaged SmolLM2-135M-Instruct
     device: str = "cpu"
     dtype: str = "auto"  # "auto": bfloat16 on CUDA and on CPUs with bf16 dot products, else float32; see torch_dtype
     max_model_len: int | None = None  # None: the model's own context length
