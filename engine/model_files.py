@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import hashlib
 import importlib.util
-import json
 import logging
 import os
 import shutil
@@ -110,23 +109,6 @@ def resolve_model(path: str | os.PathLike | None) -> Path:
     if not (folder / "config.json").is_file():
         raise ValueError(f"model path {str(folder)!r} has no config.json; expected a Hugging Face model folder")
     return folder
-
-
-def eos_token_ids(model_dir: Path) -> tuple[int, ...]:
-    """Every id that ends generation for the model in `model_dir`: generation_config.json's
-    `eos_token_id` first (transformers' generate stops on these), then config.json's; each may be
-    one id or a list (Llama 3, Qwen and Gemma list the end-of-turn token beside the eos token)."""
-    ids: list[int] = []
-    for name in ("generation_config.json", "config.json"):
-        path = Path(model_dir) / name
-        try:
-            value = json.loads(path.read_text(encoding="utf-8")).get("eos_token_id") if path.is_file() else None
-        except (OSError, ValueError, AttributeError) as e:
-            raise ValueError(f"cannot read {str(path)!r}: {e}") from None
-        for token_id in [value] if isinstance(value, int) else (value or []):
-            if isinstance(token_id, int) and token_id not in ids:
-                ids.append(token_id)
-    return tuple(ids)
 
 
 if __name__ == "__main__":

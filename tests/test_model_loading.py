@@ -122,12 +122,12 @@ def test_missing_and_misshapen_weights_are_named(tmp_path, model_dir):
 
 
 def test_eos_ids_come_from_generation_config_and_config(tmp_path):
-    from engine.model_files import eos_token_ids
+    from engine.config import model_eos_token_ids
 
     (tmp_path / "config.json").write_text(json.dumps({"eos_token_id": 2}))
-    assert eos_token_ids(tmp_path) == (2,)
+    assert model_eos_token_ids(tmp_path) == (2,)
     (tmp_path / "generation_config.json").write_text(json.dumps({"eos_token_id": [128001, 128008, 128009]}))
-    assert eos_token_ids(tmp_path) == (128001, 128008, 128009, 2)
+    assert model_eos_token_ids(tmp_path) == (128001, 128008, 128009, 2)
 
 
 def test_a_request_stops_on_any_of_its_eos_ids():

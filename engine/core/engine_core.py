@@ -8,9 +8,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from engine.capacity import check_context_length, check_kv_capacity
-from engine.config import EngineConfig
+from engine.config import EngineConfig, model_eos_token_ids
 from engine.core.executor import Executor
-from engine.model_files import eos_token_ids, resolve_model
+from engine.model_files import resolve_model
 from engine.protocol import ConstraintReport, EngineCoreOutput, EngineCoreRequest, EngineStats, FinishReason
 from engine.sched.request import Request
 from engine.sched.scheduler import Scheduler
@@ -49,7 +49,7 @@ class EngineCore:
         model_len = int(getattr(hf_config, "max_position_embeddings", 2048))
         self.max_model_len = min(config.max_model_len or model_len, model_len)
         self.vocab_size = int(hf_config.vocab_size)
-        self.eos_token_ids = eos_token_ids(self.model_dir)  # every id that ends a request (unless ignore_eos)
+        self.eos_token_ids = model_eos_token_ids(self.model_dir)  # every id that ends a request (unless ignore_eos)
         self.eos_token_id = self.eos_token_ids[0] if self.eos_token_ids else None
         self.model_name = self.model_dir.name
 

@@ -25,7 +25,7 @@ import jinja2.nodes
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 from tokenizers import Tokenizer as _BackendTokenizer
 
-from engine.model_files import eos_token_ids
+from engine.config import model_eos_token_ids
 
 logger = logging.getLogger(__name__)
 
@@ -100,7 +100,7 @@ class Tokenizer:
                          "does; tokenizer.json's post-processor decides", folder)
 
         return cls(backend, special_tokens, chat_template=_find_chat_template(folder, config),
-                   generation_eos_token_ids=eos_token_ids(folder), model_dir=folder)
+                   generation_eos_token_ids=model_eos_token_ids(folder), model_dir=folder)
 
     # ---- text <-> ids -------------------------------------------------------------------------
 
