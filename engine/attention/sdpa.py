@@ -141,8 +141,8 @@ class SdpaAttentionBackend(AttentionBackend):
         return out
 
 
-def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor,
-           options: AttentionOptions) -> torch.Tensor:
+def _attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor,
+               options: AttentionOptions) -> torch.Tensor:
     """softmax(q k^T * scale, capped, masked) v over [..., queries, dim] / [..., keys, dim]; mask True = attend."""
     scale = options.scale_for(q.shape[-1])
     if not options.softcap:
@@ -168,7 +168,7 @@ def _decode(q: torch.Tensor, kv_cache: torch.Tensor, rows: DecodeRows, num_kv_he
         mask &= key_pos >= rows.seq_lens[:, None] - options.sliding_window
     # the query heads of one KV head become that head's "query length": [n, kv_heads, group, dim]
     q = q.view(n, num_kv_heads, num_heads // num_kv_heads, head_dim)
-    out = attend(q, k, v, mask[:, None, None, :], options)
+    out = _attention(q, k, v, mask[:, None, None, :], options)
     return out.reshape(n, num_heads, head_dim)
 
 
@@ -185,7 +185,7 @@ def _packed(q: torch.Tensor, kv_cache: torch.Tensor, rows: PackedRows, num_kv_he
     if options.sliding_window:
         mask = mask & (rows.key_pos[None, :] > rows.query_pos[:, None] - options.sliding_window)
     mask = mask.repeat(group, 1)
-    out = attend(q.unsqueeze(0), k.unsqueeze(0), v.unsqueeze(0), mask[None, None], options)
+    out = _attention(q.unsqueeze(0), k.unsqueeze(0), v.unsqueeze(0), mask[None, None], options)
     return out[0].view(num_kv_heads, group, m, head_dim).permute(2, 0, 1, 3).reshape(m, num_heads, head_dim)
 
 
