@@ -6,7 +6,8 @@ import argparse
 
 def add_engine_args(parser: argparse.ArgumentParser) -> None:
     g = parser.add_argument_group("engine")
-    g.add_argument("--model", default=None, help="local Hugging Face model folder (default: packaged SmolLM2-135M-Instruct)")
+    g.add_argument("--model", default=None, help="local Hugging Face model folder, or a .gguf file (prepared once into the cache); "
+                        "default: packaged SmolLM2-135M-Instruct")
     g.add_argument("--max-model-len", type=int, default=None, help="context length (default: the model's)")
     g.add_argument("--max-num-seqs", type=int, default=64, help="requests per step")
     g.add_argument("--max-num-batched-tokens", type=int, default=512, help="token budget per step")

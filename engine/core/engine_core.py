@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from engine.capacity import check_context_length, check_kv_capacity
-from engine.config import EngineConfig
+from engine.config import EngineConfig, model_eos_token_ids
 from engine.core.executor import Executor
 from engine.core.step_stats import StepStatsCollector
 from engine.model_files import resolve_model
@@ -51,8 +51,8 @@ class EngineCore:
         model_len = int(getattr(hf_config, "max_position_embeddings", 2048))
         self.max_model_len = min(config.max_model_len or model_len, model_len)
         self.vocab_size = int(hf_config.vocab_size)
-        eos = getattr(hf_config, "eos_token_id", None)
-        self.eos_token_id = eos[0] if isinstance(eos, list) else eos
+        self.eos_token_ids = model_eos_token_ids(self.model_dir)  # every id that ends a request (unless ignore_eos)
+        self.eos_token_id = self.eos_token_ids[0] if self.eos_token_ids else None
         self.model_name = self.model_dir.name
 
         self.runner = ModelRunner(config, self.model_dir, hf_config, self.max_model_len)
@@ -91,7 +91,7 @@ class EngineCore:
                                                    error=str(e), num_prompt_tokens=len(request.prompt_token_ids)))
             return
         self.scheduler.add_request(Request(
-            request.request_id, request.prompt_token_ids, request.sampling_params, self.eos_token_id,
+            request.request_id, request.prompt_token_ids, request.sampling_params, self.eos_token_ids,
             arrival_time=request.arrival_time or time.monotonic(), priority=request.priority))
 
     def abort_requests(self, request_ids: list[str]) -> None:

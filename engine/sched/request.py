@@ -9,6 +9,8 @@ from engine.protocol import FinishReason
 from engine.sampling_params import SamplingParams
 
 if TYPE_CHECKING:
+    from collections.abc import Sequence
+
     from grammar.backend import Grammar
 
 
@@ -49,14 +51,16 @@ class Request:
         request_id: str,
         prompt_token_ids: list[int],
         sampling_params: SamplingParams,
-        eos_token_id: int | None = None,
+        eos_token_id: int | Sequence[int] | None = None,
         arrival_time: float | None = None,
         priority: int = 0,
     ) -> None:
         self.request_id = request_id
         self.prompt_token_ids = list(prompt_token_ids)
         self.sampling_params = sampling_params
-        self.eos_token_id = eos_token_id
+        # the ids that end this request unless ignore_eos: one id or several (Llama 3, Qwen, Gemma)
+        self.eos_token_ids: frozenset[int] = frozenset(
+            () if eos_token_id is None else (eos_token_id,) if isinstance(eos_token_id, int) else eos_token_id)
         self.arrival_time = time.monotonic() if arrival_time is None else arrival_time
         self.priority = priority
 

@@ -359,7 +359,7 @@ class Scheduler:
         params = request.sampling_params
         if request.grammar is not None and request.grammar.is_terminated():
             return RequestStatus.FINISHED_STOPPED
-        if not params.ignore_eos and token_id == request.eos_token_id:
+        if not params.ignore_eos and token_id in request.eos_token_ids:
             request.stop_reason = token_id
             return RequestStatus.FINISHED_STOPPED
         if token_id in params.stop_token_ids:
