@@ -27,6 +27,8 @@ class Constraint(msgspec.Struct, array_like=True, omit_defaults=True, frozen=Tru
             the output as not enforced (False, best effort).
     any_whitespace: allow free whitespace between JSON tokens (the same as whitespace="any").
     jump_forward: append text the grammar forces without sampling it (None: the engine's default).
+    close_early: close the output before max_tokens or the context runs out, and (JSON kinds) when
+                 it loops (None: the engine's default); the output then says it was closed.
     whitespace: one of JSON_WHITESPACE_MODES for the JSON kinds ("": DEFAULT_JSON_WHITESPACE).
     """
 
@@ -37,6 +39,7 @@ class Constraint(msgspec.Struct, array_like=True, omit_defaults=True, frozen=Tru
     any_whitespace: bool = False
     jump_forward: bool | None = None
     whitespace: str = ""
+    close_early: bool | None = None
 
     @property
     def json_whitespace(self) -> str:
