@@ -25,17 +25,17 @@ _sym_db = _symbol_database.Default()
 from google.protobuf import struct_pb2 as google_dot_protobuf_dot_struct__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1c\x66ormwork/v1/generation.proto\x12\x0b\x66ormwork.v1\x1a\x1cgoogle/protobuf/struct.proto\"\xf9\x05\n\x0fGenerateRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x10\n\x06prompt\x18\x02 \x01(\tH\x00\x12!\n\x04\x63hat\x18\x03 \x01(\x0b\x32\x11.formwork.v1.ChatH\x00\x12\x31\n\x10prompt_token_ids\x18\x04 \x01(\x0b\x32\x15.formwork.v1.TokenIdsH\x00\x12\x17\n\nmax_tokens\x18\x05 \x01(\rH\x01\x88\x01\x01\x12\x18\n\x0btemperature\x18\x06 \x01(\x01H\x02\x88\x01\x01\x12\x12\n\x05top_p\x18\x07 \x01(\x01H\x03\x88\x01\x01\x12\x12\n\x05top_k\x18\x08 \x01(\rH\x04\x88\x01\x01\x12\x12\n\x05min_p\x18\t \x01(\x01H\x05\x88\x01\x01\x12\x11\n\x04seed\x18\n \x01(\x03H\x06\x88\x01\x01\x12\x1f\n\x12repetition_penalty\x18\x0b \x01(\x01H\x07\x88\x01\x01\x12\x1e\n\x11\x66requency_penalty\x18\x0c \x01(\x01H\x08\x88\x01\x01\x12\x1d\n\x10presence_penalty\x18\r \x01(\x01H\t\x88\x01\x01\x12\x0c\n\x04stop\x18\x0e \x03(\t\x12\x16\n\x0estop_token_ids\x18\x0f \x03(\r\x12\x17\n\nignore_eos\x18\x10 \x01(\x08H\n\x88\x01\x01\x12\'\n\x1ainclude_stop_str_in_output\x18\x11 \x01(\x08H\x0b\x88\x01\x01\x12\x15\n\x08logprobs\x18\x12 \x01(\rH\x0c\x88\x01\x01\x12\x10\n\x08priority\x18\x13 \x01(\x05\x12+\n\nconstraint\x18\x14 \x01(\x0b\x32\x17.formwork.v1.ConstraintB\x07\n\x05inputB\r\n\x0b_max_tokensB\x0e\n\x0c_temperatureB\x08\n\x06_top_pB\x08\n\x06_top_kB\x08\n\x06_min_pB\x07\n\x05_seedB\x15\n\x13_repetition_penaltyB\x14\n\x12_frequency_penaltyB\x13\n\x11_presence_penaltyB\r\n\x0b_ignore_eosB\x1d\n\x1b_include_stop_str_in_outputB\x0b\n\t_logprobs\"p\n\x04\x43hat\x12*\n\x08messages\x18\x01 \x03(\x0b\x32\x18.formwork.v1.ChatMessage\x12\"\n\x15\x61\x64\x64_generation_prompt\x18\x02 \x01(\x08H\x00\x88\x01\x01\x42\x18\n\x16_add_generation_prompt\",\n\x0b\x43hatMessage\x12\x0c\n\x04role\x18\x01 \x01(\t\x12\x0f\n\x07\x63ontent\x18\x02 \x01(\t\"\x17\n\x08TokenIds\x12\x0b\n\x03ids\x18\x01 \x03(\r\"\x9c\x03\n\nConstraint\x12.\n\x0bjson_schema\x18\x01 \x01(\x0b\x32\x17.google.protobuf.StructH\x00\x12\x1a\n\x10json_schema_text\x18\x02 \x01(\tH\x00\x12.\n\x0bjson_object\x18\x03 \x01(\x0b\x32\x17.formwork.v1.JsonObjectH\x00\x12\x0f\n\x05regex\x18\x04 \x01(\tH\x00\x12\x11\n\x07grammar\x18\x05 \x01(\tH\x00\x12%\n\x06\x63hoice\x18\x06 \x01(\x0b\x32\x13.formwork.v1.ChoiceH\x00\x12\x13\n\x06strict\x18\n \x01(\x08H\x01\x88\x01\x01\x12\x1b\n\x0e\x61ny_whitespace\x18\x0b \x01(\x08H\x02\x88\x01\x01\x12\x19\n\x0cjump_forward\x18\x0c \x01(\x08H\x03\x88\x01\x01\x12\x34\n\nwhitespace\x18\r \x01(\x0e\x32\x1b.formwork.v1.JsonWhitespaceH\x04\x88\x01\x01\x42\x06\n\x04kindB\t\n\x07_strictB\x11\n\x0f_any_whitespaceB\x0f\n\r_jump_forwardB\r\n\x0b_whitespace\"\x0c\n\nJsonObject\"\x19\n\x06\x43hoice\x12\x0f\n\x07\x63hoices\x18\x01 \x03(\t\"\xc5\x02\n\x10GenerateResponse\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x0c\n\x04text\x18\x02 \x01(\t\x12\x11\n\ttoken_ids\x18\x03 \x03(\r\x12\x30\n\rfinish_reason\x18\x04 \x01(\x0e\x32\x19.formwork.v1.FinishReason\x12\x15\n\x0bstop_string\x18\x05 \x01(\tH\x00\x12\x17\n\rstop_token_id\x18\x06 \x01(\rH\x00\x12!\n\x05usage\x18\x07 \x01(\x0b\x32\x12.formwork.v1.Usage\x12%\n\x07timings\x18\x08 \x01(\x0b\x32\x14.formwork.v1.Timings\x12+\n\x08logprobs\x18\t \x03(\x0b\x32\x19.formwork.v1.TokenLogprob\x12\x14\n\x0cnot_enforced\x18\n \x03(\tB\r\n\x0bstop_reason\"n\n\x05Usage\x12\x15\n\rprompt_tokens\x18\x01 \x01(\r\x12\x19\n\x11\x63ompletion_tokens\x18\x02 \x01(\r\x12\x1c\n\x14\x63\x61\x63hed_prompt_tokens\x18\x03 \x01(\r\x12\x15\n\rforced_tokens\x18\x04 \x01(\r\"{\n\x07Timings\x12\x10\n\x08queued_s\x18\x01 \x01(\x01\x12\x16\n\x0egrammar_wait_s\x18\x02 \x01(\x01\x12\x1d\n\x15time_to_first_token_s\x18\x03 \x01(\x01\x12\x0f\n\x07total_s\x18\x04 \x01(\x01\x12\x16\n\x0e\x66orward_passes\x18\x05 \x01(\r\"f\n\x0cTokenLogprob\x12\x10\n\x08token_id\x18\x01 \x01(\r\x12\r\n\x05token\x18\x02 \x01(\t\x12\x0f\n\x07logprob\x18\x03 \x01(\x01\x12$\n\x03top\x18\x04 \x03(\x0b\x32\x17.formwork.v1.TopLogprob\">\n\nTopLogprob\x12\x10\n\x08token_id\x18\x01 \x01(\r\x12\r\n\x05token\x18\x02 \x01(\t\x12\x0f\n\x07logprob\x18\x03 \x01(\x01\"H\n\x19ValidateConstraintRequest\x12+\n\nconstraint\x18\x01 \x01(\x0b\x32\x17.formwork.v1.Constraint\"p\n\x1aValidateConstraintResponse\x12\n\n\x02ok\x18\x01 \x01(\x08\x12\r\n\x05\x65rror\x18\x02 \x01(\t\x12\x11\n\tcompile_s\x18\x03 \x01(\x01\x12\x0e\n\x06\x63\x61\x63hed\x18\x04 \x01(\x08\x12\x14\n\x0cnot_enforced\x18\x05 \x03(\t\"\x15\n\x13GetModelInfoRequest\"\x87\x02\n\tModelInfo\x12\x12\n\nmodel_name\x18\x01 \x01(\t\x12\x15\n\rmax_model_len\x18\x02 \x01(\r\x12\x12\n\nvocab_size\x18\x03 \x01(\r\x12#\n\x06limits\x18\x04 \x01(\x0b\x32\x13.formwork.v1.Limits\x12\x18\n\x10\x63onstraint_kinds\x18\x05 \x03(\t\x12\x1f\n\x04load\x18\x06 \x01(\x0b\x32\x11.formwork.v1.Load\x12\x1b\n\x13num_engine_restarts\x18\x07 \x01(\r\x12\x19\n\x11last_engine_crash\x18\x08 \x01(\t\x12#\n\x1bnum_quarantined_constraints\x18\t \x01(\r\"\xcf\x01\n\x06Limits\x12\x1a\n\x12\x64\x65\x66\x61ult_max_tokens\x18\x01 \x01(\r\x12\x16\n\x0emax_tokens_cap\x18\x02 \x01(\r\x12\x1c\n\x14max_constraint_bytes\x18\x03 \x01(\r\x12\x19\n\x11max_message_bytes\x18\x04 \x01(\r\x12\x14\n\x0cmax_num_seqs\x18\x05 \x01(\r\x12\x15\n\rmax_queue_len\x18\x06 \x01(\r\x12\x15\n\rkv_block_size\x18\x07 \x01(\r\x12\x14\n\x0cmax_logprobs\x18\x08 \x01(\r\"\xd2\x01\n\x04Load\x12\x13\n\x0bnum_running\x18\x01 \x01(\r\x12\x13\n\x0bnum_waiting\x18\x02 \x01(\r\x12\x1f\n\x17num_waiting_for_grammar\x18\x03 \x01(\r\x12\x1a\n\x12num_free_kv_blocks\x18\x04 \x01(\r\x12\x1b\n\x13num_total_kv_blocks\x18\x05 \x01(\r\x12\x1c\n\x14num_cached_kv_blocks\x18\x06 \x01(\r\x12\x15\n\rnum_in_flight\x18\x07 \x01(\r\x12\x11\n\tnum_steps\x18\x08 \x01(\x04\"O\n\x0fTokenizeRequest\x12\x10\n\x06prompt\x18\x01 \x01(\tH\x00\x12!\n\x04\x63hat\x18\x02 \x01(\x0b\x32\x11.formwork.v1.ChatH\x00\x42\x07\n\x05input\"N\n\x10TokenizeResponse\x12\x11\n\ttoken_ids\x18\x01 \x03(\r\x12\x0e\n\x06tokens\x18\x02 \x03(\t\x12\x17\n\x0frendered_prompt\x18\x03 \x01(\t*\xa0\x01\n\x0eJsonWhitespace\x12\x1f\n\x1bJSON_WHITESPACE_UNSPECIFIED\x10\x00\x12\x1b\n\x17JSON_WHITESPACE_COMPACT\x10\x01\x12\x1a\n\x16JSON_WHITESPACE_SPACED\x10\x02\x12\x1b\n\x17JSON_WHITESPACE_BOUNDED\x10\x03\x12\x17\n\x13JSON_WHITESPACE_ANY\x10\x04*\x95\x01\n\x0c\x46inishReason\x12\x1d\n\x19\x46INISH_REASON_UNSPECIFIED\x10\x00\x12\x16\n\x12\x46INISH_REASON_STOP\x10\x01\x12\x18\n\x14\x46INISH_REASON_LENGTH\x10\x02\x12\x1b\n\x17\x46INISH_REASON_CANCELLED\x10\x03\x12\x17\n\x13\x46INISH_REASON_ERROR\x10\x04\x32\xa0\x03\n\nGeneration\x12G\n\x08Generate\x12\x1c.formwork.v1.GenerateRequest\x1a\x1d.formwork.v1.GenerateResponse\x12O\n\x0eGenerateStream\x12\x1c.formwork.v1.GenerateRequest\x1a\x1d.formwork.v1.GenerateResponse0\x01\x12\x65\n\x12ValidateConstraint\x12&.formwork.v1.ValidateConstraintRequest\x1a\'.formwork.v1.ValidateConstraintResponse\x12H\n\x0cGetModelInfo\x12 .formwork.v1.GetModelInfoRequest\x1a\x16.formwork.v1.ModelInfo\x12G\n\x08Tokenize\x12\x1c.formwork.v1.TokenizeRequest\x1a\x1d.formwork.v1.TokenizeResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1c\x66ormwork/v1/generation.proto\x12\x0b\x66ormwork.v1\x1a\x1cgoogle/protobuf/struct.proto\"\xf9\x05\n\x0fGenerateRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x10\n\x06prompt\x18\x02 \x01(\tH\x00\x12!\n\x04\x63hat\x18\x03 \x01(\x0b\x32\x11.formwork.v1.ChatH\x00\x12\x31\n\x10prompt_token_ids\x18\x04 \x01(\x0b\x32\x15.formwork.v1.TokenIdsH\x00\x12\x17\n\nmax_tokens\x18\x05 \x01(\rH\x01\x88\x01\x01\x12\x18\n\x0btemperature\x18\x06 \x01(\x01H\x02\x88\x01\x01\x12\x12\n\x05top_p\x18\x07 \x01(\x01H\x03\x88\x01\x01\x12\x12\n\x05top_k\x18\x08 \x01(\rH\x04\x88\x01\x01\x12\x12\n\x05min_p\x18\t \x01(\x01H\x05\x88\x01\x01\x12\x11\n\x04seed\x18\n \x01(\x03H\x06\x88\x01\x01\x12\x1f\n\x12repetition_penalty\x18\x0b \x01(\x01H\x07\x88\x01\x01\x12\x1e\n\x11\x66requency_penalty\x18\x0c \x01(\x01H\x08\x88\x01\x01\x12\x1d\n\x10presence_penalty\x18\r \x01(\x01H\t\x88\x01\x01\x12\x0c\n\x04stop\x18\x0e \x03(\t\x12\x16\n\x0estop_token_ids\x18\x0f \x03(\r\x12\x17\n\nignore_eos\x18\x10 \x01(\x08H\n\x88\x01\x01\x12\'\n\x1ainclude_stop_str_in_output\x18\x11 \x01(\x08H\x0b\x88\x01\x01\x12\x15\n\x08logprobs\x18\x12 \x01(\rH\x0c\x88\x01\x01\x12\x10\n\x08priority\x18\x13 \x01(\x05\x12+\n\nconstraint\x18\x14 \x01(\x0b\x32\x17.formwork.v1.ConstraintB\x07\n\x05inputB\r\n\x0b_max_tokensB\x0e\n\x0c_temperatureB\x08\n\x06_top_pB\x08\n\x06_top_kB\x08\n\x06_min_pB\x07\n\x05_seedB\x15\n\x13_repetition_penaltyB\x14\n\x12_frequency_penaltyB\x13\n\x11_presence_penaltyB\r\n\x0b_ignore_eosB\x1d\n\x1b_include_stop_str_in_outputB\x0b\n\t_logprobs\"p\n\x04\x43hat\x12*\n\x08messages\x18\x01 \x03(\x0b\x32\x18.formwork.v1.ChatMessage\x12\"\n\x15\x61\x64\x64_generation_prompt\x18\x02 \x01(\x08H\x00\x88\x01\x01\x42\x18\n\x16_add_generation_prompt\",\n\x0b\x43hatMessage\x12\x0c\n\x04role\x18\x01 \x01(\t\x12\x0f\n\x07\x63ontent\x18\x02 \x01(\t\"\x17\n\x08TokenIds\x12\x0b\n\x03ids\x18\x01 \x03(\r\"\xc6\x03\n\nConstraint\x12.\n\x0bjson_schema\x18\x01 \x01(\x0b\x32\x17.google.protobuf.StructH\x00\x12\x1a\n\x10json_schema_text\x18\x02 \x01(\tH\x00\x12.\n\x0bjson_object\x18\x03 \x01(\x0b\x32\x17.formwork.v1.JsonObjectH\x00\x12\x0f\n\x05regex\x18\x04 \x01(\tH\x00\x12\x11\n\x07grammar\x18\x05 \x01(\tH\x00\x12%\n\x06\x63hoice\x18\x06 \x01(\x0b\x32\x13.formwork.v1.ChoiceH\x00\x12\x13\n\x06strict\x18\n \x01(\x08H\x01\x88\x01\x01\x12\x1b\n\x0e\x61ny_whitespace\x18\x0b \x01(\x08H\x02\x88\x01\x01\x12\x19\n\x0cjump_forward\x18\x0c \x01(\x08H\x03\x88\x01\x01\x12\x34\n\nwhitespace\x18\r \x01(\x0e\x32\x1b.formwork.v1.JsonWhitespaceH\x04\x88\x01\x01\x12\x18\n\x0b\x63lose_early\x18\x0e \x01(\x08H\x05\x88\x01\x01\x42\x06\n\x04kindB\t\n\x07_strictB\x11\n\x0f_any_whitespaceB\x0f\n\r_jump_forwardB\r\n\x0b_whitespaceB\x0e\n\x0c_close_early\"\x0c\n\nJsonObject\"\x19\n\x06\x43hoice\x12\x0f\n\x07\x63hoices\x18\x01 \x03(\t\"\xdb\x02\n\x10GenerateResponse\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x0c\n\x04text\x18\x02 \x01(\t\x12\x11\n\ttoken_ids\x18\x03 \x03(\r\x12\x30\n\rfinish_reason\x18\x04 \x01(\x0e\x32\x19.formwork.v1.FinishReason\x12\x15\n\x0bstop_string\x18\x05 \x01(\tH\x00\x12\x17\n\rstop_token_id\x18\x06 \x01(\rH\x00\x12!\n\x05usage\x18\x07 \x01(\x0b\x32\x12.formwork.v1.Usage\x12%\n\x07timings\x18\x08 \x01(\x0b\x32\x14.formwork.v1.Timings\x12+\n\x08logprobs\x18\t \x03(\x0b\x32\x19.formwork.v1.TokenLogprob\x12\x14\n\x0cnot_enforced\x18\n \x03(\t\x12\x14\n\x0c\x63losed_early\x18\x0b \x01(\tB\r\n\x0bstop_reason\"n\n\x05Usage\x12\x15\n\rprompt_tokens\x18\x01 \x01(\r\x12\x19\n\x11\x63ompletion_tokens\x18\x02 \x01(\r\x12\x1c\n\x14\x63\x61\x63hed_prompt_tokens\x18\x03 \x01(\r\x12\x15\n\rforced_tokens\x18\x04 \x01(\r\"{\n\x07Timings\x12\x10\n\x08queued_s\x18\x01 \x01(\x01\x12\x16\n\x0egrammar_wait_s\x18\x02 \x01(\x01\x12\x1d\n\x15time_to_first_token_s\x18\x03 \x01(\x01\x12\x0f\n\x07total_s\x18\x04 \x01(\x01\x12\x16\n\x0e\x66orward_passes\x18\x05 \x01(\r\"f\n\x0cTokenLogprob\x12\x10\n\x08token_id\x18\x01 \x01(\r\x12\r\n\x05token\x18\x02 \x01(\t\x12\x0f\n\x07logprob\x18\x03 \x01(\x01\x12$\n\x03top\x18\x04 \x03(\x0b\x32\x17.formwork.v1.TopLogprob\">\n\nTopLogprob\x12\x10\n\x08token_id\x18\x01 \x01(\r\x12\r\n\x05token\x18\x02 \x01(\t\x12\x0f\n\x07logprob\x18\x03 \x01(\x01\"H\n\x19ValidateConstraintRequest\x12+\n\nconstraint\x18\x01 \x01(\x0b\x32\x17.formwork.v1.Constraint\"p\n\x1aValidateConstraintResponse\x12\n\n\x02ok\x18\x01 \x01(\x08\x12\r\n\x05\x65rror\x18\x02 \x01(\t\x12\x11\n\tcompile_s\x18\x03 \x01(\x01\x12\x0e\n\x06\x63\x61\x63hed\x18\x04 \x01(\x08\x12\x14\n\x0cnot_enforced\x18\x05 \x03(\t\"\x15\n\x13GetModelInfoRequest\"\x87\x02\n\tModelInfo\x12\x12\n\nmodel_name\x18\x01 \x01(\t\x12\x15\n\rmax_model_len\x18\x02 \x01(\r\x12\x12\n\nvocab_size\x18\x03 \x01(\r\x12#\n\x06limits\x18\x04 \x01(\x0b\x32\x13.formwork.v1.Limits\x12\x18\n\x10\x63onstraint_kinds\x18\x05 \x03(\t\x12\x1f\n\x04load\x18\x06 \x01(\x0b\x32\x11.formwork.v1.Load\x12\x1b\n\x13num_engine_restarts\x18\x07 \x01(\r\x12\x19\n\x11last_engine_crash\x18\x08 \x01(\t\x12#\n\x1bnum_quarantined_constraints\x18\t \x01(\r\"\xcf\x01\n\x06Limits\x12\x1a\n\x12\x64\x65\x66\x61ult_max_tokens\x18\x01 \x01(\r\x12\x16\n\x0emax_tokens_cap\x18\x02 \x01(\r\x12\x1c\n\x14max_constraint_bytes\x18\x03 \x01(\r\x12\x19\n\x11max_message_bytes\x18\x04 \x01(\r\x12\x14\n\x0cmax_num_seqs\x18\x05 \x01(\r\x12\x15\n\rmax_queue_len\x18\x06 \x01(\r\x12\x15\n\rkv_block_size\x18\x07 \x01(\r\x12\x14\n\x0cmax_logprobs\x18\x08 \x01(\r\"\xd2\x01\n\x04Load\x12\x13\n\x0bnum_running\x18\x01 \x01(\r\x12\x13\n\x0bnum_waiting\x18\x02 \x01(\r\x12\x1f\n\x17num_waiting_for_grammar\x18\x03 \x01(\r\x12\x1a\n\x12num_free_kv_blocks\x18\x04 \x01(\r\x12\x1b\n\x13num_total_kv_blocks\x18\x05 \x01(\r\x12\x1c\n\x14num_cached_kv_blocks\x18\x06 \x01(\r\x12\x15\n\rnum_in_flight\x18\x07 \x01(\r\x12\x11\n\tnum_steps\x18\x08 \x01(\x04\"O\n\x0fTokenizeRequest\x12\x10\n\x06prompt\x18\x01 \x01(\tH\x00\x12!\n\x04\x63hat\x18\x02 \x01(\x0b\x32\x11.formwork.v1.ChatH\x00\x42\x07\n\x05input\"N\n\x10TokenizeResponse\x12\x11\n\ttoken_ids\x18\x01 \x03(\r\x12\x0e\n\x06tokens\x18\x02 \x03(\t\x12\x17\n\x0frendered_prompt\x18\x03 \x01(\t*\xa0\x01\n\x0eJsonWhitespace\x12\x1f\n\x1bJSON_WHITESPACE_UNSPECIFIED\x10\x00\x12\x1b\n\x17JSON_WHITESPACE_COMPACT\x10\x01\x12\x1a\n\x16JSON_WHITESPACE_SPACED\x10\x02\x12\x1b\n\x17JSON_WHITESPACE_BOUNDED\x10\x03\x12\x17\n\x13JSON_WHITESPACE_ANY\x10\x04*\x95\x01\n\x0c\x46inishReason\x12\x1d\n\x19\x46INISH_REASON_UNSPECIFIED\x10\x00\x12\x16\n\x12\x46INISH_REASON_STOP\x10\x01\x12\x18\n\x14\x46INISH_REASON_LENGTH\x10\x02\x12\x1b\n\x17\x46INISH_REASON_CANCELLED\x10\x03\x12\x17\n\x13\x46INISH_REASON_ERROR\x10\x04\x32\xa0\x03\n\nGeneration\x12G\n\x08Generate\x12\x1c.formwork.v1.GenerateRequest\x1a\x1d.formwork.v1.GenerateResponse\x12O\n\x0eGenerateStream\x12\x1c.formwork.v1.GenerateRequest\x1a\x1d.formwork.v1.GenerateResponse0\x01\x12\x65\n\x12ValidateConstraint\x12&.formwork.v1.ValidateConstraintRequest\x1a\'.formwork.v1.ValidateConstraintResponse\x12H\n\x0cGetModelInfo\x12 .formwork.v1.GetModelInfoRequest\x1a\x16.formwork.v1.ModelInfo\x12G\n\x08Tokenize\x12\x1c.formwork.v1.TokenizeRequest\x1a\x1d.formwork.v1.TokenizeResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'formwork.v1.generation_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_JSONWHITESPACE']._serialized_start=3275
-  _globals['_JSONWHITESPACE']._serialized_end=3435
-  _globals['_FINISHREASON']._serialized_start=3438
-  _globals['_FINISHREASON']._serialized_end=3587
+  _globals['_JSONWHITESPACE']._serialized_start=3339
+  _globals['_JSONWHITESPACE']._serialized_end=3499
+  _globals['_FINISHREASON']._serialized_start=3502
+  _globals['_FINISHREASON']._serialized_end=3651
   _globals['_GENERATEREQUEST']._serialized_start=76
   _globals['_GENERATEREQUEST']._serialized_end=837
   _globals['_CHAT']._serialized_start=839
@@ -45,37 +45,37 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_TOKENIDS']._serialized_start=999
   _globals['_TOKENIDS']._serialized_end=1022
   _globals['_CONSTRAINT']._serialized_start=1025
-  _globals['_CONSTRAINT']._serialized_end=1437
-  _globals['_JSONOBJECT']._serialized_start=1439
-  _globals['_JSONOBJECT']._serialized_end=1451
-  _globals['_CHOICE']._serialized_start=1453
-  _globals['_CHOICE']._serialized_end=1478
-  _globals['_GENERATERESPONSE']._serialized_start=1481
-  _globals['_GENERATERESPONSE']._serialized_end=1806
-  _globals['_USAGE']._serialized_start=1808
-  _globals['_USAGE']._serialized_end=1918
-  _globals['_TIMINGS']._serialized_start=1920
-  _globals['_TIMINGS']._serialized_end=2043
-  _globals['_TOKENLOGPROB']._serialized_start=2045
-  _globals['_TOKENLOGPROB']._serialized_end=2147
-  _globals['_TOPLOGPROB']._serialized_start=2149
-  _globals['_TOPLOGPROB']._serialized_end=2211
-  _globals['_VALIDATECONSTRAINTREQUEST']._serialized_start=2213
-  _globals['_VALIDATECONSTRAINTREQUEST']._serialized_end=2285
-  _globals['_VALIDATECONSTRAINTRESPONSE']._serialized_start=2287
-  _globals['_VALIDATECONSTRAINTRESPONSE']._serialized_end=2399
-  _globals['_GETMODELINFOREQUEST']._serialized_start=2401
-  _globals['_GETMODELINFOREQUEST']._serialized_end=2422
-  _globals['_MODELINFO']._serialized_start=2425
-  _globals['_MODELINFO']._serialized_end=2688
-  _globals['_LIMITS']._serialized_start=2691
-  _globals['_LIMITS']._serialized_end=2898
-  _globals['_LOAD']._serialized_start=2901
-  _globals['_LOAD']._serialized_end=3111
-  _globals['_TOKENIZEREQUEST']._serialized_start=3113
-  _globals['_TOKENIZEREQUEST']._serialized_end=3192
-  _globals['_TOKENIZERESPONSE']._serialized_start=3194
-  _globals['_TOKENIZERESPONSE']._serialized_end=3272
-  _globals['_GENERATION']._serialized_start=3590
-  _globals['_GENERATION']._serialized_end=4006
+  _globals['_CONSTRAINT']._serialized_end=1479
+  _globals['_JSONOBJECT']._serialized_start=1481
+  _globals['_JSONOBJECT']._serialized_end=1493
+  _globals['_CHOICE']._serialized_start=1495
+  _globals['_CHOICE']._serialized_end=1520
+  _globals['_GENERATERESPONSE']._serialized_start=1523
+  _globals['_GENERATERESPONSE']._serialized_end=1870
+  _globals['_USAGE']._serialized_start=1872
+  _globals['_USAGE']._serialized_end=1982
+  _globals['_TIMINGS']._serialized_start=1984
+  _globals['_TIMINGS']._serialized_end=2107
+  _globals['_TOKENLOGPROB']._serialized_start=2109
+  _globals['_TOKENLOGPROB']._serialized_end=2211
+  _globals['_TOPLOGPROB']._serialized_start=2213
+  _globals['_TOPLOGPROB']._serialized_end=2275
+  _globals['_VALIDATECONSTRAINTREQUEST']._serialized_start=2277
+  _globals['_VALIDATECONSTRAINTREQUEST']._serialized_end=2349
+  _globals['_VALIDATECONSTRAINTRESPONSE']._serialized_start=2351
+  _globals['_VALIDATECONSTRAINTRESPONSE']._serialized_end=2463
+  _globals['_GETMODELINFOREQUEST']._serialized_start=2465
+  _globals['_GETMODELINFOREQUEST']._serialized_end=2486
+  _globals['_MODELINFO']._serialized_start=2489
+  _globals['_MODELINFO']._serialized_end=2752
+  _globals['_LIMITS']._serialized_start=2755
+  _globals['_LIMITS']._serialized_end=2962
+  _globals['_LOAD']._serialized_start=2965
+  _globals['_LOAD']._serialized_end=3175
+  _globals['_TOKENIZEREQUEST']._serialized_start=3177
+  _globals['_TOKENIZEREQUEST']._serialized_end=3256
+  _globals['_TOKENIZERESPONSE']._serialized_start=3258
+  _globals['_TOKENIZERESPONSE']._serialized_end=3336
+  _globals['_GENERATION']._serialized_start=3654
+  _globals['_GENERATION']._serialized_end=4070
 # @@protoc_insertion_point(module_scope)
