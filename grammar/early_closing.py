@@ -11,8 +11,9 @@ The closing is searched for only when it may matter: after each search, the next
 the budget has used up half of its lead over the longest closing seen so far, so a long output
 costs a handful of searches, and the last stretch (twice that closing) one per step. The longest
 closing seen, not the current one, decides when to close: inside a repeated array item the
-closing is short, at the start of the next item it is the whole item again. An output that finishes before the closing acts is
-exactly what it would be without it: nothing here changes the bitmask or the sampled tokens.
+closing is short, at the start of the next item it is the whole item again. An output that
+finishes before the closing acts is exactly what it would be without it: nothing here changes the
+bitmask or the sampled tokens.
 """
 from __future__ import annotations
 
