@@ -7,9 +7,9 @@ of `true`) is pushed whole, as one step. Candidates are tried closers first — 
 string, the brace or bracket that ends a container — then the shortest values (`0`, `""`, `[]`),
 so the first completion found is short: it closes the string, supplies what is required with
 minimal values, and closes the containers. It is not always the shortest possible one. Where a
-character leads back to the same point (a string's content, a pattern's `\w+`), the ways out of
+character leads back to the same point (a string's content, a pattern's `\\w+`), the ways out of
 that loop are tried before going round it again. A pattern whose way out is a particular word
-(`\w+\.dll`) is beyond it: the search gives up within its budget and the caller closes nothing.
+(`\\w+\\.dll`) is beyond it: the search gives up within its budget and the caller closes nothing.
 
 Library-free: the matcher sits behind `TextCursor`.
 """
