@@ -26,6 +26,8 @@ def add_bench_parser(subparsers, add_engine_args) -> None:
     coverage.add_argument("--subset", action="append", help="repeat for several (default: all)")
     coverage.add_argument("--limit", type=int, default=10, help="schemas per subset")
     coverage.add_argument("--max-tokens", type=int, default=256)
+    coverage.add_argument("--close-early", choices=["on", "off", "both"], default="both",
+                          help="run with the constraints' close_early on, off, or both, one after the other")
     coverage.add_argument("--data", default=None,
                           help="a folder of <Subset>.jsonl (e.g. the full JSONSchemaBench; default: the carried sample)")
     coverage.add_argument("--compile-only", action="store_true",
@@ -37,7 +39,7 @@ def add_bench_parser(subparsers, add_engine_args) -> None:
 
     accuracy = which.add_parser("accuracy", help="field accuracy of constrained answers, per setting and peer")
     accuracy.add_argument("--settings", type=_csv, default=None,
-                          help="comma list of whitespace modes, each optionally with :no-jf and/or :fields "
+                          help="comma list of whitespace modes, each optionally with :no-jf, :no-close and/or :fields "
                                "(default: compact,spaced,bounded,any,bounded:no-jf,bounded:fields)")
     accuracy.add_argument("--workloads", type=_csv, default=None,
                           help="comma list of json-extraction, person, function-call (default: all)")

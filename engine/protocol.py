@@ -83,6 +83,9 @@ class EngineCoreOutput(msgspec.Struct, array_like=True, omit_defaults=True):
     # failed), so the client is told INVALID_ARGUMENT even after tokens
     constraint_error: bool = False
     grammar_cache_hit: bool = False  # final output: the compiled grammar came from the compile cache
+    # with STOP: the engine, not the model, completed the output: "budget" (max_tokens or the
+    # context was about to run out), "repetition", "digits" or "depth" (a runaway loop); "" if not
+    closed_early: str = ""
 
 
 class EngineStats(msgspec.Struct, array_like=True, omit_defaults=True):

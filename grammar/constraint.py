@@ -32,6 +32,8 @@ class Constraint(msgspec.Struct, array_like=True, omit_defaults=True, frozen=Tru
             the output as not enforced (False, best effort).
     any_whitespace: allow free whitespace between JSON tokens (the same as whitespace="any").
     jump_forward: append text the grammar forces without sampling it (None: the engine's default).
+    close_early: close the output before max_tokens or the context runs out, and (JSON kinds) when
+                 it loops (None: the engine's default); the output then says it was closed.
     whitespace: one of JSON_WHITESPACE_MODES for the JSON kinds ("": DEFAULT_JSON_WHITESPACE).
     grammar_syntax: "ebnf" or "lark" for kind "grammar" ("" or "auto": told apart by the text).
     think_end: non-empty: the output first thinks freely until this marker (grammar/reasoning.py),
@@ -49,6 +51,7 @@ class Constraint(msgspec.Struct, array_like=True, omit_defaults=True, frozen=Tru
     grammar_syntax: str = ""
     think_end: str = ""
     think_budget: int = 0
+    close_early: bool | None = None
 
     @property
     def json_whitespace(self) -> str:

@@ -34,7 +34,7 @@ _OPTIONAL_SAMPLING_FIELDS = ("temperature", "top_p", "top_k", "min_p", "seed", "
 _FLOAT_FIELDS = ("temperature", "top_p", "min_p", "repetition_penalty", "frequency_penalty", "presence_penalty")
 # SamplingParams field names, longest first: its ValueErrors start with the field they are about
 _SAMPLING_FIELDS_LONGEST_FIRST = sorted(SamplingParams.__struct_fields__, key=len, reverse=True)
-_CONSTRAINT_OPTIONS = ("strict", "any_whitespace", "jump_forward")
+_CONSTRAINT_OPTIONS = ("strict", "any_whitespace", "jump_forward", "close_early")
 _WHITESPACE = {pb.JSON_WHITESPACE_COMPACT: "compact", pb.JSON_WHITESPACE_SPACED: "spaced",
                pb.JSON_WHITESPACE_BOUNDED: "bounded", pb.JSON_WHITESPACE_ANY: "any"}
 # Constraint.kind oneof field -> engine constraint kind
@@ -245,6 +245,7 @@ def generate_response(output: RequestOutput, request_id: str, token_text: Callab
             response.reasoning, response.content = parts.reasoning, parts.content
             response.tool_calls.extend(pb.ToolCall(id=c.id, name=c.name, arguments_json=c.arguments)
                                        for c in parts.calls)
+        response.closed_early = output.closed_early
     return response
 
 

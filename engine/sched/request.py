@@ -12,6 +12,7 @@ if TYPE_CHECKING:
     from collections.abc import Sequence
 
     from grammar.backend import Grammar
+    from grammar.early_closing import EarlyClosing
 
 
 class RequestStatus(enum.IntEnum):
@@ -77,8 +78,10 @@ class Request:
         # structured output
         self.grammar: Grammar | None = None
         self.num_forced_tokens_pending = 0  # jump-forward tokens appended, not yet sent to the runner
-        self.num_forced_tokens = 0  # all jump-forward tokens of this request
         self.grammar_cache_hit = False  # its compiled grammar was in the compile cache on arrival
+        self.num_forced_tokens = 0  # all jump-forward (and closing) tokens of this request
+        self.closing: EarlyClosing | None = None  # set with the grammar when closing early is on
+        self.closed_early = ""  # why the engine closed the output (EngineCoreOutput.closed_early)
 
         # timings (monotonic seconds) and counters reported to clients
         self.first_scheduled_time: float | None = None

@@ -14,6 +14,11 @@ from engine.sched.scheduler_output import GrammarOutput
 from grammar.backend import CompiledGrammar, GrammarBackend, GrammarError
 from grammar.compiler import GrammarCompiler
 from grammar.config import GrammarConfig
+from grammar.early_closing import EarlyClosing
+from grammar.runaway import RunawayGuard
+
+# the kinds whose output the runaway guard reads as JSON
+_JSON_KINDS = ("json_schema", "json_object")
 
 logger = logging.getLogger(__name__)
 
@@ -34,8 +39,10 @@ class StructuredOutputManager:
         future.add_done_callback(lambda _: _mark_grammar_ready(request))
         self._futures[request.request_id] = future
 
-    def try_activate(self, request: Request) -> bool:
-        """True once the request has its matcher; raises ValueError if the compile failed."""
+    def try_activate(self, request: Request, max_model_len: int | None = None) -> bool:
+        """True once the request has its matcher; raises ValueError if the compile failed, or if
+        (closing early) the shortest output the constraint accepts does not fit the request's
+        max_tokens or the context left after its prompt (`max_model_len`: None, unbounded)."""
         future = self._futures.get(request.request_id)
         if future is None:
             return request.grammar is not None
@@ -48,7 +55,26 @@ class StructuredOutputManager:
         except Exception as e:  # e.g. MemoryError: this request's grammar failed, not the engine
             raise GrammarError(grammar_failure("building its matcher", e)) from None
         _mark_grammar_ready(request)  # if the compile's callback has not run yet
+        if self.close_early_enabled(request):
+            request.closing = self._early_closing(request)
+            max_tokens = request.sampling_params.max_tokens
+            context_left = max_model_len - request.num_tokens if max_model_len is not None else max_tokens
+            request.closing.check_minimum(min(max_tokens, context_left), by_context=context_left < max_tokens,
+                                          min_output_tokens=compiled.min_output_tokens)
         return True
+
+    def close_early_enabled(self, request: Request) -> bool:
+        constraint = request.sampling_params.constraint
+        if constraint is not None and constraint.close_early is not None:
+            return constraint.close_early
+        return self.config.close_early
+
+    def _early_closing(self, request: Request) -> EarlyClosing:
+        token_bytes = self.backend.token_bytes
+        constraint = request.sampling_params.constraint
+        json_kind = constraint is not None and constraint.kind in _JSON_KINDS
+        guard = RunawayGuard(token_bytes) if json_kind and token_bytes is not None else None
+        return EarlyClosing(request.grammar, guard)
 
     def is_compiling(self, request_id: str) -> bool:
         """True while the request's grammar compile is running (or queued); False once it is done,

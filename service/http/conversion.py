@@ -226,6 +226,8 @@ def _constraint(body: _GenerationRequest, names: FieldNames) -> pb.Constraint | 
                                                         body.formwork.jump_forward, body.formwork.whitespace)):
             raise invalid_argument("formwork", "strict, whitespace, any_whitespace and jump_forward need an output "
                                                "constraint")
+        if body.formwork and body.formwork.close_early is not None:
+            raise invalid_argument("formwork", "close_early needs an output constraint")
         return None
     http_field, constraint = found[0]
     kind = constraint.WhichOneof("kind")
@@ -233,7 +235,7 @@ def _constraint(body: _GenerationRequest, names: FieldNames) -> pb.Constraint | 
     names.names["constraint"] = http_field
     options = body.formwork
     if options is not None:
-        for option in ("strict", "any_whitespace", "jump_forward"):
+        for option in ("strict", "any_whitespace", "jump_forward", "close_early"):
             if getattr(options, option) is not None:
                 setattr(constraint, option, getattr(options, option))
         if options.whitespace is not None:

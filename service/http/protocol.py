@@ -49,6 +49,7 @@ class FormworkOptions(_Strict):
     any_whitespace: bool | None = None  # free whitespace between JSON tokens, as gRPC's Constraint field
     whitespace: Literal["compact", "spaced", "bounded", "any"] | None = None  # JSON whitespace mode (gRPC's)
     jump_forward: bool | None = None  # append forced text without sampling it (default: the engine's)
+    close_early: bool | None = None  # close before the budget runs out / on loops (default: the engine's)
     grammar_syntax: Literal["auto", "ebnf", "lark"] = "auto"  # of a grammar constraint
     priority: int = 0  # lower runs first under load, as gRPC's `priority`
     reasoning_budget: int | None = None  # most tokens of thinking, as gRPC's reasoning.budget_tokens

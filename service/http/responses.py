@@ -51,6 +51,8 @@ def formwork_extension(finals: Sequence[RequestOutput]) -> dict[str, Any]:
                                 "time_to_first_token_s": t.ttft_s, "total_s": t.total_s}
         if output.not_enforced:
             entry["not_enforced"] = list(output.not_enforced)
+        if output.closed_early:
+            entry["closed_early"] = output.closed_early
         choices.append(entry)
     return {"choices": choices}
 

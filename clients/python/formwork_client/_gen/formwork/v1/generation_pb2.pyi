@@ -171,7 +171,7 @@ class TokenIds(_message.Message):
     def __init__(self, ids: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class Constraint(_message.Message):
-    __slots__ = ("json_schema", "json_schema_text", "json_object", "regex", "grammar", "choice", "strict", "any_whitespace", "jump_forward", "whitespace", "grammar_syntax")
+    __slots__ = ("json_schema", "json_schema_text", "json_object", "regex", "grammar", "choice", "strict", "any_whitespace", "jump_forward", "whitespace", "grammar_syntax", "close_early")
     JSON_SCHEMA_FIELD_NUMBER: _ClassVar[int]
     JSON_SCHEMA_TEXT_FIELD_NUMBER: _ClassVar[int]
     JSON_OBJECT_FIELD_NUMBER: _ClassVar[int]
@@ -183,6 +183,7 @@ class Constraint(_message.Message):
     JUMP_FORWARD_FIELD_NUMBER: _ClassVar[int]
     WHITESPACE_FIELD_NUMBER: _ClassVar[int]
     GRAMMAR_SYNTAX_FIELD_NUMBER: _ClassVar[int]
+    CLOSE_EARLY_FIELD_NUMBER: _ClassVar[int]
     json_schema: _struct_pb2.Struct
     json_schema_text: str
     json_object: JsonObject
@@ -194,7 +195,8 @@ class Constraint(_message.Message):
     jump_forward: bool
     whitespace: JsonWhitespace
     grammar_syntax: GrammarSyntax
-    def __init__(self, json_schema: _Optional[_Union[_struct_pb2.Struct, _Mapping]] = ..., json_schema_text: _Optional[str] = ..., json_object: _Optional[_Union[JsonObject, _Mapping]] = ..., regex: _Optional[str] = ..., grammar: _Optional[str] = ..., choice: _Optional[_Union[Choice, _Mapping]] = ..., strict: _Optional[bool] = ..., any_whitespace: _Optional[bool] = ..., jump_forward: _Optional[bool] = ..., whitespace: _Optional[_Union[JsonWhitespace, str]] = ..., grammar_syntax: _Optional[_Union[GrammarSyntax, str]] = ...) -> None: ...
+    close_early: bool
+    def __init__(self, json_schema: _Optional[_Union[_struct_pb2.Struct, _Mapping]] = ..., json_schema_text: _Optional[str] = ..., json_object: _Optional[_Union[JsonObject, _Mapping]] = ..., regex: _Optional[str] = ..., grammar: _Optional[str] = ..., choice: _Optional[_Union[Choice, _Mapping]] = ..., strict: _Optional[bool] = ..., any_whitespace: _Optional[bool] = ..., jump_forward: _Optional[bool] = ..., whitespace: _Optional[_Union[JsonWhitespace, str]] = ..., grammar_syntax: _Optional[_Union[GrammarSyntax, str]] = ..., close_early: _Optional[bool] = ...) -> None: ...
 
 class JsonObject(_message.Message):
     __slots__ = ()
@@ -207,7 +209,7 @@ class Choice(_message.Message):
     def __init__(self, choices: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class GenerateResponse(_message.Message):
-    __slots__ = ("request_id", "text", "token_ids", "finish_reason", "stop_string", "stop_token_id", "usage", "timings", "logprobs", "not_enforced", "tool_calls", "reasoning", "content")
+    __slots__ = ("request_id", "text", "token_ids", "finish_reason", "stop_string", "stop_token_id", "usage", "timings", "logprobs", "not_enforced", "tool_calls", "reasoning", "content", "closed_early")
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     TEXT_FIELD_NUMBER: _ClassVar[int]
     TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
@@ -221,6 +223,7 @@ class GenerateResponse(_message.Message):
     TOOL_CALLS_FIELD_NUMBER: _ClassVar[int]
     REASONING_FIELD_NUMBER: _ClassVar[int]
     CONTENT_FIELD_NUMBER: _ClassVar[int]
+    CLOSED_EARLY_FIELD_NUMBER: _ClassVar[int]
     request_id: str
     text: str
     token_ids: _containers.RepeatedScalarFieldContainer[int]
@@ -234,7 +237,8 @@ class GenerateResponse(_message.Message):
     tool_calls: _containers.RepeatedCompositeFieldContainer[ToolCall]
     reasoning: str
     content: str
-    def __init__(self, request_id: _Optional[str] = ..., text: _Optional[str] = ..., token_ids: _Optional[_Iterable[int]] = ..., finish_reason: _Optional[_Union[FinishReason, str]] = ..., stop_string: _Optional[str] = ..., stop_token_id: _Optional[int] = ..., usage: _Optional[_Union[Usage, _Mapping]] = ..., timings: _Optional[_Union[Timings, _Mapping]] = ..., logprobs: _Optional[_Iterable[_Union[TokenLogprob, _Mapping]]] = ..., not_enforced: _Optional[_Iterable[str]] = ..., tool_calls: _Optional[_Iterable[_Union[ToolCall, _Mapping]]] = ..., reasoning: _Optional[str] = ..., content: _Optional[str] = ...) -> None: ...
+    closed_early: str
+    def __init__(self, request_id: _Optional[str] = ..., text: _Optional[str] = ..., token_ids: _Optional[_Iterable[int]] = ..., finish_reason: _Optional[_Union[FinishReason, str]] = ..., stop_string: _Optional[str] = ..., stop_token_id: _Optional[int] = ..., usage: _Optional[_Union[Usage, _Mapping]] = ..., timings: _Optional[_Union[Timings, _Mapping]] = ..., logprobs: _Optional[_Iterable[_Union[TokenLogprob, _Mapping]]] = ..., not_enforced: _Optional[_Iterable[str]] = ..., tool_calls: _Optional[_Iterable[_Union[ToolCall, _Mapping]]] = ..., reasoning: _Optional[str] = ..., content: _Optional[str] = ..., closed_early: _Optional[str] = ...) -> None: ...
 
 class Usage(_message.Message):
     __slots__ = ("prompt_tokens", "completion_tokens", "cached_prompt_tokens", "forced_tokens")
