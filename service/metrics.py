@@ -59,8 +59,9 @@ class ServiceMetrics:
         self.rejected = Counter("formwork_requests_rejected", "Generation calls answered with an error status",
                                 ("api", "code"), registry=r)
         self.closed_early = Counter("formwork_requests_closed_early",
-                                    "Constrained answers the grammar closed before their token budget ran out",
-                                    registry=r)
+                                    "Constrained answers the engine completed itself, by why: budget (max_tokens or "
+                                    "the context about to run out), repetition, digits or depth (a runaway loop)",
+                                    ("reason",), registry=r)
         self.prompt_tokens = Counter("formwork_prompt_tokens", "Prompt tokens of finished requests", registry=r)
         self.generation_tokens = Counter("formwork_generation_tokens",
                                          "Output tokens of finished requests (sampled and forced)", registry=r)
@@ -120,6 +121,8 @@ class ServiceMetrics:
         self.generation_tokens.inc(output.num_output_tokens)
         self.cached_tokens.inc(output.num_cached_tokens)
         self.forced_tokens.inc(output.num_forced_tokens)
+        if output.closed_early:
+            self.closed_early.labels(output.closed_early).inc()
         timings = output.timings
         if timings is None:
             return
@@ -134,10 +137,6 @@ class ServiceMetrics:
 
     def request_rejected(self, api: str, code: str) -> None:
         self.rejected.labels(api, code).inc()
-
-    def request_closed_early(self) -> None:
-        """A constrained answer the grammar closed before its token budget ran out."""
-        self.closed_early.inc()
 
     # ---- from the engine ----------------------------------------------------------------------
 

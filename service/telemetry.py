@@ -37,12 +37,6 @@ class Telemetry:
         if self.metrics is not None:
             self.metrics.request_rejected(api, code)
 
-    def request_closed_early(self) -> None:
-        """A constrained answer closed before its token budget ran out (the finish detail of
-        grammar/ that says so reports here)."""
-        if self.metrics is not None:
-            self.metrics.request_closed_early()
-
     def engine_steps(self, stats: StepStats) -> None:
         if self.metrics is not None:
             self.metrics.engine_steps(stats)

@@ -159,6 +159,20 @@ def test_engine_totals_grow_counters_and_survive_a_restart() -> None:
     assert value(parsed, "formwork_grammar_compile_seconds_count") == 2
 
 
+def test_closed_early_answers_are_counted_by_reason() -> None:
+    from engine.frontend.output_processor import RequestOutput
+    from engine.protocol import FinishReason
+
+    metrics = ServiceMetrics()
+    for reason in ("budget", "budget", "repetition", ""):
+        metrics.request_finished(RequestOutput("r", "{}", "", [1], [], finished=True, finish_reason=FinishReason.STOP,
+                                               num_output_tokens=1, closed_early=reason), None)
+    parsed = samples(metrics.render(None, 0).decode())
+    assert value(parsed, "formwork_requests_closed_early_total", reason="budget") == 2
+    assert value(parsed, "formwork_requests_closed_early_total", reason="repetition") == 1
+    assert value(parsed, "formwork_requests_total", finish_reason="stop", constraint="none") == 4
+
+
 def test_one_log_line_per_finished_request(make_server, caplog) -> None:
     server = make_server()
     caplog.set_level(logging.INFO, logger="service.request_log")
