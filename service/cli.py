@@ -57,6 +57,10 @@ def add_serve_parser(subparsers: argparse._SubParsersAction,
                         help="max_tokens of a request that leaves it unset (default: %(default)s)")
     limits.add_argument("--shutdown-grace", type=float, default=_LIMIT_DEFAULTS.shutdown_grace_s,
                         help="seconds in-flight requests get to finish after SIGTERM (default: %(default)s)")
+    limits.add_argument("--drain-delay", type=float, default=_LIMIT_DEFAULTS.drain_delay_s,
+                        help="after SIGTERM, seconds health reports NOT_SERVING while new calls are still taken, "
+                             "before the grace period: set it above a load balancer's health-check interval "
+                             "(docs/deploy.md; default: %(default)s)")
     healing = parser.add_argument_group("self-healing")
     healing.add_argument("--engine-restarts", type=int, default=_RESTART_DEFAULTS.max_restarts,
                          help="consecutive engine crashes to restart after; 0: never restart (default: %(default)s)")
@@ -118,7 +122,7 @@ def memory_limit_from_args(args: argparse.Namespace) -> MemoryLimit | None:
 def limits_from_args(args: argparse.Namespace) -> ServiceLimits:
     return ServiceLimits(max_message_bytes=args.max_message_bytes, max_constraint_bytes=args.max_constraint_bytes,
                          max_tokens_cap=args.max_tokens_cap, default_max_tokens=args.default_max_tokens,
-                         shutdown_grace_s=args.shutdown_grace)
+                         shutdown_grace_s=args.shutdown_grace, drain_delay_s=args.drain_delay)
 
 
 def run_serve(args: argparse.Namespace) -> int:

@@ -20,6 +20,9 @@ class ServiceLimits:
     default_max_tokens: int = 256  # max_tokens when a request leaves it unset
     max_request_id_len: int = 256  # characters
     shutdown_grace_s: float = 30.0  # SIGTERM: in-flight requests get this long to finish
+    # SIGTERM: before that, health says NOT_SERVING this long while calls are still taken, so a
+    # load balancer's health check sees it and stops sending before the server refuses calls
+    drain_delay_s: float = 0.0
 
     def __post_init__(self) -> None:
         for name in ("max_message_bytes", "max_constraint_bytes", "max_tokens_cap", "default_max_tokens",
@@ -29,5 +32,6 @@ class ServiceLimits:
         if self.default_max_tokens > self.max_tokens_cap:
             raise ValueError(f"default_max_tokens ({self.default_max_tokens}) must not exceed max_tokens_cap "
                              f"({self.max_tokens_cap})")
-        if self.shutdown_grace_s < 0:
-            raise ValueError(f"shutdown_grace_s must be >= 0, got {self.shutdown_grace_s}")
+        for name in ("shutdown_grace_s", "drain_delay_s"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
