@@ -23,7 +23,7 @@ import threading
 import time
 import urllib.request
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from service.envoy_config import EnvoySettings, Upstreams, envoy_config
@@ -78,16 +78,17 @@ class Cluster:
         self.port = port or free_port()
         self.http_port = http_port or free_port()
         self.admin_port = free_port()
-        base = settings or EnvoySettings(health_interval_s=1.0)
-        self.settings = EnvoySettings(**{**base.__dict__, "grpc_listen": ("127.0.0.1", self.port),
-                                         "http_listen": ("127.0.0.1", self.http_port),
-                                         "admin_listen": ("127.0.0.1", self.admin_port)})
+        self.settings = self._on_our_ports(settings or EnvoySettings(health_interval_s=1.0))
         self._dir = Path(tempfile.mkdtemp(prefix="formwork-cluster-")) if log_dir is None else log_dir
         self.envoy: subprocess.Popen | None = None
 
     @property
     def address(self) -> str:
         return f"127.0.0.1:{self.port}"
+
+    def _on_our_ports(self, settings: EnvoySettings) -> EnvoySettings:
+        return replace(settings, grpc_listen=("127.0.0.1", self.port), http_listen=("127.0.0.1", self.http_port),
+                       admin_listen=("127.0.0.1", self.admin_port))
 
     def start(self, timeout_s: float = 600.0) -> None:
         """Start every replica and Envoy; return once all replicas are warm and Envoy sees them healthy."""
@@ -122,9 +123,7 @@ class Cluster:
         if self.envoy is not None:
             self.envoy.terminate()
             _reap(self.envoy, time.monotonic() + 10)
-        self.settings = EnvoySettings(**{**settings.__dict__, "grpc_listen": self.settings.grpc_listen,
-                                         "http_listen": self.settings.http_listen,
-                                         "admin_listen": self.settings.admin_listen})
+        self.settings = self._on_our_ports(settings)
         self.start_envoy()
         self.wait_healthy(sum(r.running for r in self.replicas), timeout_s)
 

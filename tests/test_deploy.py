@@ -33,15 +33,21 @@ def envoy_validates(config: dict, tmp_path: Path) -> subprocess.CompletedProcess
                           capture_output=True, text=True, timeout=120)
 
 
+@pytest.mark.parametrize("version", ["1.30.0", "1.37.0"])  # the preStop sleep action needs 1.30
 @pytest.mark.parametrize("resource", manifests(), ids=lambda r: f"{r['kind']}/{r['metadata']['name']}")
-def test_manifests_validate_against_the_kubernetes_schemas(resource):
-    kubernetes.validate(resource, "1.37.0", strict=True)  # raises ValidationError with the path at fault
+def test_manifests_validate_against_the_kubernetes_schemas(resource, version):
+    kubernetes.validate(resource, version, strict=True)  # raises ValidationError with the path at fault
 
 
 def test_a_manifest_with_a_mistake_is_refused():
     deployment = next(r for r in manifests() if r["kind"] == "Deployment" and r["metadata"]["name"] == "formwork")
-    deployment["spec"]["template"]["spec"]["containers"][0]["readinessProbe"]["grpc"]["port"] = "grpc"
-    with pytest.raises(Exception, match="port"):
+    container = deployment["spec"]["template"]["spec"]["containers"][0]
+    container["readinessProbe"]["grpc"]["port"] = "grpc"  # a grpc probe takes a number, not a port name
+    with pytest.raises(kubernetes.ValidationError, match="'grpc' is not of type 'integer'"):
+        kubernetes.validate(deployment, "1.37.0", strict=True)
+    container["readinessProbe"]["grpc"]["port"] = 50051
+    container["readinesProbe"] = container.pop("readinessProbe")
+    with pytest.raises(kubernetes.ValidationError, match="readinesProbe"):
         kubernetes.validate(deployment, "1.37.0", strict=True)
 
 
