@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import random
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -43,10 +44,12 @@ def num_compiles(cluster: Cluster) -> list[int]:
 
 def run_burst(cluster: Cluster, salt: str, num_schemas: int, repeats: int, concurrency: int,
               max_tokens: int) -> dict:
-    """Every schema `repeats` times, interleaved (schema 0..n-1, then again), `concurrency` at once."""
+    """Every schema `repeats` times in a shuffled order (in schema order, round robin over an even
+    number of replicas would send each schema to one replica by accident), `concurrency` at once."""
     before = num_compiles(cluster)
     schemas = [burst_schema(salt, i) for i in range(num_schemas)]
     requests = [schemas[i % num_schemas] for i in range(num_schemas * repeats)]
+    random.Random(0).shuffle(requests)
     with Client(cluster.address, timeout=600) as client:
         def one(schema: dict) -> float:
             response = client.generate(messages=[{"role": "user", "content": "Describe a work of art as JSON."}],

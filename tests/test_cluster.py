@@ -134,17 +134,34 @@ def test_sigkill_loses_only_the_in_flight_requests_of_that_replica(cluster, stub
         with lock:
             outcomes.append(outcome)
 
-    with ThreadPoolExecutor(8) as pool:
-        futures = [pool.submit(one, i) for i in range(8)]
+    def streamed(_: int) -> None:
+        stream = stub.GenerateStream(request, timeout=CALL_TIMEOUT_S)
+        try:
+            next(stream)  # under way: output has been sent
+            replica = dict(stream.initial_metadata())[REPLICA_HEADER]
+            list(stream)
+            outcome = ("OK", replica)
+        except grpc.RpcError as e:
+            outcome = (e.code().name, dict(stream.initial_metadata() or ()).get(REPLICA_HEADER, ""))
+        with lock:
+            stream_outcomes.append(outcome)
+
+    stream_outcomes: list[tuple[str, str]] = []
+    with ThreadPoolExecutor(10) as pool:
+        futures = [pool.submit(one, i) for i in range(8)] + [pool.submit(streamed, i) for i in range(2)]
         deadline = time.monotonic() + 60
         while replica_load(cluster, alive[0]).num_running == 0 and time.monotonic() < deadline:
             time.sleep(0.2)
+        time.sleep(1.0)  # streams have sent output
         os.killpg(victim.process.pid, signal.SIGKILL)  # the server and its engine process
         for future in futures:
             future.result()
     statuses = [status for status, _ in outcomes]
     assert set(statuses) <= {"OK", "UNAVAILABLE"}, statuses  # nothing hung into DEADLINE_EXCEEDED
     assert "UNAVAILABLE" in statuses and "OK" in statuses, statuses
+    # a stream cut after its first output ends with UNAVAILABLE too, never a hang
+    assert all(status == "UNAVAILABLE" for status, replica in stream_outcomes if replica == victim.address), \
+        stream_outcomes
     # after the kill, every request succeeds on the survivor
     after = [generate(stub, pb.GenerateRequest(prompt="Hi", max_tokens=2)) for _ in range(4)]
     assert {replica for _, replica in after} == {cluster.replicas[alive[1]].address}
