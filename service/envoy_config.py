@@ -13,9 +13,11 @@ What it sets up, per API (gRPC on HTTP/2 upstreams, the OpenAI API on HTTP/1.1 u
   unless SERVING) for the HTTP/1.1 ones, which cannot speak gRPC. A replica that reports
   NOT_SERVING (starting, engine restarting, draining after SIGTERM) gets no new requests. Panic mode is off, so a draining replica never gets traffic back because others are down.
 * Outlier ejection on consecutive gateway failures (connection resets, UNAVAILABLE).
-* Retries only where nothing ran: a connection that failed, a stream the replica refused or that
+* Retries only before any output: a connection that failed, a stream the replica refused or that
   was reset before the request was sent, a gRPC UNAVAILABLE in the headers (trailers-only: no
-  output yet) or an HTTP 503 (sent before any body), each on another replica.
+  output yet; Envoy also answers so for a replica that died before responding) or an HTTP 503
+  (sent before any body), each on another replica. Generation has no side effects, so a repeat
+  costs only work; a stream whose output has begun is never repeated.
 """
 from __future__ import annotations
 
