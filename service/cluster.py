@@ -231,7 +231,8 @@ def run_cluster(args: argparse.Namespace) -> int:
     signal.signal(signal.SIGTERM, _interrupt)
     try:
         cluster.start()
-        print(f"formwork: {args.replicas} replicas behind Envoy on {cluster.address} (gRPC) and "
+        replicas = f"{args.replicas} replica{'s' if args.replicas != 1 else ''}"
+        print(f"formwork: {replicas} behind Envoy on {cluster.address} (gRPC) and "
               f"http://127.0.0.1:{cluster.http_port}/v1 (OpenAI API); Envoy admin on "
               f"http://127.0.0.1:{cluster.admin_port}; Ctrl-C stops all", flush=True)
         while all(r.running for r in cluster.replicas) and cluster.envoy.poll() is None:
