@@ -11,9 +11,12 @@ export OMP_WAIT_POLICY ?= PASSIVE
 PINS := torch==2.13.0 transformers==5.24.0 tokenizers==0.23.3 xgrammar==0.2.9 gguf==0.19.0 \
 	accelerate==1.15.0 grpcio==1.85.3 grpcio-tools==1.85.1 grpcio-reflection==1.85.1 \
 	grpcio-health-checking==1.85.1 googleapis-common-protos==1.76.0 protobuf==7.36.2 msgspec==0.23.0 jsonschema==4.26.0 numpy==2.4.6 \
-	ninja==1.13.2 fastapi==0.163.2 uvicorn==0.54.0 pydantic==2.14.4
+	ninja==1.13.2 fastapi==0.163.2 uvicorn==0.54.0 pydantic==2.14.4 \
+	prometheus-client==0.26.0 opentelemetry-api==1.45.2 opentelemetry-sdk==1.45.2 \
+	opentelemetry-exporter-otlp-proto-http==1.45.2 opentelemetry-instrumentation-grpc==0.66b2 \
+	opentelemetry-instrumentation-asgi==0.66b2
 
-.PHONY: setup test test-fast fuzz model generate bench clean cluster gpu-check-prepare gpu-check proto serve bench-smoke bench-serve peers peer-llama-cpp peer-vllm soak
+.PHONY: setup test test-fast fuzz model generate bench clean cluster gpu-check-prepare gpu-check proto serve bench-smoke bench-serve peers peer-llama-cpp peer-vllm soak promtool
 
 setup: $(STAMP)
 
@@ -34,8 +37,14 @@ model: $(STAMP)
 	$(PY) -m engine.model_files
 
 # proto lint + breaking check + import contracts, then every test (Python client, Node client, docs' snippets included)
-test: $(STAMP) node-deps lint
+test: $(STAMP) node-deps lint promtool
 	$(PY) -m pytest -q tests
+
+# promtool and prometheus (Debian's prometheus package): the metrics tests check the exposition with
+# promtool and scrape it through a real Prometheus on loopback; installed once when missing (as root)
+promtool:
+	@command -v promtool >/dev/null && command -v prometheus >/dev/null || \
+		{ apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends prometheus; }
 
 test-fast: $(STAMP)
 	$(PY) -m pytest -q -m "not slow" tests

@@ -7,9 +7,9 @@ Three extraction workloads with expected answers (bench/data/): the 60 json-extr
 (256 tokens), 8 person paragraphs (name, age, email, city; 128 tokens) and 12 function calls
 (a request and one tool's parameter schema; the expected arguments; 128 tokens). Every setting
 runs every prompt greedily in one offline batch, in the same process; a setting is a JSON
-whitespace mode (grammar.backend.JSON_WHITESPACE_MODES), optionally ":no-jf" (jump-forward off)
-and ":fields" (the prompt the clients' extract() sends: the text, then "Extract <field names> ...",
-instead of showing the schema). Peers get the same prompt token ids and schemas.
+whitespace mode (grammar.backend.JSON_WHITESPACE_MODES), optionally ":no-jf" (jump-forward off),
+":no-close" (closing early off: answers may be cut at max_tokens) and ":fields" (the prompt the
+clients' extract() sends: the text, then "Extract <field names> ...", instead of showing the schema). Peers get the same prompt token ids and schemas.
 
 Per workload and setting: field accuracy, exact-match share, valid / length shares, tokens per
 answer; per setting, answers/s over the whole batch. An answer cut at max_tokens scores 0.
@@ -47,6 +47,7 @@ class Setting:
     whitespace: str
     jump_forward: bool = True
     prompt: str = "schema"
+    close_early: bool = True
 
 
 @dataclass
@@ -70,13 +71,14 @@ class Row:
 
 
 def parse_setting(text: str) -> Setting:
-    """"bounded", "spaced:no-jf", "bounded:fields", "compact:no-jf:fields"."""
+    """"bounded", "spaced:no-jf", "bounded:fields", "compact:no-jf:fields", "bounded:no-close"."""
     from grammar.backend import JSON_WHITESPACE_MODES
     whitespace, *flags = text.split(":")
-    if whitespace not in JSON_WHITESPACE_MODES or any(f not in ("no-jf", "fields") for f in flags):
+    if whitespace not in JSON_WHITESPACE_MODES or any(f not in ("no-jf", "fields", "no-close") for f in flags):
         raise ValueError(f"unknown setting {text!r}: a whitespace mode ({', '.join(JSON_WHITESPACE_MODES)}) "
-                         f"optionally followed by :no-jf and/or :fields")
-    return Setting(text, whitespace, jump_forward="no-jf" not in flags, prompt="fields" if "fields" in flags else "schema")
+                         f"optionally followed by :no-jf, :no-close and/or :fields")
+    return Setting(text, whitespace, jump_forward="no-jf" not in flags, prompt="fields" if "fields" in flags else "schema",
+                   close_early="no-close" not in flags)
 
 
 def _fields_prompt(schema: dict, text: str) -> list[dict]:
@@ -146,7 +148,7 @@ def run_formwork(llm, items: list[Item], setting: Setting) -> tuple[list[tuple[s
     prompts = [item.messages[setting.prompt] for item in items]
     params = [SamplingParams(temperature=0, max_tokens=MAX_TOKENS[item.workload], constraint=Constraint(
         kind="json_schema", spec=json.dumps(item.schema), whitespace=setting.whitespace,
-        jump_forward=setting.jump_forward)) for item in items]
+        jump_forward=setting.jump_forward, close_early=setting.close_early)) for item in items]
     started = time.perf_counter()
     outputs = llm.generate(prompts, params)
     seconds = time.perf_counter() - started

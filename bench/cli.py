@@ -26,6 +26,8 @@ def add_bench_parser(subparsers, add_engine_args) -> None:
     coverage.add_argument("--subset", action="append", help="repeat for several (default: all)")
     coverage.add_argument("--limit", type=int, default=10, help="schemas per subset")
     coverage.add_argument("--max-tokens", type=int, default=256)
+    coverage.add_argument("--close-early", choices=["on", "off", "both"], default="both",
+                          help="run with the constraints' close_early on, off, or both, one after the other")
     coverage.add_argument("--data", default=None,
                           help="a folder of <Subset>.jsonl (e.g. the full JSONSchemaBench; default: the carried sample)")
     coverage.add_argument("--compile-only", action="store_true",
@@ -37,7 +39,7 @@ def add_bench_parser(subparsers, add_engine_args) -> None:
 
     accuracy = which.add_parser("accuracy", help="field accuracy of constrained answers, per setting and peer")
     accuracy.add_argument("--settings", type=_csv, default=None,
-                          help="comma list of whitespace modes, each optionally with :no-jf and/or :fields "
+                          help="comma list of whitespace modes, each optionally with :no-jf, :no-close and/or :fields "
                                "(default: compact,spaced,bounded,any,bounded:no-jf,bounded:fields)")
     accuracy.add_argument("--workloads", type=_csv, default=None,
                           help="comma list of json-extraction, person, function-call (default: all)")
@@ -62,7 +64,7 @@ def add_bench_parser(subparsers, add_engine_args) -> None:
                        help="http: every Formwork run over gRPC and, right after, over the OpenAI-compatible HTTP API")
     serve.add_argument("--http-address", help="with --address and --protocol http: the server's HTTP HOST:PORT")
     serve.add_argument("--model", default=None, help="model folder (default: the packaged SmolLM2-135M-Instruct)")
-    serve.add_argument("--workload", choices=["json-extraction", "mixed-schemas", "unconstrained"],
+    serve.add_argument("--workload", choices=["json-extraction", "mixed-schemas", "unconstrained", "tool-calls"],
                        default="json-extraction")
     serve.add_argument("--modes", type=_csv, default=["unconstrained", "constrained", "unconstrained-matched", "constrained+jf"],
                        help="comma list of unconstrained, constrained (jump-forward off), unconstrained-matched (as long as constrained, EOS ignored), constrained+jf")

@@ -41,6 +41,11 @@ class RequestSpec:
     expected: dict | None = None  # json-extraction: the right answer, for field accuracy
     check_schema: dict | None = None  # the schema an unconstrained answer is checked against
     ignore_eos: bool = False  # generate exactly max_tokens (length-matched comparisons)
+    # tool-calls: the tools offered ({"name", "description", "parameters"}) and the choice
+    # ("required": only calls, constrained; "none": the tools shown, the output free)
+    tools: list[dict] | None = None
+    tool_choice: str = "required"
+    expected_tool: str | None = None  # the tool the request asks for
 
 
 @dataclass
@@ -95,6 +100,12 @@ def generate_request(spec: RequestSpec) -> pb.GenerateRequest:
         chat=pb.Chat(messages=[pb.ChatMessage(role=m["role"], content=m["content"]) for m in spec.messages]))
     if spec.ignore_eos:
         request.ignore_eos = True
+    for tool in spec.tools or []:
+        request.tools.append(pb.Tool(name=tool["name"], description=tool.get("description", ""),
+                                     parameters_json=json.dumps(tool["parameters"])))
+    if spec.tools:
+        request.tool_choice.mode = pb.ToolChoiceMode.Value(f"TOOL_CHOICE_MODE_{spec.tool_choice.upper()}")
+        request.parallel_tool_calls = False
     if spec.schema is not None:
         constraint = pb.Constraint(json_schema_text=json.dumps(spec.schema))
         if spec.jump_forward is not None:

@@ -4,7 +4,12 @@
 * mixed-schemas: real-world schemas from the JSONSchemaBench sample in bench/data/ (or `--data`) with a generic
   "produce an example" prompt that shows the schema;
 * unconstrained: the json-extraction prompts without a constraint (their answers are still
-  checked against the schema, which shows what the constraint buys).
+  checked against the schema, which shows what the constraint buys);
+* tool-calls: the dozen function-calling requests of bench/data/function_calls.jsonl, each offered
+  every tool, tool_choice required (unconstrained: the same tools shown, tool_choice none); an
+  answer is valid when it is one call (Hermes syntax) of a tool whose schema its arguments match
+  (jump-forward is the server's default in both constrained modes: a request's tools carry no
+  constraint options).
 """
 from __future__ import annotations
 
@@ -12,10 +17,11 @@ import json
 import random
 import statistics
 
+from bench.datasets import DATA_DIR
 from bench.serve import RequestRecord, RequestSpec
 from bench.workloads import extraction_prompt, load_json_extraction
 
-WORKLOADS = ("json-extraction", "mixed-schemas", "unconstrained")
+WORKLOADS = ("json-extraction", "mixed-schemas", "unconstrained", "tool-calls")
 MIXED_SUBSETS = ("Github_easy", "Github_medium", "Glaiveai2K", "JsonSchemaStore", "Kubernetes", "Snowplow")
 EXAMPLE_SYSTEM = "You write realistic example JSON documents. Reply with the JSON document only."
 
@@ -60,6 +66,15 @@ def mixed_schemas(max_tokens: int, limit: int = 64, max_schema_chars: int = 1500
     return specs
 
 
+def tool_calls(max_tokens: int, constrained: bool = True) -> list[RequestSpec]:
+    with open(DATA_DIR / "function_calls.jsonl", encoding="utf-8") as f:
+        items = [json.loads(line) for line in f if line.strip()]
+    tools = [item["tool"] for item in items]
+    return [RequestSpec(request_id=item["id"], messages=[{"role": "user", "content": item["request"]}],
+                        max_tokens=max_tokens, tools=tools, tool_choice="required" if constrained else "none",
+                        expected=item["expected"], expected_tool=item["tool"]["name"]) for item in items]
+
+
 def build(workload: str, max_tokens: int, constrained: bool = True, jump_forward: bool | None = None,
           data: str | None = None) -> list[RequestSpec]:
     """The workload's requests; `unconstrained` is json-extraction's prompts without their schema
@@ -68,6 +83,8 @@ def build(workload: str, max_tokens: int, constrained: bool = True, jump_forward
         return json_extraction(max_tokens, jump_forward, constrained=constrained and workload != "unconstrained")
     if workload == "mixed-schemas":
         return mixed_schemas(max_tokens, jump_forward=jump_forward, constrained=constrained, data=data)
+    if workload == "tool-calls":
+        return tool_calls(max_tokens, constrained)
     raise ValueError(f"unknown workload {workload!r}; expected one of {', '.join(WORKLOADS)}")
 
 
@@ -81,6 +98,8 @@ def score(spec: RequestSpec, text: str, finish_reason: str) -> tuple[bool, float
     """(valid, field accuracy): valid means the answer parses, validates against the schema and
     was not cut by max_tokens; field accuracy only for items with an expected answer."""
     import jsonschema
+    if spec.tools is not None:
+        return _score_tool_call(spec, text, finish_reason)
     schema = spec.check_schema
     try:
         value = json.loads(text)
@@ -91,6 +110,26 @@ def score(spec: RequestSpec, text: str, finish_reason: str) -> tuple[bool, float
     except (ValueError, jsonschema.ValidationError, jsonschema.SchemaError, RecursionError):
         value, valid = None, False
     accuracy = _field_accuracy(spec.expected, value) if spec.expected is not None else None
+    return valid, accuracy
+
+
+def _score_tool_call(spec: RequestSpec, text: str, finish_reason: str) -> tuple[bool, float | None]:
+    """Valid: the answer is calls only (Hermes syntax), each of an offered tool with arguments its
+    schema accepts. Accuracy: the expected tool's fields, if it was the one called."""
+    import jsonschema
+
+    from grammar.tool_calls import SYNTAXES
+    schemas = {t["name"]: t["parameters"] for t in spec.tools or []}
+    content, calls = SYNTAXES["hermes"].parse(text)
+    try:
+        arguments = [json.loads(args) for _, args in calls]
+        for (name, _), value in zip(calls, arguments):
+            jsonschema.validate(value, schemas[name])
+        valid = bool(calls) and not content and finish_reason != "length"
+    except (KeyError, ValueError, jsonschema.ValidationError):
+        arguments, valid = [], False
+    called = dict(zip((name for name, _ in calls), arguments))
+    accuracy = _field_accuracy(spec.expected, called.get(spec.expected_tool)) if spec.expected else None
     return valid, accuracy
 
 

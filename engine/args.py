@@ -6,7 +6,8 @@ import argparse
 
 def add_engine_args(parser: argparse.ArgumentParser) -> None:
     g = parser.add_argument_group("engine")
-    g.add_argument("--model", default=None, help="local Hugging Face model folder (default: packaged SmolLM2-135M-Instruct)")
+    g.add_argument("--model", default=None, help="local Hugging Face model folder, or a .gguf file (prepared once into the cache); "
+                        "default: packaged SmolLM2-135M-Instruct")
     g.add_argument("--max-model-len", type=int, default=None, help="context length (default: the model's)")
     g.add_argument("--max-num-seqs", type=int, default=64, help="requests per step")
     g.add_argument("--max-num-batched-tokens", type=int, default=512, help="token budget per step")
@@ -14,6 +15,8 @@ def add_engine_args(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--kv-cache-gib", type=float, default=1.0, help="CPU: KV cache memory when --num-blocks is unset")
     g.add_argument("--no-prefix-caching", action="store_true")
     g.add_argument("--no-jump-forward", action="store_true", help="engine default for jump-forward decoding")
+    g.add_argument("--no-close-early", action="store_true",
+                   help="engine default for closing constrained outputs before max_tokens and on runaway loops")
     g.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's)")
     g.add_argument("--device", default="cpu")
     g.add_argument("--dtype", choices=["auto", "float32", "bfloat16", "float16"], default="auto",
@@ -55,7 +58,8 @@ def engine_config_from_args(args: argparse.Namespace):
         cache=CacheConfig(block_size=args.block_size, num_blocks=args.num_blocks,
                           kv_cache_bytes=int(args.kv_cache_gib * (1 << 30)),
                           enable_prefix_caching=not args.no_prefix_caching),
-        grammar=GrammarConfig(jump_forward=not args.no_jump_forward, compile_timeout_s=args.compile_timeout,
+        grammar=GrammarConfig(jump_forward=not args.no_jump_forward, close_early=not args.no_close_early,
+                              compile_timeout_s=args.compile_timeout,
                               max_schema_depth=args.max_schema_depth, max_forced_bytes=args.max_forced_bytes,
                               max_repeat_count=args.max_repeat_count, max_fill_ms=args.max_fill_ms),
         cuda=CudaConfig(gpu_memory_utilization=args.gpu_memory_utilization, enforce_eager=args.enforce_eager,

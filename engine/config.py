@@ -1,7 +1,9 @@
 """Engine configuration: frozen dataclasses, validated on construction."""
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from grammar.config import GrammarConfig
 
@@ -61,7 +63,7 @@ class CudaConfig:
 
 @dataclass(frozen=True)
 class EngineConfig:
-    model: str | None = None  # local Hugging Face folder; None: the packaged SmolLM2-135M-Instruct
+    model: str | None = None  # local Hugging Face folder or .gguf file; None: the packaged SmolLM2-135M-Instruct
     device: str = "cpu"
     dtype: str = "auto"  # "auto": bfloat16 on CUDA and on CPUs with bf16 dot products, else float32; see torch_dtype
     max_model_len: int | None = None  # None: the model's own context length
@@ -70,6 +72,7 @@ class EngineConfig:
     cache: CacheConfig = field(default_factory=CacheConfig)
     grammar: GrammarConfig = field(default_factory=GrammarConfig)
     cuda: CudaConfig = field(default_factory=CudaConfig)  # read only when device is cuda
+    collect_stats: bool = True  # per-step numbers for the front end's metrics (engine/core/step_stats.py)
 
     def __post_init__(self) -> None:
         if self.dtype not in ("auto", "float32", "bfloat16", "float16"):
@@ -102,3 +105,20 @@ def cpu_flags() -> list[str]:
             return next((line for line in f if line.startswith("flags")), "").split()
     except OSError:
         return []
+
+
+def model_eos_token_ids(model_dir: Path) -> tuple[int, ...]:
+    """Every id that ends generation for the model in `model_dir`: generation_config.json's
+    `eos_token_id` first (transformers' generate stops on these), then config.json's; each may be
+    one id or a list (Llama 3, Qwen and Gemma list the end-of-turn token beside the eos token)."""
+    ids: list[int] = []
+    for name in ("generation_config.json", "config.json"):
+        path = Path(model_dir) / name
+        try:
+            value = json.loads(path.read_text(encoding="utf-8")).get("eos_token_id") if path.is_file() else None
+        except (OSError, ValueError, AttributeError) as e:
+            raise ValueError(f"cannot read {str(path)!r}: {e}") from None
+        for token_id in [value] if isinstance(value, int) else (value or []):
+            if isinstance(token_id, int) and token_id not in ids:
+                ids.append(token_id)
+    return tuple(ids)

@@ -82,6 +82,10 @@ class EngineCoreOutput(msgspec.Struct, array_like=True, omit_defaults=True):
     # with `error`: the request's constraint caused it (a grammar limit, or its grammar work
     # failed), so the client is told INVALID_ARGUMENT even after tokens
     constraint_error: bool = False
+    grammar_cache_hit: bool = False  # final output: the compiled grammar came from the compile cache
+    # with STOP: the engine, not the model, completed the output: "budget" (max_tokens or the
+    # context was about to run out), "repetition", "digits" or "depth" (a runaway loop); "" if not
+    closed_early: str = ""
 
 
 class EngineStats(msgspec.Struct, array_like=True, omit_defaults=True):
@@ -94,6 +98,32 @@ class EngineStats(msgspec.Struct, array_like=True, omit_defaults=True):
     num_steps: int = 0
     num_grammar_cache_hits: int = 0  # constraints served by the compile cache since the engine started
     num_grammar_compiles: int = 0  # compile-cache misses: grammars compiled since the engine started
+
+
+class StepStats(msgspec.Struct, array_like=True, omit_defaults=True):
+    """What the engine measured since its last report, for the front end's metrics.
+
+    The lists hold one entry per engine step that ran a forward pass, in order (columns rather than
+    one struct per step: a step appends a few numbers, nothing per token). The counters are totals
+    since the engine started: the front end adds their growth, and a smaller total means a new engine.
+    """
+
+    num_reqs: list[int] = []  # requests in the step's batch
+    num_tokens: list[int] = []  # tokens computed in the step
+    num_bitmask_rows: list[int] = []  # constrained requests whose bitmask row was filled
+    forward_s: list[float] = []  # execute_model in the worker thread
+    fill_s: list[float] = []  # grammar bitmask fill on the engine thread, beside the forward
+    wait_s: list[float] = []  # engine thread blocked on the forward after the fill
+    sample_s: list[float] = []  # bitmask application + sampling
+    total_s: list[float] = []  # launch -> outputs built
+    compile_s: list[float] = []  # grammar compiles that finished (successful or not), seconds each
+    num_steps: int = 0
+    num_preemptions: int = 0
+    num_compile_cache_hits: int = 0
+    num_compile_cache_misses: int = 0
+    num_compile_cache_evictions: int = 0
+    # failure reason ("timeout", "limit", "invalid", "out_of_memory", "internal") -> compiles that failed
+    compile_failures: dict[str, int] = {}
 
 
 class ConstraintReport(msgspec.Struct, array_like=True, omit_defaults=True):
@@ -111,6 +141,7 @@ class EngineCoreOutputs(msgspec.Struct, array_like=True, omit_defaults=True, tag
     call_id: int = 0  # set when answering GetStats / ValidateConstraint
     stats: EngineStats | None = None
     report: ConstraintReport | None = None
+    step_stats: StepStats | None = None  # since the last report; None when the engine collects none
 
 
 class EngineCoreReady(msgspec.Struct, array_like=True, omit_defaults=True, tag=True):

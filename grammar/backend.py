@@ -8,6 +8,8 @@ from abc import ABC, abstractmethod
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
+    from collections.abc import Sequence
+
     import torch
 
     from grammar.constraint import Constraint
@@ -30,6 +32,9 @@ class CompiledGrammar(ABC):
     # what a best-effort constraint does not enforce, as "keyword at /json/pointer"
     # (e.g. "uniqueItems at /properties/tags"); always empty for a strict constraint
     not_enforced: list[str] = []
+    # tokens of the shortest output found when compiling (Grammar.closing_token_ids from the
+    # start, with a larger search budget); None: not known
+    min_output_tokens: int | None = None
 
     @property
     @abstractmethod
@@ -74,9 +79,19 @@ class Grammar(ABC):
         text with what follows.
         """
 
+    def closing_token_ids(self, max_tokens: int) -> list[int] | None:
+        """Tokens that complete the output from here, at most `max_tokens` of them: the text that
+        closes what is open (a string, required properties with minimal values, the containers),
+        then a stop token unless nothing may follow it anyway. Not accepted: the matcher is as
+        it was. None when no closing is found within `max_tokens` (or the backend cannot tell)."""
+        return None
+
 
 class GrammarBackend(ABC):
     """Compiles constraints for one tokenizer. `compile` is blocking and thread-safe."""
+
+    # each token id's bytes, for the runaway guard (grammar/runaway.py); None: not known, no guard
+    token_bytes: Sequence[bytes] | None = None
 
     @abstractmethod
     def compile(self, constraint: Constraint) -> CompiledGrammar:

@@ -24,6 +24,8 @@ logger = logging.getLogger(__name__)
 
 # what a cached failure costs besides its message (the exception object, the cache slot)
 _FAILURE_OVERHEAD_BYTES = 256
+# compile times kept for a reader (the engine's metrics) that has not taken them yet
+_MAX_UNREAD_COMPILE_TIMES = 4096
 
 
 class GrammarCompiler:
@@ -59,6 +61,10 @@ class GrammarCompiler:
         self.num_hits = 0
         self.num_misses = 0
         self.num_timeouts = 0
+        self.num_evictions = 0  # cache entries dropped to stay within cache_bytes
+        # why constraints failed ("timeout", "limit", "invalid", "out_of_memory", "internal") -> how many
+        self.failures: dict[str, int] = {}
+        self._compile_times: list[float] = []  # seconds of each finished compile, until taken
 
     def submit(self, constraint: Constraint) -> Future[CompiledGrammar]:
         """A future of the compiled grammar; already done on a cache hit. Never raises: every
@@ -74,6 +80,12 @@ class GrammarCompiler:
         future, cached = self._submit(constraint)
         compiled = future.result()
         return compiled, time.monotonic() - start, cached
+
+    def take_compile_times(self) -> list[float]:
+        """Seconds each compile took (pool time, successful or not) since the last call."""
+        with self._lock:
+            times, self._compile_times = self._compile_times, []
+        return times
 
     @property
     def cache_bytes(self) -> int:
@@ -101,14 +113,17 @@ class GrammarCompiler:
         # the size limit first: cache_key parses the spec, and an oversized one should not be
         spec_bytes = len(constraint.spec) + sum(len(c) for c in constraint.choices)
         if spec_bytes > self.config.max_spec_bytes:  # chars <= bytes; the exact check runs later
+            self._count_failure("limit")
             return _failed(GrammarError(
                 f"{constraint.kind} spec is over the max_spec_bytes limit of {self.config.max_spec_bytes} "
                 f"({spec_bytes} characters)")), False
         try:
             key = constraint.cache_key
         except ValueError as e:  # json.JSONDecodeError, or a RecursionError-free parse failure
+            self._count_failure("invalid")
             return _failed(GrammarError(f"{constraint.kind} spec is not valid: {e}")), False
         except RecursionError:
+            self._count_failure("limit")
             return _failed(GrammarError("json_schema is nested too deeply to parse")), False
         with self._lock:
             entry = self._cache.get(key)
@@ -135,15 +150,21 @@ class GrammarCompiler:
             timer.start()
         start = time.monotonic()
         outcome: CompiledGrammar | GrammarError
+        failure = None  # the reason, for the failure counts
         try:
+            failure = "limit"
             check_limits(constraint, self.config.max_spec_bytes, self.config.max_schema_depth)
+            failure = "invalid"
             outcome = self.backend.compile(constraint)
+            failure = None
         except GrammarError as e:
             outcome = e
         except MemoryError:  # this constraint's compile ran out of memory: its own failure
+            failure = "out_of_memory"
             logger.warning("%s compile ran out of memory", constraint.kind)
             outcome = GrammarError(f"{constraint.kind} could not be compiled: out of memory; simplify the constraint")
         except Exception as e:  # a backend bug must not strand the request
+            failure = "internal"
             logger.exception("grammar backend failed on a %s constraint", constraint.kind)
             outcome = GrammarError(f"{constraint.kind} could not be compiled: internal error {type(e).__name__}: {e}")
         finally:
@@ -154,8 +175,12 @@ class GrammarCompiler:
             logger.warning("%s compile finished after %.1f s, past its %.1f s limit; caching its outcome",
                            constraint.kind, elapsed, timeout_s)
         with self._lock:
+            if len(self._compile_times) < _MAX_UNREAD_COMPILE_TIMES:
+                self._compile_times.append(elapsed)
             if self._in_flight.get(key) is future:
                 del self._in_flight[key]
+                if failure is not None:  # an expired compile was counted as a timeout already
+                    self.failures[failure] = self.failures.get(failure, 0) + 1
             self._store(key, constraint, outcome)
         _resolve(future, outcome)
 
@@ -167,6 +192,7 @@ class GrammarCompiler:
                 return  # finished meanwhile
             del self._in_flight[key]
             self.num_timeouts += 1
+            self.failures["timeout"] = self.failures.get("timeout", 0) + 1
             self._store(key, constraint, error)
         _resolve(future, error)
 
@@ -187,6 +213,11 @@ class GrammarCompiler:
         while self._cache_bytes > self.config.cache_bytes:
             _, (_, evicted_bytes) = self._cache.popitem(last=False)
             self._cache_bytes -= evicted_bytes
+            self.num_evictions += 1
+
+    def _count_failure(self, reason: str) -> None:
+        with self._lock:
+            self.failures[reason] = self.failures.get(reason, 0) + 1
 
 
 def _done(outcome: CompiledGrammar | GrammarError) -> Future[CompiledGrammar]:

@@ -25,6 +25,9 @@ class GrammarConfig:
     # time, the others in every step; a request past it ends with an error. Most fills take
     # 0.01-1.5 ms, but a Lark grammar with %ignore takes 60 ms at every gap, so not lower
     max_fill_ms: float = 100.0
+    # close a constrained output before it runs out of tokens, and the JSON kinds' runaway loops
+    # (grammar/early_closing.py); engine default, a request may switch it off (or on)
+    close_early: bool = True
 
     def __post_init__(self) -> None:
         for name in ("max_spec_bytes", "max_schema_depth", "cache_bytes", "num_compile_threads",

@@ -11,8 +11,11 @@ import msgspec
 
 from grammar.backend import JSON_WHITESPACE_MODES
 from grammar.lark_grammar import GRAMMAR_SYNTAXES
+from grammar.tool_calls import ToolCalls
 
 CONSTRAINT_KINDS = ("json_schema", "json_object", "regex", "grammar", "choice")
+# plus the kind the front end builds from a request's tools (grammar/tool_calls.py)
+ENGINE_KINDS = (*CONSTRAINT_KINDS, "tool_calls")
 # the whitespace mode of JSON a constraint does not name (JSON_WHITESPACE_MODES says what each allows)
 DEFAULT_JSON_WHITESPACE = "bounded"
 
@@ -20,16 +23,22 @@ DEFAULT_JSON_WHITESPACE = "bounded"
 class Constraint(msgspec.Struct, array_like=True, omit_defaults=True, frozen=True):
     """The shape the output must have.
 
-    kind: one of CONSTRAINT_KINDS.
+    kind: one of ENGINE_KINDS.
     spec: JSON Schema text (json_schema), a regex (regex), a grammar in xgrammar's EBNF or in Lark
-          (grammar); empty for json_object and choice.
+          (grammar), a grammar.tool_calls.ToolCalls spec (tool_calls); empty for json_object and
+          choice.
     choices: the allowed outputs, for kind "choice".
     strict: a JSON-Schema keyword the backend cannot enforce is an error (True) or is reported in
             the output as not enforced (False, best effort).
     any_whitespace: allow free whitespace between JSON tokens (the same as whitespace="any").
     jump_forward: append text the grammar forces without sampling it (None: the engine's default).
+    close_early: close the output before max_tokens or the context runs out, and (JSON kinds) when
+                 it loops (None: the engine's default); the output then says it was closed.
     whitespace: one of JSON_WHITESPACE_MODES for the JSON kinds ("": DEFAULT_JSON_WHITESPACE).
     grammar_syntax: "ebnf" or "lark" for kind "grammar" ("" or "auto": told apart by the text).
+    think_end: non-empty: the output first thinks freely until this marker (grammar/reasoning.py),
+               and the constraint applies after it.
+    think_budget: the most tokens of thinking (0: no limit); at the limit the marker is forced.
     """
 
     kind: str
@@ -40,6 +49,9 @@ class Constraint(msgspec.Struct, array_like=True, omit_defaults=True, frozen=Tru
     jump_forward: bool | None = None
     whitespace: str = ""
     grammar_syntax: str = ""
+    think_end: str = ""
+    think_budget: int = 0
+    close_early: bool | None = None
 
     @property
     def json_whitespace(self) -> str:
@@ -47,8 +59,8 @@ class Constraint(msgspec.Struct, array_like=True, omit_defaults=True, frozen=Tru
         return "any" if self.any_whitespace else (self.whitespace or DEFAULT_JSON_WHITESPACE)
 
     def validate(self) -> None:
-        if self.kind not in CONSTRAINT_KINDS:
-            raise ValueError(f"unknown constraint kind {self.kind!r}; expected one of {', '.join(CONSTRAINT_KINDS)}")
+        if self.kind not in ENGINE_KINDS:
+            raise ValueError(f"unknown constraint kind {self.kind!r}; expected one of {', '.join(ENGINE_KINDS)}")
         if self.whitespace and self.whitespace not in JSON_WHITESPACE_MODES:
             raise ValueError(f"unknown whitespace mode {self.whitespace!r}; expected one of "
                              f"{', '.join(JSON_WHITESPACE_MODES)}")
@@ -60,8 +72,14 @@ class Constraint(msgspec.Struct, array_like=True, omit_defaults=True, frozen=Tru
                 raise ValueError("a choice constraint needs at least one choice")
             if any(not c for c in self.choices):
                 raise ValueError("choices must be non-empty strings")
-        elif self.kind in ("json_schema", "regex", "grammar") and not self.spec.strip():
+        elif self.kind in ("json_schema", "regex", "grammar", "tool_calls") and not self.spec.strip():
             raise ValueError(f"a {self.kind} constraint needs a non-empty spec")
+        if self.think_budget < 0:
+            raise ValueError(f"think_budget must be >= 0 (0: no limit), got {self.think_budget}")
+        if self.think_budget and not self.think_end:
+            raise ValueError("think_budget needs think_end (the marker that ends thinking)")
+        if self.kind == "tool_calls":
+            ToolCalls.from_spec(self.spec)
         if self.kind == "json_schema":
             try:
                 schema = json.loads(self.spec)
@@ -76,10 +94,11 @@ class Constraint(msgspec.Struct, array_like=True, omit_defaults=True, frozen=Tru
     def cache_key(self) -> tuple:
         """(kind, canonical spec, options): equal keys compile to the same grammar."""
         spec = self.spec
-        if self.kind == "json_schema":
+        if self.kind in ("json_schema", "tool_calls"):
             # whitespace is canonicalized, key order is not: properties are generated in the
             # order the schema declares them, so a reordered schema is a different grammar
             spec = json.dumps(json.loads(spec), separators=(",", ":"))
-        whitespace = self.json_whitespace if self.kind in ("json_schema", "json_object") else ""
+        whitespace = self.json_whitespace if self.kind in ("json_schema", "json_object", "tool_calls") else ""
         syntax = (self.grammar_syntax or "auto") if self.kind == "grammar" else ""
-        return (self.kind, spec, tuple(self.choices), self.strict, whitespace, syntax)
+        return (self.kind, spec, tuple(self.choices), self.strict, whitespace, syntax, self.think_end,
+                self.think_budget)

@@ -65,5 +65,9 @@ class ForcedTextTokenizer:
         # the chunks before the last are tokenized on their own; verify rather than trust it
         return len(head) if ids[: len(head)] == head else 0
 
+    def encode(self, text: str) -> list[int]:
+        """The plain encoding of `text`, seams unchecked ([] when disabled)."""
+        return self._encode(text) if self.enabled else []
+
     def _encode(self, text: str) -> list[int]:
         return self._tokenizer.encode(text, add_special_tokens=False)

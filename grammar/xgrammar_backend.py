@@ -27,15 +27,18 @@ import torch
 import xgrammar as xgr
 
 from grammar import bitmask as bitmask_ops
-from grammar import lark_grammar, output_bounds, schema_check, schema_rewrite, schema_values
+from grammar import lark_grammar, output_bounds, schema_check, schema_rewrite, schema_values, structural_tags
 from grammar.backend import BOUNDED_JSON_WHITESPACE, CompiledGrammar, Grammar, GrammarBackend, GrammarError
+from grammar.closing_search import ALPHABET, find_closing
+from grammar.constraint import Constraint
 from grammar.jump_forward import ForcedTextTokenizer
 from grammar.log_capture import capture_native_log, strip_native_prefix
 from grammar.low_priority import run_at_low_priority
+from grammar.matcher_cursor import CharTokens, MatcherCursor
+from grammar.tool_calls import ToolCalls
 
 if TYPE_CHECKING:
     from grammar.config import GrammarConfig
-    from grammar.constraint import Constraint
 
 logger = logging.getLogger(__name__)
 
@@ -47,6 +50,7 @@ _WHITESPACE_OPTIONS: dict[str, dict[str, Any]] = {
     "any": {"any_whitespace": True},
 }
 _PROBE_TOKENS = 8  # tokens the compile-time fill probe walks
+_MIN_OUTPUT_SEARCH_TOKENS = 4096  # the longest shortest output the compile-time search looks for
 _ONE_OF_WARNING = "oneOf with overlapping"
 
 
@@ -75,8 +79,10 @@ class XGrammarGrammar(Grammar):
     """One request's GrammarMatcher plus the token history that rollback and jump-forward need."""
 
     def __init__(self, compiled: XGrammarCompiled, forced_text: ForcedTextTokenizer,
-                 stop_token_ids: list[int], vocab_size: int, max_forced_bytes: int) -> None:
+                 stop_token_ids: list[int], vocab_size: int, max_forced_bytes: int,
+                 char_tokens: CharTokens | None = None) -> None:
         self._matcher = xgr.GrammarMatcher(compiled.compiled)
+        self._char_tokens = char_tokens
         self._jump_forward_safe = compiled.jump_forward_safe
         self._max_forced_bytes = max_forced_bytes
         self._forced_text = forced_text
@@ -84,7 +90,7 @@ class XGrammarGrammar(Grammar):
         self._vocab_size = vocab_size
         self.not_enforced = compiled.not_enforced
         self._token_ids: list[int] = []  # accepted so far, for rollback and the jump-forward seam
-        self._scratch: torch.Tensor | None = None  # one bitmask row for the end-of-output check
+        self._scratch: torch.Tensor | None = None  # one bitmask row: the end-of-output check, the closing search
         self._ended_at: tuple[int, bool] | None = None  # (len(_token_ids), answer) cache
 
     def fill_bitmask(self, bitmask: torch.Tensor, row: int) -> None:
@@ -113,6 +119,8 @@ class XGrammarGrammar(Grammar):
             raise ValueError(f"cannot roll back {num_tokens} tokens; only {len(self._token_ids)} accepted")
         self._matcher.rollback(num_tokens)
         del self._token_ids[-num_tokens:]
+        if self._ended_at is not None and self._ended_at[0] > len(self._token_ids):
+            self._ended_at = None  # about a state that is gone; a later one may reach that length
 
     def is_terminated(self) -> bool:
         """True after a stop token, or once the output is complete and nothing may follow it
@@ -123,9 +131,7 @@ class XGrammarGrammar(Grammar):
             return False
         if self._ended_at is not None and self._ended_at[0] == len(self._token_ids):
             return self._ended_at[1]
-        if self._scratch is None:
-            self._scratch = xgr.allocate_token_bitmask(1, self._vocab_size)
-        self._matcher.fill_next_token_bitmask(self._scratch, 0)
+        self._matcher.fill_next_token_bitmask(self._scratch_row(), 0)
         words = self._scratch.numpy().view(np.uint32)[0].copy()
         for token_id in self._stop_token_ids:
             words[token_id >> 5] &= np.uint32(~(1 << (token_id & 31)) & 0xFFFFFFFF)
@@ -158,6 +164,33 @@ class XGrammarGrammar(Grammar):
         self.rollback(len(ids) - num_stable)
         return ids[:num_stable]
 
+    def closing_token_ids(self, max_tokens: int, max_nodes: int = 1000, max_cpu_s: float = 0.02) -> list[int] | None:
+        """The closing text comes from grammar/closing_search.py on this matcher (`max_nodes`,
+        `max_cpu_s`: its budget); its tokens are the model tokenizer's (checked at the seam like
+        jump-forward, else its plain encoding), validated by accepting them and rolling them back."""
+        if self._char_tokens is None or max_tokens < 1 or self._matcher.is_terminated():
+            return None
+        cursor = MatcherCursor(self._matcher, self._scratch_row(), self._char_tokens, self._jump_forward_safe)
+        text = find_closing(cursor, min(4 * max_tokens + 16, self._max_forced_bytes), max_nodes, max_cpu_s)
+        if text is None:
+            return None
+        ids = (self._forced_text.encode_after(self._token_ids, text) or self._forced_text.encode(text)) if text else []
+        if not self.accept_tokens(ids):
+            return None
+        if not self.is_terminated():  # the output may go on: end it with a stop token
+            stop = next((t for t in self._stop_token_ids if self.accept_tokens([t])), None)
+            if stop is None:
+                self.rollback(len(ids))
+                return None
+            ids = ids + [stop]
+        self.rollback(len(ids))
+        return ids if len(ids) <= max_tokens else None
+
+    def _scratch_row(self) -> torch.Tensor:
+        if self._scratch is None:
+            self._scratch = xgr.allocate_token_bitmask(1, self._vocab_size)
+        return self._scratch
+
 
 class XGrammarBackend(GrammarBackend):
     """Compiles every constraint kind for one tokenizer with xgrammar. `compile` is thread-safe.
@@ -186,6 +219,8 @@ class XGrammarBackend(GrammarBackend):
         # a tokenizer that prepends a space to every encoded text cannot encode mid-output text
         prefix_space = self.tokenizer_info.add_prefix_space
         self.forced_text = ForcedTextTokenizer(self.tokenizer, enabled=not prefix_space)
+        self.token_bytes = self.tokenizer_info.decoded_vocab
+        self.char_tokens = CharTokens(self._single_char_tokens())
 
     def compile(self, constraint: Constraint) -> XGrammarCompiled:
         """Also refuses a grammar that would cost more than its own request (a GrammarError):
@@ -207,8 +242,12 @@ class XGrammarBackend(GrammarBackend):
             grammar = _convert(kind, constraint.strict, not_enforced, xgr.Grammar.from_ebnf, ebnf)
         elif kind == "choice":
             grammar = _convert(kind, True, not_enforced, xgr.Grammar.from_ebnf, choice_ebnf(constraint.choices))
+        elif kind == "tool_calls":
+            grammar = None  # built from its tools' schemas below
         else:
             raise GrammarError(f"unknown constraint kind {kind!r}")
+        if kind == "tool_calls" or constraint.think_end:
+            grammar = self._structural_grammar(constraint, grammar, not_enforced)
         bounds = self._check_bounds(kind, grammar)
         try:
             compiled = self._compiler.compile_grammar(grammar)
@@ -216,13 +255,34 @@ class XGrammarBackend(GrammarBackend):
             raise GrammarError(f"{kind} does not compile: {strip_native_prefix(str(e))}") from None
         result = XGrammarCompiled(compiled, kind, not_enforced, jump_forward_safe=bounds.exact)
         self._warm_up(result)
+        result.min_output_tokens = self._min_output_tokens(result)
         return result
+
+    def _min_output_tokens(self, compiled: XGrammarCompiled) -> int | None:
+        """The shortest output's tokens, searched for here on the compile thread with a budget a
+        request's step could not afford (a schema with many required parts needs it)."""
+        try:
+            closing = self.make_grammar(compiled).closing_token_ids(_MIN_OUTPUT_SEARCH_TOKENS, max_nodes=20_000,
+                                                                    max_cpu_s=1.0)
+        except Exception as e:  # the closing is an extra: its failure is not the grammar's
+            logger.warning("shortest-output search failed: %s: %s", type(e).__name__, e)
+            return None
+        return None if closing is None else len(closing)
 
     def make_grammar(self, compiled: CompiledGrammar) -> XGrammarGrammar:
         if not isinstance(compiled, XGrammarCompiled):
             raise TypeError(f"expected a grammar compiled by XGrammarBackend, got {type(compiled).__name__}")
         return XGrammarGrammar(compiled, self.forced_text, self.stop_token_ids, self.vocab_size,
-                               self.config.max_forced_bytes)
+                               self.config.max_forced_bytes, self.char_tokens)
+
+    def _single_char_tokens(self) -> dict[str, int]:
+        """The closing search's characters that the vocabulary has as tokens of their own."""
+        out = {}
+        for char in ALPHABET:
+            ids = self.tokenizer.encode(char, add_special_tokens=False)
+            if len(ids) == 1 and ids[0] < len(self.token_bytes) and self.token_bytes[ids[0]] == char.encode():
+                out[char] = ids[0]
+        return out
 
     def output_bounds(self, grammar: xgr.Grammar) -> output_bounds.OutputBounds:
         """What the grammar's rules need (grammar/output_bounds.py); inexact (jump-forward off,
@@ -299,6 +359,47 @@ class XGrammarBackend(GrammarBackend):
 
     def allocate_bitmask(self, num_rows: int) -> torch.Tensor:
         return xgr.allocate_token_bitmask(num_rows, self.vocab_size)
+
+    # -- tool calls and think sections -------------------------------------------------------
+
+    def _structural_grammar(self, constraint: Constraint, grammar: xgr.Grammar | None,
+                            not_enforced: list[str]) -> xgr.Grammar:
+        """A tool_calls constraint's grammar, and/or `grammar` after a think section."""
+        if constraint.kind == "tool_calls":
+            answer = self._tool_calls_format(constraint, not_enforced)
+        else:
+            assert grammar is not None
+            answer = structural_tags.grammar_format(str(grammar))
+        if constraint.think_end:
+            answer = structural_tags.think_then(answer, constraint.think_end, constraint.think_budget)
+        try:
+            return xgr.Grammar.from_structural_tag(json.dumps(structural_tags.structural_tag(answer)))
+        except Exception as e:
+            raise GrammarError(f"{constraint.kind} does not compile: {strip_native_prefix(str(e))}") from None
+
+    def _tool_calls_format(self, constraint: Constraint, not_enforced: list[str]) -> structural_tags.Format:
+        """Each allowed tool's arguments compiled as a json_schema constraint with the same options,
+        so a schema is refused (or listed as not enforced) exactly as json_schema would be, with
+        the tool's index and name in front of the keyword's JSON pointer."""
+        try:
+            spec = ToolCalls.from_spec(constraint.spec)
+        except ValueError as e:
+            raise GrammarError(str(e)) from None
+        arguments: dict[str, str] = {}
+        allowed = {tool.name for tool in spec.allowed_tools}
+        for index, tool in enumerate(spec.tools):
+            if tool.name not in allowed:
+                continue
+            schema = Constraint(kind="json_schema", spec=json.dumps(tool.schema, ensure_ascii=False),
+                                strict=constraint.strict, whitespace=constraint.json_whitespace)
+            try:
+                schema_check.check_limits(schema, self.config.max_spec_bytes, self.config.max_schema_depth)
+                grammar, notes = self._json_grammar(schema)
+            except GrammarError as e:
+                raise GrammarError(f'tools[{index}] "{tool.name}" parameters: {e}') from None
+            not_enforced += [f'tool "{tool.name}": {note}' for note in notes]
+            arguments[tool.name] = str(grammar)
+        return structural_tags.tool_calls_format(spec, arguments)
 
     # -- JSON -------------------------------------------------------------------------------
 

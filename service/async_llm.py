@@ -20,11 +20,15 @@ from engine.capacity import KVCacheTooSmall, PromptTooLong, check_context_length
 from engine.frontend.core_client import EngineDeadError
 from engine.frontend.output_processor import OutputProcessor, RequestOutput
 from engine.frontend.tokenizer import Tokenizer
+from engine.frontend.tool_prompt import messages_with_tools, template_knows_tools
 from engine.protocol import ConstraintReport, EngineCoreOutput, EngineCoreRequest, EngineStats, FinishReason
 from engine.sampling_params import SamplingParams
 from grammar.constraint import Constraint
+from grammar.tool_calls import SYNTAXES
+from service.chat_format import ChatFormat
 from service.errors import FieldViolation, ServiceError, StatusCode, invalid_argument, unavailable
 from service.quarantine import Quarantine
+from service.telemetry import Telemetry
 
 if TYPE_CHECKING:
     from engine.frontend.core_client import EngineCoreClient, RequestOutputStream
@@ -41,15 +45,20 @@ WARM_UP_REQUEST_ID = "warm-up"
 class AsyncLLM:
     """Not thread-safe: use it from the one event loop that started it."""
 
-    def __init__(self, client: EngineCoreClient, limits: ServiceLimits, quarantine: Quarantine | None = None) -> None:
+    def __init__(self, client: EngineCoreClient, limits: ServiceLimits, quarantine: Quarantine | None = None,
+                 telemetry: Telemetry | None = None) -> None:
         self.client = client
         self.limits = limits
         self.quarantine = quarantine or Quarantine(0)  # 0 s: nothing is ever quarantined
+        # every request that ends is reported here once (metrics, its log line, its spans)
+        self.telemetry = telemetry or Telemetry()
+        client.on_step_stats = self.telemetry.engine_steps
         self.info: EngineCoreReady | None = None  # set by start()
         # after the core died: what is being done about it (set by the supervisor)
         self.down_reason: str | None = None
         self.tokenizer: Tokenizer | None = None
         self.output_processor: OutputProcessor | None = None
+        self.chat_format = ChatFormat()  # the model's, once started
         # request id -> its core output stream, from admission until the request ends here
         self._streams: dict[str, RequestOutputStream] = {}
         self._closing = False
@@ -61,6 +70,7 @@ class AsyncLLM:
         info = await self.client.start()
         self.tokenizer = await asyncio.to_thread(Tokenizer.from_model_dir, info.model_dir)
         self.output_processor = OutputProcessor(self.tokenizer)
+        self.chat_format = ChatFormat.for_model(info.model_dir, self.tokenizer.chat_template, self.limits)
         self.info = info
         return info
 
@@ -79,6 +89,7 @@ class AsyncLLM:
     async def restart(self) -> EngineCoreReady:
         """Start a new core after the old one died (same model, so the same tokenizer; warm it up
         next); EngineDeadError if it cannot start."""
+        self.telemetry.engine_restarted()  # the new core counts from zero
         self.info = await self.client.restart()
         return self.info
 
@@ -139,8 +150,14 @@ class AsyncLLM:
         if prompt.token_ids is not None:
             return prompt.token_ids, None
         if prompt.messages is not None:
+            messages, template_kwargs = prompt.messages, dict(prompt.template_kwargs or {})
+            uses_tools = prompt.tools or any(m["role"] == "tool" or m.get("tool_calls") for m in messages)
+            if uses_tools and template_knows_tools(tokenizer.chat_template):
+                template_kwargs["tools"] = prompt.tools
+            elif uses_tools:
+                messages = messages_with_tools(messages, prompt.tools, SYNTAXES[self.chat_format.tool_syntax])
             try:
-                text = tokenizer.apply_chat_template(prompt.messages, prompt.add_generation_prompt)
+                text = tokenizer.apply_chat_template(messages, prompt.add_generation_prompt, **template_kwargs)
             except ValueError as e:
                 raise invalid_argument("chat.messages", str(e)) from None
             return await self._encode(text, add_special_tokens=False), text  # the template wrote them
@@ -197,6 +214,8 @@ class AsyncLLM:
                     self.client.abort_requests(to_abort)
                 for output in request_outputs:
                     finished = output.finished
+                    if finished and request_id != WARM_UP_REQUEST_ID:
+                        self.telemetry.request_finished(output, params.constraint, arrival_time)
                     yield output
         except EngineDeadError as e:
             raise unavailable(f"the engine is unavailable: {e}") from None
@@ -204,7 +223,9 @@ class AsyncLLM:
             del self._streams[request_id]
             if not finished:  # cancelled, deadline, or the consumer stopped: free it in the core
                 self.client.abort_requests([request_id])
-                self.output_processor.abort(request_id)
+                aborted = self.output_processor.abort(request_id)
+                if aborted is not None and request_id != WARM_UP_REQUEST_ID:
+                    self.telemetry.request_finished(aborted, params.constraint, arrival_time)
 
     def _admit(self, num_prompt_tokens: int, max_tokens: int, prompt_field: str) -> None:
         info = self.info

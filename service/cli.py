@@ -20,9 +20,12 @@ from typing import TYPE_CHECKING
 from engine import args as engine_args
 from engine.config import EngineConfig, SchedulerConfig
 from engine.core.memory_watchdog import DEFAULT_FRACTION_OF_MEMORY, MemoryLimit, machine_memory_bytes
+from engine.log_format import configure_logging
+from grammar.tool_calls import SYNTAXES
 from service.limits import ServiceLimits
 from service.security import API_KEY_ENV, SecurityConfig, load_api_keys, load_tls_files
 from service.supervisor import RestartPolicy
+from service.telemetry import Telemetry
 
 if TYPE_CHECKING:
     from service.http.server import HttpServer
@@ -43,6 +46,14 @@ def add_serve_parser(subparsers: argparse._SubParsersAction,
                              "port)")
     parser.add_argument("--no-http", action="store_true", help="serve gRPC only")
     parser.add_argument("--log-level", default="INFO", choices=("DEBUG", "INFO", "WARNING", "ERROR"))
+    observability = parser.add_argument_group("observability (docs/observability.md)")
+    observability.add_argument("--log-format", default="text", choices=("text", "json"),
+                               help="json: one JSON object a line, for log pipelines (default: %(default)s)")
+    observability.add_argument("--no-metrics", action="store_true",
+                               help="no Prometheus metrics (GET /metrics answers 404; the engine collects nothing)")
+    observability.add_argument("--otlp-endpoint", default=None,
+                               help="export OpenTelemetry traces over OTLP/HTTP to this URL, e.g. "
+                                    "http://127.0.0.1:4318/v1/traces (default: no tracing)")
     (add_engine_args or engine_args.add_engine_args)(parser)
     limits = parser.add_argument_group("limits")
     limits.add_argument("--max-queue-len", type=int, default=SchedulerConfig().max_num_waiting,
@@ -61,6 +72,12 @@ def add_serve_parser(subparsers: argparse._SubParsersAction,
                         help="after SIGTERM, seconds health reports NOT_SERVING while new calls are still taken, "
                              "before the grace period: set it above a load balancer's health-check interval "
                              "(docs/deploy.md; default: %(default)s)")
+    chat = parser.add_argument_group("chat format (defaults: the model family's)")
+    chat.add_argument("--tool-call-syntax", choices=tuple(SYNTAXES), default="",
+                      help="how the model writes tool calls (default: by its family; hermes otherwise)")
+    chat.add_argument("--think-markers", metavar="START,END", default="",
+                      help="the markers around the model's think section, e.g. '<think>,</think>'")
+    chat.add_argument("--no-reasoning", action="store_true", help="the model does not think (no think section)")
     healing = parser.add_argument_group("self-healing")
     healing.add_argument("--engine-restarts", type=int, default=_RESTART_DEFAULTS.max_restarts,
                          help="consecutive engine crashes to restart after; 0: never restart (default: %(default)s)")
@@ -100,7 +117,8 @@ def security_from_args(args: argparse.Namespace) -> SecurityConfig:
 def engine_config_from_args(args: argparse.Namespace) -> EngineConfig:
     """engine/args.py's EngineConfig, with the service's queue length and constraint size."""
     config = engine_args.engine_config_from_args(args)
-    return replace(config, scheduler=replace(config.scheduler, max_num_waiting=args.max_queue_len),
+    return replace(config, collect_stats=not args.no_metrics,
+                   scheduler=replace(config.scheduler, max_num_waiting=args.max_queue_len),
                    grammar=replace(config.grammar,
                                    max_spec_bytes=max(args.max_constraint_bytes, config.grammar.max_spec_bytes)))
 
@@ -122,7 +140,28 @@ def memory_limit_from_args(args: argparse.Namespace) -> MemoryLimit | None:
 def limits_from_args(args: argparse.Namespace) -> ServiceLimits:
     return ServiceLimits(max_message_bytes=args.max_message_bytes, max_constraint_bytes=args.max_constraint_bytes,
                          max_tokens_cap=args.max_tokens_cap, default_max_tokens=args.default_max_tokens,
-                         shutdown_grace_s=args.shutdown_grace, drain_delay_s=args.drain_delay)
+                         shutdown_grace_s=args.shutdown_grace, drain_delay_s=args.drain_delay,
+                         tool_call_syntax=args.tool_call_syntax,
+                         no_reasoning=args.no_reasoning, **_think_markers(args.think_markers))
+
+
+def _think_markers(text: str) -> dict[str, str]:
+    if not text:
+        return {}
+    start, comma, end = text.partition(",")
+    if not comma or not end:
+        raise ValueError(f"--think-markers must be START,END (e.g. '<think>,</think>'), got {text!r}")
+    return {"think_start": start, "think_end": end}
+
+
+def telemetry_from_args(args: argparse.Namespace) -> Telemetry:
+    from service.metrics import ServiceMetrics
+    metrics = None if args.no_metrics else ServiceMetrics()
+    tracing = None
+    if args.otlp_endpoint:
+        from service.tracing import Tracing
+        tracing = Tracing.to_otlp(args.otlp_endpoint)
+    return Telemetry(metrics, tracing)
 
 
 def run_serve(args: argparse.Namespace) -> int:
@@ -131,7 +170,7 @@ def run_serve(args: argparse.Namespace) -> int:
     from service.server import GenerationServer, serve
 
     log_level = getattr(logging, args.log_level)
-    logging.basicConfig(level=log_level, format="[formwork] %(levelname)s %(name)s: %(message)s")
+    configure_logging(log_level, args.log_format)
     try:
         config, limits, security = engine_config_from_args(args), limits_from_args(args), security_from_args(args)
         restart_policy, memory_limit = restart_policy_from_args(args), memory_limit_from_args(args)
@@ -153,10 +192,10 @@ def run_serve(args: argparse.Namespace) -> int:
         key = " -H 'Authorization: Bearer KEY'" if security.api_keys else ""
         print(f"formwork: serving the OpenAI-compatible API on {url}/v1 (try: curl{key} {url}/v1/models)", flush=True)
 
-    client = AsyncMPClient(config, log_level=log_level, memory_limit=memory_limit)
+    client = AsyncMPClient(config, log_level=log_level, memory_limit=memory_limit, log_format=args.log_format)
     return asyncio.run(serve(client, limits, args.host, args.port, on_ready=announce, security=security,
                              http_port=None if args.no_http else args.http_port, on_http_ready=announce_http,
-                             restart_policy=restart_policy))
+                             restart_policy=restart_policy, telemetry=telemetry_from_args(args)))
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -17,6 +17,7 @@ from google.protobuf import struct_pb2
 from engine.protocol import ConstraintReport, EngineStats, FinishReason, TokenLogprob
 from engine.sampling_params import SamplingParams
 from grammar.constraint import CONSTRAINT_KINDS, Constraint
+from service import assistant_output
 from service._gen.formwork.v1 import generation_pb2 as pb
 from service.errors import FieldViolation, ServiceError, StatusCode, invalid_argument
 from service.limits import MAX_LOGPROBS, ServiceLimits
@@ -24,6 +25,7 @@ from service.limits import MAX_LOGPROBS, ServiceLimits
 if TYPE_CHECKING:
     from engine.frontend.output_processor import RequestOutput
     from engine.protocol import EngineCoreReady
+    from service.chat_format import ChatFormat, OutputShape
 
 # proto3 `optional` sampling fields, named as in SamplingParams
 _OPTIONAL_SAMPLING_FIELDS = ("temperature", "top_p", "top_k", "min_p", "seed", "repetition_penalty",
@@ -32,7 +34,7 @@ _OPTIONAL_SAMPLING_FIELDS = ("temperature", "top_p", "top_k", "min_p", "seed", "
 _FLOAT_FIELDS = ("temperature", "top_p", "min_p", "repetition_penalty", "frequency_penalty", "presence_penalty")
 # SamplingParams field names, longest first: its ValueErrors start with the field they are about
 _SAMPLING_FIELDS_LONGEST_FIRST = sorted(SamplingParams.__struct_fields__, key=len, reverse=True)
-_CONSTRAINT_OPTIONS = ("strict", "any_whitespace", "jump_forward")
+_CONSTRAINT_OPTIONS = ("strict", "any_whitespace", "jump_forward", "close_early")
 _WHITESPACE = {pb.JSON_WHITESPACE_COMPACT: "compact", pb.JSON_WHITESPACE_SPACED: "spaced",
                pb.JSON_WHITESPACE_BOUNDED: "bounded", pb.JSON_WHITESPACE_ANY: "any"}
 # Constraint.kind oneof field -> engine constraint kind
@@ -54,9 +56,11 @@ class PromptInput:
 
     field: str  # the request field it came from: "prompt", "chat" or "prompt_token_ids"
     text: str | None = None
-    messages: list[dict[str, str]] | None = None
+    messages: list[dict[str, Any]] | None = None
     add_generation_prompt: bool = True
     token_ids: list[int] | None = None
+    tools: list[dict[str, Any]] | None = None  # for the chat template (service/chat_format.py)
+    template_kwargs: dict[str, Any] | None = None  # more chat template variables (enable_thinking)
 
 
 # ---- requests -----------------------------------------------------------------------------------
@@ -79,7 +83,7 @@ def prompt_from_proto(request: pb.GenerateRequest | pb.TokenizeRequest, vocab_si
             if not message.role:
                 raise invalid_argument(f"chat.messages[{index}].role", "must not be empty")
         add_generation_prompt = chat.add_generation_prompt if chat.HasField("add_generation_prompt") else True
-        return PromptInput(field="chat", messages=[{"role": m.role, "content": m.content} for m in chat.messages],
+        return PromptInput(field="chat", messages=[_message(m) for m in chat.messages],
                            add_generation_prompt=add_generation_prompt)
     token_ids = list(request.prompt_token_ids.ids)
     if not token_ids:
@@ -88,6 +92,27 @@ def prompt_from_proto(request: pb.GenerateRequest | pb.TokenizeRequest, vocab_si
     if bad:
         raise invalid_argument("prompt_token_ids.ids", f"ids must be in [0, {vocab_size}); got {bad[:5]}")
     return PromptInput(field="prompt_token_ids", token_ids=token_ids)
+
+
+def _message(message: pb.ChatMessage) -> dict[str, Any]:
+    """A chat message as chat templates read it; a call's arguments as a JSON value when they parse."""
+    out: dict[str, Any] = {"role": message.role, "content": message.content}
+    if message.tool_calls:
+        out["tool_calls"] = [{"id": c.id, "type": "function",
+                              "function": {"name": c.name, "arguments": _json_or_text(c.arguments_json)}}
+                             for c in message.tool_calls]
+    if message.tool_call_id:
+        out["tool_call_id"] = message.tool_call_id
+    if message.name:
+        out["name"] = message.name
+    return out
+
+
+def _json_or_text(text: str) -> Any:
+    try:
+        return json.loads(text) if text else {}
+    except json.JSONDecodeError:
+        return text
 
 
 def sampling_params_from_proto(request: pb.GenerateRequest, limits: ServiceLimits, vocab_size: int) -> SamplingParams:
@@ -161,6 +186,8 @@ def constraint_field(request: pb.GenerateRequest | pb.ValidateConstraintRequest)
     """"constraint.<kind>" of a constrained request (for errors the compiler reports later); None
     without a constraint."""
     kind = request.constraint.WhichOneof("kind") if request.HasField("constraint") else None
+    if kind is None and getattr(request, "tools", None):
+        return "tools"  # the tools' schemas are the request's constraint
     return f"constraint.{kind}" if kind else None
 
 
@@ -187,9 +214,9 @@ def _value_to_python(value: struct_pb2.Value) -> Any:
 
 
 def generate_response(output: RequestOutput, request_id: str, token_text: Callable[[int], str],
-                      delta: bool) -> pb.GenerateResponse:
+                      delta: bool, shape: OutputShape | None = None) -> pb.GenerateResponse:
     """A GenerateResponse: the whole output (unary), or what this output adds (`delta`, streaming);
-    totals when the output is final."""
+    totals when the output is final, with the think section and tool calls read out per `shape`."""
     text = output.delta_text if delta else output.text
     token_ids = output.new_token_ids if delta else output.token_ids
     logprobs = output.new_logprobs if delta else output.logprobs
@@ -213,6 +240,12 @@ def generate_response(output: RequestOutput, request_id: str, token_text: Callab
                 time_to_first_token_s=timings.ttft_s, total_s=timings.total_s,
                 forward_passes=output.num_forward_passes))
         response.not_enforced.extend(output.not_enforced)
+        if shape is not None and not shape.plain:
+            parts = assistant_output.split(output.text, shape)
+            response.reasoning, response.content = parts.reasoning, parts.content
+            response.tool_calls.extend(pb.ToolCall(id=c.id, name=c.name, arguments_json=c.arguments)
+                                       for c in parts.calls)
+        response.closed_early = output.closed_early
     return response
 
 
@@ -258,8 +291,8 @@ class RestartStats:
 
 
 def model_info(info: EngineCoreReady, stats: EngineStats, limits: ServiceLimits, num_in_flight: int,
-               restarts: RestartStats = RestartStats()) -> pb.ModelInfo:
-    return pb.ModelInfo(
+               restarts: RestartStats = RestartStats(), chat_format: ChatFormat | None = None) -> pb.ModelInfo:
+    result = pb.ModelInfo(
         model_name=info.model_name,
         max_model_len=info.max_model_len,
         vocab_size=info.vocab_size,
@@ -279,3 +312,8 @@ def model_info(info: EngineCoreReady, stats: EngineStats, limits: ServiceLimits,
         last_engine_crash=restarts.last_crash,
         num_quarantined_constraints=restarts.num_quarantined,
     )
+    if chat_format is not None:
+        result.tool_call_syntax = chat_format.tool_syntax
+        if chat_format.reasoning is not None:
+            result.reasoning_start, result.reasoning_end = chat_format.reasoning.start, chat_format.reasoning.end
+    return result

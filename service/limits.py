@@ -3,6 +3,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from grammar.tool_calls import SYNTAXES
+
 MAX_LOGPROBS = 20  # the engine's bound (SamplingParams.validate)
 
 
@@ -23,6 +25,11 @@ class ServiceLimits:
     # SIGTERM: before that, health says NOT_SERVING this long while calls are still taken, so a
     # load balancer's health check sees it and stops sending before the server refuses calls
     drain_delay_s: float = 0.0
+    # the model's chat format, over its family's defaults (service/chat_format.py)
+    tool_call_syntax: str = ""  # a grammar.tool_calls.SYNTAXES name; "": the family's
+    think_start: str = ""  # with think_end: the model's think markers
+    think_end: str = ""  # "": the family's markers, if any
+    no_reasoning: bool = False  # treat the model as one that does not think
 
     def __post_init__(self) -> None:
         for name in ("max_message_bytes", "max_constraint_bytes", "max_tokens_cap", "default_max_tokens",
@@ -32,6 +39,11 @@ class ServiceLimits:
         if self.default_max_tokens > self.max_tokens_cap:
             raise ValueError(f"default_max_tokens ({self.default_max_tokens}) must not exceed max_tokens_cap "
                              f"({self.max_tokens_cap})")
+        if self.tool_call_syntax and self.tool_call_syntax not in SYNTAXES:
+            raise ValueError(f"unknown tool call syntax {self.tool_call_syntax!r}; expected one of "
+                             f"{', '.join(SYNTAXES)}")
+        if self.think_start and not self.think_end:
+            raise ValueError("think_start needs think_end")
         for name in ("shutdown_grace_s", "drain_delay_s"):
             if getattr(self, name) < 0:
                 raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")

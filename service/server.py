@@ -37,6 +37,7 @@ from service import conversion
 from service._gen.formwork.v1 import generation_pb2 as pb
 from service._gen.formwork.v1 import generation_pb2_grpc as pb_grpc
 from service.async_llm import AsyncLLM
+from service.chat_format import OutputShape
 from service.errors import STATUS_DETAILS_KEY, ServiceError, StatusCode, invalid_argument
 from service.limits import ServiceLimits
 from service.quarantine import Quarantine
@@ -44,6 +45,7 @@ from service.reflection import V1_SERVICE, V1ALPHA_SERVICE, add_v1_descriptor
 from service.request_decoding import UndecodableRequest, tolerant_deserializer
 from service.security import ApiKeys, KeyLimiter, SecurityConfig
 from service.supervisor import EngineSupervisor, RestartPolicy
+from service.telemetry import Telemetry
 
 if TYPE_CHECKING:
     from service.http.server import HttpServer
@@ -64,6 +66,7 @@ class _Prepared:
     prompt_field: str
     params: SamplingParams
     arrival_time: float
+    shape: OutputShape  # how the output is read back (think section, tool calls)
 
 
 class GenerationServicer(pb_grpc.GenerationServicer):
@@ -77,7 +80,7 @@ class GenerationServicer(pb_grpc.GenerationServicer):
         self._ids = itertools.count(1)
 
     async def Generate(self, request: pb.GenerateRequest, context: grpc.aio.ServicerContext) -> pb.GenerateResponse:
-        async with _status(context):
+        async with _status(context, self._rejected):
             _check_decoded(request, "Generate")
             prepared = await self._prepare(request)
             final = None
@@ -85,16 +88,19 @@ class GenerationServicer(pb_grpc.GenerationServicer):
                 async for final in outputs:
                     pass
             assert final is not None
-            return conversion.generate_response(final, prepared.request_id, self._llm.token_text, delta=False)
+            return conversion.generate_response(final, prepared.request_id, self._llm.token_text, delta=False,
+                                                shape=prepared.shape)
 
-    async def GenerateStream(self, request: pb.GenerateRequest, context: grpc.aio.ServicerContext) -> None:
-        async with _status(context):
+    async def GenerateStream(self, request: pb.GenerateRequest,
+                             context: grpc.aio.ServicerContext) -> AsyncIterator[pb.GenerateResponse]:
+        # a generator, not context.write: interceptors (tracing) wrap a streaming handler by iterating it
+        async with _status(context, self._rejected):
             _check_decoded(request, "GenerateStream")
             prepared = await self._prepare(request)
             async with contextlib.aclosing(self._generate(prepared, request, stream=True)) as outputs:
                 async for output in outputs:
-                    await context.write(
-                        conversion.generate_response(output, prepared.request_id, self._llm.token_text, delta=True))
+                    yield conversion.generate_response(output, prepared.request_id, self._llm.token_text, delta=True,
+                                                       shape=prepared.shape)
 
     async def ValidateConstraint(self, request: pb.ValidateConstraintRequest,
                                  context: grpc.aio.ServicerContext) -> pb.ValidateConstraintResponse:
@@ -120,7 +126,8 @@ class GenerationServicer(pb_grpc.GenerationServicer):
             supervisor = self._supervisor
             return conversion.model_info(self._llm.info, stats, self._limits, self._llm.num_in_flight,
                                          conversion.RestartStats(supervisor.num_restarts, supervisor.last_crash,
-                                                                 supervisor.quarantine.num_quarantined))
+                                                                 supervisor.quarantine.num_quarantined),
+                                         self._llm.chat_format)
 
     async def Tokenize(self, request: pb.TokenizeRequest, context: grpc.aio.ServicerContext) -> pb.TokenizeResponse:
         async with _status(context):
@@ -135,6 +142,9 @@ class GenerationServicer(pb_grpc.GenerationServicer):
 
     # ---- helpers ------------------------------------------------------------------------------
 
+    def _rejected(self, code: StatusCode) -> None:
+        self._llm.telemetry.request_rejected("grpc", code.name)
+
     async def _prepare(self, request: pb.GenerateRequest) -> _Prepared:
         arrival_time = time.monotonic()
         self._llm.check_available()
@@ -145,11 +155,14 @@ class GenerationServicer(pb_grpc.GenerationServicer):
                                                  f"{self._limits.max_request_id_len}")
         prompt = conversion.prompt_from_proto(request, info.vocab_size)
         params = conversion.sampling_params_from_proto(request, self._limits, info.vocab_size)
+        plan = self._llm.chat_format.plan(request, params.constraint, self._limits)
+        params, prompt = plan.sampling(params), plan.prompt(prompt)
         token_ids, _ = await self._llm.encode_prompt(prompt)
         number = next(self._ids)
         request_id = request.request_id or f"req-{number}"
         # the client's id need not be unique; the engine's must be
-        return _Prepared(request_id, f"{request_id}#{number}", token_ids, prompt.field, params, arrival_time)
+        return _Prepared(request_id, f"{request_id}#{number}", token_ids, prompt.field, params, arrival_time,
+                         plan.shape)
 
     async def _generate(self, prepared: _Prepared, request: pb.GenerateRequest,
                         stream: bool) -> AsyncIterator[RequestOutput]:
@@ -188,17 +201,22 @@ def add_generation_servicer(servicer: GenerationServicer, server: grpc.aio.Serve
 
 
 @contextlib.asynccontextmanager
-async def _status(context: grpc.aio.ServicerContext) -> AsyncIterator[None]:
+async def _status(context: grpc.aio.ServicerContext,
+                  on_error: Callable[[StatusCode], None] | None = None) -> AsyncIterator[None]:
     """End the RPC with the status of a ServiceError (rich details in the trailer); any other
-    exception is a bug: INTERNAL, logged. Cancellation passes through."""
+    exception is a bug: INTERNAL, logged. Cancellation passes through. `on_error` hears the code."""
     try:
         yield
     except ServiceError as e:
+        if on_error is not None:
+            on_error(e.code)
         await _abort(context, e)
     except Exception as e:
         if isinstance(e, grpc.aio.AbortError):
             raise
         logger.exception("internal error")
+        if on_error is not None:
+            on_error(StatusCode.INTERNAL)
         await _abort(context, ServiceError(StatusCode.INTERNAL, f"internal error: {type(e).__name__}: {e}"))
 
 
@@ -288,9 +306,10 @@ class GenerationServer:
 
     def __init__(self, client: EngineCoreClient, limits: ServiceLimits, host: str = "127.0.0.1",
                  port: int = 50051, warm_up: bool = True, security: SecurityConfig = SecurityConfig(),
-                 restart_policy: RestartPolicy = RestartPolicy()) -> None:
+                 restart_policy: RestartPolicy = RestartPolicy(), telemetry: Telemetry | None = None) -> None:
         quarantine = Quarantine(restart_policy.quarantine_s)
-        self.llm = AsyncLLM(client, limits, quarantine)
+        self.llm = AsyncLLM(client, limits, quarantine, telemetry)
+        self.telemetry = self.llm.telemetry
         self.supervisor = EngineSupervisor(self.llm, restart_policy, quarantine, self._set_serving)
         self.limits = limits
         self.host = host
@@ -300,11 +319,16 @@ class GenerationServer:
         self.key_limiter = KeyLimiter(security.max_concurrent_per_key)
         self._warm_up = warm_up
         self.health = health.aio.HealthServicer()
+        interceptors = []
+        if security.api_keys:
+            interceptors.append(_AccessInterceptor(security, self.key_limiter))
+        if self.telemetry.tracing is not None:  # inside the access checks: a refused call has no span
+            interceptors.append(self.telemetry.tracing.grpc_interceptor(GENERATION_SERVICE))
         self.server = grpc.aio.server(options=[
             ("grpc.max_receive_message_length", limits.max_message_bytes),
             ("grpc.max_send_message_length", limits.max_message_bytes),
             ("grpc.so_reuseport", 0),  # a port in use is an error, not a shared port
-        ], interceptors=[_AccessInterceptor(security, self.key_limiter)] if security.api_keys else None)
+        ], interceptors=interceptors or None)
         add_generation_servicer(GenerationServicer(self.llm, limits, self.supervisor), self.server)
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self.server)
         add_v1_descriptor()
@@ -392,19 +416,21 @@ class GenerationServer:
         if self._supervision is not None:
             self._supervision.cancel()
         await self.llm.shutdown()
+        self.telemetry.shutdown()
 
 
 async def serve(client: EngineCoreClient, limits: ServiceLimits, host: str, port: int,
                 on_ready: Callable[[GenerationServer], None] | None = None,
                 security: SecurityConfig = SecurityConfig(), http_port: int | None = None,
                 on_http_ready: Callable[[HttpServer], None] | None = None,
-                restart_policy: RestartPolicy = RestartPolicy()) -> int:
+                restart_policy: RestartPolicy = RestartPolicy(), telemetry: Telemetry | None = None) -> int:
     """Run a server until SIGTERM or SIGINT; returns the process exit code (0 after a graceful
     stop, 1 if the engine failed to start). The signal starts the drain delay (limits.drain_delay_s:
     NOT_SERVING, calls still taken), then the grace period; a second signal cuts both short.
     With `http_port`, the OpenAI-compatible HTTP API (service/http/) is served too, on the same
     AsyncLLM and host."""
-    server = GenerationServer(client, limits, host, port, security=security, restart_policy=restart_policy)
+    server = GenerationServer(client, limits, host, port, security=security, restart_policy=restart_policy,
+                              telemetry=telemetry)
     http = None
     if http_port is not None:
         from service.http.server import HttpServer

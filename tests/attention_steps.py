@@ -36,9 +36,12 @@ def make_step(num_computed: list[int], num_scheduled: list[int], seed: int = 0):
     return inputs, cache, q, k, v
 
 
-def reference(inputs: AttentionInputs, cache: torch.Tensor, q, k, v) -> torch.Tensor:
+def reference(inputs: AttentionInputs, cache: torch.Tensor, q, k, v, scale: float | None = None,
+              sliding_window: int = 0, softcap: float = 0.0) -> torch.Tensor:
     """Token by token, in float64: write K/V, then each query attends to its request's keys up to
-    its own position (query head h reads KV head h // group)."""
+    its own position (query head h reads KV head h // group); with a window, only the last
+    `sliding_window` of them; with a soft cap, scores become softcap * tanh(scores / softcap)."""
+    scale = HEAD_DIM ** -0.5 if scale is None else scale
     cache = write_kv_by_hand(cache.double(), k.double(), v.double(), inputs.slot_mapping)
     group = NUM_HEADS // NUM_KV_HEADS
     out = torch.empty(q.shape, dtype=torch.float64)
@@ -46,12 +49,15 @@ def reference(inputs: AttentionInputs, cache: torch.Tensor, q, k, v) -> torch.Te
     for row in range(len(qsl) - 1):
         for t in range(qsl[row], qsl[row + 1]):
             position = int(inputs.num_computed_tokens[row]) + t - qsl[row]
-            keys = np.arange(position + 1)
+            keys = np.arange(max(0, position + 1 - sliding_window) if sliding_window else 0, position + 1)
             slots = inputs.block_table[row, keys // BLOCK_SIZE].long() * BLOCK_SIZE + torch.from_numpy(keys % BLOCK_SIZE)
             for h in range(NUM_HEADS):
                 kk = cache[0].view(-1, NUM_KV_HEADS, HEAD_DIM)[slots, h // group]
                 vv = cache[1].view(-1, NUM_KV_HEADS, HEAD_DIM)[slots, h // group]
-                weights = torch.softmax(kk @ q[t, h].double() / HEAD_DIM ** 0.5, dim=0)
+                scores = kk @ q[t, h].double() * scale
+                if softcap:
+                    scores = torch.tanh(scores / softcap) * softcap
+                weights = torch.softmax(scores, dim=0)
                 out[t, h] = weights @ vv
     return out
 

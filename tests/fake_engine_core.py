@@ -20,7 +20,7 @@ import msgspec
 from engine.config import CacheConfig, EngineConfig, SchedulerConfig
 from engine.frontend.tokenizer import Tokenizer
 from engine.protocol import (ConstraintReport, EngineCoreOutput, EngineCoreRequest, EngineStats, FinishReason,
-                             TokenLogprob)
+                             StepStats, TokenLogprob)
 from grammar.constraint import Constraint
 
 CRASH_SEED = 666
@@ -64,6 +64,7 @@ class FakeEngineCore:
         self.pending: list[EngineCoreOutput] = []
         self.num_steps = 0
         self.aborted: list[str] = []  # every id abort_requests removed (tests look)
+        self.step_stats = StepStats()  # steps since the last take_step_stats, like the real core's
 
     # ---- requests ----------------------------------------------------------------------------
 
@@ -117,8 +118,15 @@ class FakeEngineCore:
         if not running:
             time.sleep(0.002)  # idle on a compile, not in a spin
             return outputs
+        started = time.perf_counter()
         time.sleep(self.step_s)  # the "forward pass"
         self.num_steps += 1
+        forward_s = time.perf_counter() - started
+        for column, value in ((self.step_stats.num_reqs, len(running)), (self.step_stats.num_tokens, len(running)),
+                              (self.step_stats.num_bitmask_rows, 0), (self.step_stats.forward_s, forward_s),
+                              (self.step_stats.fill_s, 0.0), (self.step_stats.wait_s, forward_s),
+                              (self.step_stats.sample_s, 0.0), (self.step_stats.total_s, forward_s)):
+            column.append(value)
         for fake in running:
             if fake.request.sampling_params.seed == CRASH_SEED:
                 raise RuntimeError("fake engine crash (seed 666)")
@@ -185,6 +193,11 @@ class FakeEngineCore:
     @property
     def num_free_blocks(self) -> int:
         return self.num_total_blocks - sum(self._blocks_of(r.num_tokens) for r in self.requests.values() if r.running)
+
+    def take_step_stats(self) -> StepStats:
+        stats, self.step_stats = self.step_stats, StepStats()
+        stats.num_steps = self.num_steps
+        return stats
 
     def get_stats(self) -> EngineStats:
         running = sum(r.running for r in self.requests.values())

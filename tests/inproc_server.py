@@ -1,5 +1,6 @@
 """A GenerationServer on its own event-loop thread in this process, in front of a FakeEngineCore
-(through an InprocClient), for the fast service tests; and their request helpers."""
+(through an InprocClient), for the fast service tests, with or without its HttpServer; and their
+request helpers."""
 from __future__ import annotations
 
 import asyncio
@@ -14,9 +15,12 @@ from engine.frontend.core_client import InprocClient
 from fake_engine_core import FakeEngineCore, fake_config
 from service._gen.formwork.v1 import generation_pb2 as pb
 from service._gen.formwork.v1 import generation_pb2_grpc as pb_grpc
+from service.http.server import HttpServer
 from service.limits import ServiceLimits
+from service.security import SecurityConfig
 from service.server import GenerationServer
 from service.supervisor import RestartPolicy
+from service.telemetry import Telemetry
 
 SERVING, NOT_SERVING = health_pb2.HealthCheckResponse.SERVING, health_pb2.HealthCheckResponse.NOT_SERVING
 
@@ -86,3 +90,49 @@ def long_request(**fields) -> pb.GenerateRequest:
 def idle(load: pb.Load) -> bool:
     return (load.num_running == load.num_waiting == load.num_waiting_for_grammar == load.num_in_flight == 0
             and load.num_free_kv_blocks == load.num_total_kv_blocks)
+
+
+class InprocHttp:
+    """A GenerationServer and its HttpServer on one event-loop thread, before a FakeEngineCore."""
+
+    def __init__(self, security: SecurityConfig = SecurityConfig(), wait_ready: bool = True,
+                 telemetry: Telemetry | None = None,
+                 **core_kwargs) -> None:
+        self.core: FakeEngineCore | None = None
+        self.loop = asyncio.new_event_loop()
+        self.thread = threading.Thread(target=self.loop.run_forever, daemon=True)
+        self.thread.start()
+
+        def build_core() -> FakeEngineCore:
+            self.core = FakeEngineCore(fake_config(), **core_kwargs)
+            return self.core
+
+        async def make() -> tuple[GenerationServer, HttpServer]:
+            grpc_server = GenerationServer(InprocClient(build_core), ServiceLimits(), "127.0.0.1", 0,
+                                           security=security, telemetry=telemetry)
+            return grpc_server, HttpServer(grpc_server, 0, grpc_server.key_limiter)
+
+        self.server, self.http = self.run(make())
+        self.grpc_port = self.run(self.server.start())
+        self.url = f"http://127.0.0.1:{self.run(self.http.start())}"
+        if wait_ready:
+            self.run(self.server.wait_started())
+
+    def run(self, coroutine, timeout_s: float = 30.0):
+        return asyncio.run_coroutine_threadsafe(coroutine, self.loop).result(timeout_s)
+
+    def wait_idle(self, timeout_s: float = 10.0) -> bool:
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if self.server.llm.num_in_flight == 0 and self.core is not None and not self.core.requests:
+                return True
+            time.sleep(0.01)
+        return False
+
+    def close(self) -> None:
+        try:
+            self.run(self.http.stop())
+            self.run(self.server.stop(0))
+        finally:
+            self.loop.call_soon_threadsafe(self.loop.stop)
+            self.thread.join(5)

@@ -6,6 +6,7 @@ import torch
 import torch.nn.functional as F
 from attention_steps import STEPS, make_step, reference, write_kv_by_hand
 
+from engine.attention import write_kv
 from engine.attention.cpu import CpuAttentionBackend
 from engine.kernels import loader as cpu_kernels
 
@@ -111,3 +112,30 @@ def test_without_kernels_the_cache_is_fp32(monkeypatch):
     backend = CpuAttentionBackend()
     assert backend.kernels is None
     assert backend.kv_cache_dtype(torch.bfloat16) == torch.float32
+
+
+def _paged_attention_in_torch(out, q, k, v, kv_cache, slot_mapping, query_ids, block_table, seq_lens, scale,
+                              sliding_window, softcap, honour_options=True):
+    """The kernel's contract with its two layer options, in torch (one head, as the probe uses)."""
+    write_kv(kv_cache, k, v, slot_mapping)
+    block_size = kv_cache.shape[2]
+    for i, t in enumerate(query_ids.tolist()):
+        seq_len = int(seq_lens[i])
+        first = max(0, seq_len - sliding_window) if sliding_window and honour_options else 0
+        slots = [int(block_table[i, p // block_size]) * block_size + p % block_size for p in range(first, seq_len)]
+        keys, values = kv_cache[0].view(-1, *k.shape[1:])[slots, 0], kv_cache[1].view(-1, *v.shape[1:])[slots, 0]
+        scores = keys @ q[t, 0] * scale
+        if softcap and honour_options:
+            scores = torch.tanh(scores / softcap) * softcap
+        out[t, 0] = scores.softmax(0) @ values
+
+
+def test_the_kernel_probe_tells_which_kernels_take_windows_and_softcaps():
+    from types import SimpleNamespace
+
+    from engine.attention.cpu import kernel_takes_window_and_softcap
+    assert kernel_takes_window_and_softcap(SimpleNamespace(paged_attention=_paged_attention_in_torch))
+    ignores = SimpleNamespace(paged_attention=lambda *args: _paged_attention_in_torch(*args, honour_options=False))
+    assert not kernel_takes_window_and_softcap(ignores)
+    older = SimpleNamespace(paged_attention=lambda out, q, k, v, cache, slots, ids, table, lens, scale: None)
+    assert not kernel_takes_window_and_softcap(older)

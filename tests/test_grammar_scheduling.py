@@ -116,3 +116,27 @@ def test_requests_with_a_compiled_grammar_queued_for_a_slot_are_waiting_not_wait
     assert len(scheduler.running) == 2 and len(scheduler.waiting) == 3
     assert all(r.status == RequestStatus.WAITING_FOR_STRUCTURED_OUTPUT_GRAMMAR for r in scheduler.waiting)
     assert scheduler.num_waiting_for_grammar == 0
+
+
+def test_the_grammar_wait_ends_with_the_compile_not_with_a_free_slot():
+    backend, manager, _ = setup()
+    scheduler = make_scheduler(max_num_seqs=1, structured_output_manager=manager)
+    first, second = (make_request(num_tokens=5, max_tokens=3, constraint=Constraint(kind="regex", spec="a+"))
+                     for _ in range(2))
+    scheduler.add_request(first)
+    scheduler.add_request(second)
+    backend.gate.set()
+    wait_compiled(manager)
+    compiled_by = second.grammar_ready_time
+    assert compiled_by is not None  # set by the compile, while `second` still waits for the one slot
+    outputs = []
+    while scheduler.has_unfinished_requests():
+        outputs += sample_step(scheduler, scheduler.schedule())
+    final = next(o for o in outputs if o.request_id == second.request_id and o.finish_reason is not None)
+    assert second.grammar_ready_time == compiled_by  # activation, three steps later, did not move it
+    assert second.first_scheduled_time > compiled_by
+    assert final.grammar_wait_s == compiled_by - second.arrival_time < final.queued_s
+    assert not first.grammar_cache_hit and not second.grammar_cache_hit  # compiled, not from the cache
+    third = make_request(num_tokens=5, constraint=Constraint(kind="regex", spec="a+"))
+    scheduler.add_request(third)
+    assert third.grammar_cache_hit and third.grammar_ready_time is not None

@@ -205,7 +205,9 @@ def error_of(call, *args, **kwargs) -> openai.APIStatusError:
     ({"max_tokens": 100000}, 400, "max_tokens", "max_tokens: 100000 exceeds this server's max_tokens_cap of 256"),
     ({"top_logprobs": 2}, 400, "top_logprobs", "top_logprobs: needs logprobs: true"),
     ({"n": 0}, 400, "n", "n: must be in [1, 16], got 0"),
-    ({"tools": [{"type": "function", "function": {"name": "f"}}]}, 400, "tools", "tools: tool calling is not supported"),
+    ({"tools": [{"type": "function", "function": {"name": "f", "parameters": {
+        "type": "object", "properties": {"a": {"$dynamicRef": "#a"}}}}}], "tool_choice": "required"}, 400, "tools",
+     'tools: tools[0] "f" parameters: unsupported keyword "$dynamicRef" at /properties/a'),
     ({"response_format": {"type": "json_schema", "json_schema": {
         "name": "x", "schema": {"type": "object", "properties": {"a": {"$dynamicRef": "#a"}}}}}},
      400, "response_format.json_schema.schema",

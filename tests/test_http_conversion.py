@@ -69,7 +69,8 @@ def test_every_constraint_field_keeps_the_schema_order():
 
 
 @pytest.mark.parametrize("fields, message", [
-    ({"tools": [{"type": "function"}]}, "tools: tool calling is not supported"),
+    ({"functions": [{"name": "f"}]}, "functions: the legacy functions field is not supported; use tools"),
+    ({"chat_template_kwargs": {"add_vision_id": True}}, "chat_template_kwargs.add_vision_id: is not supported"),
     ({"logit_bias": {"1": 2.0}}, "logit_bias: is not supported"),
     ({"n": 17}, "n: must be in [1, 16], got 17"),
     ({"top_logprobs": 1}, "top_logprobs: needs logprobs: true"),

@@ -9,9 +9,10 @@ import logging
 
 import torch
 
-from engine.attention.base import AttentionBackend, AttentionInputs, write_kv
+from engine.attention.base import DEFAULT_OPTIONS, AttentionBackend, AttentionInputs, AttentionOptions, write_kv
 
-__all__ = ["AttentionBackend", "AttentionInputs", "get_attention_backend", "write_kv"]
+__all__ = ["DEFAULT_OPTIONS", "AttentionBackend", "AttentionInputs", "AttentionOptions", "get_attention_backend",
+           "write_kv"]
 
 logger = logging.getLogger(__name__)
 

@@ -13,6 +13,27 @@ import numpy as np
 import torch
 
 
+@dataclass(frozen=True)
+class AttentionOptions:
+    """How one layer attends; fixed for the layer's lifetime (a model holds one per layer)."""
+
+    scale: float | None = None  # multiplies q . k; None: head_dim ** -0.5
+    sliding_window: int = 0  # 0: every earlier key; else only the last `sliding_window` positions, itself included
+    softcap: float = 0.0  # 0: none; else scores = softcap * tanh(scores / softcap), before the mask
+
+    def __post_init__(self) -> None:
+        if self.sliding_window < 0:
+            raise ValueError(f"sliding_window must be >= 0, got {self.sliding_window}")
+        if self.softcap < 0:
+            raise ValueError(f"softcap must be >= 0, got {self.softcap}")
+
+    def scale_for(self, head_dim: int) -> float:
+        return head_dim ** -0.5 if self.scale is None else self.scale
+
+
+DEFAULT_OPTIONS = AttentionOptions()
+
+
 @dataclass
 class AttentionInputs:
     """Per-step attention facts, shared by every layer. Built once per step by the runner."""
@@ -38,11 +59,13 @@ class AttentionBackend(ABC):
 
     @abstractmethod
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kv_cache: torch.Tensor,
-                metadata: object) -> torch.Tensor:
+                metadata: object, options: AttentionOptions = DEFAULT_OPTIONS) -> torch.Tensor:
         """q: [num_tokens, num_heads, head_dim]; k, v: [num_tokens, num_kv_heads, head_dim].
 
         Stores k, v at `slot_mapping`, then returns causal attention of each query over its
-        request's cached keys: [num_tokens, num_heads, head_dim].
+        request's cached keys (within `options.sliding_window`, scores soft-capped by
+        `options.softcap`): [num_tokens, num_heads, head_dim]. Every key stays in the cache
+        whatever the window, so prefix-cache hits are unaffected by it.
         """
 
     # decode_metadata is implemented: decode steps can be captured in CUDA graphs (engine/worker/cuda_graph.py)

@@ -10,6 +10,9 @@ kv_heads, head_dim] per layer: K and V each in flash-attn's paged layout):
 * decode-only steps built by `decode_metadata` (CUDA graphs): `flash_attn_with_kvcache` with
   `cache_seqlens` and the block table.
 
+A layer's scale, sliding window and soft cap (AttentionOptions) become flash-attn's `softmax_scale`,
+`window_size=(W - 1, 0)` (W keys: the query and the W - 1 before it) and `softcap`.
+
 flash-attn 2's paged kernels take only KV blocks of a multiple of 256 tokens. With the engine's
 default block size (16), or without flash-attn installed, `get_attention_backend` (auto) selects
 torch SDPA over the same cache (engine/attention/sdpa.py) and says why in a warning; asking for
@@ -24,7 +27,7 @@ from types import ModuleType
 import numpy as np
 import torch
 
-from engine.attention.base import AttentionBackend, AttentionInputs, write_kv
+from engine.attention.base import DEFAULT_OPTIONS, AttentionBackend, AttentionInputs, AttentionOptions, write_kv
 
 logger = logging.getLogger(__name__)
 
@@ -86,12 +89,19 @@ class FlashAttentionBackend(AttentionBackend):
         return FlashAttentionMetadata(slot_mapping, block_table, seq_lens, decode_only=True)
 
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kv_cache: torch.Tensor,
-                metadata: FlashAttentionMetadata) -> torch.Tensor:
+                metadata: FlashAttentionMetadata, options: AttentionOptions = DEFAULT_OPTIONS) -> torch.Tensor:
         m = metadata
         write_kv(kv_cache, k, v, m.slot_mapping)
+        layer_args = flash_layer_args(options, q.shape[-1])
         if m.decode_only:
             out = self._with_kvcache(q.unsqueeze(1), kv_cache[0], kv_cache[1], cache_seqlens=m.seq_lens,
-                                     block_table=m.block_table, causal=True)
+                                     block_table=m.block_table, causal=True, **layer_args)
             return out.squeeze(1)
         return self._varlen(q, kv_cache[0], kv_cache[1], m.cu_seqlens_q, m.cu_seqlens_k, m.max_seqlen_q,
-                            m.max_seqlen_k, causal=True, block_table=m.block_table)
+                            m.max_seqlen_k, causal=True, block_table=m.block_table, **layer_args)
+
+
+def flash_layer_args(options: AttentionOptions, head_dim: int) -> dict:
+    """flash-attn's keyword arguments for a layer's options (-1: no limit on that side)."""
+    left = options.sliding_window - 1 if options.sliding_window else -1
+    return {"softmax_scale": options.scale_for(head_dim), "window_size": (left, 0), "softcap": options.softcap}

@@ -27,6 +27,7 @@ import msgspec
 
 from engine.core.memory_watchdog import (EXIT_MEMORY_CEILING, MemoryLimit, MemoryWatchdog, format_gib,
                                     release_free_heap, rss_bytes)
+from engine.log_format import configure_logging
 from engine.protocol import (AbortRequests, ConstraintReport, EngineCoreDead, EngineCoreInput, EngineCoreOutput,
                              EngineCoreOutputs, EngineCoreReady, EngineCoreRequest, FinishReason, GetStats, Shutdown,
                              ValidateConstraint)
@@ -94,7 +95,7 @@ class EngineCoreProc:
             if core.has_unfinished_requests():
                 outputs = core.step()
                 if outputs:
-                    self._send(EngineCoreOutputs(outputs=outputs))
+                    self._send(EngineCoreOutputs(outputs=outputs, step_stats=core.take_step_stats()))
             if self.memory_pressure is not None and not core.has_unfinished_requests():
                 raise MemoryCeilingExceeded(f"{self.memory_pressure} with no request left to finish")
 
@@ -129,7 +130,8 @@ class EngineCoreProc:
         elif isinstance(message, AbortRequests):
             core.abort_requests(message.request_ids)
         elif isinstance(message, GetStats):
-            self._send(EngineCoreOutputs(call_id=message.call_id, stats=core.get_stats()))
+            self._send(EngineCoreOutputs(call_id=message.call_id, stats=core.get_stats(),
+                                         step_stats=core.take_step_stats()))
         elif isinstance(message, ValidateConstraint):
             self._validator.submit(self._validate, message)
         elif isinstance(message, MemoryPressure):
@@ -168,15 +170,16 @@ def build_engine_core(config: EngineConfig) -> Any:
 
 def run_engine_core(config: EngineConfig, conn: Connection,
                     core_factory: Callable[[EngineConfig], Any] | None = None, log_level: int = logging.INFO,
-                    memory_limit: MemoryLimit | None = None) -> None:
+                    memory_limit: MemoryLimit | None = None, log_format: str = "text") -> None:
     """Main of the engine process (a multiprocessing 'spawn' target).
 
     Sends EngineCoreReady once the core is built (or EngineCoreDead if it cannot be), then serves
     inputs until Shutdown or until the front end's end of `conn` closes (the front end died).
     Exits 0 after a clean shutdown, 1 after a failure, EXIT_MEMORY_CEILING when it stops itself
-    over `memory_limit` (engine/core/memory_watchdog.py; None: no ceiling of its own).
+    over `memory_limit` (engine/core/memory_watchdog.py; None: no ceiling of its own). Logs go to
+    stderr as text or, with `log_format` "json", one JSON object a line (engine/log_format.py).
     """
-    logging.basicConfig(level=log_level, format="[formwork engine] %(levelname)s %(name)s: %(message)s")
+    configure_logging(log_level, log_format, prefix="[formwork engine]")
     # the front end decides when the engine stops: a Ctrl-C or SIGTERM sent to the whole process group
     # must not kill the engine under requests the front end is still finishing (its grace period)
     signal.signal(signal.SIGINT, signal.SIG_IGN)

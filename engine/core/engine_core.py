@@ -8,10 +8,12 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from engine.capacity import check_context_length, check_kv_capacity
-from engine.config import EngineConfig
+from engine.config import EngineConfig, model_eos_token_ids
 from engine.core.executor import Executor
+from engine.core.step_stats import StepStatsCollector
 from engine.model_files import resolve_model
-from engine.protocol import ConstraintReport, EngineCoreOutput, EngineCoreRequest, EngineStats, FinishReason
+from engine.protocol import (ConstraintReport, EngineCoreOutput, EngineCoreRequest, EngineStats, FinishReason,
+                             StepStats)
 from engine.sched.request import Request
 from engine.sched.scheduler import Scheduler
 from engine.sched.structured_output import StructuredOutputManager
@@ -49,8 +51,8 @@ class EngineCore:
         model_len = int(getattr(hf_config, "max_position_embeddings", 2048))
         self.max_model_len = min(config.max_model_len or model_len, model_len)
         self.vocab_size = int(hf_config.vocab_size)
-        eos = getattr(hf_config, "eos_token_id", None)
-        self.eos_token_id = eos[0] if isinstance(eos, list) else eos
+        self.eos_token_ids = model_eos_token_ids(self.model_dir)  # every id that ends a request (unless ignore_eos)
+        self.eos_token_id = self.eos_token_ids[0] if self.eos_token_ids else None
         self.model_name = self.model_dir.name
 
         self.runner = ModelRunner(config, self.model_dir, hf_config, self.max_model_len)
@@ -59,6 +61,7 @@ class EngineCore:
         self.structured_output_manager = StructuredOutputManager(
             XGrammarBackend(str(self.model_dir), self.vocab_size, config=config.grammar), config.grammar)
         self.step_timings: list[StepTiming] | None = None  # set to [] to collect
+        self.step_stats = StepStatsCollector() if config.collect_stats else None  # for the front end's metrics
         self.scheduler = Scheduler(config.scheduler, config.cache, self.runner.num_blocks, self.max_model_len,
                                    self.structured_output_manager)
 
@@ -88,7 +91,7 @@ class EngineCore:
                                                    error=str(e), num_prompt_tokens=len(request.prompt_token_ids)))
             return
         self.scheduler.add_request(Request(
-            request.request_id, request.prompt_token_ids, request.sampling_params, self.eos_token_id,
+            request.request_id, request.prompt_token_ids, request.sampling_params, self.eos_token_ids,
             arrival_time=request.arrival_time or time.monotonic(), priority=request.priority))
 
     def abort_requests(self, request_ids: list[str]) -> None:
@@ -136,6 +139,11 @@ class EngineCore:
                 num_tokens=scheduler_output.total_num_scheduled_tokens,
                 forward_s=self.runner.last_forward_s, fill_s=t1 - t0, wait_s=t2 - t1, sample_s=t3 - t2,
                 total_s=time.perf_counter() - t0))
+        if self.step_stats is not None:
+            self.step_stats.record_step(
+                len(scheduler_output.num_scheduled_tokens), scheduler_output.total_num_scheduled_tokens,
+                len(scheduler_output.structured_output_request_ids), self.runner.last_forward_s, t1 - t0, t2 - t1,
+                t3 - t2, time.perf_counter() - t0)
         return outputs
 
     # ---- calls -------------------------------------------------------------------------
@@ -154,6 +162,12 @@ class EngineCore:
             num_grammar_cache_hits=self.structured_output_manager.compiler.num_hits,
             num_grammar_compiles=self.structured_output_manager.compiler.num_misses,
         )
+
+    def take_step_stats(self) -> StepStats | None:
+        """What the steps since the last call measured, with the running totals (None: not collected)."""
+        if self.step_stats is None:
+            return None
+        return self.step_stats.take(self.scheduler, self.structured_output_manager.compiler)
 
     def validate_constraint(self, constraint: Constraint) -> ConstraintReport:
         """Compile now (warming the cache) and report; never raises for a bad constraint."""

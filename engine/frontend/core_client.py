@@ -32,7 +32,7 @@ from engine.core.core_proc import EngineCoreProc, ready_message, run_engine_core
 from engine.core.memory_watchdog import EXIT_MEMORY_CEILING
 from engine.protocol import (AbortRequests, ConstraintReport, EngineCoreDead, EngineCoreInput, EngineCoreMessage,
                              EngineCoreOutput, EngineCoreOutputs, EngineCoreReady, EngineCoreRequest, EngineStats,
-                             GetStats, Shutdown, ValidateConstraint)
+                             GetStats, Shutdown, StepStats, ValidateConstraint)
 
 if TYPE_CHECKING:
     from engine.config import EngineConfig
@@ -91,6 +91,9 @@ class EngineCoreClient(ABC):
         self._dead: EngineDeadError | None = None
         self._dead_event = asyncio.Event()
         self._loop: asyncio.AbstractEventLoop | None = None
+        # called (on the event loop) with each StepStats the core reports, before that message's
+        # outputs and call answers are routed: a stats call then sees them counted
+        self.on_step_stats: Callable[[StepStats], None] | None = None
 
     # ---- the interface ------------------------------------------------------------------------
 
@@ -195,6 +198,8 @@ class EngineCoreClient(ABC):
     def _dispatch(self, message: EngineCoreMessage) -> None:
         """Route one message from the core (on the event loop)."""
         if isinstance(message, EngineCoreOutputs):
+            if message.step_stats is not None and self.on_step_stats is not None:
+                self.on_step_stats(message.step_stats)
             for output in message.outputs:
                 stream = self._streams.get(output.request_id)
                 if stream is None:
@@ -245,11 +250,13 @@ class AsyncMPClient(EngineCoreClient):
     """
 
     def __init__(self, config: EngineConfig, *, core_factory: Callable[[EngineConfig], Any] | None = None,
-                 log_level: int = logging.INFO, memory_limit: MemoryLimit | None = None) -> None:
+                 log_level: int = logging.INFO, memory_limit: MemoryLimit | None = None,
+                 log_format: str = "text") -> None:
         super().__init__()
         self.config = config
         self._core_factory = core_factory  # picklable; None: the real EngineCore
         self._log_level = log_level
+        self._log_format = log_format  # the engine process's logs: "text" or "json"
         self._memory_limit = memory_limit
         self._process: multiprocessing.process.BaseProcess | None = None
         self._conn: multiprocessing.connection.Connection | None = None
@@ -271,7 +278,8 @@ class AsyncMPClient(EngineCoreClient):
         self._conn, child_conn = context.Pipe(duplex=True)
         self._process = context.Process(
             target=run_engine_core,
-            args=(self.config, child_conn, self._core_factory, self._log_level, self._memory_limit),
+            args=(self.config, child_conn, self._core_factory, self._log_level, self._memory_limit,
+                  self._log_format),
             name="formwork-engine-core")
         self._process.start()
         child_conn.close()  # only the child holds its end now, so the child's death reads as EOF here

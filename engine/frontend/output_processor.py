@@ -58,6 +58,10 @@ class RequestOutput(msgspec.Struct):
     logprobs: list[TokenLogprob] | None = None
     new_logprobs: list[TokenLogprob] | None = None
     not_enforced: list[str] = []  # best-effort constraint: parts of the schema not enforced
+    grammar_cache_hit: bool = False  # final output: the constraint's grammar came from the compile cache
+    # the engine completed the output before the model did: "budget", "repetition", "digits" or
+    # "depth" (EngineCoreOutput.closed_early); "" if the model finished it
+    closed_early: str = ""
 
 
 class _RequestState:
@@ -180,6 +184,8 @@ class OutputProcessor:
                 del self._requests[state.request_id]
                 final = self._final_output(state, finish_reason, stop_reason, output.error, now)
                 final.constraint_error = output.constraint_error
+                final.grammar_cache_hit = output.grammar_cache_hit
+                final.closed_early = output.closed_early
                 request_outputs.append(final)
             elif state.stream and new_token_ids:
                 request_outputs.append(self._make_output(state))

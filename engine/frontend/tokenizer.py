@@ -2,7 +2,7 @@
 
 Loaded from a local Hugging Face model folder: `tokenizer.json` through the `tokenizers` library
 (its post-processor decides bos/eos insertion, as in transformers 5), special-token names from
-`tokenizer_config.json`, stop ids from `generation_config.json`, and the chat template rendered
+`tokenizer_config.json`, stop ids from `generation_config.json` and `config.json`, and the chat template rendered
 with jinja2 the way transformers renders it (sandboxed, trim_blocks/lstrip_blocks,
 `raise_exception`, `tojson`, special-token variables), so prompts and token ids are identical to
 `AutoTokenizer.apply_chat_template` / `encode`.
@@ -24,6 +24,8 @@ import jinja2.ext
 import jinja2.nodes
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 from tokenizers import Tokenizer as _BackendTokenizer
+
+from engine.config import model_eos_token_ids
 
 logger = logging.getLogger(__name__)
 
@@ -97,13 +99,8 @@ class Tokenizer:
             logger.debug("%s: add_bos_token/add_eos_token in tokenizer_config are ignored, as transformers "
                          "does; tokenizer.json's post-processor decides", folder)
 
-        eos = _read_json(folder / "generation_config.json").get("eos_token_id")
-        if eos is None:
-            eos = _read_json(folder / "config.json").get("eos_token_id")
-        generation_eos_ids = [eos] if isinstance(eos, int) else [i for i in (eos or []) if isinstance(i, int)]
-
         return cls(backend, special_tokens, chat_template=_find_chat_template(folder, config),
-                   generation_eos_token_ids=generation_eos_ids, model_dir=folder)
+                   generation_eos_token_ids=model_eos_token_ids(folder), model_dir=folder)
 
     # ---- text <-> ids -------------------------------------------------------------------------
 

@@ -1,4 +1,5 @@
-"""Model architectures over the attention backends and the CPU kernels: one module per family.
+"""Model families over the attention backends and the CPU kernels: one module per family, all built
+from the shared decoder (decoder.py).
 
 `model_class` maps a Hugging Face config's `architectures[0]` to the class that runs it; a new
 family adds its module and its names here.
@@ -10,7 +11,12 @@ import importlib
 # architecture name (config.json "architectures") -> (module, class)
 _REGISTRY = {
     "LlamaForCausalLM": ("engine.models.llama", "LlamaForCausalLM"),
-    "MistralForCausalLM": ("engine.models.llama", "LlamaForCausalLM"),
+    "MistralForCausalLM": ("engine.models.mistral", "MistralForCausalLM"),
+    "Qwen2ForCausalLM": ("engine.models.qwen2", "Qwen2ForCausalLM"),
+    "Qwen3ForCausalLM": ("engine.models.qwen3", "Qwen3ForCausalLM"),
+    "Gemma2ForCausalLM": ("engine.models.gemma2", "Gemma2ForCausalLM"),
+    "Gemma3ForCausalLM": ("engine.models.gemma3", "Gemma3ForCausalLM"),
+    "Phi3ForCausalLM": ("engine.models.phi3", "Phi3ForCausalLM"),
 }
 SUPPORTED_ARCHITECTURES = tuple(_REGISTRY)
 

@@ -9,7 +9,10 @@ from engine.protocol import FinishReason
 from engine.sampling_params import SamplingParams
 
 if TYPE_CHECKING:
+    from collections.abc import Sequence
+
     from grammar.backend import Grammar
+    from grammar.early_closing import EarlyClosing
 
 
 class RequestStatus(enum.IntEnum):
@@ -49,14 +52,16 @@ class Request:
         request_id: str,
         prompt_token_ids: list[int],
         sampling_params: SamplingParams,
-        eos_token_id: int | None = None,
+        eos_token_id: int | Sequence[int] | None = None,
         arrival_time: float | None = None,
         priority: int = 0,
     ) -> None:
         self.request_id = request_id
         self.prompt_token_ids = list(prompt_token_ids)
         self.sampling_params = sampling_params
-        self.eos_token_id = eos_token_id
+        # the ids that end this request unless ignore_eos: one id or several (Llama 3, Qwen, Gemma)
+        self.eos_token_ids: frozenset[int] = frozenset(
+            () if eos_token_id is None else (eos_token_id,) if isinstance(eos_token_id, int) else eos_token_id)
         self.arrival_time = time.monotonic() if arrival_time is None else arrival_time
         self.priority = priority
 
@@ -73,11 +78,14 @@ class Request:
         # structured output
         self.grammar: Grammar | None = None
         self.num_forced_tokens_pending = 0  # jump-forward tokens appended, not yet sent to the runner
-        self.num_forced_tokens = 0  # all jump-forward tokens of this request
+        self.grammar_cache_hit = False  # its compiled grammar was in the compile cache on arrival
+        self.num_forced_tokens = 0  # all jump-forward (and closing) tokens of this request
+        self.closing: EarlyClosing | None = None  # set with the grammar when closing early is on
+        self.closed_early = ""  # why the engine closed the output (EngineCoreOutput.closed_early)
 
         # timings (monotonic seconds) and counters reported to clients
         self.first_scheduled_time: float | None = None
-        self.grammar_ready_time: float | None = None
+        self.grammar_ready_time: float | None = None  # its grammar compile ended (or failed)
         self.num_forward_passes = 0
 
     @property

@@ -269,7 +269,7 @@ class Scheduler:
         as it does while the grammar still compiles."""
         assert self.structured_output_manager is not None  # only constrained requests wait for a grammar
         try:
-            ready = self.structured_output_manager.try_activate(request)
+            ready = self.structured_output_manager.try_activate(request, self.max_model_len)
         except ValueError as e:  # compile failure: ends this request only
             self._finish(request, RequestStatus.FINISHED_ERROR, str(e), constraint_error=True)
             self._pending_outputs.append(self._final_output(request, []))
@@ -319,6 +319,8 @@ class Scheduler:
                 new_token_ids = self._append_tokens(request, sampled)
                 if not request.is_finished:
                     new_token_ids += self._jump_forward(request)
+                if not request.is_finished and request.closing is not None:
+                    new_token_ids += self._close_early(request, new_token_ids)
             except Exception as e:  # grammar work (accept, jump-forward) raised: ends this request only
                 if not request.is_finished:
                     self._finish(request, RequestStatus.FINISHED_ERROR,
@@ -359,7 +361,7 @@ class Scheduler:
         params = request.sampling_params
         if request.grammar is not None and request.grammar.is_terminated():
             return RequestStatus.FINISHED_STOPPED
-        if not params.ignore_eos and token_id == request.eos_token_id:
+        if not params.ignore_eos and token_id in request.eos_token_ids:
             request.stop_reason = token_id
             return RequestStatus.FINISHED_STOPPED
         if token_id in params.stop_token_ids:
@@ -375,8 +377,7 @@ class Scheduler:
         if request.grammar is None or manager is None or not manager.jump_forward_enabled(request):
             return []
         forced = request.grammar.jump_forward_token_ids()
-        room = min(request.sampling_params.max_tokens - request.num_output_tokens,
-                   self.max_model_len - request.num_tokens)
+        room = self._num_room_tokens(request)
         if len(forced) > room:
             request.grammar.rollback(len(forced) - room)
             forced = forced[:room]
@@ -389,6 +390,28 @@ class Scheduler:
         if status is not None:
             self._finish(request, status)
         return forced
+
+    def _close_early(self, request: Request, new_token_ids: list[int]) -> list[int]:
+        """Append the closing and finish, when the budget is nearly spent or the output loops
+        (grammar/early_closing.py decides)."""
+        assert request.closing is not None and request.grammar is not None
+        found = request.closing.check(new_token_ids, self._num_room_tokens(request))
+        if found is None:
+            return []
+        closing, reason = found
+        if not request.grammar.accept_tokens(closing):
+            logger.warning("grammar rejected the closing it proposed for %s", request.request_id)
+            return []
+        request.append_output_token_ids(closing)
+        request.num_forced_tokens += len(closing)
+        request.closed_early = reason
+        self._finish(request, RequestStatus.FINISHED_STOPPED)
+        return closing
+
+    def _num_room_tokens(self, request: Request) -> int:
+        """Output tokens the request may still have: within max_tokens and the context."""
+        return min(request.sampling_params.max_tokens - request.num_output_tokens,
+                   self.max_model_len - request.num_tokens)
 
     def _final_output(self, request: Request, new_token_ids: list[int],
                       logprobs: list | None = None) -> EngineCoreOutput:
@@ -409,6 +432,8 @@ class Scheduler:
             grammar_wait_s=self._grammar_wait_s(request),
             not_enforced=list(request.grammar.not_enforced) if request.grammar is not None else [],
             constraint_error=request.constraint_error,
+            grammar_cache_hit=request.grammar_cache_hit,
+            closed_early=request.closed_early,
         )
 
     @staticmethod

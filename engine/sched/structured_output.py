@@ -14,6 +14,11 @@ from engine.sched.scheduler_output import GrammarOutput
 from grammar.backend import CompiledGrammar, GrammarBackend, GrammarError
 from grammar.compiler import GrammarCompiler
 from grammar.config import GrammarConfig
+from grammar.early_closing import EarlyClosing
+from grammar.runaway import RunawayGuard
+
+# the kinds whose output the runaway guard reads as JSON
+_JSON_KINDS = ("json_schema", "json_object")
 
 logger = logging.getLogger(__name__)
 
@@ -28,10 +33,16 @@ class StructuredOutputManager:
 
     def grammar_init(self, request: Request) -> None:
         """Start compiling (or take the cached grammar) for a new constrained request."""
-        self._futures[request.request_id] = self.compiler.submit(request.sampling_params.constraint)
+        future = self.compiler.submit(request.sampling_params.constraint)
+        request.grammar_cache_hit = future.done() and future.exception() is None  # done at once: from the cache
+        # the grammar wait ends when the compile does, not when a batch slot frees up for the request
+        future.add_done_callback(lambda _: _mark_grammar_ready(request))
+        self._futures[request.request_id] = future
 
-    def try_activate(self, request: Request) -> bool:
-        """True once the request has its matcher; raises ValueError if the compile failed."""
+    def try_activate(self, request: Request, max_model_len: int | None = None) -> bool:
+        """True once the request has its matcher; raises ValueError if the compile failed, or if
+        (closing early) the shortest output the constraint accepts does not fit the request's
+        max_tokens or the context left after its prompt (`max_model_len`: None, unbounded)."""
         future = self._futures.get(request.request_id)
         if future is None:
             return request.grammar is not None
@@ -43,8 +54,27 @@ class StructuredOutputManager:
             request.grammar = self.backend.make_grammar(compiled)
         except Exception as e:  # e.g. MemoryError: this request's grammar failed, not the engine
             raise GrammarError(grammar_failure("building its matcher", e)) from None
-        request.grammar_ready_time = time.monotonic()
+        _mark_grammar_ready(request)  # if the compile's callback has not run yet
+        if self.close_early_enabled(request):
+            request.closing = self._early_closing(request)
+            max_tokens = request.sampling_params.max_tokens
+            context_left = max_model_len - request.num_tokens if max_model_len is not None else max_tokens
+            request.closing.check_minimum(min(max_tokens, context_left), by_context=context_left < max_tokens,
+                                          min_output_tokens=compiled.min_output_tokens)
         return True
+
+    def close_early_enabled(self, request: Request) -> bool:
+        constraint = request.sampling_params.constraint
+        if constraint is not None and constraint.close_early is not None:
+            return constraint.close_early
+        return self.config.close_early
+
+    def _early_closing(self, request: Request) -> EarlyClosing:
+        token_bytes = self.backend.token_bytes
+        constraint = request.sampling_params.constraint
+        json_kind = constraint is not None and constraint.kind in _JSON_KINDS
+        guard = RunawayGuard(token_bytes) if json_kind and token_bytes is not None else None
+        return EarlyClosing(request.grammar, guard)
 
     def is_compiling(self, request_id: str) -> bool:
         """True while the request's grammar compile is running (or queued); False once it is done,
@@ -91,6 +121,12 @@ class StructuredOutputManager:
 
     def shutdown(self) -> None:
         self.compiler.shutdown()
+
+
+def _mark_grammar_ready(request: Request) -> None:
+    """Runs on a compile thread (the future's callback) or the engine thread, whichever is first."""
+    if request.grammar_ready_time is None:
+        request.grammar_ready_time = time.monotonic()
 
 
 def grammar_failure(what: str, error: BaseException) -> str:

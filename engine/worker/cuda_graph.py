@@ -29,7 +29,7 @@ import numpy as np
 import torch
 
 from engine.attention import AttentionBackend
-from engine.models.llama import LlamaForCausalLM
+from engine.models.decoder import DecoderForCausalLM
 
 logger = logging.getLogger(__name__)
 
@@ -52,7 +52,7 @@ class _Graph:
 class DecodeGraphRunner:
     """Decode steps through captured CUDA graphs (or the same padded forward, eagerly)."""
 
-    def __init__(self, model: LlamaForCausalLM, kv_caches: list[torch.Tensor], attn_backend: AttentionBackend,
+    def __init__(self, model: DecoderForCausalLM, kv_caches: list[torch.Tensor], attn_backend: AttentionBackend,
                  max_num_seqs: int, max_blocks_per_req: int, block_size: int, device: torch.device,
                  capture: bool = True) -> None:
         if not attn_backend.supports_decode_metadata:

@@ -38,8 +38,11 @@ class ModelRunner:
         self.dtype = getattr(torch, config.torch_dtype)
         self.max_model_len = max_model_len
         self.block_size = config.cache.block_size
-        with torch.device(self.device):
-            self.model = model_class(hf_config)(hf_config, max_model_len).to(self.dtype)
+        # built without storage, then given empty storage in the served dtype: the weights exist
+        # once, as they are read (engine/models/weight_loader.py), never as an fp32 copy first
+        with torch.device("meta"):
+            model = model_class(hf_config)(hf_config, max_model_len)
+        self.model = model.to(self.dtype).to_empty(device=self.device)
         self.model.load_weights(model_dir)
         self.model.eval()
         if packed := self.model.pack_cpu_weights():

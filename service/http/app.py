@@ -1,6 +1,7 @@
 """The OpenAI-compatible HTTP API: a FastAPI app over the gRPC server's AsyncLLM.
 
     GET  /health               200 while the engine serves, else 503 (open, like gRPC health)
+    GET  /metrics              Prometheus metrics (service/metrics.py; open, like /health; 404 with --no-metrics)
     GET  /v1/models            the served model
     POST /v1/chat/completions  chat, whole or streamed as server-sent events
     POST /v1/completions       text completion, whole or streamed
@@ -13,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import itertools
 import logging
 import secrets
@@ -29,12 +31,15 @@ from starlette.exceptions import HTTPException
 
 from engine.protocol import FinishReason
 from service import conversion
+from service.assistant_output import AssistantStream
+from service.chat_format import OutputShape
 from service.errors import ServiceError, StatusCode
 from service.http import responses
 from service.http.conversion import Translated, translate_chat, translate_completion
 from service.http.errors import HttpError, bad_request, http_error, not_found, too_large
 from service.http.protocol import ChatCompletionRequest, CompletionRequest
 from service.http.streaming import DONE_EVENT, encode_json, event, merged
+from service.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from service.security import ApiKeys, KeyLimiter, SecurityConfig
 
 if TYPE_CHECKING:
@@ -65,6 +70,7 @@ class _Call:
     model: str
     response_id: str
     created: int
+    shape: OutputShape = OutputShape()  # how each choice's output is read back
 
 
 class OpenAIApi:
@@ -81,13 +87,13 @@ class OpenAIApi:
         self._created = int(time.time())
         self.app = FastAPI(title="Formwork OpenAI-compatible API", docs_url=None, redoc_url=None, openapi_url=None)
         self.app.add_exception_handler(HTTPException, self._route_error)
-        self.app.add_exception_handler(_Refused, lambda _, e: _answer(e.error))
-        self.app.add_exception_handler(ServiceError, lambda _, e: _answer(http_error(e)))
+        self.app.add_exception_handler(_Refused, lambda request, e: self._refuse(request, e.error))
+        self.app.add_exception_handler(ServiceError, lambda request, e: self._refuse(request, http_error(e)))
         self.app.add_api_route("/health", self.health, methods=["GET"])
+        self.app.add_api_route("/metrics", self.metrics, methods=["GET"])
         self.app.add_api_route("/v1/models", self.models, methods=["GET"])
         self.app.add_api_route("/v1/chat/completions", self.chat_completions, methods=["POST"])
         self.app.add_api_route("/v1/completions", self.completions, methods=["POST"])
-        # /metrics (Prometheus) belongs on this app too, next to /health
 
     # ---- routes -------------------------------------------------------------------------------
 
@@ -100,6 +106,16 @@ class OpenAIApi:
         except ServiceError as e:
             message = e.message
         return _answer(http_error(ServiceError(StatusCode.UNAVAILABLE, message)))
+
+    async def metrics(self) -> Response:
+        metrics = self._llm.telemetry.metrics
+        if metrics is None:
+            return _answer(not_found("metrics are off on this server (formwork serve --no-metrics)"))
+        try:
+            stats = await self._llm.get_stats()  # the gauges, fresh; with the steps not yet reported
+        except ServiceError:
+            stats = None  # the engine is down: counters and histograms still answer
+        return Response(metrics.render(stats, self._llm.num_in_flight), media_type=METRICS_CONTENT_TYPE)
 
     async def models(self, request: Request) -> Response:
         self._authorize(request)
@@ -121,6 +137,12 @@ class OpenAIApi:
         translated = translate_completion(body)
         return await self._limited(key, lambda: self._generate(request, body.model, translated, chat=False,
                                                                logprobs=body.logprobs is not None))
+
+    def _refuse(self, request: Request, error: HttpError) -> Response:
+        """The error answer; a refused generation call is counted by its gRPC code."""
+        if request.url.path in _GENERATION_PATHS:
+            self._llm.telemetry.request_rejected("http", _grpc_code(error))
+        return _answer(error)
 
     # ---- access and parsing -------------------------------------------------------------------
 
@@ -190,7 +212,9 @@ class OpenAIApi:
                      f"{'chatcmpl' if chat else 'cmpl'}-{secrets.token_hex(12)}", int(time.time()))
         try:
             params = conversion.sampling_params_from_proto(translated.request, self._limits, info.vocab_size)
-            prompts = [conversion.prompt_from_proto(p, info.vocab_size) for p in translated.prompts]
+            plan = self._llm.chat_format.plan(translated.request, params.constraint, self._limits)
+            params, call = plan.sampling(params), dataclasses.replace(call, shape=plan.shape)
+            prompts = [plan.prompt(conversion.prompt_from_proto(p, info.vocab_size)) for p in translated.prompts]
             token_ids = [(await self._llm.encode_prompt(p))[0] for p in prompts]
             arrival_time = time.monotonic()
             number = next(self._ids)
@@ -226,7 +250,7 @@ class OpenAIApi:
         done = [f for f in finals if f is not None]
         if call.chat:
             body = responses.chat_completion(call.response_id, call.created, call.model, done, self._llm.token_text,
-                                             call.logprobs)
+                                             call.logprobs, call.shape)
         else:
             body = responses.completion(call.response_id, call.created, call.model, done, translated.num_choices,
                                         self._llm.token_text, call.logprobs)
@@ -252,11 +276,13 @@ class OpenAIApi:
         translated = call.translated
         token_text, include_usage = self._llm.token_text, translated.include_usage
         finals: list[RequestOutput | None] = [None] * num_choices
+        readers = [AssistantStream(call.shape) for _ in range(num_choices)]
 
         def chunk(index: int, output: RequestOutput | None, opening: bool = False) -> bytes:
             if call.chat:
                 return event(responses.chat_chunk(call.response_id, call.created, call.model, index, output,
-                                                  token_text, call.logprobs, include_usage, opening))
+                                                  token_text, call.logprobs, include_usage, opening,
+                                                  None if call.shape.plain else readers[index]))
             assert output is not None
             return event(responses.completion_chunk(call.response_id, call.created, call.model, index, output,
                                                     token_text, call.logprobs, include_usage))
@@ -294,6 +320,17 @@ class OpenAIApi:
         if error.status_code == 404:
             return _answer(not_found(f"no route {request.method} {request.url.path}"))
         return _answer(HttpError(error.status_code, str(error.detail), "invalid_request_error"))
+
+
+_GENERATION_PATHS = frozenset(("/v1/chat/completions", "/v1/completions"))
+
+
+def _grpc_code(error: HttpError) -> str:
+    """The gRPC status name of an HTTP error answer (the HTTP-only ones by their HTTP status)."""
+    name = (error.code or "").upper()
+    if name in StatusCode.__members__:
+        return name
+    return {401: "UNAUTHENTICATED", 404: "NOT_FOUND"}.get(error.status, "INVALID_ARGUMENT")
 
 
 _UNION_TAGS = frozenset(("str", "int", "float", "bool", "none"))

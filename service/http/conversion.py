@@ -13,11 +13,13 @@ from typing import Any
 
 from service._gen.formwork.v1 import generation_pb2 as pb
 from service.errors import FieldViolation, ServiceError, invalid_argument
-from service.http.protocol import ChatCompletionRequest, CompletionRequest, _GenerationRequest
+from service.http.protocol import ChatCompletionRequest, ChatMessage, CompletionRequest, _GenerationRequest
 
 MAX_CHOICES = 16  # n, per prompt
 # Formwork's JSON whitespace modes, by their HTTP names
 _GRAMMAR_SYNTAX = {"ebnf": pb.GRAMMAR_SYNTAX_EBNF, "lark": pb.GRAMMAR_SYNTAX_LARK}
+_TOOL_CHOICE = {"none": pb.TOOL_CHOICE_MODE_NONE, "auto": pb.TOOL_CHOICE_MODE_AUTO,
+                "required": pb.TOOL_CHOICE_MODE_REQUIRED}
 _WHITESPACE = {"compact": pb.JSON_WHITESPACE_COMPACT, "spaced": pb.JSON_WHITESPACE_SPACED,
                "bounded": pb.JSON_WHITESPACE_BOUNDED, "any": pb.JSON_WHITESPACE_ANY}
 
@@ -59,15 +61,14 @@ class Translated:
 
 
 def translate_chat(body: ChatCompletionRequest) -> Translated:
-    names = FieldNames({"chat.messages": "messages", "chat": "messages"})
-    _refuse(body.tools, "tools", "tool calling is not supported; use response_format or structured_outputs")
-    _refuse(body.tool_choice, "tool_choice", "tool calling is not supported")
-    _refuse(body.functions, "functions", "function calling is not supported")
+    names = FieldNames({"chat.messages": "messages", "chat": "messages", "tool_choice.function_name":
+                        "tool_choice.function.name", "reasoning.budget_tokens": "formwork.reasoning_budget",
+                        "reasoning.enabled": "chat_template_kwargs.enable_thinking"})
+    _refuse(body.functions, "functions", "the legacy functions field is not supported; use tools")
     _refuse(body.audio, "audio", "audio output is not supported")
     if body.modalities and body.modalities != ["text"]:
         raise invalid_argument("modalities", "only text is supported")
-    messages = [pb.ChatMessage(role=m.role, content=_message_text(m.content, index))
-                for index, m in enumerate(body.messages)]
+    messages = [_chat_message(m, index) for index, m in enumerate(body.messages)]
     chat = pb.Chat(messages=messages)
     if not body.add_generation_prompt:
         chat.add_generation_prompt = False
@@ -78,7 +79,47 @@ def translate_chat(body: ChatCompletionRequest) -> Translated:
         raise invalid_argument("top_logprobs", "needs logprobs: true")
     if body.logprobs:
         _set_uint(request, "logprobs", body.top_logprobs or 0, "top_logprobs", names)
+    _tools(body, request)
     return _translated(body, request, [pb.GenerateRequest(chat=chat)], names)
+
+
+def _tools(body: ChatCompletionRequest, request: pb.GenerateRequest) -> None:
+    """tools, tool_choice, parallel_tool_calls and the reasoning switches, as gRPC's fields."""
+    for tool in body.tools or []:
+        function = tool.function
+        parameters = "" if function.parameters is None else json.dumps(function.parameters, ensure_ascii=False)
+        request.tools.append(pb.Tool(name=function.name, description=function.description or "",
+                                     parameters_json=parameters))
+    choice = body.tool_choice
+    if isinstance(choice, str):
+        request.tool_choice.mode = _TOOL_CHOICE[choice]
+    elif choice is not None:
+        request.tool_choice.function_name = choice.function.name
+    if body.parallel_tool_calls is not None:
+        request.parallel_tool_calls = body.parallel_tool_calls
+    kwargs = body.chat_template_kwargs or {}
+    unknown = sorted(set(kwargs) - {"enable_thinking"})
+    if unknown:
+        raise invalid_argument(f"chat_template_kwargs.{unknown[0]}", "is not supported (only enable_thinking)")
+    if "enable_thinking" in kwargs:
+        if not isinstance(kwargs["enable_thinking"], bool):
+            raise invalid_argument("chat_template_kwargs.enable_thinking", "must be true or false")
+        request.reasoning.enabled = kwargs["enable_thinking"]
+    budget = body.formwork.reasoning_budget if body.formwork else None
+    if budget is not None:
+        if not 0 <= budget < 1 << 32:
+            raise invalid_argument("formwork.reasoning_budget", f"must be >= 0, got {budget}")
+        request.reasoning.budget_tokens = budget
+
+
+def _chat_message(message: ChatMessage, index: int) -> pb.ChatMessage:
+    out = pb.ChatMessage(role=message.role, content=_message_text(message.content, index),
+                         tool_call_id=message.tool_call_id or "", name=message.name or "")
+    for call in message.tool_calls or []:
+        arguments = call.function.arguments
+        out.tool_calls.append(pb.ToolCall(id=call.id, name=call.function.name, arguments_json=arguments if isinstance(
+            arguments, str) else json.dumps(arguments, ensure_ascii=False)))
+    return out
 
 
 def translate_completion(body: CompletionRequest) -> Translated:
@@ -185,6 +226,8 @@ def _constraint(body: _GenerationRequest, names: FieldNames) -> pb.Constraint | 
                                                         body.formwork.jump_forward, body.formwork.whitespace)):
             raise invalid_argument("formwork", "strict, whitespace, any_whitespace and jump_forward need an output "
                                                "constraint")
+        if body.formwork and body.formwork.close_early is not None:
+            raise invalid_argument("formwork", "close_early needs an output constraint")
         return None
     http_field, constraint = found[0]
     kind = constraint.WhichOneof("kind")
@@ -192,7 +235,7 @@ def _constraint(body: _GenerationRequest, names: FieldNames) -> pb.Constraint | 
     names.names["constraint"] = http_field
     options = body.formwork
     if options is not None:
-        for option in ("strict", "any_whitespace", "jump_forward"):
+        for option in ("strict", "any_whitespace", "jump_forward", "close_early"):
             if getattr(options, option) is not None:
                 setattr(constraint, option, getattr(options, option))
         if options.whitespace is not None:

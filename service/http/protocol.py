@@ -3,7 +3,7 @@
 Types only: ranges, sizes and constraints are checked where gRPC checks them (service/conversion.py),
 so both front ends give the same message. Fields OpenAI defines that have no meaning here (`user`,
 `store`, `metadata`, ...) are ignored; those that would change the answer and cannot be honoured
-(`tools`, `logit_bias`, `echo`, ...) are declared so that service/http/conversion.py can refuse them.
+(`functions`, `logit_bias`, `echo`, ...) are declared so that service/http/conversion.py can refuse them.
 """
 from __future__ import annotations
 
@@ -49,8 +49,10 @@ class FormworkOptions(_Strict):
     any_whitespace: bool | None = None  # free whitespace between JSON tokens, as gRPC's Constraint field
     whitespace: Literal["compact", "spaced", "bounded", "any"] | None = None  # JSON whitespace mode (gRPC's)
     jump_forward: bool | None = None  # append forced text without sampling it (default: the engine's)
+    close_early: bool | None = None  # close before the budget runs out / on loops (default: the engine's)
     grammar_syntax: Literal["auto", "ebnf", "lark"] = "auto"  # of a grammar constraint
     priority: int = 0  # lower runs first under load, as gRPC's `priority`
+    reasoning_budget: int | None = None  # most tokens of thinking, as gRPC's reasoning.budget_tokens
 
 
 class StreamOptions(_Lenient):
@@ -90,11 +92,43 @@ class _GenerationRequest(_Lenient):
     best_of: int | None = None
 
 
+class FunctionDefinition(_Lenient):
+    name: str
+    description: str | None = None
+    parameters: dict[str, Any] | bool | None = None
+
+
+class ToolParam(_Lenient):
+    type: Literal["function"]
+    function: FunctionDefinition
+
+
+class FunctionName(_Lenient):
+    name: str
+
+
+class NamedToolChoice(_Lenient):
+    type: Literal["function"]
+    function: FunctionName
+
+
+class FunctionCall(_Lenient):
+    name: str
+    arguments: str | dict[str, Any] = "{}"
+
+
+class ToolCallParam(_Lenient):
+    id: str = ""
+    type: Literal["function"] = "function"
+    function: FunctionCall
+
+
 class ChatMessage(_Lenient):
     role: str
     content: str | list[dict[str, Any]] | None = None
     name: str | None = None
-    tool_calls: list[Any] | None = None
+    tool_calls: list[ToolCallParam] | None = None
+    tool_call_id: str | None = None
 
 
 class ChatCompletionRequest(_GenerationRequest):
@@ -103,8 +137,10 @@ class ChatCompletionRequest(_GenerationRequest):
     logprobs: bool = False
     top_logprobs: int | None = None
     add_generation_prompt: bool = True
-    tools: list[Any] | None = None
-    tool_choice: Any = None
+    tools: list[ToolParam] | None = None
+    tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
+    parallel_tool_calls: bool | None = None
+    chat_template_kwargs: dict[str, Any] | None = None  # vLLM's; enable_thinking is the one read
     functions: list[Any] | None = None
     audio: Any = None
     modalities: list[str] | None = None

@@ -1,8 +1,9 @@
 """RequestOutputs -> OpenAI response bodies (plain dicts, JSON-encoded by the caller).
 
-Chat and text completions, whole or as stream chunks, with `usage` and Formwork's extension
-field `formwork` (per choice: timings in seconds, forward passes, forced tokens, not-enforced
-schema parts).
+Chat and text completions, whole or as stream chunks (a chat answer's think section as
+`reasoning_content` and its tool calls as `tool_calls`, as vLLM sends them), with `usage` and
+Formwork's extension field `formwork` (per choice: timings in seconds, forward passes, forced
+tokens, not-enforced schema parts).
 """
 from __future__ import annotations
 
@@ -10,10 +11,13 @@ from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from engine.protocol import FinishReason
+from service import assistant_output
 
 if TYPE_CHECKING:
     from engine.frontend.output_processor import RequestOutput
     from engine.protocol import TokenLogprob
+    from service.assistant_output import AssistantStream, ParsedCall
+    from service.chat_format import OutputShape
 
 TokenText = Callable[[int], str]
 
@@ -47,20 +51,32 @@ def formwork_extension(finals: Sequence[RequestOutput]) -> dict[str, Any]:
                                 "time_to_first_token_s": t.ttft_s, "total_s": t.total_s}
         if output.not_enforced:
             entry["not_enforced"] = list(output.not_enforced)
+        if output.closed_early:
+            entry["closed_early"] = output.closed_early
         choices.append(entry)
     return {"choices": choices}
 
 
 def chat_completion(response_id: str, created: int, model: str, finals: Sequence[RequestOutput],
-                    token_text: TokenText, logprobs: bool) -> dict[str, Any]:
+                    token_text: TokenText, logprobs: bool, shape: OutputShape | None = None) -> dict[str, Any]:
+    choices = []
+    for index, output in enumerate(finals):
+        message: dict[str, Any] = {"role": "assistant", "content": output.text}
+        reason = finish_reason(output)
+        if shape is not None and not shape.plain:
+            parts = assistant_output.split(output.text, shape)
+            message["content"] = parts.content if parts.content or not parts.calls else None
+            if shape.reasoning is not None:
+                message["reasoning_content"] = parts.reasoning
+            if parts.calls:
+                message["tool_calls"] = [_tool_call(call) for call in parts.calls]
+                reason = "tool_calls" if reason == "stop" else reason
+        choices.append({"index": index, "message": message,
+                        "logprobs": chat_logprobs(output.logprobs or [], token_text) if logprobs else None,
+                        "finish_reason": reason})
     return {
         "id": response_id, "object": "chat.completion", "created": created, "model": model,
-        "choices": [{
-            "index": index,
-            "message": {"role": "assistant", "content": output.text},
-            "logprobs": chat_logprobs(output.logprobs or [], token_text) if logprobs else None,
-            "finish_reason": finish_reason(output),
-        } for index, output in enumerate(finals)],
+        "choices": choices,
         "usage": usage(finals, len(finals)),
         "formwork": formwork_extension(finals),
     }
@@ -82,11 +98,18 @@ def completion(response_id: str, created: int, model: str, finals: Sequence[Requ
 
 
 def chat_chunk(response_id: str, created: int, model: str, index: int, output: RequestOutput | None,
-               token_text: TokenText, logprobs: bool, include_usage: bool, first: bool) -> dict[str, Any]:
-    """One choice's step; `output` None: the opening chunk that carries the role."""
+               token_text: TokenText, logprobs: bool, include_usage: bool, first: bool,
+               reader: AssistantStream | None = None) -> dict[str, Any]:
+    """One choice's step; `output` None: the opening chunk that carries the role. With `reader`,
+    the step's text is split into reasoning_content, content and whole tool calls, as OpenAI and
+    vLLM stream them."""
     delta: dict[str, Any] = {"role": "assistant", "content": ""} if first else {"content": output.delta_text if output else ""}
-    choice: dict[str, Any] = {"index": index, "delta": delta, "logprobs": None,
-                              "finish_reason": finish_reason(output) if output else None}
+    reason = finish_reason(output) if output else None
+    if reader is not None and output is not None and not first:
+        delta = _assistant_delta(reader, output)
+        if reason == "stop" and reader.num_calls:
+            reason = "tool_calls"
+    choice: dict[str, Any] = {"index": index, "delta": delta, "logprobs": None, "finish_reason": reason}
     if logprobs and output is not None:
         choice["logprobs"] = chat_logprobs(output.new_logprobs or [], token_text)
     chunk = {"id": response_id, "object": "chat.completion.chunk", "created": created, "model": model,
@@ -94,6 +117,23 @@ def chat_chunk(response_id: str, created: int, model: str, index: int, output: R
     if include_usage:
         chunk["usage"] = None
     return chunk
+
+
+def _assistant_delta(reader: AssistantStream, output: RequestOutput) -> dict[str, Any]:
+    parts = reader.step(output.text, output.finished)
+    delta: dict[str, Any] = {}
+    if parts.reasoning:
+        delta["reasoning_content"] = parts.reasoning
+    if parts.content or not (parts.reasoning or parts.calls):
+        delta["content"] = parts.content
+    if parts.calls:
+        first_index = reader.num_calls - len(parts.calls)
+        delta["tool_calls"] = [{"index": first_index + i, **_tool_call(call)} for i, call in enumerate(parts.calls)]
+    return delta
+
+
+def _tool_call(call: ParsedCall) -> dict[str, Any]:
+    return {"id": call.id, "type": "function", "function": {"name": call.name, "arguments": call.arguments}}
 
 
 def completion_chunk(response_id: str, created: int, model: str, index: int, output: RequestOutput,

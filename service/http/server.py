@@ -40,6 +40,7 @@ class HttpServer:
         llm = grpc_server.llm
 
         self.api = OpenAIApi(llm, grpc_server.limits, self.security, limiter, lambda: grpc_server.serving)
+        self._tracing = grpc_server.telemetry.tracing
         self._server: _EmbeddedServer | None = None
         self._task: asyncio.Task[None] | None = None
 
@@ -55,7 +56,9 @@ class HttpServer:
         # client's delayed ACK (~40 ms); asyncio sets it only on sockets it creates itself
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         self.port = sock.getsockname()[1]
-        config = uvicorn.Config(self.api.app, lifespan="off", log_level="warning", access_log=False,
+        tracing = self._tracing
+        app = self.api.app if tracing is None else tracing.asgi_app(self.api.app)
+        config = uvicorn.Config(app, lifespan="off", log_level="warning", access_log=False,
                                 timeout_keep_alive=30, timeout_graceful_shutdown=None)
         config.load()
         if self.security.tls is not None:

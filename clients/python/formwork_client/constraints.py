@@ -6,8 +6,10 @@
 Every builder takes the options that apply to it; None (default) leaves the field unset, so the
 server's default applies: strict=True (unenforceable schema keywords are an error), whitespace=the
 server's default JSON whitespace (docs/constraints.md), any_whitespace=False, jump_forward=the
-server's setting (on unless started with --no-jump-forward). `whitespace` is one of "compact",
-"spaced", "bounded", "any".
+server's setting (on unless started with --no-jump-forward), close_early=the server's setting (on
+unless started with --no-close-early: the output is closed before max_tokens runs out, or when it
+loops, and the response's closed_early says so). `whitespace` is one of "compact", "spaced",
+"bounded", "any".
 """
 from __future__ import annotations
 
@@ -29,19 +31,19 @@ WHITESPACE = {"compact": pb.JSON_WHITESPACE_COMPACT, "spaced": pb.JSON_WHITESPAC
 
 def json_schema(schema: Mapping[str, Any] | str | bool, *, strict: bool | None = None,
                 any_whitespace: bool | None = None, jump_forward: bool | None = None,
-                whitespace: str | None = None) -> pb.Constraint:
+                whitespace: str | None = None, close_early: bool | None = None) -> pb.Constraint:
     """A JSON Schema (a dict, or JSON text). Sent as JSON text (`json_schema_text`), so the order of
     properties, which is the order the model writes them in, and numbers are kept as written."""
     text = schema if isinstance(schema, str) else json.dumps(schema, ensure_ascii=False)
-    return _whitespace(_options(pb.Constraint(json_schema_text=text), strict, any_whitespace, jump_forward),
-                       whitespace)
+    return _whitespace(_options(pb.Constraint(json_schema_text=text), strict, any_whitespace, jump_forward,
+                                close_early), whitespace)
 
 
 def json_object(*, any_whitespace: bool | None = None, jump_forward: bool | None = None,
-                whitespace: str | None = None) -> pb.Constraint:
+                whitespace: str | None = None, close_early: bool | None = None) -> pb.Constraint:
     """Any JSON object."""
-    return _whitespace(_options(pb.Constraint(json_object=pb.JsonObject()), None, any_whitespace, jump_forward),
-                       whitespace)
+    return _whitespace(_options(pb.Constraint(json_object=pb.JsonObject()), None, any_whitespace, jump_forward,
+                                close_early), whitespace)
 
 
 def regex(pattern: str, *, strict: bool | None = None, jump_forward: bool | None = None) -> pb.Constraint:
@@ -108,9 +110,10 @@ def _whitespace(constraint: pb.Constraint, whitespace: str | None) -> pb.Constra
 
 
 def _options(constraint: pb.Constraint, strict: bool | None, any_whitespace: bool | None,
-             jump_forward: bool | None) -> pb.Constraint:
+             jump_forward: bool | None, close_early: bool | None = None) -> pb.Constraint:
     # proto3 `optional`: set only what the caller chose, so the server's defaults apply otherwise
-    for name, value in (("strict", strict), ("any_whitespace", any_whitespace), ("jump_forward", jump_forward)):
+    for name, value in (("strict", strict), ("any_whitespace", any_whitespace), ("jump_forward", jump_forward),
+                        ("close_early", close_early)):
         if value is not None:
             setattr(constraint, name, value)
     return constraint

@@ -91,13 +91,14 @@ def extract_prompt(schema: Mapping[str, Any] | str | bool, text: str, instructio
 def extract_request(schema: Mapping[str, Any] | str, text: str, instructions: str | None = None, *,
                     max_tokens: int | None = None, temperature: float = 0.0, strict: bool | None = None,
                     any_whitespace: bool | None = None, jump_forward: bool | None = None,
-                    whitespace: str | None = None, request_id: str = "") -> pb.GenerateRequest:
+                    whitespace: str | None = None, close_early: bool | None = None,
+                    request_id: str = "") -> pb.GenerateRequest:
     """The request extract() sends: extract_prompt() as the user's message, the schema as the
     constraint, greedy unless `temperature` says otherwise."""
     return generate_request(
         messages=[{"role": "user", "content": extract_prompt(schema, text, instructions)}],
         constraint=json_schema(schema, strict=strict, any_whitespace=any_whitespace, jump_forward=jump_forward,
-                               whitespace=whitespace),
+                               whitespace=whitespace, close_early=close_early),
         max_tokens=max_tokens, temperature=temperature, request_id=request_id)
 
 

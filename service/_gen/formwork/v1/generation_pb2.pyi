@@ -8,6 +8,13 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 
 DESCRIPTOR: _descriptor.FileDescriptor
 
+class ToolChoiceMode(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    TOOL_CHOICE_MODE_UNSPECIFIED: _ClassVar[ToolChoiceMode]
+    TOOL_CHOICE_MODE_NONE: _ClassVar[ToolChoiceMode]
+    TOOL_CHOICE_MODE_AUTO: _ClassVar[ToolChoiceMode]
+    TOOL_CHOICE_MODE_REQUIRED: _ClassVar[ToolChoiceMode]
+
 class GrammarSyntax(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = ()
     GRAMMAR_SYNTAX_UNSPECIFIED: _ClassVar[GrammarSyntax]
@@ -29,6 +36,10 @@ class FinishReason(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     FINISH_REASON_LENGTH: _ClassVar[FinishReason]
     FINISH_REASON_CANCELLED: _ClassVar[FinishReason]
     FINISH_REASON_ERROR: _ClassVar[FinishReason]
+TOOL_CHOICE_MODE_UNSPECIFIED: ToolChoiceMode
+TOOL_CHOICE_MODE_NONE: ToolChoiceMode
+TOOL_CHOICE_MODE_AUTO: ToolChoiceMode
+TOOL_CHOICE_MODE_REQUIRED: ToolChoiceMode
 GRAMMAR_SYNTAX_UNSPECIFIED: GrammarSyntax
 GRAMMAR_SYNTAX_EBNF: GrammarSyntax
 GRAMMAR_SYNTAX_LARK: GrammarSyntax
@@ -44,7 +55,7 @@ FINISH_REASON_CANCELLED: FinishReason
 FINISH_REASON_ERROR: FinishReason
 
 class GenerateRequest(_message.Message):
-    __slots__ = ("request_id", "prompt", "chat", "prompt_token_ids", "max_tokens", "temperature", "top_p", "top_k", "min_p", "seed", "repetition_penalty", "frequency_penalty", "presence_penalty", "stop", "stop_token_ids", "ignore_eos", "include_stop_str_in_output", "logprobs", "priority", "constraint")
+    __slots__ = ("request_id", "prompt", "chat", "prompt_token_ids", "max_tokens", "temperature", "top_p", "top_k", "min_p", "seed", "repetition_penalty", "frequency_penalty", "presence_penalty", "stop", "stop_token_ids", "ignore_eos", "include_stop_str_in_output", "logprobs", "priority", "constraint", "tools", "tool_choice", "parallel_tool_calls", "reasoning")
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     PROMPT_FIELD_NUMBER: _ClassVar[int]
     CHAT_FIELD_NUMBER: _ClassVar[int]
@@ -65,6 +76,10 @@ class GenerateRequest(_message.Message):
     LOGPROBS_FIELD_NUMBER: _ClassVar[int]
     PRIORITY_FIELD_NUMBER: _ClassVar[int]
     CONSTRAINT_FIELD_NUMBER: _ClassVar[int]
+    TOOLS_FIELD_NUMBER: _ClassVar[int]
+    TOOL_CHOICE_FIELD_NUMBER: _ClassVar[int]
+    PARALLEL_TOOL_CALLS_FIELD_NUMBER: _ClassVar[int]
+    REASONING_FIELD_NUMBER: _ClassVar[int]
     request_id: str
     prompt: str
     chat: Chat
@@ -85,7 +100,47 @@ class GenerateRequest(_message.Message):
     logprobs: int
     priority: int
     constraint: Constraint
-    def __init__(self, request_id: _Optional[str] = ..., prompt: _Optional[str] = ..., chat: _Optional[_Union[Chat, _Mapping]] = ..., prompt_token_ids: _Optional[_Union[TokenIds, _Mapping]] = ..., max_tokens: _Optional[int] = ..., temperature: _Optional[float] = ..., top_p: _Optional[float] = ..., top_k: _Optional[int] = ..., min_p: _Optional[float] = ..., seed: _Optional[int] = ..., repetition_penalty: _Optional[float] = ..., frequency_penalty: _Optional[float] = ..., presence_penalty: _Optional[float] = ..., stop: _Optional[_Iterable[str]] = ..., stop_token_ids: _Optional[_Iterable[int]] = ..., ignore_eos: _Optional[bool] = ..., include_stop_str_in_output: _Optional[bool] = ..., logprobs: _Optional[int] = ..., priority: _Optional[int] = ..., constraint: _Optional[_Union[Constraint, _Mapping]] = ...) -> None: ...
+    tools: _containers.RepeatedCompositeFieldContainer[Tool]
+    tool_choice: ToolChoice
+    parallel_tool_calls: bool
+    reasoning: Reasoning
+    def __init__(self, request_id: _Optional[str] = ..., prompt: _Optional[str] = ..., chat: _Optional[_Union[Chat, _Mapping]] = ..., prompt_token_ids: _Optional[_Union[TokenIds, _Mapping]] = ..., max_tokens: _Optional[int] = ..., temperature: _Optional[float] = ..., top_p: _Optional[float] = ..., top_k: _Optional[int] = ..., min_p: _Optional[float] = ..., seed: _Optional[int] = ..., repetition_penalty: _Optional[float] = ..., frequency_penalty: _Optional[float] = ..., presence_penalty: _Optional[float] = ..., stop: _Optional[_Iterable[str]] = ..., stop_token_ids: _Optional[_Iterable[int]] = ..., ignore_eos: _Optional[bool] = ..., include_stop_str_in_output: _Optional[bool] = ..., logprobs: _Optional[int] = ..., priority: _Optional[int] = ..., constraint: _Optional[_Union[Constraint, _Mapping]] = ..., tools: _Optional[_Iterable[_Union[Tool, _Mapping]]] = ..., tool_choice: _Optional[_Union[ToolChoice, _Mapping]] = ..., parallel_tool_calls: _Optional[bool] = ..., reasoning: _Optional[_Union[Reasoning, _Mapping]] = ...) -> None: ...
+
+class Tool(_message.Message):
+    __slots__ = ("name", "description", "parameters_json")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    DESCRIPTION_FIELD_NUMBER: _ClassVar[int]
+    PARAMETERS_JSON_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    description: str
+    parameters_json: str
+    def __init__(self, name: _Optional[str] = ..., description: _Optional[str] = ..., parameters_json: _Optional[str] = ...) -> None: ...
+
+class ToolChoice(_message.Message):
+    __slots__ = ("mode", "function_name")
+    MODE_FIELD_NUMBER: _ClassVar[int]
+    FUNCTION_NAME_FIELD_NUMBER: _ClassVar[int]
+    mode: ToolChoiceMode
+    function_name: str
+    def __init__(self, mode: _Optional[_Union[ToolChoiceMode, str]] = ..., function_name: _Optional[str] = ...) -> None: ...
+
+class ToolCall(_message.Message):
+    __slots__ = ("id", "name", "arguments_json")
+    ID_FIELD_NUMBER: _ClassVar[int]
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    ARGUMENTS_JSON_FIELD_NUMBER: _ClassVar[int]
+    id: str
+    name: str
+    arguments_json: str
+    def __init__(self, id: _Optional[str] = ..., name: _Optional[str] = ..., arguments_json: _Optional[str] = ...) -> None: ...
+
+class Reasoning(_message.Message):
+    __slots__ = ("enabled", "budget_tokens")
+    ENABLED_FIELD_NUMBER: _ClassVar[int]
+    BUDGET_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    enabled: bool
+    budget_tokens: int
+    def __init__(self, enabled: _Optional[bool] = ..., budget_tokens: _Optional[int] = ...) -> None: ...
 
 class Chat(_message.Message):
     __slots__ = ("messages", "add_generation_prompt")
@@ -96,12 +151,18 @@ class Chat(_message.Message):
     def __init__(self, messages: _Optional[_Iterable[_Union[ChatMessage, _Mapping]]] = ..., add_generation_prompt: _Optional[bool] = ...) -> None: ...
 
 class ChatMessage(_message.Message):
-    __slots__ = ("role", "content")
+    __slots__ = ("role", "content", "tool_calls", "tool_call_id", "name")
     ROLE_FIELD_NUMBER: _ClassVar[int]
     CONTENT_FIELD_NUMBER: _ClassVar[int]
+    TOOL_CALLS_FIELD_NUMBER: _ClassVar[int]
+    TOOL_CALL_ID_FIELD_NUMBER: _ClassVar[int]
+    NAME_FIELD_NUMBER: _ClassVar[int]
     role: str
     content: str
-    def __init__(self, role: _Optional[str] = ..., content: _Optional[str] = ...) -> None: ...
+    tool_calls: _containers.RepeatedCompositeFieldContainer[ToolCall]
+    tool_call_id: str
+    name: str
+    def __init__(self, role: _Optional[str] = ..., content: _Optional[str] = ..., tool_calls: _Optional[_Iterable[_Union[ToolCall, _Mapping]]] = ..., tool_call_id: _Optional[str] = ..., name: _Optional[str] = ...) -> None: ...
 
 class TokenIds(_message.Message):
     __slots__ = ("ids",)
@@ -110,7 +171,7 @@ class TokenIds(_message.Message):
     def __init__(self, ids: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class Constraint(_message.Message):
-    __slots__ = ("json_schema", "json_schema_text", "json_object", "regex", "grammar", "choice", "strict", "any_whitespace", "jump_forward", "whitespace", "grammar_syntax")
+    __slots__ = ("json_schema", "json_schema_text", "json_object", "regex", "grammar", "choice", "strict", "any_whitespace", "jump_forward", "whitespace", "grammar_syntax", "close_early")
     JSON_SCHEMA_FIELD_NUMBER: _ClassVar[int]
     JSON_SCHEMA_TEXT_FIELD_NUMBER: _ClassVar[int]
     JSON_OBJECT_FIELD_NUMBER: _ClassVar[int]
@@ -122,6 +183,7 @@ class Constraint(_message.Message):
     JUMP_FORWARD_FIELD_NUMBER: _ClassVar[int]
     WHITESPACE_FIELD_NUMBER: _ClassVar[int]
     GRAMMAR_SYNTAX_FIELD_NUMBER: _ClassVar[int]
+    CLOSE_EARLY_FIELD_NUMBER: _ClassVar[int]
     json_schema: _struct_pb2.Struct
     json_schema_text: str
     json_object: JsonObject
@@ -133,7 +195,8 @@ class Constraint(_message.Message):
     jump_forward: bool
     whitespace: JsonWhitespace
     grammar_syntax: GrammarSyntax
-    def __init__(self, json_schema: _Optional[_Union[_struct_pb2.Struct, _Mapping]] = ..., json_schema_text: _Optional[str] = ..., json_object: _Optional[_Union[JsonObject, _Mapping]] = ..., regex: _Optional[str] = ..., grammar: _Optional[str] = ..., choice: _Optional[_Union[Choice, _Mapping]] = ..., strict: _Optional[bool] = ..., any_whitespace: _Optional[bool] = ..., jump_forward: _Optional[bool] = ..., whitespace: _Optional[_Union[JsonWhitespace, str]] = ..., grammar_syntax: _Optional[_Union[GrammarSyntax, str]] = ...) -> None: ...
+    close_early: bool
+    def __init__(self, json_schema: _Optional[_Union[_struct_pb2.Struct, _Mapping]] = ..., json_schema_text: _Optional[str] = ..., json_object: _Optional[_Union[JsonObject, _Mapping]] = ..., regex: _Optional[str] = ..., grammar: _Optional[str] = ..., choice: _Optional[_Union[Choice, _Mapping]] = ..., strict: _Optional[bool] = ..., any_whitespace: _Optional[bool] = ..., jump_forward: _Optional[bool] = ..., whitespace: _Optional[_Union[JsonWhitespace, str]] = ..., grammar_syntax: _Optional[_Union[GrammarSyntax, str]] = ..., close_early: _Optional[bool] = ...) -> None: ...
 
 class JsonObject(_message.Message):
     __slots__ = ()
@@ -146,7 +209,7 @@ class Choice(_message.Message):
     def __init__(self, choices: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class GenerateResponse(_message.Message):
-    __slots__ = ("request_id", "text", "token_ids", "finish_reason", "stop_string", "stop_token_id", "usage", "timings", "logprobs", "not_enforced")
+    __slots__ = ("request_id", "text", "token_ids", "finish_reason", "stop_string", "stop_token_id", "usage", "timings", "logprobs", "not_enforced", "tool_calls", "reasoning", "content", "closed_early")
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     TEXT_FIELD_NUMBER: _ClassVar[int]
     TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
@@ -157,6 +220,10 @@ class GenerateResponse(_message.Message):
     TIMINGS_FIELD_NUMBER: _ClassVar[int]
     LOGPROBS_FIELD_NUMBER: _ClassVar[int]
     NOT_ENFORCED_FIELD_NUMBER: _ClassVar[int]
+    TOOL_CALLS_FIELD_NUMBER: _ClassVar[int]
+    REASONING_FIELD_NUMBER: _ClassVar[int]
+    CONTENT_FIELD_NUMBER: _ClassVar[int]
+    CLOSED_EARLY_FIELD_NUMBER: _ClassVar[int]
     request_id: str
     text: str
     token_ids: _containers.RepeatedScalarFieldContainer[int]
@@ -167,7 +234,11 @@ class GenerateResponse(_message.Message):
     timings: Timings
     logprobs: _containers.RepeatedCompositeFieldContainer[TokenLogprob]
     not_enforced: _containers.RepeatedScalarFieldContainer[str]
-    def __init__(self, request_id: _Optional[str] = ..., text: _Optional[str] = ..., token_ids: _Optional[_Iterable[int]] = ..., finish_reason: _Optional[_Union[FinishReason, str]] = ..., stop_string: _Optional[str] = ..., stop_token_id: _Optional[int] = ..., usage: _Optional[_Union[Usage, _Mapping]] = ..., timings: _Optional[_Union[Timings, _Mapping]] = ..., logprobs: _Optional[_Iterable[_Union[TokenLogprob, _Mapping]]] = ..., not_enforced: _Optional[_Iterable[str]] = ...) -> None: ...
+    tool_calls: _containers.RepeatedCompositeFieldContainer[ToolCall]
+    reasoning: str
+    content: str
+    closed_early: str
+    def __init__(self, request_id: _Optional[str] = ..., text: _Optional[str] = ..., token_ids: _Optional[_Iterable[int]] = ..., finish_reason: _Optional[_Union[FinishReason, str]] = ..., stop_string: _Optional[str] = ..., stop_token_id: _Optional[int] = ..., usage: _Optional[_Union[Usage, _Mapping]] = ..., timings: _Optional[_Union[Timings, _Mapping]] = ..., logprobs: _Optional[_Iterable[_Union[TokenLogprob, _Mapping]]] = ..., not_enforced: _Optional[_Iterable[str]] = ..., tool_calls: _Optional[_Iterable[_Union[ToolCall, _Mapping]]] = ..., reasoning: _Optional[str] = ..., content: _Optional[str] = ..., closed_early: _Optional[str] = ...) -> None: ...
 
 class Usage(_message.Message):
     __slots__ = ("prompt_tokens", "completion_tokens", "cached_prompt_tokens", "forced_tokens")
@@ -242,7 +313,7 @@ class GetModelInfoRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class ModelInfo(_message.Message):
-    __slots__ = ("model_name", "max_model_len", "vocab_size", "limits", "constraint_kinds", "load", "num_engine_restarts", "last_engine_crash", "num_quarantined_constraints")
+    __slots__ = ("model_name", "max_model_len", "vocab_size", "limits", "constraint_kinds", "load", "num_engine_restarts", "last_engine_crash", "num_quarantined_constraints", "tool_call_syntax", "reasoning_start", "reasoning_end")
     MODEL_NAME_FIELD_NUMBER: _ClassVar[int]
     MAX_MODEL_LEN_FIELD_NUMBER: _ClassVar[int]
     VOCAB_SIZE_FIELD_NUMBER: _ClassVar[int]
@@ -252,6 +323,9 @@ class ModelInfo(_message.Message):
     NUM_ENGINE_RESTARTS_FIELD_NUMBER: _ClassVar[int]
     LAST_ENGINE_CRASH_FIELD_NUMBER: _ClassVar[int]
     NUM_QUARANTINED_CONSTRAINTS_FIELD_NUMBER: _ClassVar[int]
+    TOOL_CALL_SYNTAX_FIELD_NUMBER: _ClassVar[int]
+    REASONING_START_FIELD_NUMBER: _ClassVar[int]
+    REASONING_END_FIELD_NUMBER: _ClassVar[int]
     model_name: str
     max_model_len: int
     vocab_size: int
@@ -261,7 +335,10 @@ class ModelInfo(_message.Message):
     num_engine_restarts: int
     last_engine_crash: str
     num_quarantined_constraints: int
-    def __init__(self, model_name: _Optional[str] = ..., max_model_len: _Optional[int] = ..., vocab_size: _Optional[int] = ..., limits: _Optional[_Union[Limits, _Mapping]] = ..., constraint_kinds: _Optional[_Iterable[str]] = ..., load: _Optional[_Union[Load, _Mapping]] = ..., num_engine_restarts: _Optional[int] = ..., last_engine_crash: _Optional[str] = ..., num_quarantined_constraints: _Optional[int] = ...) -> None: ...
+    tool_call_syntax: str
+    reasoning_start: str
+    reasoning_end: str
+    def __init__(self, model_name: _Optional[str] = ..., max_model_len: _Optional[int] = ..., vocab_size: _Optional[int] = ..., limits: _Optional[_Union[Limits, _Mapping]] = ..., constraint_kinds: _Optional[_Iterable[str]] = ..., load: _Optional[_Union[Load, _Mapping]] = ..., num_engine_restarts: _Optional[int] = ..., last_engine_crash: _Optional[str] = ..., num_quarantined_constraints: _Optional[int] = ..., tool_call_syntax: _Optional[str] = ..., reasoning_start: _Optional[str] = ..., reasoning_end: _Optional[str] = ...) -> None: ...
 
 class Limits(_message.Message):
     __slots__ = ("default_max_tokens", "max_tokens_cap", "max_constraint_bytes", "max_message_bytes", "max_num_seqs", "max_queue_len", "kv_block_size", "max_logprobs")

@@ -1,0 +1,54 @@
+"""Peak memory of loading a model, against its weight bytes.
+
+    python -m bench.load_memory MODEL_DIR [--dtype bfloat16] [--pack]
+
+Builds the model as the engine does (meta device, empty storage in the served dtype, safetensors
+read tensor by tensor) in this process, then prints the process's peak resident memory before and
+after loading, the weights' bytes, and their ratio. With --pack, the CPU fast paths' packing
+(engine/kernels/cpu_linear.py) runs too, and its peak is printed separately. Run it in a fresh
+process: the peak is the process's own since it started.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import resource
+from pathlib import Path
+
+
+def peak_rss_bytes() -> int:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # Linux reports KiB
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("model_dir")
+    parser.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float16", "float32"])
+    parser.add_argument("--pack", action="store_true", help="also pack the matmul weights for the CPU fast paths")
+    args = parser.parse_args()
+    os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+    import torch
+    from transformers import AutoConfig
+
+    from engine.models import model_class
+
+    config = AutoConfig.from_pretrained(args.model_dir)
+    base = peak_rss_bytes()
+    with torch.device("meta"):
+        model = model_class(config)(config, 2048)
+    model = model.to(getattr(torch, args.dtype)).to_empty(device="cpu")
+    model.load_weights(Path(args.model_dir))
+    loaded = peak_rss_bytes()
+    weights = sum(p.numel() * p.element_size() for p in model.parameters())
+    gib = 1 << 30
+    print(f"weights {weights / gib:.2f} GiB ({args.dtype}); process before loading {base / gib:.2f} GiB")
+    print(f"peak RSS after loading {loaded / gib:.2f} GiB = {loaded / weights:.2f}x the weights "
+          f"({(loaded - base) / weights:.2f}x counting only what loading added)")
+    if args.pack:
+        count = model.pack_cpu_weights()
+        packed = peak_rss_bytes()
+        print(f"peak RSS after packing {count} weights {packed / gib:.2f} GiB = {packed / weights:.2f}x the weights")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,53 @@
+"""Tools in a chat prompt: rendered by the model's own chat template when it knows tools, by a
+Hermes-style tool prompt when it does not.
+
+A template that reads `tools` gets them as transformers passes them (`apply_chat_template(tools=
+...)`), and the conversation's assistant calls and `tool` results as they are. For a template
+without tools (SmolLM2's ChatML), the tools go into the system message with the call syntax the
+output is constrained to, earlier calls are written into their assistant message in that syntax,
+and tool results become user turns in `<tool_response>` tags, as Qwen 2.5's template writes them.
+"""
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from grammar.tool_calls import ToolCallSyntax
+
+
+def template_knows_tools(chat_template: str | None) -> bool:
+    return bool(chat_template) and "tools" in chat_template  # type: ignore[operator]
+
+
+def messages_with_tools(messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None,
+                        syntax: ToolCallSyntax) -> list[dict[str, Any]]:
+    """The conversation for a template without tools: tool prompt, calls and results as plain text."""
+    out: list[dict[str, Any]] = []
+    for message in messages:
+        role, content = message.get("role"), message.get("content") or ""
+        calls = message.get("tool_calls")
+        if role == "assistant" and calls:
+            written = syntax.render([(c["function"]["name"], c["function"]["arguments"]) for c in calls])
+            content = f"{content}\n{written}" if content else written
+            out.append({"role": "assistant", "content": content})
+        elif role == "tool":
+            out.append({"role": "user", "content": f"<tool_response>\n{content}\n</tool_response>"})
+        else:
+            out.append({k: v for k, v in message.items() if k not in ("tool_calls", "tool_call_id", "name")})
+    if tools:
+        prompt = tool_prompt(tools, syntax)
+        if out and out[0]["role"] == "system":
+            out[0] = {**out[0], "content": f"{out[0]['content']}\n\n{prompt}"}
+        else:
+            out.insert(0, {"role": "system", "content": prompt})
+    return out
+
+
+def tool_prompt(tools: list[dict[str, Any]], syntax: ToolCallSyntax) -> str:
+    listed = "\n".join(json.dumps(tool, ensure_ascii=False) for tool in tools)
+    example = syntax.render([("<function-name>", {"<argument>": "<value>"})])
+    return ("# Tools\n\nYou may call one or more functions to assist with the user query.\n\n"
+            "You are provided with function signatures within <tools></tools> XML tags:\n"
+            f"<tools>\n{listed}\n</tools>\n\n"
+            f"To call a function, write its name and arguments (a JSON object) like this:\n{example}")
+

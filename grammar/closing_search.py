@@ -1,0 +1,168 @@
+"""A short text that completes an output from where its grammar stands.
+
+The search runs over a small ASCII alphabet, depth first, against the request's own matcher:
+each candidate character is pushed (accepted as one step), explored, and popped (rolled back), so
+the matcher ends where it started. Text the grammar forces at a point (a property name, the rest
+of `true`) is pushed whole, as one step. Candidates are tried closers first — the quote that ends a
+string, the brace or bracket that ends a container — then the shortest values (`0`, `""`, `[]`),
+so the first completion found is short: it closes the string, supplies what is required with
+minimal values, and closes the containers. It is not always the shortest possible one. Where a
+character leads back to the same point (a string's content, a pattern's `\\w+`), the ways out of
+that loop are tried before going round it again. A pattern whose way out is a particular word
+(`\\w+\\.dll`) is beyond it: the search gives up within its budget and the caller closes nothing.
+
+Library-free: the matcher sits behind `TextCursor`.
+"""
+from __future__ import annotations
+
+import time
+from typing import Protocol
+
+# in free text (a string's content, where `a` is allowed) the quote comes first and fill is `a`;
+# elsewhere the containers close first, then the shortest values and separators
+_FREE_TEXT_ORDER = '"a}],0 1-.:'
+_STRUCTURE_ORDER = '}]",01-.:{[tfn'
+# the rest of printable ASCII, for patterns and grammars that need other characters
+_TAIL = ("2345678bcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ9_@+/#$%&'()*;<=>?!^`|~\\"
+         "\n\t")
+ALPHABET = "".join(dict.fromkeys(_FREE_TEXT_ORDER + _STRUCTURE_ORDER + _TAIL))
+
+
+class TextCursor(Protocol):
+    """A matcher seen as text: push and pop steps, ask what may come next."""
+
+    def allowed_chars(self) -> str:
+        """The characters of ALPHABET the grammar accepts next (any order). Changes nothing."""
+
+    def push(self, text: str) -> bool:
+        """Accept `text` as one step; False, with nothing changed, if the grammar rejects it."""
+
+    def pop(self, num_steps: int) -> None:
+        """Undo the last `num_steps` pushes."""
+
+    def forced_text(self) -> str:
+        """Text the grammar forces next ('' if none, or if the cursor cannot tell)."""
+
+    def is_complete(self) -> bool:
+        """The text so far is a complete output (the grammar may or may not allow more)."""
+
+
+def _ordered(allowed: str) -> list[str]:
+    order = _FREE_TEXT_ORDER if "a" in allowed else _STRUCTURE_ORDER
+    head = [c for c in dict.fromkeys(order) if c in allowed]
+    return head + [c for c in ALPHABET if c in allowed and c not in head]
+
+
+class _Node:
+    __slots__ = ("candidates", "index", "num_steps", "allowed", "loop", "loop_run")
+
+    def __init__(self, candidates: list[str], num_steps: int, allowed: str = "",
+                 loop: list[str] | None = None, loop_run: int = 0) -> None:
+        self.candidates = candidates
+        self.index = 0
+        self.num_steps = num_steps  # pushes made to reach this node from its parent
+        self.allowed = allowed  # what the grammar accepted here
+        self.loop = loop  # in a loop: the candidates, exits first (see _loop_candidates)
+        self.loop_run = loop_run  # steps the loop has gone round so far
+
+
+def _loop_candidates(cursor: TextCursor, allowed: str) -> list[str]:
+    """At a point the last character led back to (the same characters allowed as before it): the
+    candidates that leave the loop first, then one character that goes round it again (the others
+    that do are equivalent), and an escape (`\\`, which inside a string mostly returns to it) last.
+
+    A pattern such as `\\w+[\\\\]\\w+\\.dll` needs this: `a` is allowed forever, the way out is a
+    backslash. One look ahead per candidate, once per loop."""
+    exits, round_trip, escape = [], [], []
+    for char in _ordered(allowed):
+        if not cursor.push(char):
+            continue
+        after = cursor.allowed_chars()
+        cursor.pop(1)
+        if after == allowed:
+            round_trip = round_trip or [char]
+        elif char == "\\":
+            escape = [char]
+        else:
+            exits.append(char)
+    return exits + round_trip + escape
+
+
+def find_closing(cursor: TextCursor, max_chars: int, max_nodes: int = 1000, max_cpu_s: float = 0.02) -> str | None:
+    """Text that makes the output complete, at most `max_chars` long, or None if the search
+    finds none within `max_nodes` visited points and `max_cpu_s` of this thread's CPU time (a
+    grammar whose bitmask fill is slow gets few points). The cursor is left as it was.
+
+    A loop (a character that leads back to where it started) goes round at most 32 times in a
+    first pass, so that a way out of it is tried early; a second pass lifts that (minLength).
+    Cost: one allowed_chars() per visited point plus a push and a pop per tried candidate; a
+    JSON closing typically visits a few points per character it writes.
+    """
+    deadline = time.thread_time() + max_cpu_s
+    for max_loop_run in (32, max_chars):
+        found, num_visited = _search(cursor, max_chars, max_nodes, deadline, max_loop_run)
+        if found is not None or num_visited > max_nodes:
+            return found
+        max_nodes -= num_visited
+    return None
+
+
+def _search(cursor: TextCursor, max_chars: int, max_nodes: int, deadline: float,
+            max_loop_run: int) -> tuple[str | None, int]:
+    texts: list[str] = []  # the text of each push on the current path, in order
+    nodes: list[_Node] = []
+    length = num_visited = 0
+
+    def enter(num_steps: int, pushed: str) -> bool:
+        """Take the forced text at this point, then open it; True if the output is complete."""
+        nonlocal length, num_visited
+        forced = cursor.forced_text()
+        if forced and length + len(forced) <= max_chars and cursor.push(forced):
+            texts.append(forced)
+            length += len(forced)
+            num_steps += 1
+        if cursor.is_complete():
+            nodes.append(_Node([], num_steps))
+            return True
+        num_visited += 1
+        if time.thread_time() > deadline:
+            num_visited = max_nodes + 1  # out of time: unwind
+        if length >= max_chars or num_visited > max_nodes:
+            nodes.append(_Node([], num_steps))
+            return False
+        allowed = cursor.allowed_chars()
+        parent = nodes[-1] if nodes else None
+        if parent is not None and not forced and len(pushed) == 1 and parent.allowed == allowed:
+            loop = parent.loop if parent.loop is not None else _loop_candidates(cursor, allowed)
+            run = parent.loop_run + 1
+            candidates = loop if run < max_loop_run else [c for c in loop if c != pushed]
+            nodes.append(_Node(candidates, num_steps, allowed, loop, run))
+        else:
+            nodes.append(_Node(_ordered(allowed), num_steps, allowed))
+        return False
+
+    try:
+        if enter(0, ""):
+            return "".join(texts), num_visited
+        while nodes:
+            node = nodes[-1]
+            if node.index < len(node.candidates) and num_visited <= max_nodes:
+                char = node.candidates[node.index]
+                node.index += 1
+                if not cursor.push(char):
+                    continue
+                texts.append(char)
+                length += 1
+                if enter(1, char):
+                    return "".join(texts), num_visited
+                continue
+            nodes.pop()
+            if node.num_steps:
+                cursor.pop(node.num_steps)
+                for _ in range(node.num_steps):
+                    length -= len(texts.pop())
+        return None, num_visited
+    finally:
+        num_pushed = sum(node.num_steps for node in nodes)
+        if num_pushed:
+            cursor.pop(num_pushed)

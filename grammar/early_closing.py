@@ -1,0 +1,108 @@
+"""When a constrained output is closed before it would run out of tokens, and why.
+
+Without this, an output cut at max_tokens (or at the context length) is a prefix: unusable JSON.
+One `EarlyClosing` per request watches the remaining budget and, for the JSON kinds, the runaway
+guard (grammar/runaway.py). When the budget comes within a few tokens of the closing the grammar
+needs (Grammar.closing_token_ids), or the guard sees a loop, it hands the scheduler that closing to
+append, with the reason ("budget", "repetition", "digits", "depth"); the output then completes,
+validates, and says it was closed.
+
+The closing is searched for only when it may matter: after each search, the next one waits until
+the budget has used up half of its lead over the longest closing seen so far, so a long output
+costs a handful of searches, and the last stretch (twice that closing) one per step. The longest
+closing seen, not the current one, decides when to close: inside a repeated array item the
+closing is short, at the start of the next item it is the whole item again. An output that
+finishes before the closing acts is exactly what it would be without it: nothing here changes the
+bitmask or the sampled tokens.
+"""
+from __future__ import annotations
+
+import logging
+from typing import TYPE_CHECKING
+
+from grammar.backend import GrammarError
+
+if TYPE_CHECKING:
+    from collections.abc import Sequence
+
+    from grammar.backend import Grammar
+    from grammar.runaway import RunawayGuard
+
+logger = logging.getLogger(__name__)
+
+# tokens kept in hand beyond the closing's own: the next sampled token, and the closing growing
+# by a token or two on the way
+_MARGIN = 3
+# the search for the shortest output before anything is generated may look this far
+_MINIMUM_SEARCH_TOKENS = 4096
+
+
+class EarlyClosing:
+    """Budget-aware closing and the runaway guard for one request. Driven by the engine thread."""
+
+    def __init__(self, grammar: Grammar, guard: RunawayGuard | None = None) -> None:
+        self._grammar = grammar
+        self._guard = guard
+        self._check_at = 0  # search again once the remaining budget is at or below this
+        self._max_closing = 0  # tokens of the longest closing found so far
+        self._broken = False  # a search raised: no more closing for this request
+
+    def check_minimum(self, num_budget_tokens: int, by_context: bool = False,
+                      min_output_tokens: int | None = None) -> None:
+        """Before the first token: raise GrammarError if the shortest output found for this
+        constraint needs more than `num_budget_tokens` — the request's max_tokens, or (by_context)
+        the context left after its prompt. `min_output_tokens`: that shortest output's length if
+        the compile found it (CompiledGrammar.min_output_tokens); else it is searched for here."""
+        needed = min_output_tokens
+        if needed is None:
+            closing = self._closing(max(num_budget_tokens, _MINIMUM_SEARCH_TOKENS))
+            if closing is None:
+                self._check_at = num_budget_tokens  # unknown: look again at the first token
+                return
+            needed = len(closing)
+        if needed > num_budget_tokens:
+            if by_context:
+                raise GrammarError(f"only {num_budget_tokens} tokens of context are left after the prompt, but the "
+                                   f"shortest output this constraint accepts takes {needed}: shorten the prompt")
+            raise GrammarError(f"max_tokens is {num_budget_tokens}, but the shortest output this constraint "
+                               f"accepts takes {needed} tokens: set max_tokens to at least {needed}")
+        self._max_closing = needed
+        self._schedule(needed, num_budget_tokens)
+
+    def check(self, new_token_ids: Sequence[int], num_remaining: int) -> tuple[list[int], str] | None:
+        """After a step appended `new_token_ids` and `num_remaining` tokens of budget are left:
+        (the closing tokens to append, why) when the output should be closed now, else None.
+        The closing tokens are not accepted by the grammar yet."""
+        if self._broken:
+            return None
+        reason = self._guard.update(new_token_ids) if self._guard is not None else None
+        if reason is None and num_remaining > self._check_at:
+            return None
+        closing = self._closing(num_remaining)
+        if closing is None:
+            # nothing fits (or the search gave up): back off, and let a loop run on rather than
+            # searching again at every token
+            if self._guard is not None:
+                self._guard.reset_repetition()
+            self._check_at = min(self._check_at, num_remaining // 2)
+            return None
+        self._max_closing = max(self._max_closing, len(closing))
+        if reason is None and self._max_closing + _MARGIN < num_remaining:
+            self._schedule(self._max_closing, num_remaining)
+            return None
+        return closing, reason or "budget"
+
+    def _closing(self, max_tokens: int) -> list[int] | None:
+        """The grammar's closing; a search that raises only costs this request its closing."""
+        try:
+            return self._grammar.closing_token_ids(max_tokens)
+        except Exception as e:  # e.g. MemoryError in the matcher: the output goes on unclosed
+            logger.warning("closing search failed: %s: %s", type(e).__name__, e)
+            self._broken = True
+            return None
+
+    def _schedule(self, num_closing_tokens: int, num_remaining: int) -> None:
+        due = num_closing_tokens + _MARGIN
+        lead = num_remaining - due
+        # within twice the closing of the end: every step (the closing may grow from one to the next)
+        self._check_at = num_remaining if lead <= due else due + lead // 2

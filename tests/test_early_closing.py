@@ -1,0 +1,184 @@
+"""Closing a constrained output early: the closing text the grammar needs from any point, and the
+runaway guard that spots a loop — on the real tokenizer and grammars, no model."""
+from __future__ import annotations
+
+import json
+import random
+import re
+
+import jsonschema
+import pytest
+from grammar_factories import allowed_ids, decode, encode, make_backend, make_constraint
+
+from grammar.backend import GrammarError
+from grammar.early_closing import EarlyClosing
+from grammar.runaway import RunawayGuard
+
+COMPANY = {"type": "object", "properties": {"company": {"type": "string"}, "id": {"type": "integer"}},
+           "required": ["company", "id"]}
+RANGES = {"type": "object", "properties": {"ranges": {"type": "array", "items": {
+    "type": "object", "properties": {"max": {"type": "integer"}, "min": {"type": "integer"}},
+    "required": ["max", "min"]}}}, "required": ["ranges"]}
+NODE = {"$defs": {"node": {"type": "object", "properties": {"data": {"$ref": "#/$defs/node"}}}},
+        "$ref": "#/$defs/node"}
+NAME = {"type": "object", "properties": {"name": {"type": "string"}}, "required": ["name"]}
+
+
+def make_grammar(kind: str = "json_schema", spec: object = "", **options):
+    backend = make_backend()
+    return backend.make_grammar(backend.compile(make_constraint(kind, spec, whitespace="compact", **options)))
+
+
+def guard_reason(text: str) -> tuple[str | None, int]:
+    """The guard's first reason over `text`'s tokens, fed one at a time, and the tokens it took."""
+    guard = RunawayGuard(make_backend().token_bytes)
+    for num_tokens, token_id in enumerate(encode(text), 1):
+        reason = guard.update([token_id])
+        if reason is not None:
+            return reason, num_tokens
+    return None, len(encode(text))
+
+
+def close(grammar, max_tokens: int = 256) -> str:
+    """Append the grammar's closing and return its text; the grammar must end there."""
+    closing = grammar.closing_token_ids(max_tokens)
+    assert closing is not None and len(closing) <= max_tokens
+    assert grammar.accept_tokens(closing)
+    assert grammar.is_terminated()
+    stop_ids = set(make_backend().stop_token_ids)
+    return decode([t for t in closing if t not in stop_ids])
+
+
+# ---- the closing ------------------------------------------------------------------------------
+
+CLOSING_CASES = [
+    (COMPANY, '{"company":"nordstrom_nordst'),  # inside a string, a required property still to come
+    (COMPANY, '{"company":"x","id":1000000'),  # inside an integer
+    (COMPANY, '{"company":"x\\u00'),  # inside an escape
+    (COMPANY, '{'),
+    (RANGES, '{"ranges":[{"max":1,"min":1},{"max":1,'),
+    (RANGES, '{"ranges":[{"max":1,"min":1},'),  # an item must follow the comma
+    (NODE, '{"data":{"data":{"data":{"data":'),
+    ({"type": "object", "properties": {"a": {"type": "string", "minLength": 5}, "b": {"type": "boolean"},
+                                       "c": {"type": "number"}, "d": {"enum": ["north", "south"]},
+                                       "e": {"type": "array", "items": {"type": "integer"}, "minItems": 2}},
+      "required": ["a", "b", "c", "d", "e"]}, '{"a":"x'),  # every later property is required
+    ({"type": "object", "properties": {"when": {"type": "string", "format": "date"}}, "required": ["when"]},
+     '{"when":"20'),
+    ({"type": "object", "properties": {"score": {"type": "integer", "minimum": 100}}, "required": ["score"]},
+     '{"score":'),
+]
+
+
+@pytest.mark.parametrize("schema, prefix", CLOSING_CASES)
+def test_the_closing_completes_a_valid_document(schema, prefix):
+    grammar = make_grammar(spec=schema)
+    assert grammar.accept_tokens(encode(prefix))
+    text = prefix + close(grammar)
+    jsonschema.validate(json.loads(text), schema)
+
+
+def test_json_object_closes_every_container():
+    grammar = make_grammar("json_object")
+    prefix = '{"a":[1,{"b":"c' + '\\"'
+    assert grammar.accept_tokens(encode(prefix))
+    assert isinstance(json.loads(prefix + close(grammar)), dict)
+
+
+def test_the_search_leaves_the_matcher_as_it_was():
+    grammar = make_grammar(spec=COMPANY)
+    assert grammar.accept_tokens(encode('{"company":"acme'))
+    before = allowed_ids(grammar)
+    assert grammar.closing_token_ids(64) is not None
+    assert allowed_ids(grammar) == before
+    assert grammar.accept_tokens(encode(' inc","id":7}')) and grammar.is_terminated()
+
+
+def test_no_closing_within_too_few_tokens():
+    grammar = make_grammar(spec=RANGES)
+    assert grammar.accept_tokens(encode('{"ranges":[{"max":1,'))
+    assert grammar.closing_token_ids(1) is None
+    assert grammar.closing_token_ids(64) is not None
+
+
+@pytest.mark.parametrize("kind, spec, prefix, pattern", [
+    ("regex", r"[A-Z]{2}-\d{3}", "Q", r"[A-Z]{2}-\d{3}"),
+    ("regex", r"(ab)+c?", "abab", r"(ab)+c?"),  # complete already: only the stop token is needed
+    ("grammar", 'root ::= sum\nsum ::= num ("+" num)*\nnum ::= [1-9] [0-9]?', "12+", r"[1-9][0-9]?(\+[1-9][0-9]?)*"),
+])
+def test_regex_and_grammar_close_where_the_grammar_allows(kind, spec, prefix, pattern):
+    grammar = make_grammar(kind, spec)
+    assert grammar.accept_tokens(encode(prefix))
+    assert re.fullmatch(pattern, prefix + close(grammar, 16))
+
+
+def test_choice_closes_to_a_choice():
+    grammar = make_grammar("choice", choices=["it depends", "no"])
+    assert grammar.accept_tokens(encode("it"))
+    assert "it" + close(grammar, 16) == "it depends"
+
+
+def test_a_budget_below_the_shortest_output_is_refused_with_the_minimum():
+    schema = {"type": "object", "properties": {"first": {"type": "string"}, "second": {"type": "string"}},
+              "required": ["first", "second"]}
+    grammar = make_grammar(spec=schema)
+    minimum = len(grammar.closing_token_ids(64))
+    assert minimum > 3
+    with pytest.raises(GrammarError, match=f"max_tokens is 3, .* takes {minimum} tokens: set max_tokens to at "
+                                           f"least {minimum}"):
+        EarlyClosing(grammar).check_minimum(3)
+    EarlyClosing(grammar).check_minimum(minimum)  # exactly enough is fine
+    with pytest.raises(GrammarError, match="context are left after the prompt"):
+        EarlyClosing(grammar).check_minimum(3, by_context=True)
+
+
+def test_budget_closing_acts_only_near_the_end():
+    grammar = make_grammar(spec=COMPANY)
+    closing = EarlyClosing(grammar)
+    closing.check_minimum(200)
+    assert grammar.accept_tokens(encode('{"company":"acme'))
+    assert closing.check([], 150) is None  # far from the end: nothing to do
+    found = closing.check([], len(grammar.closing_token_ids(64)) + 2)
+    assert found is not None and found[1] == "budget"
+    assert grammar.accept_tokens(found[0]) and grammar.is_terminated()
+
+
+# ---- the runaway guard --------------------------------------------------------------------------
+
+LOOPS = [
+    (COMPANY, '{"company":"' + "nordstrom_" * 40, "repetition"),
+    (COMPANY, '{"company":"' + "Vacuum " * 40, "repetition"),
+    (COMPANY, '{"company":"x","id":' + "31415926535897932384626433832795", "digits"),
+    (COMPANY, '{"company":"x","id":1' + "0" * 60, "digits"),
+    (NODE, '{"data":' * 40, "repetition"),
+    ("json_object", "".join(f'{{"k{i}":' for i in range(20)), "depth"),
+    (RANGES, '{"ranges":[' + '{"max":1,"min":1},' * 20, "repetition"),
+    (NAME, '{"name":"' + "\\u00f8" * 40, "repetition"),
+]
+
+
+@pytest.mark.parametrize("spec, loop, reason", LOOPS)
+def test_each_loop_is_caught_and_closed(spec, loop, reason):
+    found, num_tokens = guard_reason(loop)
+    assert found == reason
+    assert num_tokens < len(encode(loop))  # caught before the loop's end
+    kind = "json_object" if spec == "json_object" else "json_schema"
+    grammar = make_grammar(kind, "" if kind == "json_object" else spec)
+    prefix_ids = encode(loop)[:num_tokens]
+    assert grammar.accept_tokens(prefix_ids)
+    document = json.loads(decode(prefix_ids) + close(grammar))
+    if kind == "json_schema":
+        jsonschema.validate(document, spec)
+
+
+def test_distinct_items_and_long_prose_are_not_loops():
+    assert guard_reason("[" + ",".join(str(i) for i in range(200)) + "]")[0] is None
+    items = "[" + ",".join(f'"user{i}@example.com"' for i in range(200)) + "]"
+    assert guard_reason(items)[0] is None
+    words = ("river stone quiet morning lantern copper harbor violet meadow thunder paper orbit garden "
+             "silver candle forest window marble ribbon echo").split()
+    rng = random.Random(0)
+    story = '{"story":"' + " ".join(rng.choice(words) for _ in range(400)) + '"}'
+    assert guard_reason(story)[0] is None
+    assert guard_reason('{"id":123456789012345678}')[0] is None  # 18 digits: still an int64
+    assert guard_reason('{"digits":"' + "31415926535897932384626433832795" + '"}')[0] is None  # in a string

@@ -1,0 +1,115 @@
+"""Tool calls through the `openai` SDK (and gRPC) against a live `formwork serve` on the real model:
+call -> tool message -> answer, named choice streamed as OpenAI streams it, a bad tool schema
+refused up front with the tool's name and the keyword's pointer."""
+from __future__ import annotations
+
+import json
+
+import grpc
+import jsonschema
+import openai
+import pytest
+from google.protobuf import json_format
+
+from live_server import LiveServer, error_of
+from service._gen.formwork.v1 import generation_pb2 as pb
+
+pytestmark = pytest.mark.slow
+
+MODEL = "SmolLM2-135M-Instruct"
+WEATHER = {"type": "object", "properties": {"city": {"type": "string", "maxLength": 30},
+                                            "unit": {"type": "string", "enum": ["celsius", "fahrenheit"]}},
+           "required": ["city", "unit"]}
+TIME = {"type": "object", "properties": {"zone": {"type": "string", "maxLength": 20}}, "required": ["zone"]}
+TOOLS = [{"type": "function", "function": {"name": "get_weather", "description": "Current weather in a city",
+                                           "parameters": WEATHER}},
+         {"type": "function", "function": {"name": "get_time", "description": "The time in a time zone",
+                                           "parameters": TIME}}]
+ASK = [{"role": "user", "content": "What is the weather in Paris?"}]
+
+
+@pytest.fixture(scope="module")
+def server():
+    live = LiveServer(startup_timeout_s=900)  # a shared machine may be building the CPU kernels
+    yield live
+    assert live.stop() == 0, live.log()
+
+
+@pytest.fixture(scope="module")
+def client(server):
+    with openai.OpenAI(base_url=f"{server.http_url}/v1", api_key="unused", max_retries=0, timeout=120) as c:
+        yield c
+
+
+def test_required_call_then_tool_result_then_answer(client):
+    first = client.chat.completions.create(model=MODEL, messages=ASK, tools=TOOLS, tool_choice="required",
+                                           parallel_tool_calls=False, max_tokens=64, temperature=0)
+    choice = first.choices[0]
+    assert choice.finish_reason == "tool_calls"
+    assert choice.message.content is None
+    [call] = choice.message.tool_calls
+    assert call.type == "function" and call.id.startswith("call_")
+    schema = {"get_weather": WEATHER, "get_time": TIME}[call.function.name]
+    jsonschema.validate(json.loads(call.function.arguments), schema)
+
+    messages = [*ASK, choice.message.model_dump(exclude_none=True),
+                {"role": "tool", "tool_call_id": call.id, "content": json.dumps({"temperature_c": 21})}]
+    answer = client.chat.completions.create(model=MODEL, messages=messages, tools=TOOLS, tool_choice="none",
+                                            max_tokens=24, temperature=0)
+    message = answer.choices[0].message
+    assert message.content and not message.tool_calls
+    assert answer.usage.prompt_tokens > first.usage.prompt_tokens  # the call and its result were rendered
+
+
+def test_named_choice_streams_the_call_as_openai_does(client):
+    stream = client.chat.completions.create(
+        model=MODEL, messages=ASK, tools=TOOLS, tool_choice={"type": "function", "function": {"name": "get_time"}},
+        parallel_tool_calls=False, max_tokens=48, temperature=0, stream=True)
+    calls: dict[int, dict] = {}
+    finish = None
+    for chunk in stream:
+        choice = chunk.choices[0]
+        for delta in choice.delta.tool_calls or []:
+            entry = calls.setdefault(delta.index, {"id": delta.id, "name": "", "arguments": ""})
+            entry["name"] += delta.function.name or ""
+            entry["arguments"] += delta.function.arguments or ""
+        assert not choice.delta.content  # only the call
+        finish = choice.finish_reason or finish
+    assert finish == "tool_calls"
+    assert [c["name"] for c in calls.values()] == ["get_time"]
+    jsonschema.validate(json.loads(calls[0]["arguments"]), TIME)
+
+
+def test_auto_answers_in_text_or_calls_an_allowed_tool(client):
+    response = client.chat.completions.create(model=MODEL, messages=ASK, tools=TOOLS, max_tokens=64, temperature=0)
+    message = response.choices[0].message
+    for call in message.tool_calls or []:
+        assert call.function.name in ("get_weather", "get_time")
+        json.loads(call.function.arguments)
+    assert message.content or message.tool_calls
+
+
+def test_a_bad_tool_schema_fails_up_front_naming_the_tool_and_the_pointer(client):
+    bad = {"type": "function", "function": {"name": "tag_items", "parameters": {
+        "type": "object", "properties": {"tags": {"type": "array", "uniqueItems": True}}}}}
+    with pytest.raises(openai.BadRequestError) as info:
+        client.chat.completions.create(model=MODEL, messages=ASK, tools=[TOOLS[0], bad], tool_choice="required",
+                                       max_tokens=8)
+    message = info.value.body["message"]
+    assert 'tools[1] "tag_items"' in message and "uniqueItems" in message and "/properties/tags" in message
+
+
+def test_grpc_tools_and_parsed_calls(server):
+    request = json_format.ParseDict({
+        "chat": {"messages": ASK}, "max_tokens": 64, "temperature": 0, "parallel_tool_calls": False,
+        "tools": [{"name": "get_weather", "parameters_json": json.dumps(WEATHER)}],
+        "tool_choice": {"mode": "TOOL_CHOICE_MODE_REQUIRED"}}, pb.GenerateRequest())
+    response = server.stub.Generate(request, timeout=120)
+    [call] = response.tool_calls
+    assert call.name == "get_weather" and response.content == ""
+    jsonschema.validate(json.loads(call.arguments_json), WEATHER)
+    assert server.model_info().tool_call_syntax == "hermes"
+    error = error_of(server.stub.Generate, json_format.ParseDict(
+        {"chat": {"messages": ASK}, "tools": [{"name": "get_weather"}], "tool_choice": {"function_name": "nope"}},
+        pb.GenerateRequest()), timeout=30)
+    assert error.code() == grpc.StatusCode.INVALID_ARGUMENT and "tool_choice.function_name" in error.details()

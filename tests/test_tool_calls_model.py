@@ -1,0 +1,83 @@
+"""Named and required tool choice on the real default model: every call parses, names an allowed
+tool, and its arguments validate against that tool's schema (greedy and sampled)."""
+from __future__ import annotations
+
+import json
+
+import jsonschema
+import pytest
+
+from engine.frontend.tool_prompt import messages_with_tools
+from engine.protocol import FinishReason
+from engine.sampling_params import SamplingParams
+from grammar.constraint import Constraint
+from grammar.reasoning import ReasoningMarkers, split_reasoning
+from grammar.tool_calls import SYNTAXES, Tool, ToolCalls
+
+pytestmark = pytest.mark.slow
+
+TOOLS = (
+    Tool("get_weather", "Current weather for a city",
+         {"type": "object", "properties": {"city": {"type": "string", "maxLength": 30},
+                                           "unit": {"type": "string", "enum": ["celsius", "fahrenheit"]}},
+          "required": ["city", "unit"]}),
+    Tool("book_table", "Book a restaurant table",
+         {"type": "object", "properties": {"restaurant": {"type": "string", "maxLength": 30},
+                                           "people": {"type": "integer", "minimum": 1, "maximum": 20}},
+          "required": ["restaurant", "people"]}),
+)
+THINK = ReasoningMarkers("<think>", "</think>")
+QUESTIONS = ["What is the weather in Lisbon right now?", "Book a table for four at Chez Panisse.",
+             "Is it raining in Tokyo?"]
+
+
+def prompt(llm, question: str, syntax: str) -> dict:
+    tools = [{"type": "function", "function": {"name": t.name, "description": t.description,
+                                                "parameters": t.parameters}} for t in TOOLS]
+    messages = messages_with_tools([{"role": "user", "content": question}], tools, SYNTAXES[syntax])
+    return {"prompt_token_ids": llm.tokenizer.encode_chat(messages)}
+
+
+@pytest.mark.parametrize("choice, name, syntax", [
+    ("required", "", "hermes"), ("named", "book_table", "hermes"), ("required", "", "mistral"),
+])
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+def test_every_call_parses_names_an_allowed_tool_and_validates(llm, choice, name, syntax, temperature):
+    spec = ToolCalls(TOOLS, choice, name, parallel=False, syntax=syntax)
+    params = SamplingParams(max_tokens=160, temperature=temperature, seed=7,
+                            constraint=Constraint("tool_calls", spec.to_spec()))
+    schemas = {t.name: t.parameters for t in spec.allowed_tools}
+    outputs = llm.generate([prompt(llm, q, syntax) for q in QUESTIONS], params)
+    for output in outputs:
+        assert output.finish_reason == FinishReason.STOP, (output.error, output.text)
+        content, calls = SYNTAXES[syntax].parse(output.text)
+        assert len(calls) == 1, output.text  # parallel calls off: one call, then the grammar ends
+        assert content == ""  # only calls, from the first token
+        for tool_name, arguments in calls:
+            assert tool_name in schemas
+            jsonschema.validate(json.loads(arguments), schemas[tool_name])
+
+
+def test_a_think_budget_forces_the_end_marker_then_the_answer_is_constrained(llm):
+    """SmolLM2 never writes </think> by itself: the budget makes it, and the schema follows."""
+    schema = {"type": "object", "properties": {"city": {"type": "string", "maxLength": 20}}, "required": ["city"]}
+    params = SamplingParams(max_tokens=64, temperature=0, constraint=Constraint(
+        "json_schema", json.dumps(schema), think_end="</think>", think_budget=6))
+    [output] = llm.generate([[{"role": "user", "content": "Where is the Eiffel Tower? Answer in JSON."}]], params)
+    assert output.finish_reason == FinishReason.STOP, output.text
+    reasoning, answer, ended = split_reasoning(output.text, THINK)
+    assert ended and reasoning
+    jsonschema.validate(json.loads(answer), schema)
+    assert len(llm.tokenizer.encode(output.text.split("</think>")[0], add_special_tokens=False)) <= 7
+
+
+def test_tool_calls_after_a_think_section(llm):
+    spec = ToolCalls(TOOLS, "required", parallel=False)
+    params = SamplingParams(max_tokens=120, temperature=0, constraint=Constraint(
+        "tool_calls", spec.to_spec(), think_end="</think>", think_budget=4))
+    [output] = llm.generate([prompt(llm, QUESTIONS[0], "hermes")], params)
+    _, answer, ended = split_reasoning(output.text, THINK)
+    assert ended and output.finish_reason == FinishReason.STOP, output.text
+    content, [(name, arguments)] = SYNTAXES["hermes"].parse(answer)
+    assert content == ""
+    jsonschema.validate(json.loads(arguments), {t.name: t.parameters for t in TOOLS}[name])
