@@ -138,22 +138,23 @@ class Cluster:
                                       stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
         log.close()
 
-    def num_healthy(self) -> int:
-        """Replicas Envoy's gRPC cluster sends new requests to (it polls health every interval)."""
-        clusters = self.admin("/clusters?format=json")
-        for cluster in json.loads(clusters)["cluster_statuses"]:
-            if cluster["name"].startswith("formwork_grpc"):
-                return sum(1 for host in cluster.get("host_statuses", ())
-                           if host["health_status"].get("eds_health_status") == "HEALTHY"
-                           and not any(flag in host["health_status"] for flag in
-                                       ("failed_active_health_check", "failed_outlier_check")))
-        return 0
+    def healthy_counts(self) -> list[int]:
+        """For each Envoy cluster (hashed, least request; gRPC and HTTP): the replicas it sends new
+        requests to. Each cluster health-checks on its own, every interval."""
+        counts = []
+        for cluster in json.loads(self.admin("/clusters?format=json"))["cluster_statuses"]:
+            counts.append(sum(1 for host in cluster.get("host_statuses", ())
+                              if host["health_status"].get("eds_health_status") == "HEALTHY"
+                              and not any(flag in host["health_status"] for flag in
+                                          ("failed_active_health_check", "failed_outlier_check"))))
+        return counts
 
     def wait_healthy(self, count: int, timeout_s: float) -> None:
+        """Until every Envoy cluster sends new requests to exactly `count` replicas."""
         deadline = time.monotonic() + timeout_s
         while True:
             with contextlib.suppress(OSError):
-                if self.num_healthy() == count:
+                if set(self.healthy_counts()) == {count}:
                     return
             if self.envoy is None or self.envoy.poll() is not None:
                 raise RuntimeError(f"envoy exited: {(self._dir / 'envoy.log').read_text()[-2000:]}")
