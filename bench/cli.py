@@ -93,6 +93,8 @@ def add_bench_parser(subparsers, add_engine_args) -> None:
 
     from bench.bombs import add_parser as add_bombs_parser
     add_bombs_parser(which)
+    from bench.affinity import add_affinity_parser
+    add_affinity_parser(which)
 
 
 def _csv(text: str) -> list[str]:

@@ -18,10 +18,12 @@ def build_parser() -> argparse.ArgumentParser:
     add_bench_parser(sub, add_engine_args)
     try:
         from service.cli import add_serve_parser
+        from service.cluster import add_cluster_parser
     except ImportError:  # the service is optional for offline use
         pass
     else:
         add_serve_parser(sub, add_engine_args)
+        add_cluster_parser(sub)
     return parser
 
 

@@ -96,6 +96,8 @@ class EngineStats(msgspec.Struct, array_like=True, omit_defaults=True):
     num_total_blocks: int = 0
     num_cached_blocks: int = 0
     num_steps: int = 0
+    num_grammar_cache_hits: int = 0  # constraints served by the compile cache since the engine started
+    num_grammar_compiles: int = 0  # compile-cache misses: grammars compiled since the engine started
 
 
 class StepStats(msgspec.Struct, array_like=True, omit_defaults=True):

@@ -68,6 +68,10 @@ def add_serve_parser(subparsers: argparse._SubParsersAction,
                         help="max_tokens of a request that leaves it unset (default: %(default)s)")
     limits.add_argument("--shutdown-grace", type=float, default=_LIMIT_DEFAULTS.shutdown_grace_s,
                         help="seconds in-flight requests get to finish after SIGTERM (default: %(default)s)")
+    limits.add_argument("--drain-delay", type=float, default=_LIMIT_DEFAULTS.drain_delay_s,
+                        help="after SIGTERM, seconds health reports NOT_SERVING while new calls are still taken, "
+                             "before the grace period: set it above a load balancer's health-check interval "
+                             "(docs/deploy.md; default: %(default)s)")
     chat = parser.add_argument_group("chat format (defaults: the model family's)")
     chat.add_argument("--tool-call-syntax", choices=tuple(SYNTAXES), default="",
                       help="how the model writes tool calls (default: by its family; hermes otherwise)")
@@ -136,7 +140,8 @@ def memory_limit_from_args(args: argparse.Namespace) -> MemoryLimit | None:
 def limits_from_args(args: argparse.Namespace) -> ServiceLimits:
     return ServiceLimits(max_message_bytes=args.max_message_bytes, max_constraint_bytes=args.max_constraint_bytes,
                          max_tokens_cap=args.max_tokens_cap, default_max_tokens=args.default_max_tokens,
-                         shutdown_grace_s=args.shutdown_grace, tool_call_syntax=args.tool_call_syntax,
+                         shutdown_grace_s=args.shutdown_grace, drain_delay_s=args.drain_delay,
+                         tool_call_syntax=args.tool_call_syntax,
                          no_reasoning=args.no_reasoning, **_think_markers(args.think_markers))
 
 

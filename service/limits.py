@@ -22,6 +22,9 @@ class ServiceLimits:
     default_max_tokens: int = 256  # max_tokens when a request leaves it unset
     max_request_id_len: int = 256  # characters
     shutdown_grace_s: float = 30.0  # SIGTERM: in-flight requests get this long to finish
+    # SIGTERM: before that, health says NOT_SERVING this long while calls are still taken, so a
+    # load balancer's health check sees it and stops sending before the server refuses calls
+    drain_delay_s: float = 0.0
     # the model's chat format, over its family's defaults (service/chat_format.py)
     tool_call_syntax: str = ""  # a grammar.tool_calls.SYNTAXES name; "": the family's
     think_start: str = ""  # with think_end: the model's think markers
@@ -41,5 +44,6 @@ class ServiceLimits:
                              f"{', '.join(SYNTAXES)}")
         if self.think_start and not self.think_end:
             raise ValueError("think_start needs think_end")
-        if self.shutdown_grace_s < 0:
-            raise ValueError(f"shutdown_grace_s must be >= 0, got {self.shutdown_grace_s}")
+        for name in ("shutdown_grace_s", "drain_delay_s"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")

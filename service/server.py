@@ -7,8 +7,10 @@ service/conversion.py on plain messages. Lifecycle:
     ready      health SERVING
     engine death   health NOT_SERVING; in-flight and new calls get UNAVAILABLE; the supervisor
                (service/supervisor.py) restarts the engine, and health is SERVING again once warm
-    stop()     (SIGTERM / SIGINT in serve()) health NOT_SERVING, refuse new calls, let in-flight
-               requests finish for the grace period, end the rest as FINISH_REASON_CANCELLED
+    drain()    (SIGTERM / SIGINT in serve(), for the drain delay) health NOT_SERVING for good, calls
+               still taken: a load balancer's health check sees it and stops sending new ones
+    stop()     health NOT_SERVING, refuse new calls, let in-flight requests finish for the grace
+               period, end the rest as FINISH_REASON_CANCELLED
 """
 from __future__ import annotations
 
@@ -336,6 +338,7 @@ class GenerationServer:
         self.server.add_generic_rpc_handlers([_v1_reflection_handler(reflection_servicer)])
         self.ready = asyncio.Event()
         self._serving = False
+        self._draining = False
         self._startup: asyncio.Task[None] | None = None
         self._supervision: asyncio.Task[None] | None = None
 
@@ -367,13 +370,20 @@ class GenerationServer:
         info = await self.llm.start()
         if self._warm_up:
             await self.llm.warm_up()
-        await self._set_health(_SERVING)
+        if not self._draining:
+            await self._set_health(_SERVING)
         self.ready.set()
         self._supervision = asyncio.create_task(self.supervisor.run())
         logger.info("%s loaded and warm in %.1f s", info.model_name, time.monotonic() - started)
 
+    async def drain(self) -> None:
+        """Report NOT_SERVING from now on (an engine restart does not bring SERVING back); calls
+        are still served until stop()."""
+        self._draining = True
+        await self._set_health(_NOT_SERVING)
+
     async def _set_serving(self, serving: bool) -> None:
-        if not self.llm.closing:
+        if not self.llm.closing and not self._draining:
             await self._set_health(_SERVING if serving else _NOT_SERVING)
 
     @property
@@ -415,7 +425,8 @@ async def serve(client: EngineCoreClient, limits: ServiceLimits, host: str, port
                 on_http_ready: Callable[[HttpServer], None] | None = None,
                 restart_policy: RestartPolicy = RestartPolicy(), telemetry: Telemetry | None = None) -> int:
     """Run a server until SIGTERM or SIGINT; returns the process exit code (0 after a graceful
-    stop, 1 if the engine failed to start). A second signal cuts the grace period short.
+    stop, 1 if the engine failed to start). The signal starts the drain delay (limits.drain_delay_s:
+    NOT_SERVING, calls still taken), then the grace period; a second signal cuts both short.
     With `http_port`, the OpenAI-compatible HTTP API (service/http/) is served too, on the same
     AsyncLLM and host."""
     server = GenerationServer(client, limits, host, port, security=security, restart_policy=restart_policy,
@@ -425,9 +436,11 @@ async def serve(client: EngineCoreClient, limits: ServiceLimits, host: str, port
         from service.http.server import HttpServer
         http = HttpServer(server, http_port, server.key_limiter)
     stop = asyncio.Event()
+    hurry = asyncio.Event()  # a second signal: no more waiting
 
     def on_signal() -> None:
         if stop.is_set():
+            hurry.set()
             logger.warning("second signal: cancelling %d in-flight requests now", server.llm.abort_all())
         stop.set()
 
@@ -455,8 +468,20 @@ async def serve(client: EngineCoreClient, limits: ServiceLimits, host: str, port
     if started.done() and http is not None and on_http_ready is not None:
         on_http_ready(http)
     await stop_requested
-    await _stop_both(server, http)
+    await _drain(server, limits.drain_delay_s, hurry)
+    await _stop_both(server, http, 0.0 if hurry.is_set() else None)
     return 0
+
+
+async def _drain(server: GenerationServer, delay_s: float, hurry: asyncio.Event) -> None:
+    """NOT_SERVING for `delay_s` while calls are still served (unless `hurry` is set first)."""
+    if delay_s <= 0:
+        return
+    await server.drain()
+    logger.info("draining: NOT_SERVING for %.1f s before refusing new calls (%d in flight)",
+                delay_s, server.llm.num_in_flight)
+    with contextlib.suppress(TimeoutError):
+        await asyncio.wait_for(hurry.wait(), delay_s)
 
 
 async def _stop_both(server: GenerationServer, http: HttpServer | None, grace_s: float | None = None) -> None:

@@ -247,6 +247,18 @@ def test_engine_failure_makes_calls_unavailable_and_health_not_serving(make_serv
     assert server.health_status() == NOT_SERVING
 
 
+def test_draining_reports_not_serving_for_good_while_calls_are_still_served(make_server):
+    server = make_server()
+    in_flight = server.stub.GenerateStream(long_request(max_tokens=20), timeout=30)
+    next(in_flight)
+    server.run(server.server.drain())
+    assert server.health_status() == NOT_SERVING
+    assert server.stub.Generate(pb.GenerateRequest(prompt="hi", max_tokens=3), timeout=5).usage.completion_tokens == 3
+    server.run(server.server._set_serving(True))  # what the supervisor does once a restarted engine is warm
+    assert server.health_status() == NOT_SERVING
+    assert list(in_flight)[-1].finish_reason == pb.FINISH_REASON_LENGTH
+
+
 def test_graceful_stop_lets_short_requests_finish_and_cancels_the_rest(make_server):
     server = make_server(step_s=0.02)
     short = server.stub.GenerateStream(long_request(max_tokens=40), timeout=30)  # about 0.8 s

@@ -159,6 +159,8 @@ class EngineCore:
             num_total_blocks=pool.num_blocks - 1,
             num_cached_blocks=pool.num_cached_blocks,
             num_steps=s.num_steps,
+            num_grammar_cache_hits=self.structured_output_manager.compiler.num_hits,
+            num_grammar_compiles=self.structured_output_manager.compiler.num_misses,
         )
 
     def take_step_stats(self) -> StepStats | None:

@@ -9,7 +9,7 @@ import { fileURLToPath } from "node:url";
 import grpc from "@grpc/grpc-js";
 import protoLoader from "@grpc/proto-loader";
 
-import { jsonSchema } from "./constraints.js";
+import { CONSTRAINT_KEY_HEADER, constraintKey, jsonSchema } from "./constraints.js";
 import { fromServiceError, IncompleteOutputError } from "./errors.js";
 
 export const DEFAULT_ADDRESS = "127.0.0.1:50051"; // what `make serve` listens on
@@ -76,7 +76,7 @@ export class FormworkClient {
    * request on the server.
    */
   async *stream(request, { timeoutMs } = {}) {
-    const call = this.stub.GenerateStream(request, this.#metadata(), this.#callOptions(timeoutMs));
+    const call = this.stub.GenerateStream(request, this.#metadata(request), this.#callOptions(timeoutMs));
     try {
       for await (const response of call) {
         yield response;
@@ -132,7 +132,7 @@ export class FormworkClient {
 
   #unary(method, request, timeoutMs) {
     return new Promise((resolve, reject) => {
-      this.stub[method](request, this.#metadata(), this.#callOptions(timeoutMs), (error, response) => {
+      this.stub[method](request, this.#metadata(request), this.#callOptions(timeoutMs), (error, response) => {
         if (error) {
           reject(fromServiceError(error));
         } else {
@@ -142,9 +142,11 @@ export class FormworkClient {
     });
   }
 
-  #metadata() {
+  #metadata(request) {
     const metadata = new grpc.Metadata();
     if (this.apiKey) metadata.set("authorization", `Bearer ${this.apiKey}`);
+    const key = constraintKey(request.constraint);
+    if (key !== undefined) metadata.set(CONSTRAINT_KEY_HEADER, key);
     return metadata;
   }
 

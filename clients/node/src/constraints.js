@@ -3,6 +3,14 @@
 // JSON-Schema keywords are an error), whitespace the server's default JSON whitespace ("compact",
 // "spaced", "bounded" or "any"; docs/constraints.md), anyWhitespace false, jumpForward the server's.
 
+import { createHash } from "node:crypto";
+
+// The call metadata that carries constraintKey(): a load balancer in front of several servers hashes
+// it, so one constraint keeps meeting the same server's warm compile cache (docs/deploy.md).
+export const CONSTRAINT_KEY_HEADER = "x-formwork-constraint-key";
+
+const KINDS = ["json_schema", "json_schema_text", "json_object", "regex", "grammar", "choice"];
+
 const WHITESPACE = { compact: "JSON_WHITESPACE_COMPACT", spaced: "JSON_WHITESPACE_SPACED",
   bounded: "JSON_WHITESPACE_BOUNDED", any: "JSON_WHITESPACE_ANY" };
 
@@ -47,4 +55,35 @@ function withOptions(constraint, { strict, anyWhitespace, jumpForward, whitespac
   if (anyWhitespace !== undefined) constraint.any_whitespace = anyWhitespace;
   if (jumpForward !== undefined) constraint.jump_forward = jumpForward;
   return constraint;
+}
+
+/**
+ * A short hash of what a constraint compiles from (its kind and text; options not included), or
+ * undefined without one: the same key the Python client's constraint_key gives (JSON Schema text
+ * counts in its compact form, key order kept).
+ */
+export function constraintKey(constraint) {
+  const kind = constraint ? KINDS.find((name) => constraint[name] !== undefined && constraint[name] !== null) : undefined;
+  if (kind === undefined) return undefined;
+  let spec;
+  if (kind === "json_schema") spec = JSON.stringify(sortedKeys(constraint.json_schema));
+  else if (kind === "json_schema_text") spec = compactJson(constraint.json_schema_text);
+  else if (kind === "choice") spec = constraint.choice.choices.join("\0");
+  else if (kind === "json_object") spec = "";
+  else spec = constraint[kind];
+  return createHash("sha256").update(`${kind}\0${spec}`, "utf8").digest("hex").slice(0, 32);
+}
+
+function compactJson(text) {
+  try {
+    return JSON.stringify(JSON.parse(text));
+  } catch {
+    return text; // the server will say what is wrong; any stable key will do
+  }
+}
+
+function sortedKeys(value) {
+  if (Array.isArray(value)) return value.map(sortedKeys);
+  if (value === null || typeof value !== "object") return value;
+  return Object.fromEntries(Object.keys(value).sort().map((key) => [key, sortedKeys(value[key])]));
 }

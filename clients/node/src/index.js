@@ -4,5 +4,5 @@
 //   const client = new FormworkClient("127.0.0.1:50051");
 //   const person = await client.extract(schema, "Ada Lovelace was born in 1815.");
 export { DEFAULT_ADDRESS, extractPrompt, FormworkClient, loadGenerationService, PROTO_ROOT } from "./client.js";
-export { choice, grammar, jsonObject, jsonSchema, regex } from "./constraints.js";
+export { CONSTRAINT_KEY_HEADER, choice, constraintKey, grammar, jsonObject, jsonSchema, regex } from "./constraints.js";
 export { FormworkError, IncompleteOutputError } from "./errors.js";

@@ -14,7 +14,7 @@ import grpc.aio
 from formwork_client import errors
 from formwork_client._gen.formwork.v1 import generation_pb2 as pb
 from formwork_client._gen.formwork.v1 import generation_pb2_grpc as pb_grpc
-from formwork_client.connection import auth_metadata, open_channel
+from formwork_client.connection import auth_metadata, call_metadata, open_channel
 from formwork_client.constraints import ConstraintLike, to_constraint
 from formwork_client.request import (DEFAULT_ADDRESS, Messages, extract_request, extraction_result,
                                      generate_request, tokenize_request)
@@ -41,7 +41,8 @@ class AsyncClient:
         """The whole answer; arguments as Client.generate."""
         request = generate_request(prompt, **fields)
         try:
-            return await self._stub.Generate(request, timeout=self._timeout(timeout), metadata=self._metadata)
+            return await self._stub.Generate(request, timeout=self._timeout(timeout),
+                                             metadata=call_metadata(self._metadata, request))
         except grpc.RpcError as e:
             raise errors.from_rpc_error(e) from e
 
@@ -50,7 +51,8 @@ class AsyncClient:
         """The answer as it is produced (`async for`); leaving the loop early, or closing the
         iterator (aclose), cancels the request on the server. Arguments as Client.generate."""
         request = generate_request(prompt, **fields)
-        return self._responses(self._stub.GenerateStream(request, timeout=self._timeout(timeout), metadata=self._metadata))
+        return self._responses(self._stub.GenerateStream(
+            request, timeout=self._timeout(timeout), metadata=call_metadata(self._metadata, request)))
 
     @staticmethod
     async def _responses(call: Any) -> AsyncIterator[pb.GenerateResponse]:
@@ -72,7 +74,8 @@ class AsyncClient:
                                   timeout: float | None = None) -> pb.ValidateConstraintResponse:
         request = pb.ValidateConstraintRequest(constraint=to_constraint(constraint))
         try:
-            return await self._stub.ValidateConstraint(request, timeout=self._timeout(timeout), metadata=self._metadata)
+            return await self._stub.ValidateConstraint(request, timeout=self._timeout(timeout),
+                                                       metadata=call_metadata(self._metadata, request))
         except grpc.RpcError as e:
             raise errors.from_rpc_error(e) from e
 

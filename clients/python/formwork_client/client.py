@@ -15,7 +15,7 @@ import grpc
 from formwork_client import errors
 from formwork_client._gen.formwork.v1 import generation_pb2 as pb
 from formwork_client._gen.formwork.v1 import generation_pb2_grpc as pb_grpc
-from formwork_client.connection import auth_metadata, open_channel
+from formwork_client.connection import auth_metadata, call_metadata, open_channel
 from formwork_client.constraints import ConstraintLike, to_constraint
 from formwork_client.request import (DEFAULT_ADDRESS, Messages, extract_request, extraction_result,
                                      generate_request, tokenize_request)
@@ -51,7 +51,8 @@ class Client:
         temperature, seed, stop, logprobs, ...). See request.generate_request."""
         request = generate_request(prompt, **fields)
         try:
-            return self._stub.Generate(request, timeout=self._timeout(timeout), metadata=self._metadata)
+            return self._stub.Generate(request, timeout=self._timeout(timeout),
+                                       metadata=call_metadata(self._metadata, request))
         except grpc.RpcError as e:
             raise errors.from_rpc_error(e) from e
 
@@ -61,7 +62,8 @@ class Client:
         last one has finish_reason, usage and timings. Leaving the loop early (or closing the
         iterator) cancels the request on the server. Same arguments as generate()."""
         request = generate_request(prompt, **fields)
-        return self._responses(self._stub.GenerateStream(request, timeout=self._timeout(timeout), metadata=self._metadata))
+        return self._responses(self._stub.GenerateStream(
+            request, timeout=self._timeout(timeout), metadata=call_metadata(self._metadata, request)))
 
     @staticmethod
     def _responses(call: Any) -> Iterator[pb.GenerateResponse]:
@@ -89,7 +91,8 @@ class Client:
         (a bad constraint is this call's answer, not an exception). A dict is a JSON Schema."""
         request = pb.ValidateConstraintRequest(constraint=to_constraint(constraint))
         try:
-            return self._stub.ValidateConstraint(request, timeout=self._timeout(timeout), metadata=self._metadata)
+            return self._stub.ValidateConstraint(request, timeout=self._timeout(timeout),
+                                                 metadata=call_metadata(self._metadata, request))
         except grpc.RpcError as e:
             raise errors.from_rpc_error(e) from e
 

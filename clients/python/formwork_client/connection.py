@@ -1,5 +1,6 @@
 """How a client reaches a server: plaintext or TLS (with a client certificate for mutual TLS),
-and the API key every call carries as `authorization: Bearer KEY` metadata."""
+the API key every call carries as `authorization: Bearer KEY` metadata, and the constraint key a
+call with a constraint carries for a load balancer's routing."""
 from __future__ import annotations
 
 import os
@@ -8,6 +9,9 @@ from typing import Any
 
 import grpc
 import grpc.aio
+
+from formwork_client._gen.formwork.v1 import generation_pb2 as pb
+from formwork_client.constraints import CONSTRAINT_KEY_HEADER, constraint_key
 
 API_KEY_ENV = "FORMWORK_API_KEY"
 
@@ -18,6 +22,15 @@ def auth_metadata(api_key: str | None) -> Metadata | None:
     """The call metadata for `api_key`, else for $FORMWORK_API_KEY, else None (no key sent)."""
     key = api_key if api_key is not None else os.environ.get(API_KEY_ENV) or None
     return (("authorization", f"Bearer {key}"),) if key else None
+
+
+def call_metadata(metadata: Metadata | None, request: pb.GenerateRequest | pb.ValidateConstraintRequest
+                  ) -> Metadata | None:
+    """`metadata` plus the request's constraint key, when it has a constraint."""
+    key = constraint_key(request.constraint) if request.HasField("constraint") else None
+    if key is None:
+        return metadata
+    return (*(metadata or ()), (CONSTRAINT_KEY_HEADER, key))
 
 
 def open_channel(address: str, *, tls: bool | None = None, root_certificates: bytes | None = None,

@@ -13,6 +13,7 @@ loops, and the response's closed_early says so). `whitespace` is one of "compact
 """
 from __future__ import annotations
 
+import hashlib
 import json
 from collections.abc import Iterable, Mapping
 from typing import Any
@@ -21,6 +22,9 @@ from formwork_client._gen.formwork.v1 import generation_pb2 as pb
 
 # what calls accept where a constraint goes: a built Constraint, or a JSON Schema (dict, JSON text, bool)
 ConstraintLike = pb.Constraint | Mapping[str, Any] | str | bool
+# the call metadata that carries constraint_key(): a load balancer in front of several servers
+# hashes it, so one constraint keeps meeting the same server's warm compile cache (docs/deploy.md)
+CONSTRAINT_KEY_HEADER = "x-formwork-constraint-key"
 WHITESPACE = {"compact": pb.JSON_WHITESPACE_COMPACT, "spaced": pb.JSON_WHITESPACE_SPACED,
               "bounded": pb.JSON_WHITESPACE_BOUNDED, "any": pb.JSON_WHITESPACE_ANY}
 
@@ -67,6 +71,34 @@ def to_constraint(constraint: ConstraintLike) -> pb.Constraint:
         return json_schema(constraint)
     raise TypeError(f"expected a formwork Constraint or a JSON Schema (dict, JSON text or bool), "
                     f"got {type(constraint).__name__}")
+
+
+def constraint_key(constraint: pb.Constraint) -> str | None:
+    """A short hash of what the constraint compiles from (its kind and text; options not
+    included), None without one. JSON Schema text counts in its compact form (key order kept),
+    so the Node client, whose JSON.stringify spaces nothing, gives the same key for the same schema."""
+    kind = constraint.WhichOneof("kind")
+    if kind is None:
+        return None
+    if kind == "json_schema":  # a Struct: a map, so its keys are sorted
+        from google.protobuf import json_format
+        spec = _compact_json(json_format.MessageToDict(constraint.json_schema), sort_keys=True)
+    elif kind == "json_schema_text":
+        try:
+            spec = _compact_json(json.loads(constraint.json_schema_text))
+        except ValueError:  # the server will say what is wrong; any stable key will do
+            spec = constraint.json_schema_text
+    elif kind == "choice":
+        spec = "\0".join(constraint.choice.choices)
+    elif kind == "json_object":
+        spec = ""
+    else:
+        spec = getattr(constraint, kind)
+    return hashlib.sha256(f"{kind}\0{spec}".encode()).hexdigest()[:32]
+
+
+def _compact_json(value: Any, sort_keys: bool = False) -> str:
+    return json.dumps(value, ensure_ascii=False, separators=(",", ":"), sort_keys=sort_keys)
 
 
 def _whitespace(constraint: pb.Constraint, whitespace: str | None) -> pb.Constraint:

@@ -361,7 +361,7 @@ class Limits(_message.Message):
     def __init__(self, default_max_tokens: _Optional[int] = ..., max_tokens_cap: _Optional[int] = ..., max_constraint_bytes: _Optional[int] = ..., max_message_bytes: _Optional[int] = ..., max_num_seqs: _Optional[int] = ..., max_queue_len: _Optional[int] = ..., kv_block_size: _Optional[int] = ..., max_logprobs: _Optional[int] = ...) -> None: ...
 
 class Load(_message.Message):
-    __slots__ = ("num_running", "num_waiting", "num_waiting_for_grammar", "num_free_kv_blocks", "num_total_kv_blocks", "num_cached_kv_blocks", "num_in_flight", "num_steps")
+    __slots__ = ("num_running", "num_waiting", "num_waiting_for_grammar", "num_free_kv_blocks", "num_total_kv_blocks", "num_cached_kv_blocks", "num_in_flight", "num_steps", "num_grammar_cache_hits", "num_grammar_compiles")
     NUM_RUNNING_FIELD_NUMBER: _ClassVar[int]
     NUM_WAITING_FIELD_NUMBER: _ClassVar[int]
     NUM_WAITING_FOR_GRAMMAR_FIELD_NUMBER: _ClassVar[int]
@@ -370,6 +370,8 @@ class Load(_message.Message):
     NUM_CACHED_KV_BLOCKS_FIELD_NUMBER: _ClassVar[int]
     NUM_IN_FLIGHT_FIELD_NUMBER: _ClassVar[int]
     NUM_STEPS_FIELD_NUMBER: _ClassVar[int]
+    NUM_GRAMMAR_CACHE_HITS_FIELD_NUMBER: _ClassVar[int]
+    NUM_GRAMMAR_COMPILES_FIELD_NUMBER: _ClassVar[int]
     num_running: int
     num_waiting: int
     num_waiting_for_grammar: int
@@ -378,7 +380,9 @@ class Load(_message.Message):
     num_cached_kv_blocks: int
     num_in_flight: int
     num_steps: int
-    def __init__(self, num_running: _Optional[int] = ..., num_waiting: _Optional[int] = ..., num_waiting_for_grammar: _Optional[int] = ..., num_free_kv_blocks: _Optional[int] = ..., num_total_kv_blocks: _Optional[int] = ..., num_cached_kv_blocks: _Optional[int] = ..., num_in_flight: _Optional[int] = ..., num_steps: _Optional[int] = ...) -> None: ...
+    num_grammar_cache_hits: int
+    num_grammar_compiles: int
+    def __init__(self, num_running: _Optional[int] = ..., num_waiting: _Optional[int] = ..., num_waiting_for_grammar: _Optional[int] = ..., num_free_kv_blocks: _Optional[int] = ..., num_total_kv_blocks: _Optional[int] = ..., num_cached_kv_blocks: _Optional[int] = ..., num_in_flight: _Optional[int] = ..., num_steps: _Optional[int] = ..., num_grammar_cache_hits: _Optional[int] = ..., num_grammar_compiles: _Optional[int] = ...) -> None: ...
 
 class TokenizeRequest(_message.Message):
     __slots__ = ("prompt", "chat")
