@@ -1,1 +1,1 @@
-"""Everything about output constraints. Only grammar/xgrammar_backend.py imports xgrammar."""
+"""Everything about output constraints. Only grammar/xgrammar_backend/ imports xgrammar."""

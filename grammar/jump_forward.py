@@ -13,7 +13,7 @@ Two seams can break that:
   the *last* chunk, so we drop every token of the forced text's last chunk. When the grammar
   ends right after the forced text nothing can follow, and the tail is kept.
 
-This module is tokenizer logic only; the matcher side lives in xgrammar_backend.py.
+This module is tokenizer logic only; the matcher side lives in grammar/xgrammar_backend/matcher.py.
 """
 from __future__ import annotations
 

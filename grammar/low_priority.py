@@ -1,6 +1,6 @@
 """A thread at the lowest CPU priority, for grammar work whose cost is not known in advance.
 
-The compile-time fill probe (grammar/xgrammar_backend.py) exists to find grammars whose bitmask
+The compile-time fill probe (grammar/xgrammar_backend/backend.py) exists to find grammars whose bitmask
 fills take seconds; finding one costs those seconds of CPU. On a machine whose cores the forward
 pass's threads already use, that CPU would come out of every running request's step. In Linux's
 idle scheduling class the probe runs in the gaps the forward pass leaves, and a heavy grammar

@@ -3,7 +3,7 @@
 A `ToolCalls` spec is what a "tool_calls" Constraint carries (as JSON text in `Constraint.spec`):
 the tools (name, description, JSON Schema of the arguments), the choice (auto / required / one
 named tool), whether several calls may follow one another, and the syntax the model writes calls
-in. The grammar side (grammar/xgrammar_backend.py) turns it into a structural tag; the front end
+in. The grammar side (grammar/xgrammar_backend/) turns it into a structural tag; the front end
 reads calls back out of the text with `ToolCallSyntax.parse`. No grammar library is imported here.
 """
 from __future__ import annotations

@@ -1,24 +1,9 @@
-"""xgrammar behind the GrammarBackend ABC. The only module in Formwork that imports xgrammar.
-
-Choices made here (docs/constraints-keywords.md has the measurements behind them):
-
-* JSON whitespace follows the constraint's mode (grammar.backend.JSON_WHITESPACE_MODES): fixed
-  separators (compact "," ":" or spaced ", " ": "), or free whitespace, bounded per gap or not.
-* xgrammar's strict_mode is always on: properties and items a schema does not declare are not
-  allowed, so the model cannot invent keys. That only narrows what a schema allows; the shapes
-  where it would narrow to nothing are rewritten first (schema_check.normalize).
-  Our Constraint.strict is a different thing: whether a keyword we cannot enforce is an error.
-* Object properties come out in the schema's declared order (xgrammar's any_order=False).
-* Unsupported keywords are found by schema_check before compiling, and xgrammar's own warnings
-  (printed by its C++ code) are captured and turned into findings too; in strict mode either one
-  is an error, so nothing is silently under-constrained.
-"""
+"""XGrammarBackend: every constraint kind compiled with xgrammar for one tokenizer."""
 from __future__ import annotations
 
 import json
 import logging
 import random
-import re
 import time
 from typing import TYPE_CHECKING, Any
 
@@ -26,16 +11,18 @@ import numpy as np
 import torch
 import xgrammar as xgr
 
-from grammar import bitmask as bitmask_ops
 from grammar import lark_grammar, output_bounds, schema_check, schema_rewrite, schema_values, structural_tags
-from grammar.backend import BOUNDED_JSON_WHITESPACE, CompiledGrammar, Grammar, GrammarBackend, GrammarError
-from grammar.closing_search import ALPHABET, find_closing
+from grammar.backend import BOUNDED_JSON_WHITESPACE, CompiledGrammar, GrammarBackend, GrammarError
+from grammar.closing_search import ALPHABET
 from grammar.constraint import Constraint
 from grammar.jump_forward import ForcedTextTokenizer
 from grammar.log_capture import capture_native_log, strip_native_prefix
 from grammar.low_priority import run_at_low_priority
-from grammar.matcher_cursor import CharTokens, MatcherCursor
+from grammar.matcher_cursor import CharTokens
 from grammar.tool_calls import ToolCalls
+from grammar.xgrammar_backend.conversion import (check_repeats, choice_ebnf, convert_spec, unsupported_error,
+                                                 warning_keywords)
+from grammar.xgrammar_backend.matcher import XGrammarCompiled, XGrammarGrammar
 
 if TYPE_CHECKING:
     from grammar.config import GrammarConfig
@@ -52,144 +39,6 @@ _WHITESPACE_OPTIONS: dict[str, dict[str, Any]] = {
 _PROBE_TOKENS = 8  # tokens the compile-time fill probe walks
 _MIN_OUTPUT_SEARCH_TOKENS = 4096  # the longest shortest output the compile-time search looks for
 _ONE_OF_WARNING = "oneOf with overlapping"
-
-
-class XGrammarCompiled(CompiledGrammar):
-    """A compiled xgrammar grammar plus what it does not enforce. Immutable, shareable.
-
-    `jump_forward_safe`: the static check bounded the text this grammar can force (see
-    grammar/output_bounds.py); without that bound, xgrammar's forced-text search could run without
-    end, so jump-forward stays off for the grammar.
-    """
-
-    def __init__(self, compiled: xgr.CompiledGrammar, kind: str, not_enforced: list[str],
-                 jump_forward_safe: bool = True) -> None:
-        self.compiled = compiled
-        self.kind = kind
-        self.not_enforced = list(not_enforced)
-        self.jump_forward_safe = jump_forward_safe
-        self._num_bytes = compiled.memory_size_bytes + 256  # + this wrapper, roughly
-
-    @property
-    def num_bytes(self) -> int:
-        return self._num_bytes
-
-
-class XGrammarGrammar(Grammar):
-    """One request's GrammarMatcher plus the token history that rollback and jump-forward need."""
-
-    def __init__(self, compiled: XGrammarCompiled, forced_text: ForcedTextTokenizer,
-                 stop_token_ids: list[int], vocab_size: int, max_forced_bytes: int,
-                 char_tokens: CharTokens | None = None) -> None:
-        self._matcher = xgr.GrammarMatcher(compiled.compiled)
-        self._char_tokens = char_tokens
-        self._jump_forward_safe = compiled.jump_forward_safe
-        self._max_forced_bytes = max_forced_bytes
-        self._forced_text = forced_text
-        self._stop_token_ids = stop_token_ids
-        self._vocab_size = vocab_size
-        self.not_enforced = compiled.not_enforced
-        self._token_ids: list[int] = []  # accepted so far, for rollback and the jump-forward seam
-        self._scratch: torch.Tensor | None = None  # one bitmask row: the end-of-output check, the closing search
-        self._ended_at: tuple[int, bool] | None = None  # (len(_token_ids), answer) cache
-
-    def fill_bitmask(self, bitmask: torch.Tensor, row: int) -> None:
-        """Also clears the last word's bits past vocab_size, which xgrammar leaves set, so that
-        "no bit set" reliably means "nothing allowed"."""
-        self._matcher.fill_next_token_bitmask(bitmask, row)
-        if self._vocab_size % 32:
-            words = bitmask.numpy().view(np.uint32)
-            words[row, self._vocab_size >> 5] &= np.uint32((1 << (self._vocab_size % 32)) - 1)
-
-    def accept_tokens(self, token_ids: list[int]) -> bool:
-        """All or nothing: on a rejected token the matcher is rolled back to where it was."""
-        for num_accepted, token_id in enumerate(token_ids):
-            if not (0 <= token_id < self._vocab_size) or not self._matcher.accept_token(token_id):
-                if num_accepted:
-                    self._matcher.rollback(num_accepted)
-                    del self._token_ids[-num_accepted:]
-                return False
-            self._token_ids.append(token_id)
-        return True
-
-    def rollback(self, num_tokens: int) -> None:
-        if num_tokens <= 0:
-            return
-        if num_tokens > len(self._token_ids):
-            raise ValueError(f"cannot roll back {num_tokens} tokens; only {len(self._token_ids)} accepted")
-        self._matcher.rollback(num_tokens)
-        del self._token_ids[-num_tokens:]
-        if self._ended_at is not None and self._ended_at[0] > len(self._token_ids):
-            self._ended_at = None  # about a state that is gone; a later one may reach that length
-
-    def is_terminated(self) -> bool:
-        """True after a stop token, or once the output is complete and nothing may follow it
-        (the closing brace of a JSON object) — the engine need not wait for an EOS then."""
-        if self._matcher.is_terminated():
-            return True
-        if not self._matcher.is_completed():
-            return False
-        if self._ended_at is not None and self._ended_at[0] == len(self._token_ids):
-            return self._ended_at[1]
-        self._matcher.fill_next_token_bitmask(self._scratch_row(), 0)
-        words = self._scratch.numpy().view(np.uint32)[0].copy()
-        for token_id in self._stop_token_ids:
-            words[token_id >> 5] &= np.uint32(~(1 << (token_id & 31)) & 0xFFFFFFFF)
-        ended = not words.any()
-        self._ended_at = (len(self._token_ids), ended)
-        return ended
-
-    def jump_forward_token_ids(self) -> list[int]:
-        """Forced tokens, already accepted; see grammar/jump_forward.py for what "safe" means.
-
-        The head seam is checked against the last accepted token. Every forced token is
-        accepted through the matcher; if one is rejected, nothing is forced. The tail chunk is
-        kept only when the grammar ends right after the forced text. At most max_forced_bytes of
-        text is taken per call; the rest stays forced and comes in later steps.
-        """
-        if not self._jump_forward_safe or self._matcher.is_terminated():
-            return []
-        text = self._matcher.find_jump_forward_string()
-        if not text:
-            return []
-        encoded = text.encode()
-        if len(encoded) > self._max_forced_bytes:
-            text = encoded[:self._max_forced_bytes].decode("utf-8", errors="ignore")
-        ids = self._forced_text.encode_after(self._token_ids, text)
-        if not ids or not self.accept_tokens(ids):
-            return []
-        if self.is_terminated():
-            return ids  # nothing can follow, so the last chunk cannot merge with anything
-        num_stable = self._forced_text.num_stable_tokens(text, ids)
-        self.rollback(len(ids) - num_stable)
-        return ids[:num_stable]
-
-    def closing_token_ids(self, max_tokens: int, max_nodes: int = 1000, max_cpu_s: float = 0.02) -> list[int] | None:
-        """The closing text comes from grammar/closing_search.py on this matcher (`max_nodes`,
-        `max_cpu_s`: its budget); its tokens are the model tokenizer's (checked at the seam like
-        jump-forward, else its plain encoding), validated by accepting them and rolling them back."""
-        if self._char_tokens is None or max_tokens < 1 or self._matcher.is_terminated():
-            return None
-        cursor = MatcherCursor(self._matcher, self._scratch_row(), self._char_tokens, self._jump_forward_safe)
-        text = find_closing(cursor, min(4 * max_tokens + 16, self._max_forced_bytes), max_nodes, max_cpu_s)
-        if text is None:
-            return None
-        ids = (self._forced_text.encode_after(self._token_ids, text) or self._forced_text.encode(text)) if text else []
-        if not self.accept_tokens(ids):
-            return None
-        if not self.is_terminated():  # the output may go on: end it with a stop token
-            stop = next((t for t in self._stop_token_ids if self.accept_tokens([t])), None)
-            if stop is None:
-                self.rollback(len(ids))
-                return None
-            ids = ids + [stop]
-        self.rollback(len(ids))
-        return ids if len(ids) <= max_tokens else None
-
-    def _scratch_row(self) -> torch.Tensor:
-        if self._scratch is None:
-            self._scratch = xgr.allocate_token_bitmask(1, self._vocab_size)
-        return self._scratch
 
 
 class XGrammarBackend(GrammarBackend):
@@ -232,16 +81,16 @@ class XGrammarBackend(GrammarBackend):
         if kind in ("json_schema", "json_object"):
             grammar, not_enforced = self._json_grammar(constraint)
         elif kind == "regex":
-            _check_repeats("regex", constraint.spec, self.config.max_repeat_count)
-            grammar = _convert(kind, constraint.strict, not_enforced, xgr.Grammar.from_regex, constraint.spec)
+            check_repeats("regex", constraint.spec, self.config.max_repeat_count)
+            grammar = convert_spec(kind, constraint.strict, not_enforced, xgr.Grammar.from_regex, constraint.spec)
         elif kind == "grammar":
             try:  # a Lark grammar (vLLM's guided_grammar) is translated; EBNF passes unchanged
                 ebnf = lark_grammar.to_ebnf(constraint.spec, constraint.grammar_syntax or "auto")
             except lark_grammar.LarkGrammarError as e:
                 raise GrammarError(f"grammar (Lark) is not supported: {e}") from None
-            grammar = _convert(kind, constraint.strict, not_enforced, xgr.Grammar.from_ebnf, ebnf)
+            grammar = convert_spec(kind, constraint.strict, not_enforced, xgr.Grammar.from_ebnf, ebnf)
         elif kind == "choice":
-            grammar = _convert(kind, True, not_enforced, xgr.Grammar.from_ebnf, choice_ebnf(constraint.choices))
+            grammar = convert_spec(kind, True, not_enforced, xgr.Grammar.from_ebnf, choice_ebnf(constraint.choices))
         elif kind == "tool_calls":
             grammar = None  # built from its tools' schemas below
         else:
@@ -416,14 +265,14 @@ class XGrammarBackend(GrammarBackend):
             schema, notes = rewritten.schema, rewritten.notes
             findings = schema_check.find_unsupported(schema)
         if constraint.strict and findings:
-            raise _unsupported_error(findings)
+            raise unsupported_error(findings)
         text = json.dumps(schema_check.normalize(schema))
         with capture_native_log() as log_lines:
             grammar = self._json_to_grammar(text, constraint.json_whitespace)
         for finding in self._findings_from_log(log_lines, schema, findings, constraint.json_whitespace):
             findings.append(finding)
             if constraint.strict:
-                raise _unsupported_error([finding])
+                raise unsupported_error([finding])
         return grammar, [str(f) for f in findings] + notes
 
     @staticmethod
@@ -444,7 +293,7 @@ class XGrammarBackend(GrammarBackend):
                 out += [schema_check.Finding("oneOf", p, "branches may overlap, so it is enforced as anyOf")
                         for p in self._overlapping_one_ofs(schema, whitespace)]
                 continue
-            keywords = _warning_keywords(line)
+            keywords = warning_keywords(line)
             if not keywords & known_keywords:
                 out.append(schema_check.Finding(min(keywords), None, f"xgrammar: {line}"))
         return out
@@ -468,90 +317,3 @@ class XGrammarBackend(GrammarBackend):
             if any(_ONE_OF_WARNING in line for line in lines):
                 guilty.append(pointer)
         return guilty or [None]
-
-
-def _convert(kind: str, strict: bool, not_enforced: list[str], convert, spec: str) -> xgr.Grammar:
-    """Run one of xgrammar's spec -> Grammar converters, turning its errors into GrammarError and
-    its printed warnings into an error (strict) or not_enforced entries."""
-    with capture_native_log() as log_lines:
-        try:
-            grammar = convert(spec)
-        except Exception as e:
-            raise GrammarError(f"{kind} does not compile: {strip_native_prefix(str(e))}") from None
-    for line in dict.fromkeys(log_lines):
-        if strict:
-            raise GrammarError(f"{kind} is not fully enforceable: {line}")
-        not_enforced.append(f"{kind}: {line}")
-    return grammar
-
-
-def _check_repeats(what: str, pattern: str, max_count: int) -> None:
-    found = output_bounds.find_large_repeat(pattern, max_count)
-    if found is not None:
-        count, offset = found
-        raise GrammarError(f"{what} has the repetition count {count} (at character {offset}), over this "
-                           f"server's max_repeat_count limit of {max_count}")
-
-
-def choice_ebnf(choices: list[str]) -> str:
-    """An EBNF grammar matching exactly one of `choices`, each taken literally."""
-    return "root ::= " + " | ".join(_ebnf_literal(c) for c in choices)
-
-
-def _ebnf_literal(text: str) -> str:
-    out = []
-    for char in text:
-        if char in ('"', "\\"):
-            out.append("\\" + char)
-        elif char == "\n":
-            out.append("\\n")
-        elif char == "\t":
-            out.append("\\t")
-        elif char == "\r":
-            out.append("\\r")
-        elif ord(char) < 0x20 or ord(char) == 0x7F:
-            out.append(f"\\x{ord(char):02x}")
-        else:
-            out.append(char)
-    return '"' + "".join(out) + '"'
-
-
-_WARNING_KEYWORDS = re.compile(
-    r"\b(minLength|maxLength|multipleOf|allOf|anyOf|oneOf|pattern|format|minItems|maxItems|"
-    r"minProperties|maxProperties|required|\$ref|items|prefixItems|properties)\b")
-
-
-def _warning_keywords(line: str) -> set[str]:
-    """The keyword(s) an xgrammar warning is about, to match it with a static finding."""
-    if "URI should" in line:
-        return {"$ref"}
-    found = set(_WARNING_KEYWORDS.findall(line))
-    if "minLength/maxLength" in line:
-        found = {"minLength", "maxLength"}
-    return found or {"(xgrammar warning)"}
-
-
-def _unsupported_error(findings: list[schema_check.Finding]) -> GrammarError:
-    shown = "; ".join(f.message for f in findings[:5])
-    more = f" (and {len(findings) - 5} more)" if len(findings) > 5 else ""
-    return GrammarError(f"{shown}{more}. Remove these keywords, or set strict=false to accept "
-                        "the schema with them listed as not enforced")
-
-
-def apply_bitmask_xgrammar(logits: torch.Tensor, bitmask: torch.Tensor, row_indices: list[int] | None) -> None:
-    """xgrammar's own kernel (CUDA, or its CPU loop): bitmask rows aligned with logits rows;
-    row_indices: the rows to mask (None: all)."""
-    xgr.apply_token_bitmask_inplace(logits, bitmask.to(logits.device, non_blocking=True), indices=row_indices)
-
-
-# xgrammar's CUDA kernel behind grammar.bitmask's device hook, so that module stays library-free
-bitmask_ops.register_device_kernel("cuda", apply_bitmask_xgrammar)
-
-
-def hf_logits_processor(compiled: list[CompiledGrammar]):
-    """xgrammar's own logits processor for transformers' generate, one grammar per batch row.
-
-    Only the benchmarks use it: it is the baseline a user of transformers would reach for.
-    """
-    from xgrammar.contrib.hf import LogitsProcessor
-    return LogitsProcessor([c.compiled for c in compiled])  # type: ignore[attr-defined]
