@@ -56,7 +56,7 @@ def test_gemm_matches_the_exact_product(kernels, rows, k, n):
     bias = torch.randn(n, generator=gen).bfloat16() if (rows + n) % 2 else None
     x = torch.randn(rows, 2 * k + 3, generator=gen).bfloat16()[:, 3:k + 3]  # strided rows, odd offset
     packed = kernels.pack_weight(weight)
-    assert packed.shape == (-(-n // 16), -(-k // 2), 16, 2)
+    assert packed.shape == (-(-n // 16), -(-k // 32) * 16, 16, 2)  # K padded to whole AMX tiles
     got = kernels.gemm(x, packed, n, bias)
     assert got.dtype == torch.bfloat16 and got.shape == (rows, n) and got.is_contiguous()
     expected = fp32_reference(x, weight, bias)
@@ -76,13 +76,15 @@ def test_gemm_from_several_threads_at_once(kernels):
     with ThreadPoolExecutor(4) as pool:
         together = list(pool.map(lambda x: kernels.gemm(x, packed, 3072), inputs))
     assert all(torch.equal(a, b) for a, b in zip(alone, together))
-    assert torch.equal(kernels.gemm(inputs[2][:1], packed, 3072), alone[2][:1])  # batch-invariant rows
+    others = inputs[2].clone()
+    others[1:] = torch.randn(63, 576, generator=gen).bfloat16()
+    assert torch.equal(kernels.gemm(others, packed, 3072)[0], alone[2][0])  # a row does not depend on the others
 
 
 def test_gemm_rejects_what_it_cannot_take(kernels):
     packed = kernels.pack_weight(torch.zeros(32, 8, dtype=torch.bfloat16))
     with pytest.raises(RuntimeError, match="packed"):
-        kernels.gemm(torch.zeros(1, 10, dtype=torch.bfloat16), packed, 32)
+        kernels.gemm(torch.zeros(1, 40, dtype=torch.bfloat16), packed, 32)  # K known up to its padding to 32
     with pytest.raises(RuntimeError, match="packed"):
         kernels.gemm(torch.zeros(1, 8, dtype=torch.bfloat16), packed, 40)
     with pytest.raises(RuntimeError, match="bf16"):
@@ -97,10 +99,12 @@ def test_gemm_rejects_what_it_cannot_take(kernels):
 
 
 def test_the_build_has_the_isa_asked_for(kernels):
-    """FORMWORK_CPU_ISA=avx2 builds the portable kernels; natively, AVX-512 BF16 where the CPU has it."""
+    """FORMWORK_CPU_ISA=avx2 builds the portable kernels; natively, AMX or AVX-512 BF16 where the CPU has them."""
     from engine.config import cpu_flags
     if os.environ.get("FORMWORK_CPU_ISA") == "avx2":
         assert kernels.gemm_isa() == "portable"
+    elif "amx_bf16" in cpu_flags():
+        assert kernels.gemm_isa() == "amx_bf16"
     elif "avx512_bf16" in cpu_flags():
         assert kernels.gemm_isa() == "avx512_bf16"
     assert kernels.gemm_inner_loop_gflops(200) > 0
@@ -114,7 +118,7 @@ def test_rows_read_the_plain_weight_back_from_the_packed_copy(kernels, n, k):
     ids = torch.tensor([[0, n - 1], [n // 2, 15 % n]])
     assert torch.equal(packed.rows(ids), weight[ids])
     assert torch.equal(PackedEmbedding(packed)(ids[0]), weight[ids[0]])
-    assert packed.resident_bytes == -(-n // 16) * 16 * -(-k // 2) * 2 * 2  # the padded copy, nothing more
+    assert packed.resident_bytes == -(-n // 16) * 16 * -(-k // 32) * 32 * 2  # the padded copy, nothing more
 
 
 def test_float32_and_other_devices_stay_plain():

@@ -3,9 +3,10 @@
 One packed copy of each weight serves every batch size, decode rows and prompt chunks alike; the
 plain weight is dropped once it is packed:
 * with Formwork's CPU kernels: their GEMM (engine/kernels/csrc/gemm.cpp), which reads the weight as
-  16-column blocks of K pairs, with AVX-512 BF16 dot products where the CPU has them (a portable
-  fp32 kernel elsewhere). `rows(ids)` reads plain rows back out of that copy, so a tied embedding
-  can share its head's copy instead of keeping its own;
+  16-column blocks of K pairs: AMX tiles for 2 rows or more where the CPU has them, AVX-512 BF16
+  dot products for one row (and for every batch on CPUs without AMX), a portable fp32 kernel
+  elsewhere. `rows(ids)` reads plain rows back out of that copy, so a tied embedding can share its
+  head's copy instead of keeping its own;
 * without them (no compiler): oneDNN with the weight packed once into its blocked layout.
   `F.linear` on a plain bf16 weight reorders it on every call; packed, the same products bit for bit.
 fp32 stays on torch's default path: it is the exact-comparison mode, and other sums differ from
@@ -74,7 +75,7 @@ class PackedLinear(nn.Module):
         if not self.shares_rows:
             raise RuntimeError("rows() needs the kernels' layout; this layer is packed for oneDNN")
         ids = ids.long()
-        # [blocks, K pairs, 16, 2]: row i is column i % 16 of block i // 16, across every K pair
+        # [blocks, K pairs (padded), 16, 2]: row i is column i % 16 of block i // 16, across every pair
         picked = self.packed_weight[ids // BLOCK_COLUMNS, :, ids % BLOCK_COLUMNS, :]
         rows = picked.reshape(*ids.shape, -1)
         return rows if rows.shape[-1] == self.in_features else rows[..., :self.in_features].contiguous()

@@ -27,7 +27,8 @@ from engine.model_files import cache_dir
 logger = logging.getLogger(__name__)
 
 _SOURCES = [Path(__file__).parent / "csrc" / name
-            for name in ("bindings.cpp", "paged_attention.cpp", "fused_ops.cpp", "gemm.cpp", "worker_pool.cpp")]
+            for name in ("bindings.cpp", "paged_attention.cpp", "fused_ops.cpp", "gemm.cpp", "amx_gemm.cpp",
+                          "worker_pool.cpp")]
 # FORMWORK_CPU_ISA -> the target flags of the build
 _ISA_FLAGS = {"native": ["-march=native"], "avx2": ["-march=x86-64-v3", "-mtune=native"]}
 _lock = threading.Lock()

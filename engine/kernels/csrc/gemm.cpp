@@ -1,15 +1,16 @@
 // bf16 matrix products y = x @ W.T (+ bias) for every batch size, from one packed copy of W.
 //
 // The weight is laid out once as blocks of 16 output columns with their K values in pairs
-// ([ceil(N/16), ceil(K/2), 16, 2], zero padded): one `vdpbf16ps` multiplies a pair of K values of
+// (gemm.h; K padded to whole AMX tiles): one `vdpbf16ps` multiplies a pair of K values of
 // 16 columns by a pair of x values broadcast, adding into 16 fp32 sums, so no sum is ever reduced
 // across lanes. A register tile is up to 8 rows of x by 3 blocks (48 columns): 24 accumulators,
 // 3 weight loads and 8 broadcasts per 24 dot products. Threads split the columns into panels of
 // 3 blocks; a panel (3 x K x 32 bytes) stays in L2 while every row tile of a chunk of x passes
 // over it, and x is taken in chunks that fit L2 too. Sums are fp32; the output is rounded once.
 //
-// Without AVX-512 BF16 (or built with FORMWORK_CPU_ISA=avx2) the same layout is read by a
-// portable kernel that widens bf16 to fp32 and lets the compiler vectorize the 16 columns.
+// Batches of kAmxMinRows (2) rows or more go to AMX tiles where the CPU has them (amx_gemm.cpp), from
+// the same copy. Without AVX-512 BF16 (or built with FORMWORK_CPU_ISA=avx2) the layout is read by
+// a portable kernel that widens bf16 to fp32 and lets the compiler vectorize the 16 columns.
 #include <torch/extension.h>
 #include <ATen/Parallel.h>
 
@@ -21,26 +22,19 @@
 #include <vector>
 
 #include "conversions.h"
+#include "gemm.h"
 #include "worker_pool.h"
 
 namespace {
 
-constexpr int64_t kBlock = 16;     // output columns per block: one 512-bit vector of fp32 sums
+using formwork::gemm::kBlock;
+using formwork::gemm::Operands;
 constexpr int64_t kPanel = 3;      // blocks per register tile and per thread work unit
 constexpr int64_t kTileRows = 8;   // rows of x per register tile
 constexpr int64_t kChunkBytes = 512 << 10;  // rows of x per pass over the weight: about this many bytes
-
-// Where one call's operands are. x rows are strided; y is [m, n] contiguous.
-struct Operands {
-  const uint16_t* x;
-  int64_t x_stride, m, k;
-  const uint16_t* w;  // packed
-  const uint16_t* bias;  // [n] or nullptr
-  uint16_t* y;
-  int64_t n;
-  int64_t num_blocks() const { return (n + kBlock - 1) / kBlock; }
-  int64_t block_stride() const { return (k + 1) / 2 * 2 * kBlock; }  // elements between blocks
-};
+// from this many rows on, AMX tiles where the CPU has them: a half-empty tile beats the vector
+// kernel from 2 rows (measured: 960 x 576 at 8 rows 26 us on AMX, at 4 rows 59 us on AVX-512)
+constexpr int64_t kAmxMinRows = 2;
 
 [[maybe_unused]] inline uint32_t x_pair(const uint16_t* row, int64_t p, int64_t k) {
   if (2 * p + 1 < k) {
@@ -150,6 +144,7 @@ Tile tile_for(int64_t mr, int64_t nb) {
 }
 
 void multiply(const Operands& op) {
+  if (op.m >= kAmxMinRows && formwork::gemm::amx_ready()) return formwork::gemm::multiply_amx(op);
   const int64_t num_blocks = op.num_blocks(), num_panels = (num_blocks + kPanel - 1) / kPanel;
   const int64_t chunk_rows = std::max<int64_t>(kTileRows, kChunkBytes / (2 * op.k) / kTileRows * kTileRows);
   // one thread only for the smallest products (a few us); above that the helpers share the weight
@@ -174,6 +169,7 @@ void multiply(const Operands& op) {
 // GFLOP/s of the inner loop alone, on every thread of the pool: the 8 x 3 register tile over an
 // L1-resident x and weight panel, `repeats` times per thread (the peak the figures compare against)
 double gemm_inner_loop_gflops(int64_t repeats) {
+  if (formwork::gemm::amx_ready()) return formwork::gemm::amx_inner_loop_gflops(repeats);  // the batches' kernel
   constexpr int64_t k = 256;  // x: 8 x 256 bf16 = 4 KiB; the panel: 3 x 128 pairs x 64 B = 24 KiB
   const int64_t threads = at::get_num_threads();
   const auto start = std::chrono::steady_clock::now();
@@ -189,6 +185,7 @@ double gemm_inner_loop_gflops(int64_t repeats) {
 }
 
 std::string gemm_isa() {
+  if (formwork::gemm::amx_ready()) return "amx_bf16";
 #if defined(__AVX512BF16__)
   return "avx512_bf16";
 #else
@@ -196,11 +193,11 @@ std::string gemm_isa() {
 #endif
 }
 
-// weight [N, K] bf16 -> the blocked layout gemm reads: [ceil(N/16), ceil(K/2), 16, 2], zero padded
+// weight [N, K] bf16 -> the blocked layout gemm reads (gemm.h): [ceil(N/16), P, 16, 2], zero padded
 torch::Tensor pack_weight(torch::Tensor weight) {
   TORCH_CHECK(weight.dim() == 2 && weight.scalar_type() == torch::kBFloat16, "weight: 2-D bf16");
   const int64_t n = weight.size(0), k = weight.size(1);
-  const int64_t n_pad = (n + kBlock - 1) / kBlock * kBlock, k_pad = (k + 1) / 2 * 2;
+  const int64_t n_pad = (n + kBlock - 1) / kBlock * kBlock, k_pad = formwork::gemm::padded_pairs(k) * 2;
   auto padded = torch::constant_pad_nd(weight, {0, k_pad - k, 0, n_pad - n}, 0);
   return padded.reshape({n_pad / kBlock, kBlock, k_pad / 2, 2}).permute({0, 2, 1, 3}).contiguous();
 }
@@ -212,7 +209,7 @@ torch::Tensor gemm(torch::Tensor x, torch::Tensor packed, int64_t n, c10::option
               "x: 2-D bf16 with contiguous rows");
   const int64_t m = x.size(0), k = x.size(1);
   TORCH_CHECK(packed.dim() == 4 && packed.scalar_type() == torch::kBFloat16 && packed.is_contiguous()
-              && packed.size(0) == (n + kBlock - 1) / kBlock && packed.size(1) == (k + 1) / 2
+              && packed.size(0) == (n + kBlock - 1) / kBlock && packed.size(1) == formwork::gemm::padded_pairs(k)
               && packed.size(2) == kBlock && packed.size(3) == 2,
               "packed: pack_weight of an [N, K] weight, K = x's columns");
   if (bias) {
