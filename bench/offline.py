@@ -43,6 +43,12 @@ def decode_step_times(llm, batch_sizes: tuple[int, ...] = DECODE_BATCH_SIZES, ma
     return times
 
 
+def gemm_isa() -> str:
+    from engine.kernels.loader import load_cpu_kernels
+    kernels = load_cpu_kernels()
+    return kernels.gemm_isa() if kernels is not None else "none"
+
+
 def matmul_flops_per_token(model) -> int:
     """2 x the multiply-adds of every matmul one token goes through: the decoder's linears and the head."""
     from torch import nn
@@ -94,7 +100,7 @@ def main(args, engine_config) -> int:
           f"{weight_bytes / 2**20:.0f} MiB / {bandwidth:.1f} GB/s):")
     print(f"  resident weights {resident_bytes / 2**20:.0f} MiB = {resident_bytes / weight_bytes:.2f}x their bytes; "
           f"matmuls {flops_per_token / 1e6:.0f} MFLOP a token; " + (
-              f"bf16 GEMM inner-loop peak {peak:.0f} GFLOP/s ({torch.get_num_threads()} threads)" if peak
+              f"bf16 GEMM inner-loop peak {peak:.0f} GFLOP/s ({gemm_isa()}, {torch.get_num_threads()} threads)" if peak
               else "no CPU kernels: no GEMM peak"))
     for b, step_s in step_times.items():
         gflops = b * flops_per_token / step_s / 1e9
