@@ -96,11 +96,11 @@ export class FormworkClient {
    * IncompleteOutputError if maxTokens ran out before the JSON was complete.
    */
   async extract(schema, text, { instructions, maxTokens, temperature = 0, strict, anyWhitespace, jumpForward,
-    whitespace, requestId, timeoutMs } = {}) {
+    whitespace, closeEarly, requestId, timeoutMs } = {}) {
     const request = {
       chat: { messages: [{ role: "user", content: extractPrompt(schema, text, instructions) }] },
       temperature,
-      constraint: jsonSchema(schema, { strict, anyWhitespace, jumpForward, whitespace }),
+      constraint: jsonSchema(schema, { strict, anyWhitespace, jumpForward, whitespace, closeEarly }),
     };
     if (maxTokens !== undefined) request.max_tokens = maxTokens;
     if (requestId !== undefined) request.request_id = requestId;

@@ -15,9 +15,9 @@ const WHITESPACE = { compact: "JSON_WHITESPACE_COMPACT", spaced: "JSON_WHITESPAC
   bounded: "JSON_WHITESPACE_BOUNDED", any: "JSON_WHITESPACE_ANY" };
 
 /** A JSON Schema (an object, or JSON text), sent as text so property order and numbers are kept. */
-export function jsonSchema(schema, { strict, anyWhitespace, jumpForward, whitespace } = {}) {
+export function jsonSchema(schema, { strict, anyWhitespace, jumpForward, whitespace, closeEarly } = {}) {
   const text = typeof schema === "string" ? schema : JSON.stringify(schema);
-  return withOptions({ json_schema_text: text }, { strict, anyWhitespace, jumpForward, whitespace });
+  return withOptions({ json_schema_text: text }, { strict, anyWhitespace, jumpForward, whitespace, closeEarly });
 }
 
 /** Any JSON object. */
@@ -43,7 +43,7 @@ export function choice(choices, { jumpForward } = {}) {
   return withOptions({ choice: { choices } }, { jumpForward });
 }
 
-function withOptions(constraint, { strict, anyWhitespace, jumpForward, whitespace }) {
+function withOptions(constraint, { strict, anyWhitespace, jumpForward, whitespace, closeEarly }) {
   // proto3 `optional` fields: present only when chosen
   if (whitespace !== undefined) {
     if (!(whitespace in WHITESPACE)) {
@@ -54,6 +54,7 @@ function withOptions(constraint, { strict, anyWhitespace, jumpForward, whitespac
   if (strict !== undefined) constraint.strict = strict;
   if (anyWhitespace !== undefined) constraint.any_whitespace = anyWhitespace;
   if (jumpForward !== undefined) constraint.jump_forward = jumpForward;
+  if (closeEarly !== undefined) constraint.close_early = closeEarly;
   return constraint;
 }
 

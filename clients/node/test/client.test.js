@@ -141,7 +141,7 @@ describe("FormworkClient against a live server", () => {
   });
 
   test("extract with too few tokens is IncompleteOutputError", async () => {
-    const error = await rejection(client.extract(PERSON_SCHEMA, "Ada Lovelace was 36 years old.", { maxTokens: 2 }));
+    const error = await rejection(client.extract(PERSON_SCHEMA, "Ada Lovelace was 36 years old.", { maxTokens: 2, closeEarly: false }));
     assert.ok(error instanceof IncompleteOutputError, String(error));
     assert.equal(error.finishReason, "FINISH_REASON_LENGTH");
   });
