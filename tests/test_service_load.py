@@ -67,7 +67,8 @@ def test_full_queue_is_resource_exhausted_and_cancelling_frees_queued_and_runnin
 
 
 def test_requests_with_a_compiled_grammar_queued_for_a_slot_count_as_waiting(server):
-    constraint = {"regex": "[a-z ]{400}"}  # longer than max_tokens: every request runs to the cap
+    # longer than max_tokens, not closed early: every request runs to the cap
+    constraint = {"regex": "[a-z ]{400}", "close_early": False}
     server.stub.Generate(chat("warm the grammar cache", max_tokens=2, constraint=constraint), timeout=60)
     calls = [server.stub.GenerateStream(chat(f"Write letters {i}.", max_tokens=100, constraint=constraint),
                                         timeout=120) for i in range(MAX_NUM_SEQS + MAX_QUEUE_LEN)]
