@@ -83,3 +83,18 @@ def kernels():
     if module is None:
         pytest.fail("the CPU kernels did not build here (see the warning in the log)")
     return module
+
+
+@pytest.fixture
+def make_http_server():
+    """In-process front ends (gRPC + HTTP over a fake engine core), closed after the test."""
+    from inproc_server import InprocHttp
+
+    servers: list[InprocHttp] = []
+
+    def make(**kwargs) -> InprocHttp:
+        servers.append(InprocHttp(**kwargs))
+        return servers[-1]
+    yield make
+    for server in servers:
+        server.close()

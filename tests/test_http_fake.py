@@ -19,20 +19,8 @@ from service.security import SecurityConfig
 CHAT = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 8}
 
 
-@pytest.fixture
-def make_server():
-    servers: list[InprocHttp] = []
-
-    def make(**kwargs) -> InprocHttp:
-        servers.append(InprocHttp(**kwargs))
-        return servers[-1]
-    yield make
-    for server in servers:
-        server.close()
-
-
-def test_health_follows_the_engine(make_server):
-    server = make_server(wait_ready=False, startup_s=1.0)
+def test_health_follows_the_engine(make_http_server):
+    server = make_http_server(wait_ready=False, startup_s=1.0)
     loading = httpx.get(f"{server.url}/health")
     assert loading.status_code == 503
     assert loading.json()["error"]["message"] == "the model is still loading; retry once health reports SERVING"
@@ -50,8 +38,8 @@ def test_health_follows_the_engine(make_server):
     assert httpx.post(f"{server.url}/v1/completions", json={"prompt": "x"}).status_code == 503
 
 
-def test_api_keys_and_the_shared_per_key_limit(make_server):
-    server = make_server(security=SecurityConfig(api_keys=("key-1", "key-2"), max_concurrent_per_key=1),
+def test_api_keys_and_the_shared_per_key_limit(make_http_server):
+    server = make_http_server(security=SecurityConfig(api_keys=("key-1", "key-2"), max_concurrent_per_key=1),
                          step_s=0.05)
     assert httpx.get(f"{server.url}/health").status_code == 200  # open, for probes
     for headers in ({}, {"Authorization": "Bearer wrong"}, {"Authorization": "key-1"}):
@@ -82,8 +70,8 @@ def test_api_keys_and_the_shared_per_key_limit(make_server):
     assert httpx.post(f"{server.url}/v1/chat/completions", json=CHAT, headers=key_1).status_code == 200
 
 
-def test_a_client_that_goes_away_mid_stream_aborts_its_requests(make_server):
-    server = make_server(step_s=0.05)
+def test_a_client_that_goes_away_mid_stream_aborts_its_requests(make_http_server):
+    server = make_http_server(step_s=0.05)
     body = {**CHAT, "max_tokens": 200, "ignore_eos": True, "stream": True, "n": 2}
     with httpx.stream("POST", f"{server.url}/v1/chat/completions", json=body) as response:
         lines = response.iter_lines()
@@ -94,8 +82,8 @@ def test_a_client_that_goes_away_mid_stream_aborts_its_requests(make_server):
     assert server.core is not None and len(server.core.aborted) == 2
 
 
-def test_a_grammar_error_before_the_first_token_is_a_400_even_when_streaming(make_server):
-    server = make_server()
+def test_a_grammar_error_before_the_first_token_is_a_400_even_when_streaming(make_http_server):
+    server = make_http_server()
     body = {**CHAT, "stream": True, "structured_outputs": {"json": '{"type": "object"'}}
     response = httpx.post(f"{server.url}/v1/chat/completions", json=body)
     assert response.status_code == 400
@@ -103,11 +91,11 @@ def test_a_grammar_error_before_the_first_token_is_a_400_even_when_streaming(mak
     assert response.json()["error"]["message"].startswith("structured_outputs.json: json_schema is not valid JSON")
 
 
-def test_the_bench_http_client_records_what_the_grpc_one_does(make_server):
+def test_the_bench_http_client_records_what_the_grpc_one_does(make_http_server):
     from bench.http_client import HttpClient
     from bench.serve import Client, LoadShape, RequestSpec, run_load
 
-    server = make_server()
+    server = make_http_server()
     schema = {"type": "object", "properties": {"name": {"type": "string"}, "age": {"type": "integer"}}}
     specs = [RequestSpec(f"s{i}", [{"role": "user", "content": f"person {i}"}], 32, schema=schema if i % 2 else None)
              for i in range(2)]
@@ -133,12 +121,12 @@ def test_the_bench_http_client_records_what_the_grpc_one_does(make_server):
         assert 0 < record.ttft_s <= record.e2e_s and 0 < record.server_ttft_s <= record.server_total_s
 
 
-def test_connections_send_each_event_at_once(make_server):
+def test_connections_send_each_event_at_once(make_http_server):
     """TCP_NODELAY on every accepted connection: without it an SSE event that follows the headers
     waits for the client's delayed ACK (about 40 ms on Linux) before it leaves."""
     import socket
 
-    server = make_server()
+    server = make_http_server()
     with httpx.Client() as client:
         with client.stream("POST", f"{server.url}/v1/chat/completions", json={**CHAT, "stream": True}) as response:
             lines = response.iter_lines()

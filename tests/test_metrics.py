@@ -30,18 +30,6 @@ TRACE_ID = "4bf92f3577b34da6a3ce929d0e0e4736"
 PARENT_SPAN_ID = "00f067aa0ba902b7"
 
 
-@pytest.fixture
-def make_server():
-    servers: list[InprocHttp] = []
-
-    def make(**kwargs) -> InprocHttp:
-        servers.append(InprocHttp(**kwargs))
-        return servers[-1]
-    yield make
-    for server in servers:
-        server.close()
-
-
 def _grpc_stub(server: InprocHttp):
     from service._gen.formwork.v1 import generation_pb2_grpc as pb_grpc
     channel = grpc.insecure_channel(f"127.0.0.1:{server.grpc_port}")
@@ -80,8 +68,8 @@ def _mixed_load(server: InprocHttp) -> dict:
     return sent
 
 
-def test_metrics_count_what_was_sent(make_server) -> None:
-    server = make_server(telemetry=Telemetry(ServiceMetrics()))
+def test_metrics_count_what_was_sent(make_http_server) -> None:
+    server = make_http_server(telemetry=Telemetry(ServiceMetrics()))
     sent = _mixed_load(server)
     text = scrape(server.url)
     parsed = samples(text)
@@ -114,8 +102,8 @@ def test_metrics_count_what_was_sent(make_server) -> None:
     assert check.returncode == 0, check.stdout + check.stderr
 
 
-def test_a_real_prometheus_scrapes_the_server(make_server) -> None:
-    server = make_server(telemetry=Telemetry(ServiceMetrics()))
+def test_a_real_prometheus_scrapes_the_server(make_http_server) -> None:
+    server = make_http_server(telemetry=Telemetry(ServiceMetrics()))
     sent = _mixed_load(server)
     prometheus = PrometheusServer(server.url.removeprefix("http://"))
     try:
@@ -135,8 +123,8 @@ def test_a_real_prometheus_scrapes_the_server(make_server) -> None:
         prometheus.stop()
 
 
-def test_metrics_off_answers_404(make_server) -> None:
-    server = make_server(telemetry=Telemetry(metrics=None))
+def test_metrics_off_answers_404(make_http_server) -> None:
+    server = make_http_server(telemetry=Telemetry(metrics=None))
     response = httpx.get(f"{server.url}/metrics", timeout=10)
     assert response.status_code == 404
     assert "--no-metrics" in response.json()["error"]["message"]
@@ -173,8 +161,8 @@ def test_closed_early_answers_are_counted_by_reason() -> None:
     assert value(parsed, "formwork_requests_total", finish_reason="stop", constraint="none") == 4
 
 
-def test_one_log_line_per_finished_request(make_server, caplog) -> None:
-    server = make_server()
+def test_one_log_line_per_finished_request(make_http_server, caplog) -> None:
+    server = make_http_server()
     caplog.set_level(logging.INFO, logger="service.request_log")
     channel, stub = _grpc_stub(server)
     with channel:
@@ -205,9 +193,9 @@ def _spans_by_name(exporter: InMemorySpanExporter, server_span: str) -> dict[str
         time.sleep(0.01)
 
 
-def test_a_grpc_call_is_traced_with_the_engine_timings(make_server) -> None:
+def test_a_grpc_call_is_traced_with_the_engine_timings(make_http_server) -> None:
     exporter = InMemorySpanExporter()
-    server = make_server(telemetry=Telemetry(tracing=Tracing(exporter, batch=False)), compile_s=0.05)
+    server = make_http_server(telemetry=Telemetry(tracing=Tracing(exporter, batch=False)), compile_s=0.05)
     channel, stub = _grpc_stub(server)
     with channel:
         stub.Generate(chat("json", max_tokens=64, constraint={"json_object": {}}), timeout=30,
@@ -230,9 +218,9 @@ def test_a_grpc_call_is_traced_with_the_engine_timings(make_server) -> None:
     assert spans["queue"][0].end_time <= spans["prefill"][0].end_time <= spans["decode"][0].end_time
 
 
-def test_an_http_request_is_traced_from_its_traceparent_header(make_server) -> None:
+def test_an_http_request_is_traced_from_its_traceparent_header(make_http_server) -> None:
     exporter = InMemorySpanExporter()
-    server = make_server(telemetry=Telemetry(tracing=Tracing(exporter, batch=False)))
+    server = make_http_server(telemetry=Telemetry(tracing=Tracing(exporter, batch=False)))
     answer = httpx.post(f"{server.url}/v1/chat/completions", json=PLAIN, timeout=30,
                         headers={"traceparent": f"00-{TRACE_ID}-{PARENT_SPAN_ID}-01"})
     assert answer.status_code == 200
@@ -248,9 +236,9 @@ def test_an_http_request_is_traced_from_its_traceparent_header(make_server) -> N
     assert not any("health" in name for name in _spans_by_name(exporter, "chat/completions"))
 
 
-def test_a_grpc_stream_is_traced_too(make_server) -> None:
+def test_a_grpc_stream_is_traced_too(make_http_server) -> None:
     exporter = InMemorySpanExporter()
-    server = make_server(telemetry=Telemetry(tracing=Tracing(exporter, batch=False)))
+    server = make_http_server(telemetry=Telemetry(tracing=Tracing(exporter, batch=False)))
     channel, stub = _grpc_stub(server)
     with channel:
         chunks = list(stub.GenerateStream(chat("hi", max_tokens=3), timeout=30))
