@@ -10,10 +10,14 @@ fraction of a second. Where it cannot be built, the engine says why once and use
 """
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import hashlib
 import logging
 import os
+import shutil
 import threading
+from collections.abc import Iterator
 from pathlib import Path
 from types import ModuleType
 
@@ -22,8 +26,8 @@ from engine.model_files import cache_dir
 
 logger = logging.getLogger(__name__)
 
-_SOURCES = [Path(__file__).parent / "csrc" / name
-            for name in ("bindings.cpp", "paged_attention.cpp", "fused_ops.cpp", "small_batch_gemm.cpp")]
+_CSRC = Path(__file__).parent / "csrc"
+_SOURCES = ("bindings.cpp", "paged_attention.cpp", "fused_ops.cpp", "small_batch_gemm.cpp")
 _lock = threading.Lock()
 _state: dict[str, ModuleType | None] = {}
 
@@ -46,9 +50,12 @@ def _build() -> ModuleType | None:
         tag = _build_tag()
         build_dir = cache_dir() / "kernels" / tag
         build_dir.mkdir(parents=True, exist_ok=True)
-        return cpp_extension.load(
-            name=f"formwork_cpu_kernels_{tag}", sources=[str(s) for s in _SOURCES], build_directory=str(build_dir),
-            extra_cflags=["-O3", "-march=native", "-ffast-math", "-fopenmp"], extra_ldflags=["-fopenmp"], verbose=False)
+        with _building(build_dir):
+            sources = _copy_sources(build_dir / "src")
+            return cpp_extension.load(
+                name=f"formwork_cpu_kernels_{tag}", sources=[str(s) for s in sources], build_directory=str(build_dir),
+                extra_cflags=["-O3", "-march=native", "-ffast-math", "-fopenmp"], extra_ldflags=["-fopenmp"],
+                verbose=False)
     except Exception as e:  # no compiler, no ninja, a build error: the torch path still works
         logger.warning("CPU kernels unavailable, using the slower torch attention path: %s",
                        str(e).strip().splitlines()[-1] if str(e).strip() else type(e).__name__)
@@ -61,6 +68,33 @@ def _build_tag() -> str:
     bytes are part of the tag too: two checkouts with different kernels sharing one cache each keep
     their own build instead of rebuilding over each other's."""
     digest = hashlib.sha1(" ".join(cpu_flags()).encode())
-    for source in sorted((Path(__file__).parent / "csrc").iterdir()):
+    for source in sorted(_CSRC.iterdir()):
         digest.update(source.name.encode() + source.read_bytes())
     return digest.hexdigest()[:10]
+
+
+@contextlib.contextmanager
+def _building(build_dir: Path) -> Iterator[None]:
+    """One build at a time per folder, under a lock the kernel drops when its holder dies. torch's
+    own lock file outlives a build that was killed, and every later start would wait on it forever;
+    while this lock is held nobody else is building, so such a file is stale and goes."""
+    with open(build_dir / "build.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        (build_dir / "lock").unlink(missing_ok=True)
+        try:
+            yield
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)
+
+
+def _copy_sources(target: Path) -> list[Path]:
+    """The build compiles a copy inside its folder: ninja's commands name the sources' paths, so two
+    checkouts with the same sources compiling from their own folders would rebuild each other's
+    module on every start. The folder's tag covers the sources' bytes, so a copy there is current."""
+    target.mkdir(exist_ok=True)
+    for source in _CSRC.iterdir():
+        if source.is_file() and not (target / source.name).exists():
+            partial = target / f".{source.name}.partial"  # a copy cut short never passes for the source
+            shutil.copyfile(source, partial)
+            partial.replace(target / source.name)
+    return [target / name for name in _SOURCES]
