@@ -166,8 +166,9 @@ def telemetry_from_args(args: argparse.Namespace) -> Telemetry:
 
 def run_serve(args: argparse.Namespace) -> int:
     """Serve until SIGTERM / Ctrl-C; the exit code (0 after a graceful stop)."""
-    from engine.frontend.core_client import AsyncMPClient
-    from service.server import GenerationServer, serve
+    from engine.frontend.mp_client import AsyncMPClient
+    from service.lifecycle import serve
+    from service.server import GenerationServer
 
     log_level = getattr(logging, args.log_level)
     configure_logging(log_level, args.log_format)

@@ -1,13 +1,14 @@
-"""The gRPC layer: the Generation servicer, health, reflection, and the server's lifecycle.
+"""The gRPC server: the Generation servicer, health, reflection, and the server's states.
 
-The only module of service/ that imports grpc; everything it serves is computed by AsyncLLM and
-service/conversion.py on plain messages. Lifecycle:
+With service/grpc_access.py (API keys, per-key limits) the only modules of service/ that import grpc;
+everything it serves is computed by AsyncLLM and service/conversion.py on plain messages. States
+(service/lifecycle.py runs them in a process):
 
     start()    bind the port, health NOT_SERVING, load the engine and warm it up in the background
     ready      health SERVING
     engine death   health NOT_SERVING; in-flight and new calls get UNAVAILABLE; the supervisor
                (service/supervisor.py) restarts the engine, and health is SERVING again once warm
-    drain()    (SIGTERM / SIGINT in serve(), for the drain delay) health NOT_SERVING for good, calls
+    drain()    (SIGTERM / SIGINT in lifecycle.serve(), for the drain delay) health NOT_SERVING for good, calls
                still taken: a load balancer's health check sees it and stops sending new ones
     stop()     health NOT_SERVING, refuse new calls, let in-flight requests finish for the grace
                period, end the rest as FINISH_REASON_CANCELLED
@@ -16,14 +17,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import inspect
 import itertools
 import logging
-import signal
 import time
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
@@ -38,24 +36,20 @@ from service._gen.formwork.v1 import generation_pb2 as pb
 from service._gen.formwork.v1 import generation_pb2_grpc as pb_grpc
 from service.async_llm import AsyncLLM
 from service.chat_format import OutputShape
-from service.errors import STATUS_DETAILS_KEY, ServiceError, StatusCode, invalid_argument
+from service.errors import ServiceError, StatusCode, invalid_argument
 from service.limits import ServiceLimits
 from service.quarantine import Quarantine
 from service.reflection import V1_SERVICE, V1ALPHA_SERVICE, add_v1_descriptor
 from service.request_decoding import UndecodableRequest, tolerant_deserializer
-from service.security import ApiKeys, KeyLimiter, SecurityConfig
+from service.grpc_access import GENERATION_SERVICE, AccessInterceptor, abort
+from service.security import KeyLimiter, SecurityConfig
 from service.supervisor import EngineSupervisor, RestartPolicy
 from service.telemetry import Telemetry
 
-if TYPE_CHECKING:
-    from service.http.server import HttpServer
-
 logger = logging.getLogger(__name__)
 
-GENERATION_SERVICE = pb.DESCRIPTOR.services_by_name["Generation"].full_name
 _SERVING = health_pb2.HealthCheckResponse.SERVING
 _NOT_SERVING = health_pb2.HealthCheckResponse.NOT_SERVING
-_GENERATE_METHODS = frozenset(f"/{GENERATION_SERVICE}/{name}" for name in ("Generate", "GenerateStream"))
 
 
 @dataclass(frozen=True)
@@ -210,20 +204,14 @@ async def _status(context: grpc.aio.ServicerContext,
     except ServiceError as e:
         if on_error is not None:
             on_error(e.code)
-        await _abort(context, e)
+        await abort(context, e)
     except Exception as e:
         if isinstance(e, grpc.aio.AbortError):
             raise
         logger.exception("internal error")
         if on_error is not None:
             on_error(StatusCode.INTERNAL)
-        await _abort(context, ServiceError(StatusCode.INTERNAL, f"internal error: {type(e).__name__}: {e}"))
-
-
-async def _abort(context: grpc.aio.ServicerContext, error: ServiceError) -> None:
-    details = error.status_proto().SerializeToString()
-    await context.abort(grpc.StatusCode[error.code.name], error.message,
-                        trailing_metadata=((STATUS_DETAILS_KEY, details),))
+        await abort(context, ServiceError(StatusCode.INTERNAL, f"internal error: {type(e).__name__}: {e}"))
 
 
 def _v1_reflection_handler(servicer: reflection.aio.ReflectionServicer) -> grpc.GenericRpcHandler:
@@ -233,72 +221,6 @@ def _v1_reflection_handler(servicer: reflection.aio.ReflectionServicer) -> grpc.
         request_deserializer=reflection_pb2.ServerReflectionRequest.FromString,
         response_serializer=reflection_pb2.ServerReflectionResponse.SerializeToString)
     return grpc.method_handlers_generic_handler(V1_SERVICE, {"ServerReflectionInfo": method})
-
-
-class _AccessInterceptor(grpc.aio.ServerInterceptor):
-    """API keys on every call (grpc.health.v1 excepted unless protected) and the per-key limit on
-    concurrent Generate / GenerateStream calls. A refused call gets its status before any handler runs."""
-
-    def __init__(self, security: SecurityConfig, limiter: KeyLimiter) -> None:
-        self._keys = ApiKeys(security.api_keys)
-        self._limiter = limiter
-        self._open_prefix = None if security.protect_health else f"/{health.SERVICE_NAME}/"
-
-    async def intercept_service(self, continuation, details: grpc.HandlerCallDetails):
-        if self._open_prefix is not None and details.method.startswith(self._open_prefix):
-            return await continuation(details)
-        handler = await continuation(details)
-        if handler is None:  # unknown method: grpc answers UNIMPLEMENTED
-            return None
-        authorization = next((value for name, value in details.invocation_metadata or ()
-                              if name == "authorization"), None)
-        key = self._keys.identify(authorization if isinstance(authorization, str) else None)
-        if key is None:
-            return _refusing(handler, ServiceError(
-                StatusCode.UNAUTHENTICATED, "missing or invalid API key: send the metadata 'authorization: Bearer <key>'"))
-        if self._limiter.limit and details.method in _GENERATE_METHODS:
-            return _limited(handler, self._limiter, key)
-        return handler
-
-
-def _refusing(handler: grpc.RpcMethodHandler, error: ServiceError) -> grpc.RpcMethodHandler:
-    """A handler of the same kind as `handler` that answers `error` and runs nothing."""
-    async def refuse(request, context):
-        await _abort(context, error)
-    return _same_kind(handler, refuse)
-
-
-def _limited(handler: grpc.RpcMethodHandler, limiter: KeyLimiter, key: int) -> grpc.RpcMethodHandler:
-    behaviour = handler.unary_unary or handler.unary_stream
-
-    async def call(request, context):
-        if not limiter.try_acquire(key):
-            await _abort(context, ServiceError(
-                StatusCode.RESOURCE_EXHAUSTED, f"this API key already has {limiter.limit} requests in flight, the "
-                                               f"server's limit per key (--max-concurrent-per-key)"))
-        try:
-            result = behaviour(request, context)
-            if inspect.isasyncgen(result):  # a generator-style streaming handler
-                async for response in result:
-                    await context.write(response)
-                return None
-            return await result
-        finally:
-            limiter.release(key)
-    return _same_kind(handler, call)
-
-
-def _same_kind(handler: grpc.RpcMethodHandler, behaviour) -> grpc.RpcMethodHandler:
-    if handler.unary_unary:
-        make = grpc.unary_unary_rpc_method_handler
-    elif handler.unary_stream:
-        make = grpc.unary_stream_rpc_method_handler
-    elif handler.stream_unary:
-        make = grpc.stream_unary_rpc_method_handler
-    else:
-        make = grpc.stream_stream_rpc_method_handler
-    return make(behaviour, request_deserializer=handler.request_deserializer,
-                response_serializer=handler.response_serializer)
 
 
 class GenerationServer:
@@ -321,7 +243,7 @@ class GenerationServer:
         self.health = health.aio.HealthServicer()
         interceptors = []
         if security.api_keys:
-            interceptors.append(_AccessInterceptor(security, self.key_limiter))
+            interceptors.append(AccessInterceptor(security, self.key_limiter))
         if self.telemetry.tracing is not None:  # inside the access checks: a refused call has no span
             interceptors.append(self.telemetry.tracing.grpc_interceptor(GENERATION_SERVICE))
         self.server = grpc.aio.server(options=[
@@ -417,76 +339,3 @@ class GenerationServer:
             self._supervision.cancel()
         await self.llm.shutdown()
         self.telemetry.shutdown()
-
-
-async def serve(client: EngineCoreClient, limits: ServiceLimits, host: str, port: int,
-                on_ready: Callable[[GenerationServer], None] | None = None,
-                security: SecurityConfig = SecurityConfig(), http_port: int | None = None,
-                on_http_ready: Callable[[HttpServer], None] | None = None,
-                restart_policy: RestartPolicy = RestartPolicy(), telemetry: Telemetry | None = None) -> int:
-    """Run a server until SIGTERM or SIGINT; returns the process exit code (0 after a graceful
-    stop, 1 if the engine failed to start). The signal starts the drain delay (limits.drain_delay_s:
-    NOT_SERVING, calls still taken), then the grace period; a second signal cuts both short.
-    With `http_port`, the OpenAI-compatible HTTP API (service/http/) is served too, on the same
-    AsyncLLM and host."""
-    server = GenerationServer(client, limits, host, port, security=security, restart_policy=restart_policy,
-                              telemetry=telemetry)
-    http = None
-    if http_port is not None:
-        from service.http.server import HttpServer
-        http = HttpServer(server, http_port, server.key_limiter)
-    stop = asyncio.Event()
-    hurry = asyncio.Event()  # a second signal: no more waiting
-
-    def on_signal() -> None:
-        if stop.is_set():
-            hurry.set()
-            logger.warning("second signal: cancelling %d in-flight requests now", server.llm.abort_all())
-        stop.set()
-
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, on_signal)
-    await server.start()
-    if http is not None:
-        try:
-            await http.start()
-        except OSError as e:  # the port is taken, most often
-            logger.error("cannot serve HTTP on %s:%d: %s (--http-port PORT, or --no-http)", host, http_port, e)
-            await server.stop(0)
-            return 1
-    stop_requested = asyncio.create_task(stop.wait())
-    started = asyncio.create_task(server.wait_started())
-    await asyncio.wait({stop_requested, started}, return_when=asyncio.FIRST_COMPLETED)
-    if started.done() and started.exception() is not None:
-        logger.error("the engine failed to start: %s", started.exception())
-        stop_requested.cancel()
-        await _stop_both(server, http, 0)
-        return 1
-    if started.done() and on_ready is not None:
-        on_ready(server)
-    if started.done() and http is not None and on_http_ready is not None:
-        on_http_ready(http)
-    await stop_requested
-    await _drain(server, limits.drain_delay_s, hurry)
-    await _stop_both(server, http, 0.0 if hurry.is_set() else None)
-    return 0
-
-
-async def _drain(server: GenerationServer, delay_s: float, hurry: asyncio.Event) -> None:
-    """NOT_SERVING for `delay_s` while calls are still served (unless `hurry` is set first)."""
-    if delay_s <= 0:
-        return
-    await server.drain()
-    logger.info("draining: NOT_SERVING for %.1f s before refusing new calls (%d in flight)",
-                delay_s, server.llm.num_in_flight)
-    with contextlib.suppress(TimeoutError):
-        await asyncio.wait_for(hurry.wait(), delay_s)
-
-
-async def _stop_both(server: GenerationServer, http: HttpServer | None, grace_s: float | None = None) -> None:
-    """HTTP stops taking connections while gRPC's stop lets in-flight requests (of both) finish."""
-    http_stopped = asyncio.create_task(http.stop()) if http is not None else None
-    await server.stop(grace_s)
-    if http_stopped is not None:
-        await http_stopped

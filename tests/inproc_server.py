@@ -11,7 +11,7 @@ import grpc
 from google.protobuf import json_format
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from engine.frontend.core_client import InprocClient
+from engine.frontend.inproc_client import InprocClient
 from fake_engine_core import FakeEngineCore, fake_config
 from service._gen.formwork.v1 import generation_pb2 as pb
 from service._gen.formwork.v1 import generation_pb2_grpc as pb_grpc

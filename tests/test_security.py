@@ -20,7 +20,7 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from engine.frontend.core_client import InprocClient
+from engine.frontend.inproc_client import InprocClient
 from fake_engine_core import FakeEngineCore, fake_config
 from formwork_client import Client, ResourceExhaustedError, UnauthenticatedError, UnavailableError
 from service.limits import ServiceLimits

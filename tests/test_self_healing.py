@@ -13,7 +13,7 @@ import pytest
 
 from engine.core.core_proc import MemoryPressure
 from engine.core.memory_watchdog import MemoryLimit, MemoryWatchdog
-from engine.frontend.core_client import AsyncMPClient
+from engine.frontend.mp_client import AsyncMPClient
 from grammar.constraint import Constraint
 from fake_engine_core import CRASH_SEED, fake_config, make_fake_core
 from inproc_server import NOT_SERVING, SERVING, InprocServer, long_request

@@ -262,12 +262,12 @@ def test_generated_stubs_are_fresh():
 
 
 def test_service_never_imports_torch():
-    code = ("import sys; import service.server, service.cli, service.async_llm, engine.frontend.core_client; "
+    code = ("import sys; import service.server, service.lifecycle, service.cli, service.async_llm, engine.frontend.mp_client; "
             "assert 'torch' not in sys.modules, 'torch imported'; assert 'transformers' not in sys.modules")
     subprocess.run([sys.executable, "-c", code], cwd=REPO_ROOT, check=True)
 
 
-def test_only_server_py_imports_grpc():
+def test_only_the_grpc_server_and_its_access_checks_import_grpc():
     importers = []
     for path in sorted((REPO_ROOT / "service").glob("*.py")):
         for node in ast.walk(ast.parse(path.read_text())):
@@ -277,11 +277,11 @@ def test_only_server_py_imports_grpc():
                    or n == "grpc_reflection.v1alpha" and any(a.name != "reflection_pb2" for a in node.names)
                    for n in names):
                 importers.append(path.name)
-    assert sorted(set(importers)) == ["server.py"]
+    assert sorted(set(importers)) == ["grpc_access.py", "server.py"]
 
 
 def test_engine_core_client_never_imports_grpc():
-    code = "import sys; import engine.frontend.core_client; assert not [m for m in sys.modules if m.startswith('grpc')]"
+    code = "import sys; import engine.frontend.mp_client; assert not [m for m in sys.modules if m.startswith('grpc')]"
     subprocess.run([sys.executable, "-c", code], cwd=REPO_ROOT, check=True)
 
 

@@ -16,7 +16,8 @@ import pytest
 from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 
 from engine.config import EngineConfig
-from engine.frontend.core_client import AsyncMPClient, EngineDeadError
+from engine.frontend.core_client import EngineDeadError
+from engine.frontend.mp_client import AsyncMPClient
 from engine.protocol import EngineCoreRequest
 from engine.sampling_params import SamplingParams
 from fake_engine_core import CRASH_SEED, fake_config, make_fake_core

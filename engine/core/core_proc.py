@@ -6,7 +6,7 @@
 The busy loop steps while the core has work and blocks on the input queue while it has none, so
 an idle engine costs nothing. Inputs are drained between steps: a request added or aborted waits
 at most one step. The same loop runs in a child process (`run_engine_core`, fed by a connection)
-or in a thread of the front end's process (`engine.frontend.core_client.InprocClient`).
+or in a thread of the front end's process (`engine.frontend.inproc_client.InprocClient`).
 
 Never imports grpc; imports torch only through EngineCore, inside the engine process.
 """
