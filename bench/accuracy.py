@@ -157,6 +157,14 @@ def run_formwork(llm, items: list[Item], setting: Setting) -> tuple[list[tuple[s
     return answers, seconds
 
 
+def _warm_up(llm, items: list[Item], settings: list[Setting]) -> None:
+    """Every prompt once, one token each, before any clock starts: otherwise the setting that runs
+    first prefills every prompt and the ones after it find them in the prefix cache."""
+    from engine.sampling_params import SamplingParams
+    prompts = [item.messages[kind] for kind in sorted({s.prompt for s in settings}) for item in items]
+    llm.generate(prompts, [SamplingParams(temperature=0, max_tokens=1)] * len(prompts))
+
+
 def run_peer(name: str, llm, dtype: str, items: list[Item],
              any_whitespace: bool) -> tuple[list[tuple[str, str, int]], float, str]:
     """The same prompts through a peer (bench/peers); (answers, seconds, the peer's version)."""
@@ -196,7 +204,7 @@ def main(args, engine_config) -> int:
     rows: list[dict] = []
     throughput: dict[str, dict] = {}
     try:
-        llm.generate([items[0].messages["schema"]], None)  # warm-up: the first batch pays one-time costs
+        _warm_up(llm, items, settings)
         for setting in settings:
             answers, seconds = run_formwork(llm, items, setting)
             rows += [row.as_dict() for row in score_answers("formwork", setting.name, items, answers)]
