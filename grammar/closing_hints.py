@@ -3,8 +3,8 @@
 The closing search (grammar/closing_search.py) finds a closing a character at a time; where the
 way out is a particular word it needs these: the ways to finish each regex the constraint holds
 (a JSON-Schema `pattern`, as the escaped end of a JSON string with its closing quote; a regex
-constraint's own pattern), a grammar's quoted literals, and a think section's end marker. Each hint is only a candidate: the
-matcher decides where, if anywhere, it fits. Library-free.
+constraint's own pattern), a grammar's quoted literals, and a think section's end marker. Each
+hint is only a candidate: the matcher decides where, if anywhere, it fits. Library-free.
 """
 from __future__ import annotations
 

@@ -1,7 +1,7 @@
 """The shortest ways to finish a regular expression, from every point inside it.
 
 The closing search (grammar/closing_search.py) writes one character at a time and cannot guess a
-word: under `\\w+[\\\\](\\w+\\.)*\\w+\\.dll` (a Windows path) every letter keeps the output inside
+word: under `\\w+/(\\w+\\.)*\\w+\\.dll` (a library's path) every letter keeps the output inside
 a `\\w+`, and the way out needs the four characters `.dll` in that order. Here the pattern itself
 is read: for each point of it (before or after an element, inside a repeat with so many turns
 left) the shortest text that takes it to the end, built from the shortest match of each element
