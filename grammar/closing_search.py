@@ -11,8 +11,8 @@ character leads back to the same point (a string's content, a pattern's `\\w+`),
 that loop are tried before going round it again. A way out that is a particular word (`\\w+\\.dll`
 needs `.dll`; a think section needs its end marker) cannot be found a character at a time: the
 caller passes such words as `hints` (grammar/regex_suffixes.py finds them in a pattern), and they
-are tried first where the search starts, wherever it enters a loop and just after it leaves one
-(`([a-z]+ )+the end\\.` after a space) — each one kept only if the matcher accepts it there and it
+are tried first where the search starts and one step after it, wherever it enters a loop and just
+after it leaves one (`([a-z]+ )+the end\\.` after a space) — each one kept only if the matcher accepts it there and it
 leads somewhere new.
 
 Library-free: the matcher sits behind `TextCursor`.
@@ -183,7 +183,7 @@ def _search(cursor: TextCursor, max_chars: int, max_nodes: int, deadline: float,
             leaving = [c for c in loop if c != pushed]
             candidates = loop if run < max_loop_run or leaving in ([], ["\\"]) else leaving
             nodes.append(_Node(candidates, num_steps, allowed, loop, run))
-        elif parent is None or parent.loop is not None:  # where the search starts, or just out of a loop
+        elif parent is None or parent.loop is not None or len(nodes) == 1:  # the start, or a step from it or a loop
             fitting = _fitting_hints(cursor, allowed, hints, max_chars - length)
             nodes.append(_Node(_start_candidates(cursor, allowed, fitting), num_steps, allowed))
         else:
