@@ -8,20 +8,28 @@ string, the brace or bracket that ends a container — then the shortest values 
 so the first completion found is short: it closes the string, supplies what is required with
 minimal values, and closes the containers. It is not always the shortest possible one. Where a
 character leads back to the same point (a string's content, a pattern's `\\w+`), the ways out of
-that loop are tried before going round it again. A pattern whose way out is a particular word
-(`\\w+\\.dll`) is beyond it: the search gives up within its budget and the caller closes nothing.
+that loop are tried before going round it again. A way out that is a particular word (`\\w+\\.dll`
+needs `.dll`; a think section needs its end marker) cannot be found a character at a time: the
+caller passes such words as `hints` (grammar/regex_suffixes.py finds them in a pattern), and they
+are tried first where the search starts and one step after it, wherever it enters a loop and just
+after it leaves one (`([a-z]+ )+the end\\.` after a space) — each one kept only if the matcher accepts it there and it
+leads somewhere new.
 
 Library-free: the matcher sits behind `TextCursor`.
 """
 from __future__ import annotations
 
 import time
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
+
+if TYPE_CHECKING:
+    from collections.abc import Sequence
 
 # in free text (a string's content, where `a` is allowed) the quote comes first and fill is `a`;
 # elsewhere the containers close first, then the shortest values and separators
 _FREE_TEXT_ORDER = '"a}],0 1-.:'
 _STRUCTURE_ORDER = '}]",01-.:{[tfn'
+_CLOSERS = '"}]'  # what ends a string or a container
 # the rest of printable ASCII, for patterns and grammars that need other characters
 _TAIL = ("2345678bcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ9_@+/#$%&'()*;<=>?!^`|~\\"
          "\n\t")
@@ -66,12 +74,41 @@ class _Node:
         self.loop_run = loop_run  # steps the loop has gone round so far
 
 
-def _loop_candidates(cursor: TextCursor, allowed: str) -> list[str]:
-    """At a point the last character led back to (the same characters allowed as before it): the
-    candidates that leave the loop first, then one character that goes round it again (the others
-    that do are equivalent), and an escape (`\\`, which inside a string mostly returns to it) last.
+def _leaves(cursor: TextCursor, text: str, allowed: str) -> bool:
+    """Pushing `text` here completes the output or leads to other characters than `allowed`
+    (False if the grammar rejects it). The cursor is left as it was."""
+    if not cursor.push(text):
+        return False
+    leaves = cursor.is_complete() or cursor.allowed_chars() != allowed
+    cursor.pop(1)
+    return leaves
 
-    A pattern such as `\\w+[\\\\]\\w+\\.dll` needs this: `a` is allowed forever, the way out is a
+
+def _fitting_hints(cursor: TextCursor, allowed: str, hints: Sequence[str], max_chars: int) -> list[str]:
+    """The hints (at most `max_chars` long) that lead out of this point (see _leaves)."""
+    return [hint for hint in hints if len(hint) <= max_chars
+            and (hint[0] not in ALPHABET or hint[0] in allowed) and _leaves(cursor, hint, allowed)]
+
+
+def _start_candidates(cursor: TextCursor, allowed: str, hints: list[str]) -> list[str]:
+    """Where the search starts: the closers that lead out (the quote that ends a string), then the
+    fitting `hints`, then the rest. A closer that is only text here (a quote inside a think
+    section) comes after the hints."""
+    ordered = _ordered(allowed)
+    if not hints:
+        return ordered
+    num_closers = next((i for i, c in enumerate(ordered) if c not in _CLOSERS), len(ordered))
+    closers = [c for c in ordered[:num_closers] if _leaves(cursor, c, allowed)]
+    return closers + hints + [c for c in ordered if c not in closers]
+
+
+def _loop_candidates(cursor: TextCursor, allowed: str, hints: list[str]) -> list[str]:
+    """At a point the last character led back to (the same characters allowed as before it): the
+    candidates that leave the loop (the fitting `hints` among them), then one character that goes
+    round it again (the others that do are equivalent), and an escape (`\\`, which inside a string
+    mostly returns to it) last.
+
+    A pattern such as `\\w+[\\\\]\\w+` needs this: `a` is allowed forever, the way out is a
     backslash. One look ahead per candidate, once per loop."""
     exits, round_trip, escape = [], [], []
     for char in _ordered(allowed):
@@ -85,22 +122,28 @@ def _loop_candidates(cursor: TextCursor, allowed: str) -> list[str]:
             escape = [char]
         else:
             exits.append(char)
-    return exits + round_trip + escape
+    # a closer first (the quote that ends a string is shorter than any word), then the hints,
+    # then the other exits (a `.` that only leads on to more letters)
+    num_closers = next((i for i, c in enumerate(exits) if c not in _CLOSERS), len(exits))
+    return exits[:num_closers] + hints + exits[num_closers:] + round_trip + escape
 
 
-def find_closing(cursor: TextCursor, max_chars: int, max_nodes: int = 1000, max_cpu_s: float = 0.02) -> str | None:
+def find_closing(cursor: TextCursor, max_chars: int, max_nodes: int = 1000, max_cpu_s: float = 0.02,
+                 hints: Sequence[str] = ()) -> str | None:
     """Text that makes the output complete, at most `max_chars` long, or None if the search
     finds none within `max_nodes` visited points and `max_cpu_s` of this thread's CPU time (a
     grammar whose bitmask fill is slow gets few points). The cursor is left as it was.
+    `hints`: words that may lead out of a loop, shortest first (see the module doc).
 
     A loop (a character that leads back to where it started) goes round at most 32 times in a
-    first pass, so that a way out of it is tried early; a second pass lifts that (minLength).
+    first pass, so that a way out of it is tried early (unless nothing but an escape leads out of
+    it: a minLength string); a second pass lifts that.
     Cost: one allowed_chars() per visited point plus a push and a pop per tried candidate; a
     JSON closing typically visits a few points per character it writes.
     """
     deadline = time.thread_time() + max_cpu_s
     for max_loop_run in (32, max_chars):
-        found, num_visited = _search(cursor, max_chars, max_nodes, deadline, max_loop_run)
+        found, num_visited = _search(cursor, max_chars, max_nodes, deadline, max_loop_run, hints)
         if found is not None or num_visited > max_nodes:
             return found
         max_nodes -= num_visited
@@ -108,7 +151,7 @@ def find_closing(cursor: TextCursor, max_chars: int, max_nodes: int = 1000, max_
 
 
 def _search(cursor: TextCursor, max_chars: int, max_nodes: int, deadline: float,
-            max_loop_run: int) -> tuple[str | None, int]:
+            max_loop_run: int, hints: Sequence[str]) -> tuple[str | None, int]:
     texts: list[str] = []  # the text of each push on the current path, in order
     nodes: list[_Node] = []
     length = num_visited = 0
@@ -133,10 +176,16 @@ def _search(cursor: TextCursor, max_chars: int, max_nodes: int, deadline: float,
         allowed = cursor.allowed_chars()
         parent = nodes[-1] if nodes else None
         if parent is not None and not forced and len(pushed) == 1 and parent.allowed == allowed:
-            loop = parent.loop if parent.loop is not None else _loop_candidates(cursor, allowed)
+            loop = parent.loop if parent.loop is not None else _loop_candidates(
+                cursor, allowed, _fitting_hints(cursor, allowed, hints, max_chars - length))
             run = parent.loop_run + 1
-            candidates = loop if run < max_loop_run else [c for c in loop if c != pushed]
+            # past the cap, stop going round — unless only an escape leads out (a minLength string)
+            leaving = [c for c in loop if c != pushed]
+            candidates = loop if run < max_loop_run or leaving in ([], ["\\"]) else leaving
             nodes.append(_Node(candidates, num_steps, allowed, loop, run))
+        elif parent is None or parent.loop is not None or len(nodes) == 1:  # the start, or a step from it or a loop
+            fitting = _fitting_hints(cursor, allowed, hints, max_chars - length)
+            nodes.append(_Node(_start_candidates(cursor, allowed, fitting), num_steps, allowed))
         else:
             nodes.append(_Node(_ordered(allowed), num_steps, allowed))
         return False
@@ -152,7 +201,7 @@ def _search(cursor: TextCursor, max_chars: int, max_nodes: int, deadline: float,
                 if not cursor.push(char):
                     continue
                 texts.append(char)
-                length += 1
+                length += len(char)
                 if enter(1, char):
                     return "".join(texts), num_visited
                 continue

@@ -13,6 +13,7 @@ import xgrammar as xgr
 
 from grammar import lark_grammar, output_bounds, schema_check, schema_rewrite, schema_values, structural_tags
 from grammar.backend import BOUNDED_JSON_WHITESPACE, CompiledGrammar, GrammarBackend, GrammarError
+from grammar.closing_hints import closing_hints
 from grammar.closing_search import ALPHABET
 from grammar.constraint import Constraint
 from grammar.jump_forward import ForcedTextTokenizer
@@ -102,7 +103,9 @@ class XGrammarBackend(GrammarBackend):
             compiled = self._compiler.compile_grammar(grammar)
         except Exception as e:  # xgrammar raises RuntimeError/ValueError with a C++ prefix
             raise GrammarError(f"{kind} does not compile: {strip_native_prefix(str(e))}") from None
-        result = XGrammarCompiled(compiled, kind, not_enforced, jump_forward_safe=bounds.exact)
+        result = XGrammarCompiled(compiled, kind, not_enforced, jump_forward_safe=bounds.exact,
+                                  closing_hints=closing_hints(constraint),
+                                  json_output=kind in ("json_schema", "json_object") and not constraint.think_end)
         self._warm_up(result)
         result.min_output_tokens = self._min_output_tokens(result)
         return result
@@ -122,7 +125,7 @@ class XGrammarBackend(GrammarBackend):
         if not isinstance(compiled, XGrammarCompiled):
             raise TypeError(f"expected a grammar compiled by XGrammarBackend, got {type(compiled).__name__}")
         return XGrammarGrammar(compiled, self.forced_text, self.stop_token_ids, self.vocab_size,
-                               self.config.max_forced_bytes, self.char_tokens)
+                               self.config.max_forced_bytes, self.char_tokens, self.token_bytes)
 
     def _single_char_tokens(self) -> dict[str, int]:
         """The closing search's characters that the vocabulary has as tokens of their own."""

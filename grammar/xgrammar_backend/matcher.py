@@ -2,6 +2,9 @@
 and xgrammar's own bitmask kernels (the CUDA one behind grammar.bitmask's device hook)."""
 from __future__ import annotations
 
+import json
+from typing import TYPE_CHECKING
+
 import numpy as np
 import torch
 import xgrammar as xgr
@@ -12,21 +15,29 @@ from grammar.closing_search import find_closing
 from grammar.jump_forward import ForcedTextTokenizer
 from grammar.matcher_cursor import CharTokens, MatcherCursor
 
+if TYPE_CHECKING:
+    from collections.abc import Sequence
+
 
 class XGrammarCompiled(CompiledGrammar):
     """A compiled xgrammar grammar plus what it does not enforce. Immutable, shareable.
 
     `jump_forward_safe`: the static check bounded the text this grammar can force (see
     grammar/output_bounds.py); without that bound, xgrammar's forced-text search could run without
-    end, so jump-forward stays off for the grammar.
+    end, so jump-forward stays off for the grammar. `closing_hints`: words the closing search may
+    need (grammar/closing_hints.py). `json_output`: the whole output is one JSON document (a JSON
+    kind without a think section), which a closing must keep parseable.
     """
 
     def __init__(self, compiled: xgr.CompiledGrammar, kind: str, not_enforced: list[str],
-                 jump_forward_safe: bool = True) -> None:
+                 jump_forward_safe: bool = True, closing_hints: list[str] | None = None,
+                 json_output: bool = False) -> None:
         self.compiled = compiled
         self.kind = kind
         self.not_enforced = list(not_enforced)
         self.jump_forward_safe = jump_forward_safe
+        self.closing_hints = tuple(closing_hints or ())
+        self.json_output = json_output
         self._num_bytes = compiled.memory_size_bytes + 256  # + this wrapper, roughly
 
     @property
@@ -39,10 +50,13 @@ class XGrammarGrammar(Grammar):
 
     def __init__(self, compiled: XGrammarCompiled, forced_text: ForcedTextTokenizer,
                  stop_token_ids: list[int], vocab_size: int, max_forced_bytes: int,
-                 char_tokens: CharTokens | None = None) -> None:
+                 char_tokens: CharTokens | None = None, token_bytes: Sequence[bytes] | None = None) -> None:
+        """`token_bytes`: each token id's bytes, to check that a JSON output's closing parses."""
         self._matcher = xgr.GrammarMatcher(compiled.compiled)
         self._char_tokens = char_tokens
         self._jump_forward_safe = compiled.jump_forward_safe
+        self._closing_hints = compiled.closing_hints
+        self._json_token_bytes = token_bytes if compiled.json_output else None
         self._max_forced_bytes = max_forced_bytes
         self._forced_text = forced_text
         self._stop_token_ids = stop_token_ids
@@ -130,11 +144,12 @@ class XGrammarGrammar(Grammar):
         if self._char_tokens is None or max_tokens < 1 or self._matcher.is_terminated():
             return None
         cursor = MatcherCursor(self._matcher, self._scratch_row(), self._char_tokens, self._jump_forward_safe)
-        text = find_closing(cursor, min(4 * max_tokens + 16, self._max_forced_bytes), max_nodes, max_cpu_s)
+        text = find_closing(cursor, min(4 * max_tokens + 16, self._max_forced_bytes), max_nodes, max_cpu_s,
+                            self._closing_hints)
         if text is None:
             return None
         ids = (self._forced_text.encode_after(self._token_ids, text) or self._forced_text.encode(text)) if text else []
-        if not self.accept_tokens(ids):
+        if not self._parses_as_json(ids) or not self.accept_tokens(ids):
             return None
         if not self.is_terminated():  # the output may go on: end it with a stop token
             stop = next((t for t in self._stop_token_ids if self.accept_tokens([t])), None)
@@ -144,6 +159,20 @@ class XGrammarGrammar(Grammar):
             ids = ids + [stop]
         self.rollback(len(ids))
         return ids if len(ids) <= max_tokens else None
+
+    def _parses_as_json(self, closing_ids: list[int]) -> bool:
+        """The output with this closing is JSON (True when that is not asked). xgrammar 0.2.9
+        matches a schema's `pattern` against the raw JSON text, so a pattern that needs a
+        backslash (`[\\\\]`) accepts one that is no JSON escape: such a closing is refused."""
+        token_bytes = self._json_token_bytes
+        if token_bytes is None:
+            return True
+        text = b"".join(token_bytes[t] for t in self._token_ids + closing_ids if 0 <= t < len(token_bytes))
+        try:
+            json.loads(text)
+        except ValueError:
+            return False
+        return True
 
     def _scratch_row(self) -> torch.Tensor:
         if self._scratch is None:

@@ -1,0 +1,67 @@
+"""Words a constraint's output may need to get out of a loop, for the closing search.
+
+The closing search (grammar/closing_search.py) finds a closing a character at a time; where the
+way out is a particular word it needs these: the ways to finish each regex the constraint holds
+(a JSON-Schema `pattern`, as the escaped end of a JSON string with its closing quote; a regex
+constraint's own pattern), a grammar's quoted literals, and a think section's end marker. Each
+hint is only a candidate: the matcher decides where, if anywhere, it fits. Library-free.
+"""
+from __future__ import annotations
+
+import json
+import re
+from typing import Any
+
+from grammar import schema_check
+from grammar.constraint import Constraint
+from grammar.regex_suffixes import regex_suffixes
+from grammar.tool_calls import ToolCalls
+
+MAX_HINTS = 256  # over all of a constraint's patterns, shortest first
+# a double-quoted literal of an EBNF or Lark grammar
+_LITERAL = re.compile(r'"((?:[^"\\\n]|\\.)+)"')
+
+
+def closing_hints(constraint: Constraint) -> list[str]:
+    """The constraint's hints, shortest first; [] when it holds no word the search would need."""
+    hints: list[str] = []
+    if constraint.kind == "regex":
+        hints += regex_suffixes(constraint.spec)
+    elif constraint.kind == "grammar":
+        hints += [_unescaped(literal) for literal in _LITERAL.findall(constraint.spec)]
+    elif constraint.kind == "json_schema":
+        hints += _schema_hints(_parsed(constraint.spec))
+    elif constraint.kind == "tool_calls":
+        try:
+            tools = ToolCalls.from_spec(constraint.spec).allowed_tools
+        except ValueError:
+            tools = []
+        for tool in tools:
+            hints += _schema_hints(tool.schema)
+    if constraint.think_end:
+        hints.append(constraint.think_end)
+    return sorted(dict.fromkeys(hints), key=len)[:MAX_HINTS]
+
+
+def _unescaped(literal: str) -> str:
+    try:  # both syntaxes escape as JSON does, for what a closing needs
+        return json.loads(f'"{literal}"')
+    except ValueError:
+        return literal
+
+
+def _parsed(spec: str) -> Any:
+    try:
+        return json.loads(spec)
+    except (ValueError, RecursionError):
+        return None
+
+
+def _schema_hints(schema: Any) -> list[str]:
+    """The end of each `pattern` string, as JSON text: escaped, then the closing quote."""
+    hints: list[str] = []
+    for _, node, _ in schema_check.iter_subschemas(schema):
+        pattern = node.get("pattern") if isinstance(node, dict) else None
+        if isinstance(pattern, str):
+            hints += [json.dumps(suffix, ensure_ascii=False)[1:-1] + '"' for suffix in regex_suffixes(pattern)]
+    return hints
