@@ -168,8 +168,8 @@ def test_sigkill_loses_only_the_in_flight_requests_of_that_replica(cluster, stub
     assert set(statuses) <= {"OK", "UNAVAILABLE"}, statuses
     assert "OK" in statuses, statuses
     # a stream cut after its first output cannot be answered with a status any more: Envoy resets
-    # it (gRPC alone says INTERNAL "Received RST_STREAM"), and the clients report UNAVAILABLE; it
-    # ends at once, never hangs
+    # it (gRPC alone says INTERNAL "Stream removed (RST_STREAM (Received RST_STREAM with error code
+    # 2))"), and the clients report UNAVAILABLE; it ends at once, never hangs
     cut = [status for status, replica in stream_outcomes if replica == victim.address]
     assert all(status.startswith("UNAVAILABLE") for status in cut), stream_outcomes
     # after the kill, every request succeeds on the survivor

@@ -166,8 +166,10 @@ def test_every_status_code_has_its_exception(code, cls):
     assert str(error) == f"{code.name}: the server's words" and error.field_violations == ()
 
 
-@pytest.mark.parametrize("details", ["Received RST_STREAM with error code 0",  # grpc core (Python)
-                                     "Received RST_STREAM with code 2 (Internal server error)"])  # grpc-js
+@pytest.mark.parametrize("details", [
+    "Stream removed (RST_STREAM (Received RST_STREAM with error code 2))",  # grpc core (Python), from Envoy
+    "Received RST_STREAM with error code 0",
+    "Received RST_STREAM with code 2 (Internal server error)"])  # grpc-js
 def test_a_stream_reset_without_a_status_is_unavailable_in_both_clients(details):
     # what a proxy sends when the replica behind it died after the first output (tests/test_cluster.py)
     error = fc.errors.from_rpc_error(FakeRpcError(grpc.StatusCode.INTERNAL, details))

@@ -52,8 +52,9 @@ export class IncompleteOutputError extends Error {
   }
 }
 
-// what grpc-js reports for an HTTP/2 RST_STREAM that ended a call before any status arrived
-const RESET_DETAILS_PREFIX = "Received RST_STREAM";
+// in what grpc-js reports for an HTTP/2 RST_STREAM that ended a call before any status arrived, e.g.
+// "Received RST_STREAM with code 2 (Internal server error)" from Envoy
+const RESET_DETAILS = "Received RST_STREAM";
 
 /**
  * The FormworkError for a grpc-js ServiceError (or the error itself if it carries no status).
@@ -67,7 +68,7 @@ export function fromServiceError(error) {
     return error;
   }
   const details = error.details ?? error.message;
-  if (error.code === grpc.status.INTERNAL && details?.startsWith(RESET_DETAILS_PREFIX)) {
+  if (error.code === grpc.status.INTERNAL && details?.includes(RESET_DETAILS)) {
     return new FormworkError(grpc.status.UNAVAILABLE, "the call was cut off before it finished (the server or " +
       `the connection to it went away): ${details}`);
   }

@@ -17,8 +17,9 @@ if TYPE_CHECKING:
     from formwork_client._gen.formwork.v1 import generation_pb2 as pb
 
 _STATUS_DETAILS_KEY = "grpc-status-details-bin"
-# what gRPC reports for an HTTP/2 RST_STREAM that ended a call before any status arrived
-_RESET_DETAILS_PREFIX = "Received RST_STREAM"
+# in what gRPC reports for an HTTP/2 RST_STREAM that ended a call before any status arrived, e.g.
+# "Stream removed (RST_STREAM (Received RST_STREAM with error code 2))" from Envoy
+_RESET_DETAILS = "Received RST_STREAM"
 
 
 class FieldViolation(NamedTuple):
@@ -100,7 +101,7 @@ def from_rpc_error(error: grpc.RpcError) -> StatusError:
     reached: the server went away, and the call may be sent again."""
     code = error.code() if hasattr(error, "code") else grpc.StatusCode.UNKNOWN
     message = (error.details() if hasattr(error, "details") else None) or str(error)
-    if code == grpc.StatusCode.INTERNAL and message.startswith(_RESET_DETAILS_PREFIX):
+    if code == grpc.StatusCode.INTERNAL and _RESET_DETAILS in message:
         # A Formwork server ends every call with a status; a reset without one means the server
         # (or the connection to it) went away mid-call: a proxy such as Envoy can only reset a
         # stream whose replica died after the first output, and gRPC calls that INTERNAL.
