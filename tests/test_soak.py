@@ -26,7 +26,7 @@ from live_server import PERSON_SCHEMA, LiveServer, chat
 
 pytestmark = pytest.mark.slow
 
-NUM_STREAMS = 200
+NUM_STREAMS = int(os.environ.get("FORMWORK_SOAK_STREAMS") or 200)  # fewer for a short run on a shared machine
 SOAK_S = float(os.environ.get("FORMWORK_SOAK_S") or 0)
 SAMPLE_EVERY_S = 10.0
 WARM_UP_FRACTION = 0.5  # RSS is compared from here on
