@@ -60,7 +60,7 @@ def engine_rss_rows(model_dir, *options: str) -> list[dict]:
 
 NUM_WAVES = 9
 WARM_WAVES = 4  # the first waves meet most step shapes and the heap's working set
-# over the 5 waves after them; measured here: +10 and +22 MiB with the defaults, +56 to +68 MiB with
+# over the 5 waves after them; measured here: +10 and +22 MiB with the defaults, +68 MiB with
 # glibc's and oneDNN's own behaviour (docs/reliability.md, "The engine's heap settings")
 MAX_GROWTH_MIB = 40.0
 
