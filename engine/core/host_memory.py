@@ -7,8 +7,10 @@ resident memory (RSS) grew with each new one although the Python heap stayed fla
   activations) is freed, blocks up to its size come from the heap instead of their own mapping,
   and the heap keeps its high-water mark (free pages stay resident until trimmed);
 * oneDNN compiles and keeps a primitive per matmul shape, up to 1,024 of them.
-A fixed mmap threshold hands every large block back when it is freed; a smaller primitive cache
-bounds the compiled kernels kept. Both only change where memory lives, never a result.
+A fixed mmap threshold hands every large block back when it is freed; smaller primitive caches
+bound the compiled kernels kept; a trim now and then hands back the free pages a busy engine's
+heap would keep. None changes a result, only where memory lives. In a process where torch has
+already run a matmul (an in-process LLM made after other torch work) the cache sizes were set then.
 """
 from __future__ import annotations
 
