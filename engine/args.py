@@ -42,11 +42,23 @@ def add_engine_args(parser: argparse.ArgumentParser) -> None:
                    help="largest count of a regex quantifier {m,n} (default: %(default)s)")
     b.add_argument("--max-fill-ms", type=float, default=defaults.max_fill_ms,
                    help="CPU milliseconds one request's bitmask fill may take (default: %(default)s)")
+    from engine.config import HostMemoryConfig
+    memory = HostMemoryConfig()
+    h = parser.add_argument_group("host memory (the engine's heap: docs/reliability.md, \"Soak\")")
+    h.add_argument("--malloc-mmap-threshold", type=int, default=memory.malloc_mmap_threshold_bytes or 0,
+                   help="bytes: larger blocks get their own mapping, returned to the kernel when freed; "
+                        "0: glibc's dynamic threshold (default: %(default)s)")
+    h.add_argument("--onednn-cache-capacity", type=int, default=memory.onednn_primitive_cache_capacity,
+                   help="oneDNN primitives kept, one per matmul shape; -1: oneDNN's default, 1024 "
+                        "(default: %(default)s)")
+    h.add_argument("--heap-trim-interval", type=float, default=memory.trim_interval_s,
+                   help="seconds of steps between two hand-backs of the free heap to the kernel; 0: never "
+                        "(default: %(default)s)")
 
 
 
 def engine_config_from_args(args: argparse.Namespace):
-    from engine.config import CacheConfig, CudaConfig, EngineConfig, SchedulerConfig
+    from engine.config import CacheConfig, CudaConfig, EngineConfig, HostMemoryConfig, SchedulerConfig
     from grammar.config import GrammarConfig
     return EngineConfig(
         model=args.model,
@@ -64,4 +76,8 @@ def engine_config_from_args(args: argparse.Namespace):
                               max_repeat_count=args.max_repeat_count, max_fill_ms=args.max_fill_ms),
         cuda=CudaConfig(gpu_memory_utilization=args.gpu_memory_utilization, enforce_eager=args.enforce_eager,
                         attention_backend=args.attention_backend),
+        host_memory=HostMemoryConfig(
+            malloc_mmap_threshold_bytes=args.malloc_mmap_threshold or None,
+            onednn_primitive_cache_capacity=None if args.onednn_cache_capacity < 0 else args.onednn_cache_capacity,
+            trim_interval_s=args.heap_trim_interval),
     )

@@ -36,6 +36,29 @@ class CacheConfig:
             raise ValueError(f"num_blocks must be >= 1, got {self.num_blocks}")
 
 
+@dataclass(frozen=True)
+class HostMemoryConfig:
+    """How the engine process keeps its heap from growing with every new step shape
+    (engine/core/host_memory.py; measured in docs/reliability.md, "Soak")."""
+
+    # glibc: blocks of at least this many bytes get their own mapping, handed back to the kernel
+    # when freed; None: glibc's dynamic threshold (it rises to the largest block freed, up to 32 MiB)
+    malloc_mmap_threshold_bytes: int | None = 1 << 20
+    # oneDNN: compiled primitives kept (one per matmul shape); None: oneDNN's default, 1,024
+    onednn_primitive_cache_capacity: int | None = 128
+    # hand the heap's free pages back to the kernel after this many seconds of steps; 0: never
+    trim_interval_s: float = 10.0
+
+    def __post_init__(self) -> None:
+        if self.malloc_mmap_threshold_bytes is not None and not 0 < self.malloc_mmap_threshold_bytes <= 32 << 20:
+            raise ValueError(f"malloc_mmap_threshold_bytes must be in (0, 32 MiB] (glibc's limit), "
+                             f"got {self.malloc_mmap_threshold_bytes}")
+        if self.onednn_primitive_cache_capacity is not None and self.onednn_primitive_cache_capacity < 0:
+            raise ValueError(f"onednn_primitive_cache_capacity must be >= 0, got {self.onednn_primitive_cache_capacity}")
+        if self.trim_interval_s < 0:
+            raise ValueError(f"trim_interval_s must be >= 0, got {self.trim_interval_s}")
+
+
 # ---- CUDA: options that only a CUDA device reads; a CPU engine ignores them ----
 CUDA_ATTENTION_BACKENDS = ("auto", "flash_attn", "torch")
 
@@ -72,6 +95,7 @@ class EngineConfig:
     cache: CacheConfig = field(default_factory=CacheConfig)
     grammar: GrammarConfig = field(default_factory=GrammarConfig)
     cuda: CudaConfig = field(default_factory=CudaConfig)  # read only when device is cuda
+    host_memory: HostMemoryConfig = field(default_factory=HostMemoryConfig)
     collect_stats: bool = True  # per-step numbers for the front end's metrics (engine/core/step_stats.py)
 
     def __post_init__(self) -> None:

@@ -166,6 +166,30 @@ def test_every_status_code_has_its_exception(code, cls):
     assert str(error) == f"{code.name}: the server's words" and error.field_violations == ()
 
 
+@pytest.mark.parametrize("details", [
+    "Stream removed (RST_STREAM (Received RST_STREAM with error code 2))",  # grpc core (Python), from Envoy
+    "Received RST_STREAM with error code 0",
+    "Received RST_STREAM with code 2 (Internal server error)"])  # grpc-js
+def test_a_stream_reset_without_a_status_is_unavailable_in_both_clients(details):
+    # what a proxy sends when the replica behind it died after the first output (tests/test_cluster.py)
+    error = fc.errors.from_rpc_error(FakeRpcError(grpc.StatusCode.INTERNAL, details))
+    assert type(error) is fc.UnavailableError and error.code is grpc.StatusCode.UNAVAILABLE
+    assert error.message.endswith(details) and "went away" in error.message
+    script = ('import grpc from "@grpc/grpc-js";\n'
+              'import { fromServiceError } from "./src/errors.js";\n'
+              'const codes = [grpc.status.INTERNAL, grpc.status.UNKNOWN];\n'
+              'console.log(JSON.stringify(codes.map((code) => {\n'
+              '  const e = fromServiceError({ code, details: process.argv[1] });\n'
+              '  return [e.code, e.details];\n'
+              '})));')
+    result = subprocess.run(["node", "--input-type=module", "-e", script, details],
+                            cwd=REPO_ROOT / "clients" / "node", capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0, result.stderr
+    (node_code, node_message), unknown = json.loads(result.stdout)
+    assert node_code == "UNAVAILABLE" and node_message == error.message
+    assert unknown == ["UNKNOWN", details]  # only INTERNAL resets are read this way
+
+
 def test_field_violations_come_from_the_status_details():
     bad_request = error_details_pb2.BadRequest(field_violations=[
         error_details_pb2.BadRequest.FieldViolation(field="top_p", description="must be in (0, 1], got 2")])

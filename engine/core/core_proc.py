@@ -25,8 +25,8 @@ from typing import TYPE_CHECKING, Any
 
 import msgspec
 
-from engine.core.memory_watchdog import (EXIT_MEMORY_CEILING, MemoryLimit, MemoryWatchdog, format_gib,
-                                    release_free_heap, rss_bytes)
+from engine.core.host_memory import release_free_heap
+from engine.core.memory_watchdog import EXIT_MEMORY_CEILING, MemoryLimit, MemoryWatchdog, format_gib, rss_bytes
 from engine.log_format import configure_logging
 from engine.protocol import (AbortRequests, ConstraintReport, EngineCoreDead, EngineCoreInput, EngineCoreOutput,
                              EngineCoreOutputs, EngineCoreReady, EngineCoreRequest, FinishReason, GetStats, Shutdown,

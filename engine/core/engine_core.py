@@ -10,6 +10,7 @@ from pathlib import Path
 from engine.capacity import check_context_length, check_kv_capacity
 from engine.config import EngineConfig, model_eos_token_ids
 from engine.core.executor import Executor
+from engine.core.host_memory import HeapTrimmer, configure_host_memory
 from engine.core.step_stats import StepStatsCollector
 from engine.model_files import resolve_model
 from engine.protocol import (ConstraintReport, EngineCoreOutput, EngineCoreRequest, EngineStats, FinishReason,
@@ -40,6 +41,7 @@ class EngineCore:
     def __init__(self, config: EngineConfig) -> None:
         # spin-waiting OpenMP threads slow the forward 10-20x when grammar work runs beside it
         os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+        configure_host_memory(config.host_memory)  # before the first matmul: oneDNN reads its cache size once
         import torch
         from transformers import AutoConfig
 
@@ -64,6 +66,7 @@ class EngineCore:
         self.step_stats = StepStatsCollector() if config.collect_stats else None  # for the front end's metrics
         self.scheduler = Scheduler(config.scheduler, config.cache, self.runner.num_blocks, self.max_model_len,
                                    self.structured_output_manager)
+        self.heap_trimmer = HeapTrimmer(config.host_memory.trim_interval_s)
 
     # ---- requests ----------------------------------------------------------------------
 
@@ -144,6 +147,7 @@ class EngineCore:
                 len(scheduler_output.num_scheduled_tokens), scheduler_output.total_num_scheduled_tokens,
                 len(scheduler_output.structured_output_request_ids), self.runner.last_forward_s, t1 - t0, t2 - t1,
                 t3 - t2, time.perf_counter() - t0)
+        self.heap_trimmer.maybe_trim()  # between steps: the forward is not allocating now
         return outputs
 
     # ---- calls -------------------------------------------------------------------------

@@ -17,7 +17,6 @@ Work stuck inside one native call (a step that never returns) only the hard limi
 """
 from __future__ import annotations
 
-import ctypes
 import logging
 import os
 import threading
@@ -77,14 +76,6 @@ def rss_bytes() -> int:
 
 def format_gib(num_bytes: int) -> str:
     return f"{num_bytes / _GIB:.2f} GiB"
-
-
-def release_free_heap() -> None:
-    """Hand the heap's free pages back to the kernel (glibc keeps them otherwise, and RSS with them)."""
-    try:
-        ctypes.CDLL("libc.so.6").malloc_trim(0)
-    except (OSError, AttributeError):
-        pass  # not glibc
 
 
 class MemoryWatchdog:

@@ -52,12 +52,27 @@ export class IncompleteOutputError extends Error {
   }
 }
 
-/** The FormworkError for a grpc-js ServiceError (or the error itself if it carries no status). */
+// in what grpc-js reports for an HTTP/2 RST_STREAM that ended a call before any status arrived, e.g.
+// "Received RST_STREAM with code 2 (Internal server error)" from Envoy
+const RESET_DETAILS = "Received RST_STREAM";
+
+/**
+ * The FormworkError for a grpc-js ServiceError (or the error itself if it carries no status).
+ * A reset that ended the call without a status is UNAVAILABLE: a Formwork server ends every call
+ * with a status, so the server (or the connection to it) went away mid-call; a proxy such as Envoy
+ * can only reset a stream whose replica died after the first output, and grpc-js calls that
+ * INTERNAL. The call may be sent again, as for a server that cannot be reached.
+ */
 export function fromServiceError(error) {
   if (typeof error?.code !== "number") {
     return error;
   }
-  return new FormworkError(error.code, error.details ?? error.message, fieldViolations(error.metadata));
+  const details = error.details ?? error.message;
+  if (error.code === grpc.status.INTERNAL && details?.includes(RESET_DETAILS)) {
+    return new FormworkError(grpc.status.UNAVAILABLE, "the call was cut off before it finished (the server or " +
+      `the connection to it went away): ${details}`);
+  }
+  return new FormworkError(error.code, details, fieldViolations(error.metadata));
 }
 
 function fieldViolations(metadata) {

@@ -2,7 +2,8 @@
 
 Every status error carries the server's message unchanged (`message`) and, for INVALID_ARGUMENT,
 the fields it names (`field_violations`, from the google.rpc.BadRequest the server puts in the
-`grpc-status-details-bin` trailer). A client-side failure to connect is UNAVAILABLE too.
+`grpc-status-details-bin` trailer). A client-side failure to connect is UNAVAILABLE too, and so is
+a stream reset with no status (see `from_rpc_error`).
 """
 from __future__ import annotations
 
@@ -16,6 +17,9 @@ if TYPE_CHECKING:
     from formwork_client._gen.formwork.v1 import generation_pb2 as pb
 
 _STATUS_DETAILS_KEY = "grpc-status-details-bin"
+# in what gRPC reports for an HTTP/2 RST_STREAM that ended a call before any status arrived, e.g.
+# "Stream removed (RST_STREAM (Received RST_STREAM with error code 2))" from Envoy
+_RESET_DETAILS = "Received RST_STREAM"
 
 
 class FieldViolation(NamedTuple):
@@ -46,7 +50,8 @@ class ResourceExhaustedError(StatusError):
 
 
 class UnavailableError(StatusError):
-    """The model is still loading, the engine died, the server is shutting down, or it cannot be reached."""
+    """The model is still loading, the engine died, the server is shutting down, it cannot be
+    reached, or it went away in the middle of the call (a stream reset without a status)."""
 
 
 class UnauthenticatedError(StatusError):
@@ -91,9 +96,18 @@ _ERROR_CLASSES: dict[grpc.StatusCode, type[StatusError]] = {
 
 def from_rpc_error(error: grpc.RpcError) -> StatusError:
     """The typed exception for a failed call (sync or asyncio); codes without a class of their own
-    (e.g. UNIMPLEMENTED from a server without this API) are a plain StatusError."""
+    (e.g. UNIMPLEMENTED from a server without this API) are a plain StatusError. An HTTP/2 reset
+    that ended the call without a status is UnavailableError, as for a server that cannot be
+    reached: the server went away, and the call may be sent again."""
     code = error.code() if hasattr(error, "code") else grpc.StatusCode.UNKNOWN
     message = (error.details() if hasattr(error, "details") else None) or str(error)
+    if code == grpc.StatusCode.INTERNAL and _RESET_DETAILS in message:
+        # A Formwork server ends every call with a status; a reset without one means the server
+        # (or the connection to it) went away mid-call: a proxy such as Envoy can only reset a
+        # stream whose replica died after the first output, and gRPC calls that INTERNAL.
+        return UnavailableError(grpc.StatusCode.UNAVAILABLE,
+                                f"the call was cut off before it finished (the server or the connection to it "
+                                f"went away): {message}")
     trailers = error.trailing_metadata() if hasattr(error, "trailing_metadata") else None
     return _ERROR_CLASSES.get(code, StatusError)(code, message, _field_violations(trailers))
 
