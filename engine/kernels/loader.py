@@ -67,7 +67,11 @@ def _build_tag() -> str:
     cache folder shared between machines never hands one a module it cannot execute. The sources'
     bytes are part of the tag too: two checkouts with different kernels sharing one cache each keep
     their own build instead of rebuilding over each other's."""
+    import torch
     digest = hashlib.sha1(" ".join(cpu_flags()).encode())
+    # the build's commands name torch's headers by the path this interpreter found them at (a
+    # symlinked environment gives another): another path is another build, never a rebuild of this one
+    digest.update(str(Path(torch.__file__).parent).encode())
     for source in sorted(_CSRC.iterdir()):
         digest.update(source.name.encode() + source.read_bytes())
     return digest.hexdigest()[:10]
