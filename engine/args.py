@@ -5,6 +5,7 @@ import argparse
 
 
 def add_engine_args(parser: argparse.ArgumentParser) -> None:
+    from engine.config import SpeculativeConfig
     g = parser.add_argument_group("engine")
     g.add_argument("--model", default=None, help="local Hugging Face model folder, or a .gguf file (prepared once into the cache); "
                         "default: packaged SmolLM2-135M-Instruct")
@@ -17,6 +18,11 @@ def add_engine_args(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--no-jump-forward", action="store_true", help="engine default for jump-forward decoding")
     g.add_argument("--no-close-early", action="store_true",
                    help="engine default for closing constrained outputs before max_tokens and on runaway loops")
+    g.add_argument("--speculative-ngram", action=argparse.BooleanOptionalAction, default=SpeculativeConfig.enabled,
+                   help="engine default for speculative decoding with drafts from the prompt and output "
+                        "(a request may switch it off or on; default: %(default)s)")
+    g.add_argument("--num-speculative-tokens", type=int, default=SpeculativeConfig.num_speculative_tokens,
+                   help="draft tokens per request and step, at most (default: %(default)s)")
     g.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's)")
     g.add_argument("--device", default="cpu")
     g.add_argument("--dtype", choices=["auto", "float32", "bfloat16", "float16"], default="auto",
@@ -46,7 +52,7 @@ def add_engine_args(parser: argparse.ArgumentParser) -> None:
 
 
 def engine_config_from_args(args: argparse.Namespace):
-    from engine.config import CacheConfig, CudaConfig, EngineConfig, SchedulerConfig
+    from engine.config import CacheConfig, CudaConfig, EngineConfig, SchedulerConfig, SpeculativeConfig
     from grammar.config import GrammarConfig
     return EngineConfig(
         model=args.model,
@@ -64,4 +70,6 @@ def engine_config_from_args(args: argparse.Namespace):
                               max_repeat_count=args.max_repeat_count, max_fill_ms=args.max_fill_ms),
         cuda=CudaConfig(gpu_memory_utilization=args.gpu_memory_utilization, enforce_eager=args.enforce_eager,
                         attention_backend=args.attention_backend),
+        speculative=SpeculativeConfig(enabled=args.speculative_ngram,
+                                      num_speculative_tokens=args.num_speculative_tokens),
     )
