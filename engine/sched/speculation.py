@@ -65,4 +65,3 @@ class Speculator:
             return
         request.num_rejected_drafts += 1
         request.draft_pause_steps = min(1 << min(request.num_rejected_drafts - 1, 5), MAX_PAUSE_STEPS)
-
