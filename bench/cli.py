@@ -67,7 +67,7 @@ def add_bench_parser(subparsers, add_engine_args) -> None:
     serve.add_argument("--workload", choices=["json-extraction", "mixed-schemas", "unconstrained", "tool-calls"],
                        default="json-extraction")
     serve.add_argument("--modes", type=_csv, default=["unconstrained", "constrained", "unconstrained-matched", "constrained+jf"],
-                       help="comma list of unconstrained, constrained (jump-forward off), unconstrained-matched (as long as constrained, EOS ignored), constrained+jf")
+                       help="comma list of unconstrained, constrained (jump-forward off), unconstrained-matched (as long as constrained, EOS ignored), constrained+jf, constrained+jf+spec (and speculative decoding from the prompt)")
     load = serve.add_mutually_exclusive_group()
     load.add_argument("--concurrency", type=_csv_int, default=[1, 8, 32, 64], help="comma list (closed loop)")
     load.add_argument("--rate", type=float, default=None, help="Poisson arrivals, requests/s (open loop)")
@@ -83,6 +83,8 @@ def add_bench_parser(subparsers, add_engine_args) -> None:
     serve.add_argument("--peers", type=_csv, default=[], help="comma list of transformers, llama-cpp, vllm, vllm-http")
     serve.add_argument("--roofline", action="store_true", help="measure bandwidth; step time / weight-read floor")
     serve.add_argument("--burst", action="store_true", help="ITL of steady requests under a burst of new schemas")
+    serve.add_argument("--speculative", action="store_true",
+                       help="also run mode constrained+jf+spec right after constrained+jf: speculation on vs off")
     serve.add_argument("--smoke", action="store_true", help="tiny run (concurrency 4, 8 requests); checks the numbers")
     serve.add_argument("--full", action="store_true", help="concurrency 1,8,32,64, every mode, roofline and burst")
     serve.add_argument("--output", default="build/bench/serve.json", help="the JSON result file")

@@ -60,6 +60,9 @@ def summarize(records: list[RequestRecord], wall_s: float, **labels) -> dict:
     passes = sum(r.forward_passes for r in done)
     summary["forward_passes_per_output_token"] = passes / output_tokens if passes and output_tokens else None
     summary["forced_token_share"] = (sum(r.num_forced_tokens for r in done) / output_tokens) if output_tokens else None
+    drafted = sum(r.num_draft_tokens for r in done)
+    summary["draft_tokens"] = drafted
+    summary["draft_acceptance_rate"] = sum(r.num_accepted_draft_tokens for r in done) / drafted if drafted else None
     return summary
 
 

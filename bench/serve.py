@@ -38,6 +38,7 @@ class RequestSpec:
     max_tokens: int
     schema: dict | None = None  # None: unconstrained
     jump_forward: bool | None = None  # None: the server's default
+    speculative: bool | None = None  # speculative decoding from the prompt; None: the server's default
     expected: dict | None = None  # json-extraction: the right answer, for field accuracy
     check_schema: dict | None = None  # the schema an unconstrained answer is checked against
     ignore_eos: bool = False  # generate exactly max_tokens (length-matched comparisons)
@@ -62,6 +63,8 @@ class RequestRecord:
     num_output_tokens: int = 0
     num_forced_tokens: int = 0
     num_cached_prompt_tokens: int = 0
+    num_draft_tokens: int = 0  # speculative decoding: draft tokens verified, and of those accepted
+    num_accepted_draft_tokens: int = 0
     ttft_s: float = 0.0  # send -> first message with tokens
     e2e_s: float = 0.0  # send -> last message
     # arrival of each message that carried tokens, relative to sent_at, and its token count
@@ -100,6 +103,8 @@ def generate_request(spec: RequestSpec) -> pb.GenerateRequest:
         chat=pb.Chat(messages=[pb.ChatMessage(role=m["role"], content=m["content"]) for m in spec.messages]))
     if spec.ignore_eos:
         request.ignore_eos = True
+    if spec.speculative is not None:
+        request.speculative = spec.speculative
     for tool in spec.tools or []:
         request.tools.append(pb.Tool(name=tool["name"], description=tool.get("description", ""),
                                      parameters_json=json.dumps(tool["parameters"])))
@@ -171,6 +176,8 @@ class Client:
         record.num_output_tokens = usage.completion_tokens
         record.num_forced_tokens = usage.forced_tokens
         record.num_cached_prompt_tokens = usage.cached_prompt_tokens
+        record.num_draft_tokens = usage.draft_tokens
+        record.num_accepted_draft_tokens = usage.accepted_draft_tokens
         record.server_queued_s = timings.queued_s
         record.server_grammar_wait_s = timings.grammar_wait_s
         record.server_ttft_s = timings.time_to_first_token_s

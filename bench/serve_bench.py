@@ -6,7 +6,9 @@ the same prompts, and write one JSON result file plus PNG plots.
     formwork bench serve --address 127.0.0.1:50051 --workload mixed-schemas --rate 2 --num-requests 40
 
 Formwork modes: `unconstrained` (the json-extraction prompts, no constraint), `constrained`
-(jump-forward off) and `constrained+jf` (jump-forward on, the server's default). Grammars are
+(jump-forward off), `constrained+jf` (jump-forward on, the server's default) and `constrained+jf+spec`
+(jump-forward and speculative decoding from the prompt: greedy, so the answers are the same as
+constrained+jf's; its runs report the draft acceptance rate). Grammars are
 compiled ahead of the measured load (ValidateConstraint; its compile times are reported), so
 the runs measure steady serving; the new-schema burst (`--burst`) measures what compiling costs
 the requests already running.
@@ -35,12 +37,13 @@ if TYPE_CHECKING:
     from bench.http_client import HttpClient
 
 FULL_CONCURRENCY = (1, 8, 32, 64)
-# mode -> (constrained, jump_forward)
+# mode -> (constrained, jump_forward, speculative)
 # unconstrained-matched: no constraint, EOS ignored, each answer exactly as long as the `constrained`
 # answer to the same item at the same load: the same tokens and context lengths, so the ratio is the
 # price of the grammar alone (plain `unconstrained` answers run on to max_tokens, which slows steps)
-MODES = {"unconstrained": (False, None), "constrained": (True, False), "unconstrained-matched": (False, None),
-         "constrained+jf": (True, True)}
+MODES = {"unconstrained": (False, None, None), "constrained": (True, False, None),
+         "unconstrained-matched": (False, None, None), "constrained+jf": (True, True, False),
+         "constrained+jf+spec": (True, True, True)}
 SERVER_ARGS = ["--max-num-seqs", "64", "--max-model-len", "2048", "--kv-cache-gib", "3", "--threads", "2",
                "--max-tokens-cap", "512"]
 SMOKE_SERVER_ARGS = ["--max-num-seqs", "8", "--max-model-len", "1024", "--kv-cache-gib", "0.5", "--threads", "2",
@@ -96,9 +99,11 @@ async def formwork_runs(client: Client, workload: str, modes: list[str], shapes:
     await run_load(client, prompts, LoadShape(concurrency=16, max_requests=len(prompts)))
     specs_by_mode = {}
     for mode in modes:
-        constrained, jump_forward = MODES[mode]
+        constrained, jump_forward, speculative = MODES[mode]
         limit = max_tokens if constrained else (unconstrained_max_tokens or max_tokens)
         specs = _only(serve_workloads.build(workload, limit, constrained, jump_forward, data), items)
+        if speculative is not None:
+            specs = [replace(s, speculative=speculative) for s in specs]
         specs_by_mode[mode], stats = await compile_all(client, specs)
         if stats["num_compiled"]:
             compile_stats[workload] = stats
@@ -123,6 +128,9 @@ async def formwork_runs(client: Client, workload: str, modes: list[str], shapes:
                                         rate=shape.rate, stopped_by_time=result.stopped_by_time)
                 log(f"  {summary['output_token_throughput']:.1f} out tok/s, valid {summary['num_valid']}/"
                     f"{summary['num_requests']}, errors {summary['num_errors']}")
+                if summary["draft_acceptance_rate"] is not None:
+                    log(f"  drafts: {summary['draft_tokens']} tokens, {summary['draft_acceptance_rate']:.0%} accepted, "
+                        f"{summary['forward_passes_per_output_token']:.2f} forward passes per output token")
                 runs.append(summary)
             if mode == "constrained":
                 for record in result.records:
@@ -243,6 +251,15 @@ def goals(runs: list[dict], burst: dict | None) -> dict:
                 "value": 1000 * (http_c1["ttft_s_p50"] - grpc_c1["ttft_s_p50"]), "goal": "<= 5", "mode": mode}
         if grpc_top or grpc_c1:
             break
+    for c, goal in ((1, 2.0), (8, 1.5), (64, 1.0)):  # speculative decoding against the same requests without it
+        off, on = find("formwork", "constrained+jf", c), find("formwork", "constrained+jf+spec", c)
+        if off and on and off["output_token_throughput"]:
+            out[f"speculative_over_plain_c{c}"] = {
+                "ratio": on["output_token_throughput"] / off["output_token_throughput"], "goal": goal,
+                "acceptance_rate": on["draft_acceptance_rate"],
+                "forward_passes_per_output_token": [off["forward_passes_per_output_token"],
+                                                    on["forward_passes_per_output_token"]],
+                "num_valid": [off["num_valid"], on["num_valid"]]}
     if burst and burst.get("new_vs_seen_itl_mean"):
         out["burst_itl_increase"] = {"ratio": burst["new_vs_seen_itl_mean"], "goal": "< 1.05"}
     return out
@@ -335,6 +352,10 @@ def main(args) -> int:
         args.num_requests = args.num_requests or 8
     if args.full:
         args.concurrency, args.modes, args.roofline, args.burst = list(FULL_CONCURRENCY), list(MODES), True, True
+    if args.speculative:
+        args.modes = [m for m in args.modes if m != "constrained+jf+spec"]
+        args.modes.insert(args.modes.index("constrained+jf") + 1 if "constrained+jf" in args.modes else len(args.modes),
+                          "constrained+jf+spec")
     model_dir = str(resolve_model(args.model))
     server = None
     http_url = None

@@ -5,6 +5,7 @@ import argparse
 
 
 def add_engine_args(parser: argparse.ArgumentParser) -> None:
+    from engine.config import HostMemoryConfig, SpeculativeConfig
     g = parser.add_argument_group("engine")
     g.add_argument("--model", default=None, help="local Hugging Face model folder, or a .gguf file (prepared once into the cache); "
                         "default: packaged SmolLM2-135M-Instruct")
@@ -17,6 +18,11 @@ def add_engine_args(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--no-jump-forward", action="store_true", help="engine default for jump-forward decoding")
     g.add_argument("--no-close-early", action="store_true",
                    help="engine default for closing constrained outputs before max_tokens and on runaway loops")
+    g.add_argument("--speculative-ngram", action=argparse.BooleanOptionalAction, default=SpeculativeConfig.enabled,
+                   help="engine default for speculative decoding with drafts from the prompt and output "
+                        "(a request may switch it off or on; default: %(default)s)")
+    g.add_argument("--num-speculative-tokens", type=int, default=SpeculativeConfig.num_speculative_tokens,
+                   help="draft tokens per request and step, at most (default: %(default)s)")
     g.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's)")
     g.add_argument("--device", default="cpu")
     g.add_argument("--dtype", choices=["auto", "float32", "bfloat16", "float16"], default="auto",
@@ -42,7 +48,6 @@ def add_engine_args(parser: argparse.ArgumentParser) -> None:
                    help="largest count of a regex quantifier {m,n} (default: %(default)s)")
     b.add_argument("--max-fill-ms", type=float, default=defaults.max_fill_ms,
                    help="CPU milliseconds one request's bitmask fill may take (default: %(default)s)")
-    from engine.config import HostMemoryConfig
     memory = HostMemoryConfig()
     h = parser.add_argument_group("host memory (the engine's heap: docs/reliability.md, \"Soak\")")
     h.add_argument("--malloc-mmap-threshold", type=int, default=memory.malloc_mmap_threshold_bytes or 0,
@@ -56,9 +61,9 @@ def add_engine_args(parser: argparse.ArgumentParser) -> None:
                         "(default: %(default)s)")
 
 
-
 def engine_config_from_args(args: argparse.Namespace):
-    from engine.config import CacheConfig, CudaConfig, EngineConfig, HostMemoryConfig, SchedulerConfig
+    from engine.config import (CacheConfig, CudaConfig, EngineConfig, HostMemoryConfig, SchedulerConfig,
+                               SpeculativeConfig)
     from grammar.config import GrammarConfig
     return EngineConfig(
         model=args.model,
@@ -80,4 +85,6 @@ def engine_config_from_args(args: argparse.Namespace):
             malloc_mmap_threshold_bytes=args.malloc_mmap_threshold or None,
             onednn_primitive_cache_capacity=None if args.onednn_cache_capacity < 0 else args.onednn_cache_capacity,
             trim_interval_s=args.heap_trim_interval),
+        speculative=SpeculativeConfig(enabled=args.speculative_ngram,
+                                      num_speculative_tokens=args.num_speculative_tokens),
     )

@@ -59,6 +59,32 @@ class HostMemoryConfig:
             raise ValueError(f"trim_interval_s must be >= 0, got {self.trim_interval_s}")
 
 
+@dataclass(frozen=True)
+class SpeculativeConfig:
+    """Speculative decoding with drafts looked up in the request's own text (engine/sched/speculation.py).
+
+    Each step a request may get a draft of up to `num_speculative_tokens` tokens: the tokens that
+    followed the last earlier occurrence of its last n tokens (n from `max_ngram` down to
+    `min_ngram`), cut where its grammar rejects one. The forward pass verifies the draft.
+    """
+
+    enabled: bool = False  # engine default; a request may switch it off (or on)
+    num_speculative_tokens: int = 8  # draft tokens per request and step, at most
+    min_ngram: int = 1
+    max_ngram: int = 3
+    # drafting stops while more requests than this run: a large batch is compute-bound, and
+    # verifying drafts costs there what it saves
+    max_num_running: int = 16
+
+    def __post_init__(self) -> None:
+        if self.num_speculative_tokens < 1:
+            raise ValueError(f"num_speculative_tokens must be >= 1, got {self.num_speculative_tokens}")
+        if not 1 <= self.min_ngram <= self.max_ngram:
+            raise ValueError(f"need 1 <= min_ngram <= max_ngram, got {self.min_ngram} and {self.max_ngram}")
+        if self.max_num_running < 0:
+            raise ValueError(f"max_num_running must be >= 0, got {self.max_num_running}")
+
+
 # ---- CUDA: options that only a CUDA device reads; a CPU engine ignores them ----
 CUDA_ATTENTION_BACKENDS = ("auto", "flash_attn", "torch")
 
@@ -96,6 +122,7 @@ class EngineConfig:
     grammar: GrammarConfig = field(default_factory=GrammarConfig)
     cuda: CudaConfig = field(default_factory=CudaConfig)  # read only when device is cuda
     host_memory: HostMemoryConfig = field(default_factory=HostMemoryConfig)
+    speculative: SpeculativeConfig = field(default_factory=SpeculativeConfig)
     collect_stats: bool = True  # per-step numbers for the front end's metrics (engine/core/step_stats.py)
 
     def __post_init__(self) -> None:

@@ -86,6 +86,9 @@ class EngineCoreOutput(msgspec.Struct, array_like=True, omit_defaults=True):
     # with STOP: the engine, not the model, completed the output: "budget" (max_tokens or the
     # context was about to run out), "repetition", "digits" or "depth" (a runaway loop); "" if not
     closed_early: str = ""
+    # final output: draft tokens verified (speculative decoding), and of those, the ones accepted
+    num_draft_tokens: int = 0
+    num_accepted_draft_tokens: int = 0
 
 
 class EngineStats(msgspec.Struct, array_like=True, omit_defaults=True):

@@ -35,6 +35,9 @@ class SamplingParams(msgspec.Struct, array_like=True, omit_defaults=True):
     include_stop_str_in_output: bool = False
     logprobs: int | None = None  # top-n logprobs per sampled token (0: only the sampled token's)
     constraint: Constraint | None = None
+    # speculative decoding from drafts in the prompt: None is the server's setting. The output is the
+    # same either way; requests with penalties and seeded sampled requests never draft
+    speculative: bool | None = None
 
     def validate(self, vocab_size: int | None = None) -> None:
         for name in ("temperature", "top_p", "min_p", "repetition_penalty", "frequency_penalty", "presence_penalty"):

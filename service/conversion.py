@@ -30,7 +30,7 @@ if TYPE_CHECKING:
 # proto3 `optional` sampling fields, named as in SamplingParams
 _OPTIONAL_SAMPLING_FIELDS = ("temperature", "top_p", "top_k", "min_p", "seed", "repetition_penalty",
                              "frequency_penalty", "presence_penalty", "ignore_eos", "include_stop_str_in_output",
-                             "logprobs")
+                             "logprobs", "speculative")
 _FLOAT_FIELDS = ("temperature", "top_p", "min_p", "repetition_penalty", "frequency_penalty", "presence_penalty")
 # SamplingParams field names, longest first: its ValueErrors start with the field they are about
 _SAMPLING_FIELDS_LONGEST_FIRST = sorted(SamplingParams.__struct_fields__, key=len, reverse=True)
@@ -232,7 +232,8 @@ def generate_response(output: RequestOutput, request_id: str, token_text: Callab
             response.stop_token_id = output.stop_reason
         response.usage.CopyFrom(pb.Usage(
             prompt_tokens=output.num_prompt_tokens, completion_tokens=output.num_output_tokens,
-            cached_prompt_tokens=output.num_cached_tokens, forced_tokens=output.num_forced_tokens))
+            cached_prompt_tokens=output.num_cached_tokens, forced_tokens=output.num_forced_tokens,
+            draft_tokens=output.num_draft_tokens, accepted_draft_tokens=output.num_accepted_draft_tokens))
         timings = output.timings
         if timings is not None:
             response.timings.CopyFrom(pb.Timings(

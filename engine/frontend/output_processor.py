@@ -62,6 +62,9 @@ class RequestOutput(msgspec.Struct):
     # the engine completed the output before the model did: "budget", "repetition", "digits" or
     # "depth" (EngineCoreOutput.closed_early); "" if the model finished it
     closed_early: str = ""
+    # draft tokens verified (speculative decoding) and of those accepted; final output only
+    num_draft_tokens: int = 0
+    num_accepted_draft_tokens: int = 0
 
 
 class _RequestState:
@@ -70,7 +73,8 @@ class _RequestState:
     __slots__ = ("request_id", "num_prompt_tokens", "sampling_params", "arrival_time", "stream",
                  "detokenizer", "token_ids", "logprobs", "num_sent_tokens", "num_sent_logprobs",
                  "first_token_time", "num_cached_tokens",
-                 "num_forward_passes", "num_forced_tokens", "queued_s", "grammar_wait_s", "not_enforced")
+                 "num_forward_passes", "num_forced_tokens", "queued_s", "grammar_wait_s", "not_enforced",
+                 "num_draft_tokens", "num_accepted_draft_tokens")
 
     def __init__(self, request_id: str, num_prompt_tokens: int, sampling_params: SamplingParams,
                  arrival_time: float, stream: bool, detokenizer: IncrementalDetokenizer) -> None:
@@ -92,6 +96,8 @@ class _RequestState:
         self.queued_s = 0.0
         self.grammar_wait_s = 0.0
         self.not_enforced: list[str] = []
+        self.num_draft_tokens = 0
+        self.num_accepted_draft_tokens = 0
 
     def absorb_core_counters(self, output: EngineCoreOutput) -> None:
         # any non-default value counts: a request stopped here by a stop string never gets the
@@ -108,6 +114,9 @@ class _RequestState:
             self.grammar_wait_s = output.grammar_wait_s
         if output.not_enforced:
             self.not_enforced = output.not_enforced
+        if output.num_draft_tokens:
+            self.num_draft_tokens = output.num_draft_tokens
+            self.num_accepted_draft_tokens = output.num_accepted_draft_tokens
 
 
 class OutputProcessor:
@@ -250,6 +259,8 @@ class OutputProcessor:
         output.num_cached_tokens = state.num_cached_tokens
         output.num_forward_passes = state.num_forward_passes
         output.num_forced_tokens = state.num_forced_tokens
+        output.num_draft_tokens = state.num_draft_tokens
+        output.num_accepted_draft_tokens = state.num_accepted_draft_tokens
         output.not_enforced = state.not_enforced
         output.timings = RequestTimings(
             queued_s=state.queued_s,

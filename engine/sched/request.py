@@ -83,6 +83,12 @@ class Request:
         self.closing: EarlyClosing | None = None  # set with the grammar when closing early is on
         self.closed_early = ""  # why the engine closed the output (EngineCoreOutput.closed_early)
 
+        # speculative decoding (engine/sched/speculation.py)
+        self.num_draft_tokens = 0  # draft tokens verified
+        self.num_accepted_draft_tokens = 0  # of those, the ones the model agreed with
+        self.num_rejected_drafts = 0  # drafts in a row rejected at their first token
+        self.draft_pause_steps = 0  # steps left before it drafts again
+
         # timings (monotonic seconds) and counters reported to clients
         self.first_scheduled_time: float | None = None
         self.grammar_ready_time: float | None = None  # its grammar compile ended (or failed)
@@ -111,6 +117,23 @@ class Request:
     def append_output_token_ids(self, token_ids: list[int]) -> None:
         self.all_token_ids.extend(token_ids)
         self.num_output_tokens += len(token_ids)
+
+    def num_room_tokens(self, max_model_len: int) -> int:
+        """Output tokens the request may still have: within max_tokens and the context."""
+        return min(self.sampling_params.max_tokens - self.num_output_tokens, max_model_len - self.num_tokens)
+
+    def stop_status(self, last_token_id: int, max_model_len: int) -> RequestStatus | None:
+        """The finished status the request reaches with `last_token_id` (just appended), else None;
+        a stop token becomes its stop_reason."""
+        params = self.sampling_params
+        if self.grammar is not None and self.grammar.is_terminated():
+            return RequestStatus.FINISHED_STOPPED
+        if (not params.ignore_eos and last_token_id in self.eos_token_ids) or last_token_id in params.stop_token_ids:
+            self.stop_reason = last_token_id
+            return RequestStatus.FINISHED_STOPPED
+        if self.num_output_tokens >= params.max_tokens or self.num_tokens >= max_model_len:
+            return RequestStatus.FINISHED_LENGTH_CAPPED
+        return None
 
     def __repr__(self) -> str:
         return (f"Request({self.request_id!r}, {self.status.name}, tokens={self.num_tokens}, "

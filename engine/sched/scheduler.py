@@ -18,12 +18,14 @@ import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from engine.config import CacheConfig, SchedulerConfig
+from engine.config import CacheConfig, SchedulerConfig, SpeculativeConfig
 from engine.kv_cache.manager import KVCacheManager
 from engine.protocol import EngineCoreOutput
-from engine.sched.request import FINISH_REASON_OF_STATUS, Request, RequestStatus
+from engine.sched.request import Request, RequestStatus
+from engine.sched.request_outputs import final_output, step_output
 from engine.sched.scheduler_output import (CachedRequestData, GrammarOutput, ModelRunnerOutput, NewRequestData,
                                            SchedulerOutput)
+from engine.sched.speculation import Speculator
 from engine.sched.structured_output import grammar_failure
 
 if TYPE_CHECKING:
@@ -39,6 +41,7 @@ class _StepPlan:
 
     token_budget: int  # tokens still free this step
     num_scheduled_tokens: dict[str, int] = field(default_factory=dict)  # req_id -> tokens this step
+    spec_token_ids: dict[str, list[int]] = field(default_factory=dict)  # req_id -> draft (in its tokens)
     new_reqs: list[NewRequestData] = field(default_factory=list)
     cached: CachedRequestData = field(default_factory=CachedRequestData)
 
@@ -55,12 +58,14 @@ class Scheduler:
         num_blocks: int,
         max_model_len: int,
         structured_output_manager: StructuredOutputManager | None = None,
+        speculative_config: SpeculativeConfig | None = None,
     ) -> None:
         self.config = scheduler_config
         self.max_model_len = max_model_len
         self.kv_cache_manager = KVCacheManager(num_blocks, cache_config.block_size,
                                                cache_config.enable_prefix_caching)
         self.structured_output_manager = structured_output_manager
+        self.speculator = Speculator(speculative_config or SpeculativeConfig())
         self.requests: dict[str, Request] = {}
         # both sorted by (priority, arrival_time): the last running request is the one to preempt
         self.waiting: list[Request] = []
@@ -139,7 +144,8 @@ class Scheduler:
             total_num_scheduled_tokens=sum(plan.num_scheduled_tokens.values()),
             finished_req_ids=self.finished_req_ids,
             preempted_req_ids=self.preempted_req_ids,
-            structured_output_request_ids=self._bitmask_rows(plan.num_scheduled_tokens),
+            structured_output_request_ids=self._bitmask_rows(plan),
+            scheduled_spec_decode_tokens=plan.spec_token_ids,
         )
         self._advance_computed_tokens(plan.num_scheduled_tokens)
         return output
@@ -155,19 +161,36 @@ class Scheduler:
             if num_new <= 0:
                 index += 1
                 continue
-            new_blocks, preempted_now = self._allocate_or_preempt(request, num_new)
-            preempted |= preempted_now
-            if new_blocks is None:
-                break
+            draft = self._draft(request, num_new, plan.token_budget - num_new)
+            new_blocks = self.kv_cache_manager.allocate_slots(request, num_new + len(draft)) if draft else None
+            if new_blocks is None:  # no draft, or no room for it: a draft never preempts anyone
+                draft = []
+                new_blocks, preempted_now = self._allocate_or_preempt(request, num_new)
+                preempted |= preempted_now
+                if new_blocks is None:
+                    break
+            if draft:
+                plan.spec_token_ids[request.request_id] = draft
             plan.cached.req_ids.append(request.request_id)
             pending = request.num_forced_tokens_pending
             plan.cached.new_token_ids.append(request.all_token_ids[-pending:] if pending else [])
             request.num_forced_tokens_pending = 0
             plan.cached.new_block_ids.append([b.block_id for b in new_blocks])
             plan.cached.num_computed_tokens.append(request.num_computed_tokens)
-            plan.add(request.request_id, num_new)
+            plan.add(request.request_id, num_new + len(draft))
             index += 1
         return preempted
+
+    def _draft(self, request: Request, num_new: int, token_budget: int) -> list[int]:
+        """Draft tokens to verify after `num_new` tokens of a running request, when they complete
+        its catch-up (it samples this step); within the token budget and its room to grow (the
+        token after the draft is the model's)."""
+        if request.num_computed_tokens + num_new != request.num_tokens:
+            return []
+        manager = self.structured_output_manager
+        return self.speculator.propose(
+            request, min(token_budget, request.num_room_tokens(self.max_model_len) - 1), len(self.running),
+            stop_at_forced=manager is not None and manager.jump_forward_enabled(request))
 
     def _allocate_or_preempt(self, request: Request, num_new: int) -> tuple[list[KVCacheBlock] | None, bool]:
         """KV slots for `num_new` more tokens of a running request, preempting the newest running
@@ -234,13 +257,17 @@ class Scheduler:
             num_computed_tokens=num_hit_tokens,
         )
 
-    def _bitmask_rows(self, num_scheduled_tokens: dict[str, int]) -> dict[str, int]:
-        """req_id -> grammar bitmask row, for the constrained requests that sample this step."""
+    def _bitmask_rows(self, plan: _StepPlan) -> dict[str, int]:
+        """req_id -> first grammar bitmask row, for the constrained requests that sample this step
+        (1 + len(draft) rows each)."""
         rows: dict[str, int] = {}
-        for req_id, num_new in num_scheduled_tokens.items():
+        num_rows = 0
+        for req_id, num_new in plan.num_scheduled_tokens.items():
             request = self.requests[req_id]
-            if request.grammar is not None and request.num_computed_tokens + num_new == request.num_tokens:
-                rows[req_id] = len(rows)
+            num_draft = len(plan.spec_token_ids.get(req_id, ()))
+            if request.grammar is not None and request.num_computed_tokens + num_new - num_draft == request.num_tokens:
+                rows[req_id] = num_rows
+                num_rows += 1 + num_draft
         return rows
 
     def _advance_computed_tokens(self, num_scheduled_tokens: dict[str, int]) -> None:
@@ -272,7 +299,7 @@ class Scheduler:
             ready = self.structured_output_manager.try_activate(request, self.max_model_len)
         except ValueError as e:  # compile failure: ends this request only
             self._finish(request, RequestStatus.FINISHED_ERROR, str(e), constraint_error=True)
-            self._pending_outputs.append(self._final_output(request, []))
+            self._pending_outputs.append(final_output(request, []))
             return False
         if ready:
             request.status = RequestStatus.WAITING
@@ -284,7 +311,8 @@ class Scheduler:
         if not rows or self.structured_output_manager is None:
             return None
         grammar_output = self.structured_output_manager.fill_bitmask(
-            [(self.requests[req_id], row) for req_id, row in rows.items()])
+            [(self.requests[req_id], row) for req_id, row in rows.items()],
+            scheduler_output.scheduled_spec_decode_tokens)
         for req_id, error in grammar_output.failed.items():  # its sampled token will be dropped
             self._fail_grammar(self.requests[req_id], error)
         return grammar_output
@@ -292,7 +320,7 @@ class Scheduler:
     def _fail_grammar(self, request: Request, error: str) -> None:
         """End a request whose grammar work failed or ran past a limit; only this request."""
         self._finish(request, RequestStatus.FINISHED_ERROR, error, constraint_error=True)
-        self._pending_outputs.append(self._final_output(request, []))
+        self._pending_outputs.append(final_output(request, []))
 
     # ---- results -----------------------------------------------------------------------
 
@@ -310,35 +338,43 @@ class Scheduler:
             if req_id in runner_output.dead_end_req_ids:
                 self._finish(request, RequestStatus.FINISHED_ERROR,
                              "grammar dead end: no token is allowed at this position")
-                outputs.append(self._final_output(request, []))
+                outputs.append(final_output(request, []))
                 continue
             sampled = runner_output.sampled_token_ids.get(req_id)
             if not sampled:
                 continue  # mid-prompt: nothing to report yet
+            num_draft = len(scheduler_output.scheduled_spec_decode_tokens.get(req_id, ()))
+            if num_draft:  # a verified draft: the KV of its rejected tokens is discarded
+                self.speculator.record(request, num_draft, len(sampled) - 1)
+                request.num_computed_tokens -= num_draft - (len(sampled) - 1)
             try:
-                new_token_ids = self._append_tokens(request, sampled)
-                if not request.is_finished:
-                    new_token_ids += self._jump_forward(request)
-                if not request.is_finished and request.closing is not None:
-                    new_token_ids += self._close_early(request, new_token_ids)
+                new_token_ids, num_sampled = self._take_sampled(request, sampled)
             except Exception as e:  # grammar work (accept, jump-forward) raised: ends this request only
                 if not request.is_finished:
                     self._finish(request, RequestStatus.FINISHED_ERROR,
                                  grammar_failure("advancing over the output", e), constraint_error=True)
-                    outputs.append(self._final_output(request, []))
+                    outputs.append(final_output(request, []))
                 continue
-            logprobs = runner_output.logprobs.get(req_id, [])
-            if request.is_finished:
-                outputs.append(self._final_output(request, new_token_ids, logprobs))
-            elif request.num_output_tokens == len(new_token_ids):  # first tokens: the front end wants the counters
-                outputs.append(EngineCoreOutput(
-                    req_id, new_token_ids, logprobs, num_prompt_tokens=request.num_prompt_tokens,
-                    num_cached_tokens=max(request.num_cached_tokens, 0),
-                    queued_s=max((request.first_scheduled_time or 0.0) - request.arrival_time, 0.0),
-                    grammar_wait_s=self._grammar_wait_s(request)))
-            else:
-                outputs.append(EngineCoreOutput(req_id, new_token_ids, logprobs))
+            logprobs = runner_output.logprobs.get(req_id, [])[:num_sampled]
+            outputs.append(final_output(request, new_token_ids, logprobs) if request.is_finished
+                           else step_output(request, new_token_ids, logprobs))
         return outputs
+
+    def _take_sampled(self, request: Request, sampled: list[int]) -> tuple[list[int], int]:
+        """Append the sampled tokens (one, or accepted draft tokens and the token after them) as if
+        each came from a step of its own: stop checks and the closing check after each, jump-forward
+        after the last. Returns the tokens appended and how many of `sampled` are among them."""
+        new_token_ids: list[int] = []
+        for num_sampled, token_id in enumerate(sampled, 1):
+            step_token_ids = self._append_tokens(request, [token_id])
+            if not request.is_finished and num_sampled == len(sampled):
+                step_token_ids += self._jump_forward(request)
+            if not request.is_finished and request.closing is not None:
+                step_token_ids += self._close_early(request, step_token_ids)
+            new_token_ids += step_token_ids
+            if request.is_finished:
+                return new_token_ids, num_sampled
+        return new_token_ids, len(sampled)
 
     def _append_tokens(self, request: Request, token_ids: list[int]) -> list[int]:
         """Append tokens one by one, stopping at the first that ends the request."""
@@ -351,25 +387,11 @@ class Scheduler:
                 self._finish(request, RequestStatus.FINISHED_ERROR,
                              f"internal error: the grammar rejected sampled token {token_id}")
                 break
-            status = self._check_stop(request, token_id)
+            status = request.stop_status(token_id, self.max_model_len)
             if status is not None:
                 self._finish(request, status)
                 break
         return appended
-
-    def _check_stop(self, request: Request, token_id: int) -> RequestStatus | None:
-        params = request.sampling_params
-        if request.grammar is not None and request.grammar.is_terminated():
-            return RequestStatus.FINISHED_STOPPED
-        if not params.ignore_eos and token_id in request.eos_token_ids:
-            request.stop_reason = token_id
-            return RequestStatus.FINISHED_STOPPED
-        if token_id in params.stop_token_ids:
-            request.stop_reason = token_id
-            return RequestStatus.FINISHED_STOPPED
-        if request.num_output_tokens >= params.max_tokens or request.num_tokens >= self.max_model_len:
-            return RequestStatus.FINISHED_LENGTH_CAPPED
-        return None
 
     def _jump_forward(self, request: Request) -> list[int]:
         """Append the tokens the grammar forces; the next step computes them in one pass."""
@@ -377,7 +399,7 @@ class Scheduler:
         if request.grammar is None or manager is None or not manager.jump_forward_enabled(request):
             return []
         forced = request.grammar.jump_forward_token_ids()
-        room = self._num_room_tokens(request)
+        room = request.num_room_tokens(self.max_model_len)
         if len(forced) > room:
             request.grammar.rollback(len(forced) - room)
             forced = forced[:room]
@@ -386,7 +408,7 @@ class Scheduler:
         request.append_output_token_ids(forced)
         request.num_forced_tokens_pending = len(forced)
         request.num_forced_tokens += len(forced)
-        status = self._check_stop(request, forced[-1])
+        status = request.stop_status(forced[-1], self.max_model_len)
         if status is not None:
             self._finish(request, status)
         return forced
@@ -395,7 +417,7 @@ class Scheduler:
         """Append the closing and finish, when the budget is nearly spent or the output loops
         (grammar/early_closing.py decides)."""
         assert request.closing is not None and request.grammar is not None
-        found = request.closing.check(new_token_ids, self._num_room_tokens(request))
+        found = request.closing.check(new_token_ids, request.num_room_tokens(self.max_model_len))
         if found is None:
             return []
         closing, reason = found
@@ -407,38 +429,6 @@ class Scheduler:
         request.closed_early = reason
         self._finish(request, RequestStatus.FINISHED_STOPPED)
         return closing
-
-    def _num_room_tokens(self, request: Request) -> int:
-        """Output tokens the request may still have: within max_tokens and the context."""
-        return min(request.sampling_params.max_tokens - request.num_output_tokens,
-                   self.max_model_len - request.num_tokens)
-
-    def _final_output(self, request: Request, new_token_ids: list[int],
-                      logprobs: list | None = None) -> EngineCoreOutput:
-        now = time.monotonic()
-        first = request.first_scheduled_time or now
-        return EngineCoreOutput(
-            request_id=request.request_id,
-            new_token_ids=new_token_ids,
-            new_logprobs=logprobs or [],
-            finish_reason=int(FINISH_REASON_OF_STATUS[request.status]),
-            stop_reason=request.stop_reason,
-            error=request.error,
-            num_prompt_tokens=request.num_prompt_tokens,
-            num_cached_tokens=max(request.num_cached_tokens, 0),
-            num_forward_passes=request.num_forward_passes,
-            num_forced_tokens=request.num_forced_tokens,
-            queued_s=max(first - request.arrival_time, 0.0),
-            grammar_wait_s=self._grammar_wait_s(request),
-            not_enforced=list(request.grammar.not_enforced) if request.grammar is not None else [],
-            constraint_error=request.constraint_error,
-            grammar_cache_hit=request.grammar_cache_hit,
-            closed_early=request.closed_early,
-        )
-
-    @staticmethod
-    def _grammar_wait_s(request: Request) -> float:
-        return max((request.grammar_ready_time or request.arrival_time) - request.arrival_time, 0.0)
 
 
 def _insert_in_order(queue: list[Request], request: Request) -> None:

@@ -45,8 +45,11 @@ class SchedulerOutput:
     # requests that finished or were preempted since the last step: the runner drops their state
     finished_req_ids: set[str]
     preempted_req_ids: set[str]
-    # req_id -> row in this step's grammar bitmask; only constrained requests that sample this step
+    # req_id -> row in this step's grammar bitmask; only constrained requests that sample this step.
+    # A request with a draft has 1 + len(draft) rows from there: its next token, then one per draft token
     structured_output_request_ids: dict[str, int]
+    # req_id -> draft tokens scheduled after its own tokens (counted in num_scheduled_tokens), to verify
+    scheduled_spec_decode_tokens: dict[str, list[int]] = field(default_factory=dict)
 
     @property
     def is_empty(self) -> bool:

@@ -8,14 +8,18 @@ from __future__ import annotations
 import logging
 import time
 from concurrent.futures import Future
+from typing import TYPE_CHECKING
 
 from engine.sched.request import Request
 from engine.sched.scheduler_output import GrammarOutput
-from grammar.backend import CompiledGrammar, GrammarBackend, GrammarError
+from grammar.backend import CompiledGrammar, Grammar, GrammarBackend, GrammarError
 from grammar.compiler import GrammarCompiler
 from grammar.config import GrammarConfig
 from grammar.early_closing import EarlyClosing
 from grammar.runaway import RunawayGuard
+
+if TYPE_CHECKING:
+    import torch
 
 # the kinds whose output the runaway guard reads as JSON
 _JSON_KINDS = ("json_schema", "json_object")
@@ -91,22 +95,28 @@ class StructuredOutputManager:
             return constraint.jump_forward
         return self.config.jump_forward
 
-    def fill_bitmask(self, requests_and_rows: list[tuple[Request, int]]) -> GrammarOutput:
-        num_rows = len(requests_and_rows)
+    def fill_bitmask(self, requests_and_rows: list[tuple[Request, int]],
+                     drafts: dict[str, list[int]] | None = None) -> GrammarOutput:
+        """Fill each request's row; a request with a draft (`drafts`: req_id -> its draft tokens)
+        fills 1 + len(draft) rows from its row on: the matcher is advanced through the draft for
+        the rows after the first and rolled back afterwards."""
+        drafts = drafts or {}
+        num_rows = max((row + 1 + len(drafts.get(r.request_id, ())) for r, row in requests_and_rows), default=0)
         if self._bitmask.shape[0] < num_rows:
             self._bitmask = self.backend.allocate_bitmask(max(num_rows, 2 * self._bitmask.shape[0]))
         bitmask = self._bitmask[:num_rows]
         failed: dict[str, str] = {}
         limit_ms = self.config.max_fill_ms
         for request, row in requests_and_rows:
+            draft = drafts.get(request.request_id, [])
             start = time.thread_time()  # CPU time: a preempted thread is not the grammar's fault
             try:
-                request.grammar.fill_bitmask(bitmask, row)
+                _fill_rows(request.grammar, bitmask, row, draft)
             except Exception as e:
-                bitmask[row] = 0
+                bitmask[row:row + 1 + len(draft)] = 0
                 failed[request.request_id] = grammar_failure("filling its bitmask", e)
                 continue
-            fill_ms = (time.thread_time() - start) * 1000
+            fill_ms = (time.thread_time() - start) * 1000 / (1 + len(draft))
             if fill_ms > limit_ms:
                 failed[request.request_id] = (f"one bitmask fill of this constraint took {fill_ms:.0f} ms, over "
                                               f"this server's max_fill_ms limit of {limit_ms:g}; simplify it")
@@ -121,6 +131,20 @@ class StructuredOutputManager:
 
     def shutdown(self) -> None:
         self.compiler.shutdown()
+
+
+def _fill_rows(grammar: Grammar, bitmask: torch.Tensor, row: int, draft: list[int]) -> None:
+    """Row `row` for the next token, then one row after each draft token."""
+    grammar.fill_bitmask(bitmask, row)
+    num_accepted = 0
+    try:
+        for token_id in draft:
+            if not grammar.accept_tokens([token_id]):  # the scheduler cut the draft to what it accepts
+                raise GrammarError(f"the grammar rejected draft token {token_id} it accepted when drafting")
+            num_accepted += 1
+            grammar.fill_bitmask(bitmask, row + num_accepted)
+    finally:
+        grammar.rollback(num_accepted)
 
 
 def _mark_grammar_ready(request: Request) -> None:

@@ -18,6 +18,7 @@ from engine.attention import AttentionInputs, get_attention_backend
 from engine.config import EngineConfig
 from engine.models import model_class
 from engine.sched.scheduler_output import GrammarOutput, ModelRunnerOutput, SchedulerOutput
+from engine.worker.draft_verification import draft_logits_indices, num_accepted
 from engine.worker.input_batch import InputBatch, prepare_step_indices
 from engine.worker.sampler import Sampler, SamplingMetadata
 
@@ -28,7 +29,9 @@ logger = logging.getLogger(__name__)
 class _ParkedLogits:
     req_ids: list[str]  # every request of the step, in order
     sampling_req_ids: list[str]  # those that sample (their catch-up completes this step)
-    logits: torch.Tensor  # [len(sampling_req_ids), vocab]
+    num_draft_tokens: list[int]  # per sampling request: draft tokens verified (logits rows: 1 + that)
+    drafts: dict[str, list[int]]  # req_id -> its draft
+    logits: torch.Tensor  # [sum(1 + num_draft_tokens), vocab]
 
 
 class ModelRunner:
@@ -96,7 +99,7 @@ class ModelRunner:
     def _execute_model(self, scheduler_output: SchedulerOutput) -> None:
         self._update_states(scheduler_output)
         if scheduler_output.is_empty:
-            self._parked = _ParkedLogits([], [], torch.empty(0, self.vocab_size))
+            self._parked = _ParkedLogits([], [], [], {}, torch.empty(0, self.vocab_size))
             return None
         batch = self.input_batch
         req_ids = list(scheduler_output.num_scheduled_tokens)
@@ -104,19 +107,25 @@ class ModelRunner:
         num_scheduled = np.fromiter(scheduler_output.num_scheduled_tokens.values(), dtype=np.int32,
                                     count=len(req_ids))
         num_computed = batch.num_computed_tokens[rows]
+        drafts = scheduler_output.scheduled_spec_decode_tokens
+        num_draft = self._write_drafts(drafts, req_ids, rows)
         step = prepare_step_indices(rows, num_scheduled, num_computed, batch.token_ids, batch.block_table,
                                     self.block_size)
         batch.num_computed_tokens[rows] += num_scheduled
         # a request samples when its catch-up completes this step (not mid-prompt)
-        samples = step.seq_lens == batch.num_tokens[rows]
+        samples = step.seq_lens == batch.num_tokens[rows] + num_draft
         sampling_req_ids = [r for r, s in zip(req_ids, samples) if s]
+        num_draft_sampling = num_draft[samples].tolist()
+        logits_indices = step.logits_indices[samples]
+        if drafts:
+            logits_indices = draft_logits_indices(logits_indices, num_draft[samples])
         graphs = self.decode_graphs  # a decode-only step on CUDA replays a graph, padded to a captured size
         if graphs is not None and (num_scheduled == 1).all() and graphs.padded_batch_size(len(rows)) is not None:
             logits = graphs.run(step.input_ids, step.positions, step.slot_mapping, step.seq_lens,
                                 batch.block_table[rows])
             if not samples.all():  # a one-token prompt chunk computes KV but does not sample
                 logits = logits[torch.from_numpy(np.flatnonzero(samples)).to(self.device)]
-            self._parked = _ParkedLogits(req_ids, sampling_req_ids, logits)
+            self._parked = _ParkedLogits(req_ids, sampling_req_ids, num_draft_sampling, drafts, logits)
             return None
         attn_inputs = AttentionInputs(
             slot_mapping=torch.from_numpy(step.slot_mapping).to(self.device),
@@ -131,9 +140,9 @@ class ModelRunner:
             torch.from_numpy(step.input_ids.astype(np.int64)).to(self.device),
             torch.from_numpy(step.positions).to(self.device),
             self.kv_caches, self.attn_backend, metadata,
-            torch.from_numpy(step.logits_indices[samples]).to(self.device),
+            torch.from_numpy(logits_indices).to(self.device),
         )
-        self._parked = _ParkedLogits(req_ids, sampling_req_ids, logits)
+        self._parked = _ParkedLogits(req_ids, sampling_req_ids, num_draft_sampling, drafts, logits)
         return None
 
     @torch.inference_mode()
@@ -143,26 +152,55 @@ class ModelRunner:
             raise RuntimeError("sample_tokens called without a preceding execute_model")
         if not parked.sampling_req_ids:
             return ModelRunnerOutput(parked.req_ids, {})
+        # one logits row per position: each request's next token, then one after each draft token
+        num_rows = [1 + n for n in parked.num_draft_tokens]
+        row_req_ids = [r for r, n in zip(parked.sampling_req_ids, num_rows) for _ in range(n)]
         bitmask = bitmask_rows = None
         if grammar_output is not None:
-            rows = grammar_output.structured_output_request_ids
-            bitmask_rows = np.fromiter((rows.get(r, -1) for r in parked.sampling_req_ids), dtype=np.int64,
-                                       count=len(parked.sampling_req_ids))
+            first = grammar_output.structured_output_request_ids
+            bitmask_rows = np.fromiter(
+                (first[r] + i if r in first else -1 for r, n in zip(parked.sampling_req_ids, num_rows)
+                 for i in range(n)), dtype=np.int64, count=len(row_req_ids))
             bitmask = grammar_output.grammar_bitmask
-        meta = self._sampling_metadata(parked.sampling_req_ids)
+        meta = self._sampling_metadata(row_req_ids)
         out = self.sampler(parked.logits, meta, bitmask, bitmask_rows)
-        dead_ends = {parked.sampling_req_ids[i] for i in out.dead_end_rows}
+        dead_end_rows = set(out.dead_end_rows.tolist())
+        chosen = out.token_ids.tolist()
+        dead_ends: set[str] = set()
         sampled: dict[str, list[int]] = {}
         logprobs = {}
         batch = self.input_batch
-        for i, (req_id, token_id) in enumerate(zip(parked.sampling_req_ids, out.token_ids.tolist())):
-            if req_id in dead_ends:
-                continue
-            batch.append_token_ids(batch.requests[req_id].row, [token_id])
-            sampled[req_id] = [token_id]
-            if out.logprobs[i] is not None:
-                logprobs[req_id] = [out.logprobs[i]]
+        start = 0
+        for req_id, n in zip(parked.sampling_req_ids, num_rows):
+            draft = parked.drafts.get(req_id)
+            num_kept = num_accepted(draft, chosen[start:start + n]) if draft else 0
+            last = start + num_kept  # the row of the token after the accepted draft tokens
+            if last in dead_end_rows:
+                dead_ends.add(req_id)
+            else:
+                token_ids = chosen[start:last + 1]
+                batch.append_token_ids(batch.requests[req_id].row, token_ids)  # over the draft
+                sampled[req_id] = token_ids
+                if out.logprobs[start] is not None:
+                    logprobs[req_id] = out.logprobs[start:last + 1]
+            start += n
         return ModelRunnerOutput(parked.req_ids, sampled, logprobs, dead_ends)
+
+    def _write_drafts(self, drafts: dict[str, list[int]], req_ids: list[str], rows: np.ndarray) -> np.ndarray:
+        """Put each draft after its request's tokens in the token cache, where the step's inputs are
+        read (the request's token count is not moved: verification decides what stays); returns
+        the number of draft tokens per scheduled request."""
+        num_draft = np.zeros(len(req_ids), dtype=np.int32)
+        if not drafts:
+            return num_draft
+        batch = self.input_batch
+        for i, req_id in enumerate(req_ids):
+            draft = drafts.get(req_id)
+            if draft:
+                start = batch.num_tokens[rows[i]]
+                batch.token_ids[rows[i], start:start + len(draft)] = draft
+                num_draft[i] = len(draft)
+        return num_draft
 
     # ---- bookkeeping -----------------------------------------------------------------
 

@@ -53,6 +53,9 @@ def formwork_extension(finals: Sequence[RequestOutput]) -> dict[str, Any]:
             entry["not_enforced"] = list(output.not_enforced)
         if output.closed_early:
             entry["closed_early"] = output.closed_early
+        if output.num_draft_tokens:  # speculative decoding: drafted and accepted tokens
+            entry["draft_tokens"] = output.num_draft_tokens
+            entry["accepted_draft_tokens"] = output.num_accepted_draft_tokens
         choices.append(entry)
     return {"choices": choices}
 

@@ -1,0 +1,63 @@
+"""Drafts from the request's own text (prompt lookup): what followed the last n tokens before.
+
+Extraction copies spans of the prompt into the output (names, dates, amounts); once the output
+has started copying, the tokens after the earlier occurrence of its last few tokens are a good
+guess of what comes next. A draft costs no model call, only this search; the grammar then cuts
+it at the first token it rejects, so verification is never spent on impossible text.
+"""
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+if TYPE_CHECKING:
+    from collections.abc import Sequence
+
+    from grammar.backend import Grammar
+
+
+def find_ngram_draft(token_ids: Sequence[int], min_ngram: int, max_ngram: int, max_tokens: int) -> list[int]:
+    """Up to `max_tokens` tokens that followed the most recent earlier occurrence of the last n
+    tokens of `token_ids`, trying the longest n first (`max_ngram` down to `min_ngram`).
+    [] when no such n-gram occurred before (or `max_tokens` < 1)."""
+    num_tokens = len(token_ids)
+    if max_tokens < 1 or num_tokens < min_ngram + 1:
+        return []
+    tokens = np.asarray(token_ids, dtype=np.int64)
+    for n in range(min(max_ngram, num_tokens - 1), min_ngram - 1, -1):
+        pattern = tokens[num_tokens - n:]
+        num_starts = num_tokens - n  # an occurrence must be followed by at least one token
+        match = tokens[:num_starts] == pattern[0]
+        for offset in range(1, n):
+            match &= tokens[offset:offset + num_starts] == pattern[offset]
+        starts = np.flatnonzero(match)
+        if len(starts):
+            begin = int(starts[-1]) + n
+            return tokens[begin:begin + max_tokens].tolist()
+    return []
+
+
+def cut_by_grammar(grammar: Grammar, draft: list[int], stop_before_forced: bool = False) -> list[int]:
+    """The longest prefix of `draft` the grammar accepts from its current state, cut before a
+    token that would end the output (nothing could be verified after it) and, with
+    `stop_before_forced`, before a token after which the grammar forces text (jump-forward
+    appends that text, not the model's tokens). The grammar is left as it was."""
+    num_accepted = 0  # tokens the grammar took, to roll back
+    num_kept = 0
+    try:
+        for token_id in draft:
+            if not grammar.accept_tokens([token_id]):
+                break
+            num_accepted += 1
+            if grammar.is_terminated():
+                break
+            if stop_before_forced:
+                forced = grammar.jump_forward_token_ids()  # accepted by the grammar: undo at once
+                if forced:
+                    grammar.rollback(len(forced))
+                    break
+            num_kept = num_accepted
+        return draft[:num_kept]
+    finally:
+        grammar.rollback(num_accepted)

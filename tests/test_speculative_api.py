@@ -1,0 +1,67 @@
+"""The switches and counters of speculative decoding at the edges: the server flags, the request's
+switch over gRPC, the drafted and accepted counts in the engine's final output, the gRPC usage and
+the HTTP extension. No model (the tokenizer only)."""
+from __future__ import annotations
+
+import argparse
+
+import pytest
+from google.protobuf import json_format
+
+from engine.args import add_engine_args, engine_config_from_args
+from engine.frontend.output_processor import OutputProcessor, RequestOutput
+from engine.frontend.tokenizer import Tokenizer
+from engine.protocol import EngineCoreOutput, FinishReason
+from engine.sampling_params import SamplingParams
+from service import conversion
+from service._gen.formwork.v1 import generation_pb2 as pb
+from service.http.responses import formwork_extension
+from service.limits import ServiceLimits
+
+
+def engine_config(*argv):
+    parser = argparse.ArgumentParser()
+    add_engine_args(parser)
+    return engine_config_from_args(parser.parse_args(list(argv)))
+
+
+def test_server_flags():
+    assert not engine_config().speculative.enabled
+    config = engine_config("--speculative-ngram", "--num-speculative-tokens", "5").speculative
+    assert config.enabled and config.num_speculative_tokens == 5
+    assert not engine_config("--no-speculative-ngram").speculative.enabled
+
+
+def test_the_request_switch_over_grpc():
+    limits = ServiceLimits(max_tokens_cap=512, default_max_tokens=64, max_constraint_bytes=1000)
+    for fields, expected in (({}, None), ({"speculative": True}, True), ({"speculative": False}, False)):
+        request = json_format.ParseDict({"prompt": "hi", **fields}, pb.GenerateRequest())
+        assert conversion.sampling_params_from_proto(request, limits, 49152).speculative is expected
+
+
+@pytest.fixture(scope="module")
+def tok(model_dir) -> Tokenizer:
+    return Tokenizer.from_model_dir(model_dir)
+
+
+def final_output(**fields) -> RequestOutput:
+    values = dict(request_id="r", text="abc", delta_text="", token_ids=[5, 6, 7], new_token_ids=[],
+                  finished=True, finish_reason=FinishReason.STOP, num_output_tokens=3)
+    return RequestOutput(**{**values, **fields})
+
+
+def test_counts_reach_the_grpc_usage_and_the_http_extension():
+    drafted = final_output(num_draft_tokens=12, num_accepted_draft_tokens=9)
+    usage = conversion.generate_response(drafted, "r", str, delta=False).usage
+    assert (usage.draft_tokens, usage.accepted_draft_tokens) == (12, 9)
+    entry = formwork_extension([drafted])["choices"][0]
+    assert (entry["draft_tokens"], entry["accepted_draft_tokens"]) == (12, 9)
+    assert "draft_tokens" not in formwork_extension([final_output()])["choices"][0]  # only when it drafted
+
+
+def test_the_front_end_keeps_the_engines_counts(tok):
+    processor = OutputProcessor(tok)
+    processor.add_request("r", [1, 2, 3], SamplingParams(max_tokens=8), stream=False)
+    outputs, _ = processor.process_outputs([EngineCoreOutput(
+        "r", [5, 6, 7], finish_reason=int(FinishReason.LENGTH), num_draft_tokens=4, num_accepted_draft_tokens=3)])
+    assert (outputs[0].num_draft_tokens, outputs[0].num_accepted_draft_tokens) == (4, 3)
