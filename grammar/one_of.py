@@ -1,5 +1,6 @@
-"""When a oneOf is an anyOf: proofs that its branches are pairwise disjoint, and the rewrite of
-a oneOf whose branches differ only in `required` into exclusive alternatives.
+"""When a oneOf is an anyOf: proofs that its branches are pairwise disjoint, the rewrite of a
+oneOf whose branches differ only in `required` into exclusive alternatives, and the rewrite rule
+that applies both.
 
 xgrammar enforces a oneOf as an anyOf (and warns) unless it can tell the branches apart itself;
 every proof here is a sufficient condition, never a guess. Pure JSON -> JSON.
@@ -10,6 +11,7 @@ import itertools
 from typing import Any
 
 from grammar.schema_merge import CannotMerge, copy_json, declared_types, json_equal, json_type
+from grammar.schema_rule import RuleContext
 
 MAX_ALTERNATIVES = 16
 
@@ -108,3 +110,23 @@ def one_of_by_required(branches: list) -> tuple[list, bool] | None:
     if not alternatives:
         return None
     return alternatives, base.get("additionalProperties") is not False
+
+
+def exclusive_one_of(node: dict, pointer: str, context: RuleContext) -> Any:
+    """A oneOf whose branches are proven pairwise disjoint is an anyOf (exact)."""
+    branches = node.get("oneOf")
+    if not isinstance(branches, list) or len(branches) < 2 or "anyOf" in node:
+        return node
+    try:
+        resolved = [context.resolved(b) for b in branches]
+    except CannotMerge:
+        return node
+    rest = {k: v for k, v in node.items() if k != "oneOf"}
+    if all(disjoint(x, y) for x, y in itertools.combinations(resolved, 2)):
+        context.fired("oneOf-exclusive", pointer)
+        return {**rest, "anyOf": branches}
+    by_required = one_of_by_required(resolved)
+    if by_required is None or (by_required[1] and not context.monotone):
+        return node
+    context.fired("oneOf-required", pointer, narrowing=by_required[1])
+    return {**rest, "anyOf": by_required[0]}
