@@ -21,7 +21,8 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
 
-from grammar import schema_conjunction, schema_dependencies, schema_inference, schema_negation, schema_scalars
+from grammar import (schema_arrays, schema_conjunction, schema_dependencies, schema_inference, schema_negation,
+                     schema_patterns, schema_scalars)
 from grammar.backend import GrammarError
 from grammar.one_of import exclusive_one_of
 from grammar.schema_check import iter_subschemas, pointer_join
@@ -38,8 +39,8 @@ RULES = (
     schema_conjunction.ref_siblings, schema_conjunction.all_of, schema_conjunction.distribute,
     schema_conjunction.fixed_siblings, schema_negation.not_rule, schema_dependencies.dependencies,
     schema_inference.infer_type, schema_inference.undeclared_required, schema_scalars.unknown_format,
-    schema_scalars.length_pattern, schema_scalars.integral_multiple, schema_scalars.int64_bounds,
-    exclusive_one_of,
+    schema_patterns.pattern_groups, schema_scalars.length_pattern, schema_scalars.integral_multiple, schema_scalars.int64_bounds,
+    schema_arrays.unique_items, exclusive_one_of,
 )
 
 _NON_MONOTONE = ("not", "if", "contains", "oneOf")
