@@ -150,7 +150,10 @@ def one_of_by_required(branches: list) -> tuple[list, bool] | None:
 
 
 def exclusive_one_of(node: dict, pointer: str, context: RuleContext) -> Any:
-    """A oneOf whose branches are proven pairwise disjoint is an anyOf (exact)."""
+    """A oneOf whose branches are proven pairwise disjoint is an anyOf (exact). Else, where
+    narrowing is allowed: if closing its open object branches makes each disjoint from every
+    other branch as written, the anyOf of the closed branches (each instance of one is valid
+    against it alone: narrowing)."""
     branches = node.get("oneOf")
     if not isinstance(branches, list) or len(branches) < 2 or "anyOf" in node:
         return node
@@ -163,7 +166,22 @@ def exclusive_one_of(node: dict, pointer: str, context: RuleContext) -> Any:
         context.fired("oneOf-exclusive", pointer)
         return {**rest, "anyOf": branches}
     by_required = one_of_by_required(resolved)
-    if by_required is None or (by_required[1] and not context.monotone):
+    if by_required is not None and not (by_required[1] and not context.monotone):
+        context.fired("oneOf-required", pointer, narrowing=by_required[1])
+        return {**rest, "anyOf": by_required[0]}
+    closed = [_closed(b) for b in resolved]
+    if not context.monotone or closed == resolved:
         return node
-    context.fired("oneOf-required", pointer, narrowing=by_required[1])
-    return {**rest, "anyOf": by_required[0]}
+    if all(disjoint(closed[i], resolved[j], context.resolved)
+           for i, j in itertools.permutations(range(len(resolved)), 2)):
+        context.fired("oneOf-closed", pointer, narrowing=True)
+        return {**rest, "anyOf": closed}
+    return node
+
+
+def _closed(branch: Any) -> Any:
+    """An open object branch with additionalProperties false (strict mode's reading anyway)."""
+    if (isinstance(branch, dict) and instance_types(branch) == {"object"} and "patternProperties" not in branch
+            and branch.get("additionalProperties", True) is True and "$ref" not in branch):
+        return {**branch, "additionalProperties": False}
+    return branch

@@ -52,7 +52,7 @@ def not_rule(node: dict, pointer: str, context: RuleContext) -> Any:
         try:
             branch = merge(base, schema)
             if absent:
-                branch, closed = _without(branch, absent, context.monotone)
+                branch, closed = without_names(branch, absent, context.monotone)
                 narrowed |= closed
         except EmptyIntersection:
             continue
@@ -68,7 +68,31 @@ def not_rule(node: dict, pointer: str, context: RuleContext) -> Any:
     return {**kept(node, "not"), "anyOf": branches}
 
 
-def _without(schema: Any, names: frozenset, may_close: bool) -> tuple[Any, bool]:
+def false_properties(node: dict, pointer: str, context: RuleContext) -> Any:
+    """A property whose schema is false (directly or by reference) may not appear: removed from
+    properties (exact on a closed object; an open one is closed for it, narrowing), and an object
+    that requires it allows nothing. xgrammar refuses a false subschema."""
+    properties = node.get("properties")
+    if not isinstance(properties, dict):
+        return node
+    try:
+        names = frozenset(n for n, s in properties.items() if context.resolved(s) is False)
+    except CannotMerge:
+        return node
+    if not names:
+        return node
+    try:
+        out, closed = without_names(node, names, context.monotone)
+    except EmptyIntersection:
+        context.fired("false-property", pointer)
+        return False
+    except CannotMerge:
+        return node
+    context.fired("false-property", pointer, narrowing=closed)
+    return out
+
+
+def without_names(schema: Any, names: frozenset, may_close: bool) -> tuple[Any, bool]:
     """`schema` with `names` not allowed to appear, and whether an open object was closed for it;
     EmptyIntersection if one of them is required, CannotMerge where that cannot be written."""
     if not isinstance(schema, dict) or instance_types(schema) != {"object"} or "patternProperties" in schema:

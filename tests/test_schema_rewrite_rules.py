@@ -185,6 +185,25 @@ def test_one_of_proven_exclusive_in_more_shapes(one_of):
     assert rewritten(schema) == {"$defs": schema["$defs"], "anyOf": one_of}
 
 
+def test_one_of_of_open_objects_closed_when_that_makes_them_exclusive_narrowing():
+    # {"id": "x", "win": {}, "lose": {}} is valid against both branches as written; closed, each
+    # branch lacks the name the other requires
+    one_of = [{"type": "object", "required": ["id", "win"], "properties": {"id": {}, "win": {}}},
+              {"type": "object", "required": ["id", "lose"], "properties": {"id": {}, "lose": {}}}]
+    result = rewrite({"oneOf": one_of})
+    assert result.schema == {"anyOf": [{**b, "additionalProperties": False} for b in one_of]}
+    assert result.narrowed == ["oneOf-closed at /"]
+    both_optional = [{"type": "object", "properties": {"a": {}}}, {"type": "object", "properties": {"b": {}}}]
+    assert rewritten({"oneOf": both_optional}) == {"oneOf": both_optional}  # {} is valid against both
+
+
+def test_a_false_property_is_removed_and_a_required_one_allows_nothing():
+    schema = {"$defs": {"never": {"not": {}}}, **CLOSED,
+              "properties": {"a": False, "b": {"$ref": "#/$defs/never"}, "c": {}}}
+    assert rewritten(schema) == {"$defs": {"never": False}, **CLOSED, "properties": {"c": {}}}
+    assert rewritten({**schema, "required": ["a"]}) is False
+
+
 def test_one_of_of_untyped_tags_still_overlaps():
     # "x" (not an object) is valid against both
     schema = {"oneOf": [{"properties": {"k": {"const": "a"}}, "required": ["k"]}, {"properties": {"k": {"const": "b"}}}]}
