@@ -1,14 +1,15 @@
-"""Rewrite rule for `not`: a negation xgrammar ignores, turned into the complement it means where
-that complement is a union of a few schemas xgrammar reads.
+"""Rewrite rules for what may not be: `not` (a negation xgrammar ignores, turned into the
+complement it means where that is a union of a few schemas xgrammar reads), and properties
+whose schema is false (which xgrammar refuses to compile).
 
 A negated schema asserts the conjunction of its keywords, so its complement is the union of
 each keyword's complement: `not {"type": "array", "maxItems": 0}` is "not an array, or an array
 of at least one item" (a typed keyword holds for every other type, so its complement has only
 its own type: `not {"maxItems": 0}` is just the second part). Each keyword's complement is
-exact; the union is then intersected with
-the node's other keywords (grammar.schema_merge), and written as one schema or an anyOf.
-"The name is absent" (the complement of `required`) is exact on a closed object; an open one is
-closed for it (strict mode's reading anyway), which narrows, so only where narrowing is allowed.
+exact; the union is intersected with the node's other keywords (grammar.schema_merge) and
+written as one schema or an anyOf. "The name is absent" (the complement of `required`) is exact
+on a closed object; an open one is closed for it (strict mode's reading anyway), which narrows,
+so only where narrowing is allowed.
 """
 from __future__ import annotations
 
