@@ -2,8 +2,8 @@
 
 Runs before schema_check's strictness check. Many schemas are refused not because a keyword
 cannot be enforced but because xgrammar cannot *read* the form it is written in (an `allOf`, a
-keyword beside `$ref`, `required` in a schema without "type"). Each rule (in the modules RULES
-lists) rewrites one such form; its docstring says whether it keeps the set of valid instances
+keyword beside `$ref`, `required` in a schema without "type"). Each rule (RULES lists them; one
+module per group) rewrites one such form; its docstring says whether it keeps the set of valid instances
 (exact) or narrows it. No rule ever widens it. A rule that does not apply, or cannot be applied
 exactly enough, leaves the node as it was, so the checker still reports it. Narrowing rules run
 only where narrowing a subschema narrows the whole schema: not under `not`, `if`, `contains` or
