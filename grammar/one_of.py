@@ -1,5 +1,6 @@
-"""When a oneOf is an anyOf: proofs that its branches are pairwise disjoint, and the rewrite of
-a oneOf whose branches differ only in `required` into exclusive alternatives.
+"""When a oneOf is an anyOf: proofs that its branches are pairwise disjoint, the rewrite of a
+oneOf whose branches differ only in `required` into exclusive alternatives, and the rewrite rule
+that applies both.
 
 xgrammar enforces a oneOf as an anyOf (and warns) unless it can tell the branches apart itself;
 every proof here is a sufficient condition, never a guess. Pure JSON -> JSON.
@@ -7,11 +8,14 @@ every proof here is a sufficient condition, never a guess. Pure JSON -> JSON.
 from __future__ import annotations
 
 import itertools
+from collections.abc import Callable
 from typing import Any
 
 from grammar.schema_merge import CannotMerge, copy_json, declared_types, json_equal, json_type
+from grammar.schema_rule import RuleContext
 
 MAX_ALTERNATIVES = 16
+_MAX_DEPTH = 16  # property levels a disjointness proof descends
 
 
 def instance_types(node: Any) -> set[str] | None:
@@ -39,9 +43,17 @@ def _values(node: Any) -> list | None:
     return None
 
 
-def disjoint(x: Any, y: Any) -> bool:
-    """Whether no instance can be valid against both (a sufficient test, never a guess)."""
-    tx, ty = instance_types(x), instance_types(y)
+def _same(node: Any) -> Any:
+    return node
+
+
+def disjoint(x: Any, y: Any, resolve: Callable[[Any], Any] = _same, depth: int = 0) -> bool:
+    """Whether no instance can be valid against both (a sufficient test, never a guess).
+    `resolve` turns a bare local $ref into its target (CannotMerge where it cannot)."""
+    if depth > _MAX_DEPTH:
+        return False  # e.g. two recursive definitions compared property by property
+    x, y = _resolved(x, resolve), _resolved(y, resolve)
+    tx, ty = _branch_types(x, resolve), _branch_types(y, resolve)
     if tx is not None and ty is not None:
         wide = lambda t: t | ({"integer"} if "number" in t else set())  # noqa: E731
         if not wide(tx) & wide(ty):
@@ -51,14 +63,37 @@ def disjoint(x: Any, y: Any) -> bool:
         return not any(json_equal(a, b) for a in vx for b in vy)
     if not (isinstance(x, dict) and isinstance(y, dict)):
         return False
-    return _disjoint_objects(x, y) or _disjoint_objects(y, x)
+    return _disjoint_objects(x, y, resolve, depth) or _disjoint_objects(y, x, resolve, depth)
 
 
-def _disjoint_objects(x: dict, y: dict) -> bool:
-    """x requires a name y cannot have (closed without it), or both require a name whose
-    values are disjoint."""
+def _resolved(node: Any, resolve: Callable[[Any], Any]) -> Any:
+    try:
+        return resolve(node)
+    except CannotMerge:
+        return node
+
+
+def _branch_types(node: Any, resolve: Callable[[Any], Any], depth: int = 0) -> set[str] | None:
+    """instance_types, and for an untyped anyOf/oneOf the union of its branches' types."""
+    types = instance_types(node)
+    if types is not None or not isinstance(node, dict) or "type" in node or depth > _MAX_DEPTH:
+        return types
+    key = "anyOf" if isinstance(node.get("anyOf"), list) else "oneOf" if isinstance(node.get("oneOf"), list) else None
+    if key is None or not node[key]:
+        return None
+    out: set[str] = set()
+    for branch in node[key]:
+        inner = _branch_types(_resolved(branch, resolve), resolve, depth + 1)
+        if inner is None:
+            return None
+        out |= inner
+    return out
+
+
+def _disjoint_objects(x: dict, y: dict, resolve: Callable[[Any], Any], depth: int) -> bool:
+    """x requires a name y cannot have (closed without it), or a name whose value x and y's
+    schema for it (declared, else additionalProperties) cannot share."""
     x_required = x.get("required") if isinstance(x.get("required"), list) else []
-    y_required = y.get("required") if isinstance(y.get("required"), list) else []
     x_props = x.get("properties") if isinstance(x.get("properties"), dict) else {}
     y_props = y.get("properties") if isinstance(y.get("properties"), dict) else {}
     y_closed = y.get("additionalProperties") is False and "patternProperties" not in y
@@ -67,7 +102,11 @@ def _disjoint_objects(x: dict, y: dict) -> bool:
     for name in x_required:
         if y_closed and name not in y_props:
             return True
-        if name in y_required and name in x_props and name in y_props and disjoint(x_props[name], y_props[name]):
+        # the name is present (x requires it), so y checks its value against its own schema for it
+        if name not in y_props and "patternProperties" in y:
+            continue  # a pattern may be what applies to it in y
+        y_value = y_props.get(name, y.get("additionalProperties", True))
+        if name in x_props and disjoint(x_props[name], y_value, resolve, depth + 1):
             return True
     return False
 
@@ -108,3 +147,41 @@ def one_of_by_required(branches: list) -> tuple[list, bool] | None:
     if not alternatives:
         return None
     return alternatives, base.get("additionalProperties") is not False
+
+
+def exclusive_one_of(node: dict, pointer: str, context: RuleContext) -> Any:
+    """A oneOf whose branches are proven pairwise disjoint is an anyOf (exact). Else, where
+    narrowing is allowed: if closing its open object branches makes each disjoint from every
+    other branch as written, the anyOf of the closed branches (each instance of one is valid
+    against it alone: narrowing)."""
+    branches = node.get("oneOf")
+    if not isinstance(branches, list) or len(branches) < 2 or "anyOf" in node:
+        return node
+    try:
+        resolved = [context.resolved(b) for b in branches]
+    except CannotMerge:
+        return node
+    rest = {k: v for k, v in node.items() if k != "oneOf"}
+    if all(disjoint(x, y, context.resolved) for x, y in itertools.combinations(resolved, 2)):
+        context.fired("oneOf-exclusive", pointer)
+        return {**rest, "anyOf": branches}
+    by_required = one_of_by_required(resolved)
+    if by_required is not None and not (by_required[1] and not context.monotone):
+        context.fired("oneOf-required", pointer, narrowing=by_required[1])
+        return {**rest, "anyOf": by_required[0]}
+    closed = [_closed(b) for b in resolved]
+    if not context.monotone or closed == resolved:
+        return node
+    if all(disjoint(closed[i], resolved[j], context.resolved)
+           for i, j in itertools.permutations(range(len(resolved)), 2)):
+        context.fired("oneOf-closed", pointer, narrowing=True)
+        return {**rest, "anyOf": closed}
+    return node
+
+
+def _closed(branch: Any) -> Any:
+    """An open object branch with additionalProperties false (strict mode's reading anyway)."""
+    if (isinstance(branch, dict) and instance_types(branch) == {"object"} and "patternProperties" not in branch
+            and branch.get("additionalProperties", True) is True and "$ref" not in branch):
+        return {**branch, "additionalProperties": False}
+    return branch

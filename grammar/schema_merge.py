@@ -137,9 +137,18 @@ def _merge_keyword(key: str, x: Any, y: Any) -> Any:
         return list(dict.fromkeys([*x, *y]))
     if key == "uniqueItems":
         return bool(x) or bool(y)
+    if key == "not":  # (not x) and (not y) is not (x or y)
+        return {"anyOf": [*_disjuncts(x), *_disjuncts(y)]}
     if key == "multipleOf" and all(isinstance(v, int) and not isinstance(v, bool) and v > 0 for v in (x, y)):
         return x * y // math.gcd(x, y)
     raise CannotMerge(f"two different {key} values")
+
+
+def _disjuncts(schema: Any) -> list:
+    """The branches of a schema that is only an anyOf, else the schema itself."""
+    if isinstance(schema, dict) and list(schema) == ["anyOf"] and isinstance(schema["anyOf"], list):
+        return list(schema["anyOf"])
+    return [schema]
 
 
 def _property_view(schema: dict, name: str) -> Any:
