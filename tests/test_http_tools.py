@@ -112,7 +112,7 @@ def test_auto_beside_a_response_format_answers_in_its_shape_or_calls(client):
     response_format = {"type": "json_schema", "json_schema": {"name": "reply", "schema": answer}}
     for question in ("What is the weather in Paris?", "Say hello."):
         message = client.chat.completions.create(
-            model=MODEL, messages=[{"role": "user", "content": question}], tools=TOOLS,
+            model=MODEL, messages=[{"role": "user", "content": question}], tools=TOOLS, parallel_tool_calls=False,
             response_format=response_format, max_tokens=64, temperature=0).choices[0].message
         if message.tool_calls:
             assert not message.content
