@@ -6,6 +6,7 @@ It crosses the process boundary inside `EngineCoreRequest`, so it is a msgspec s
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 
 import msgspec
 
@@ -102,3 +103,31 @@ class Constraint(msgspec.Struct, array_like=True, omit_defaults=True, frozen=Tru
         syntax = (self.grammar_syntax or "auto") if self.kind == "grammar" else ""
         return (self.kind, spec, tuple(self.choices), self.strict, whitespace, syntax, self.think_end,
                 self.think_budget)
+
+
+# the output after a think section, for a request with a reasoning budget and no constraint of its own
+ANY_TEXT = r"[\s\S]*"
+
+
+def with_tool_calls(spec: ToolCalls, constraint: Constraint | None) -> Constraint:
+    """The constraint of a request offering `spec`'s tools beside its own `constraint` (or None).
+
+    With choice auto, a text answer follows `constraint` (spec.answer); with required / named the
+    output is only calls, so `constraint`'s shape is moot. Its options (strict, whitespace, ...)
+    apply to the calls' arguments either way."""
+    if constraint is not None and spec.choice == "auto":
+        spec = replace(spec, answer={"kind": constraint.kind, "spec": constraint.spec,
+                                     "choices": list(constraint.choices)})
+    if constraint is None:
+        return Constraint(kind="tool_calls", spec=spec.to_spec())
+    return msgspec.structs.replace(constraint, kind="tool_calls", spec=spec.to_spec(), choices=[])
+
+
+def after_thinking(constraint: Constraint | None, think_end: str, budget: int) -> Constraint | None:
+    """`constraint` applied after a think section ending in `think_end` (at most `budget` tokens,
+    0: no limit); without a constraint, the budget alone needs one (any text after the marker)."""
+    if constraint is None and budget:
+        constraint = Constraint(kind="regex", spec=ANY_TEXT)
+    if constraint is None:
+        return None
+    return msgspec.structs.replace(constraint, think_end=think_end, think_budget=budget)

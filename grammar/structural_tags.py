@@ -6,7 +6,9 @@ Each tool's arguments arrive as an EBNF grammar already compiled from its schema
 
 * required / named: only calls, from the first token: `tags_with_separator`, at least one.
 * auto: free text; once the model writes the syntax's trigger the call is constrained
-  (`triggered_tags`), and free text may follow it.
+  (`triggered_tags`), and free text may follow it. With an answer constraint (a response_format
+  beside the tools), either an answer in its grammar or only calls (`or`): xgrammar's triggered
+  tags leave the text between calls free, so text and calls cannot be mixed there.
 * a think section: free text (at most `budget` tokens, then the end marker is forced) up to the
   end marker, then the answer's grammar.
 """
@@ -21,8 +23,9 @@ Format = dict[str, Any]
 _AFTER_THINK = {"type": "regex", "pattern": r"\n{0,2}"}
 
 
-def tool_calls_format(spec: ToolCalls, arguments_ebnf: dict[str, str]) -> Format:
-    """The format of `spec`'s calls; `arguments_ebnf`: tool name -> its arguments' EBNF grammar."""
+def tool_calls_format(spec: ToolCalls, arguments_ebnf: dict[str, str], answer_ebnf: str | None = None) -> Format:
+    """The format of `spec`'s calls; `arguments_ebnf`: tool name -> its arguments' EBNF grammar.
+    With `answer_ebnf` (choice auto), the output is either an answer in that grammar or calls."""
     syntax = spec.call_syntax
     tools = spec.allowed_tools
     wrapped = syntax.wrapped
@@ -39,6 +42,8 @@ def tool_calls_format(spec: ToolCalls, arguments_ebnf: dict[str, str]) -> Format
         calls = {"type": "tag", "begin": syntax.open, "content": calls, "end": syntax.close}
     if spec.choice != "auto":
         return calls
+    if answer_ebnf is not None:  # triggered tags' free text cannot be constrained: one or the other
+        return {"type": "or", "elements": [grammar_format(answer_ebnf), calls]}
     tags = [calls] if wrapped else calls["tags"]
     return {"type": "triggered_tags", "triggers": [syntax.trigger], "tags": tags,
             "stop_after_first": not spec.parallel}

@@ -14,6 +14,8 @@ from dataclasses import dataclass
 from typing import Any
 
 TOOL_CHOICES = ("auto", "required", "named")
+# the constraint kinds a text answer beside the calls may have (ToolCalls.answer)
+ANSWER_KINDS = ("json_schema", "json_object", "regex", "grammar", "choice")
 _TOOL_NAME = re.compile(r"^[A-Za-z0-9_.:-]{1,64}$")
 
 
@@ -79,11 +81,12 @@ class ToolCallSyntax:
         opener = self.open.rstrip("[{\n ")  # the marker before the JSON value ("" for Llama's bare JSON)
         if not text.startswith(opener, at):
             return None
-        pos = _skip_space(text, at + len(opener))
+        value_start = _skip_space(text, at + len(opener))
         try:
-            value, pos = decoder.raw_decode(text, pos)
+            value, pos = decoder.raw_decode(text, value_start)
         except json.JSONDecodeError:
             return None
+        value_end = pos
         closer = self.close.strip("]}\n ")
         if closer:
             pos = _skip_space(text, pos)
@@ -92,12 +95,64 @@ class ToolCallSyntax:
             pos += len(closer)
         items = value if isinstance(value, list) else [value]
         calls = []
+        cursor = value_start
         for item in items:
             if not (isinstance(item, dict) and isinstance(item.get("name"), str)):
                 return None
-            arguments = item.get(self.args_key, item.get("arguments", {}))
-            calls.append((item["name"], json.dumps(arguments, ensure_ascii=False)))
+            arguments, cursor = self._written_arguments(text, cursor, value_end, item, decoder)
+            calls.append((item["name"], arguments))
         return pos, calls
+
+    def _written_arguments(self, text: str, cursor: int, value_end: int, item: dict,
+                           decoder: json.JSONDecoder) -> tuple[str, int]:
+        """A parsed call's arguments as the model wrote them (so a stream of the text adds up to
+        them), and where they end; re-serialized when the call is not in this syntax's shape."""
+        prefix = self.call_prefix(item["name"])
+        at = text.find(prefix, cursor, value_end)
+        if at >= 0:
+            start = at + len(prefix)
+            try:
+                end = decoder.raw_decode(text, start)[1]
+                return text[start:end], end
+            except json.JSONDecodeError:
+                pass
+        arguments = item.get(self.args_key, item.get("arguments", {}))
+        return json.dumps(arguments, ensure_ascii=False), cursor
+
+    def partial_calls(self, text: str, at: int) -> list[tuple[str, str]]:
+        """The calls of a call section begun at `at` that `scan` found not complete yet: (name,
+        the arguments text written so far), for streaming. A call whose name is not complete is
+        left out; with `wrapped`, the complete calls before it in the same list come first."""
+        opener = self.open.rstrip("[{\n ")
+        if not text.startswith(opener, at):
+            return []
+        pos = _skip_space(text, at + len(opener))
+        if self.wrapped:
+            if not text.startswith("[", pos):
+                return []
+            pos += 1
+        start_of_call = re.compile(re.escape('{"name": "') + r'([^"\\]*)'
+                                   + re.escape('", "' + self.args_key + '": '))
+        decoder = json.JSONDecoder()
+        calls: list[tuple[str, str]] = []
+        while True:
+            match = start_of_call.match(text, _skip_space(text, pos))
+            if match is None:
+                return calls
+            start = match.end()
+            try:
+                end = decoder.raw_decode(text, start)[1]
+            except json.JSONDecodeError:
+                calls.append((match.group(1), text[start:]))
+                return calls
+            calls.append((match.group(1), text[start:end]))
+            pos = _skip_space(text, end)
+            if not (self.wrapped and text.startswith("}", pos)):
+                return calls
+            pos = _skip_space(text, pos + 1)
+            if not text.startswith(self.separator.strip(), pos):
+                return calls
+            pos += len(self.separator.strip())
 
 
 def _skip_space(text: str, pos: int) -> int:
@@ -154,13 +209,16 @@ class Tool:
 @dataclass(frozen=True)
 class ToolCalls:
     """What a "tool_calls" constraint asks for. `choice`: "auto" (free text, and calls once the
-    model starts one), "required" (only calls, at least one), or "named" (only calls of `name`)."""
+    model starts one), "required" (only calls, at least one), or "named" (only calls of `name`).
+    `answer` (auto only): the constraint a text answer follows instead of free text, as
+    {"kind", "spec", "choices"}; the output is then either such an answer or only calls."""
 
     tools: tuple[Tool, ...]
     choice: str = "required"
     name: str = ""  # the tool, with choice "named"
     parallel: bool = True  # several calls in one turn
     syntax: str = DEFAULT_SYNTAX
+    answer: dict[str, Any] | None = None
 
     @property
     def call_syntax(self) -> ToolCallSyntax:
@@ -174,7 +232,8 @@ class ToolCalls:
         return json.dumps({"tools": [{"name": t.name, "description": t.description, "parameters": t.parameters}
                                      for t in self.tools],
                            "choice": self.choice, "name": self.name, "parallel": self.parallel,
-                           "syntax": self.syntax}, ensure_ascii=False)
+                           "syntax": self.syntax, **({"answer": self.answer} if self.answer else {})},
+                          ensure_ascii=False)
 
     @classmethod
     def from_spec(cls, spec: str) -> ToolCalls:
@@ -194,7 +253,7 @@ class ToolCalls:
                 raise ValueError(f'tools[{index}] "{raw["name"]}": parameters must be a JSON Schema object')
             tools.append(Tool(raw["name"], raw.get("description") or "", parameters))
         result = cls(tuple(tools), data.get("choice", "required"), data.get("name", ""),
-                     bool(data.get("parallel", True)), data.get("syntax", DEFAULT_SYNTAX))
+                     bool(data.get("parallel", True)), data.get("syntax", DEFAULT_SYNTAX), data.get("answer"))
         result.validate()
         return result
 
@@ -215,3 +274,9 @@ class ToolCalls:
             raise ValueError(f"tool_choice names {self.name!r}, which is not one of the tools")
         if self.syntax not in SYNTAXES:
             raise ValueError(f"unknown tool call syntax {self.syntax!r}; expected one of {', '.join(SYNTAXES)}")
+        if self.answer is not None:
+            if self.choice != "auto":
+                raise ValueError("an answer constraint applies to tool choice auto only (the other choices "
+                                 "answer only with calls)")
+            if not isinstance(self.answer, dict) or self.answer.get("kind") not in ANSWER_KINDS:
+                raise ValueError(f"the answer constraint needs a kind, one of {', '.join(ANSWER_KINDS)}")

@@ -2,8 +2,9 @@
 
 `split` reads a whole output; `AssistantStream` reads one as it grows and hands out what each step
 adds, never taking back what it handed out: text that may still turn into a marker or a call (a
-partial `</think>` or `<tool_call>`, a call not closed yet) is held back until it is decided, and a
-call is handed out whole once it is complete.
+partial `</think>` or `<tool_call>`) is held back until it is decided. A call is streamed as OpenAI
+streams one: a first delta with its id and name once the name is written, then its arguments' text
+as it is generated, which adds up to the `arguments` that `split` reads from the whole output.
 """
 from __future__ import annotations
 
@@ -24,11 +25,23 @@ class ParsedCall:
     arguments: str  # JSON text
 
 
+@dataclass(frozen=True)
+class CallDelta:
+    """What one step adds to call `index`: its first delta carries `id` and `name` (arguments
+    ""), later ones the next piece of its arguments' text."""
+
+    index: int
+    arguments: str = ""
+    id: str = ""
+    name: str = ""
+
+
 @dataclass
 class AssistantParts:
     reasoning: str = ""
     content: str = ""
     calls: list[ParsedCall] = field(default_factory=list)
+    call_deltas: list[CallDelta] = field(default_factory=list)  # streaming: what the step adds to calls
 
 
 def split(text: str, shape: OutputShape) -> AssistantParts:
@@ -47,23 +60,43 @@ class AssistantStream:
         self.shape = shape
         self._num_reasoning = 0  # characters handed out so far
         self._num_content = 0
-        self.num_calls = 0  # calls handed out so far
+        self.call_ids: list[str] = []  # of the calls handed out so far, in order
+        self._num_arguments: list[int] = []  # characters of each call's arguments handed out
+
+    @property
+    def num_calls(self) -> int:
+        return len(self.call_ids)
 
     def step(self, text: str, finished: bool) -> AssistantParts:
-        """`text`: the whole output so far."""
+        """`text`: the whole output so far. The parts' `calls` stay empty: calls come as `call_deltas`."""
         reasoning, answer = _think(text, self.shape, finished)
         content, calls = answer, []
         syntax = self.shape.tool_syntax
         if syntax is not None:
             content, calls, broken = syntax.scan(answer)
-            if not finished:
+            begun = [] if broken is None else syntax.partial_calls(answer, broken)
+            if not finished or begun:  # a call under way (even one cut by max_tokens) is not text
                 content, calls, _ = syntax.scan(answer[:_decided(answer, syntax.trigger, broken)])
-        added = AssistantParts(reasoning[self._num_reasoning:], content[self._num_content:],
-                               [ParsedCall(_call_id(), name, args) for name, args in calls[self.num_calls:]])
+                calls += begun
+        added = AssistantParts(reasoning[self._num_reasoning:], content[self._num_content:])
         self._num_reasoning = max(self._num_reasoning, len(reasoning))
         self._num_content = max(self._num_content, len(content))
-        self.num_calls = max(self.num_calls, len(calls))
+        for index, (name, arguments) in enumerate(calls):
+            if index == len(self.call_ids):
+                self.call_ids.append(_call_id())
+                self._num_arguments.append(0)
+                added.call_deltas.append(CallDelta(index, id=self.call_ids[index], name=name))
+            if len(arguments) > self._num_arguments[index]:
+                added.call_deltas.append(CallDelta(index, arguments[self._num_arguments[index]:]))
+                self._num_arguments[index] = len(arguments)
         return added
+
+    def final_parts(self, text: str) -> AssistantParts:
+        """The finished output's parts (as `split` reads them) with the ids the stream handed out."""
+        parts = split(text, self.shape)
+        parts.calls = [ParsedCall(self.call_ids[i], c.name, c.arguments) if i < len(self.call_ids) else c
+                       for i, c in enumerate(parts.calls)]
+        return parts
 
 
 def _think(text: str, shape: OutputShape, finished: bool) -> tuple[str, str]:

@@ -20,7 +20,7 @@ from engine.capacity import KVCacheTooSmall, PromptTooLong, check_context_length
 from engine.frontend.core_client import EngineDeadError
 from engine.frontend.output_processor import OutputProcessor, RequestOutput
 from engine.frontend.tokenizer import Tokenizer
-from engine.frontend.tool_prompt import messages_with_tools, template_knows_tools
+from engine.frontend.tool_prompt import render_inputs
 from engine.protocol import ConstraintReport, EngineCoreOutput, EngineCoreRequest, EngineStats, FinishReason
 from engine.sampling_params import SamplingParams
 from grammar.constraint import Constraint
@@ -150,12 +150,9 @@ class AsyncLLM:
         if prompt.token_ids is not None:
             return prompt.token_ids, None
         if prompt.messages is not None:
-            messages, template_kwargs = prompt.messages, dict(prompt.template_kwargs or {})
-            uses_tools = prompt.tools or any(m["role"] == "tool" or m.get("tool_calls") for m in messages)
-            if uses_tools and template_knows_tools(tokenizer.chat_template):
-                template_kwargs["tools"] = prompt.tools
-            elif uses_tools:
-                messages = messages_with_tools(messages, prompt.tools, SYNTAXES[self.chat_format.tool_syntax])
+            messages, tool_kwargs = render_inputs(prompt.messages, prompt.tools, tokenizer.chat_template,
+                                                  SYNTAXES[self.chat_format.tool_syntax])
+            template_kwargs = {**(prompt.template_kwargs or {}), **tool_kwargs}
             try:
                 text = tokenizer.apply_chat_template(messages, prompt.add_generation_prompt, **template_kwargs)
             except ValueError as e:

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 import msgspec
 
 from engine.sampling_params import SamplingParams
-from grammar.constraint import Constraint
+from grammar.constraint import Constraint, after_thinking, with_tool_calls
 from grammar.reasoning import ReasoningMarkers, markers_for_model
 from grammar.tool_calls import SYNTAXES, Tool, ToolCalls, ToolCallSyntax, syntax_for_model
 from service._gen.formwork.v1 import generation_pb2 as pb
@@ -24,10 +24,6 @@ from service.errors import invalid_argument
 if TYPE_CHECKING:
     from service.conversion import PromptInput
     from service.limits import ServiceLimits
-
-# the output after a think section, when the request has no constraint of its own but a budget
-_ANY_TEXT = r"[\s\S]*"
-
 
 @dataclass(frozen=True)
 class OutputShape:
@@ -88,20 +84,13 @@ class ChatFormat:
         template_kwargs: dict[str, Any] = {}
         syntax = None
         if tools and choice != "none":
-            if constraint is not None:
-                raise invalid_argument("tool_choice", "a constraint cannot be combined with tool calls; set "
-                                                      "tool_choice to none, or drop the constraint")
             parallel = request.parallel_tool_calls if request.HasField("parallel_tool_calls") else True
-            spec = ToolCalls(tuple(tools), choice, name, parallel, self.tool_syntax)
-            constraint = Constraint(kind="tool_calls", spec=spec.to_spec())
+            constraint = with_tool_calls(ToolCalls(tuple(tools), choice, name, parallel, self.tool_syntax), constraint)
             syntax = SYNTAXES[self.tool_syntax]
         reasoning = self._reasoning(request, template_kwargs)
         if reasoning is not None:
             budget = request.reasoning.budget_tokens if request.HasField("reasoning") else 0
-            if constraint is None and budget:
-                constraint = Constraint(kind="regex", spec=_ANY_TEXT)
-            if constraint is not None:
-                constraint = msgspec.structs.replace(constraint, think_end=reasoning.end, think_budget=budget)
+            constraint = after_thinking(constraint, reasoning.end, budget)
         elif request.HasField("reasoning") and request.reasoning.HasField("budget_tokens"):
             raise invalid_argument("reasoning.budget_tokens", "needs reasoning on (a model with think markers)")
         if constraint is not None:
@@ -112,7 +101,16 @@ class ChatFormat:
         template_tools = [_template_tool(t) for t in tools] or None
         return ToolPlan(constraint, OutputShape(syntax, reasoning), template_tools, template_kwargs)
 
-    def _reasoning(self, request: pb.GenerateRequest, template_kwargs: dict[str, Any]) -> ReasoningMarkers | None:
+    def render(self, request: pb.TokenizeRequest, prompt: PromptInput, limits: ServiceLimits) -> PromptInput:
+        """A chat `prompt` with the request's tools and think switch, as `plan` renders it for
+        Generate (Tokenize: the same token counts). Raises ServiceError as `plan` does."""
+        template_kwargs: dict[str, Any] = {}
+        self._reasoning(request, template_kwargs)
+        template_tools = [_template_tool(t) for t in _tools(request, limits)] or None
+        return ToolPlan(None, OutputShape(), template_tools, template_kwargs).prompt(prompt)
+
+    def _reasoning(self, request: pb.GenerateRequest | pb.TokenizeRequest,
+                   template_kwargs: dict[str, Any]) -> ReasoningMarkers | None:
         wanted = request.reasoning.enabled if request.reasoning.HasField("enabled") else None
         if self.reasoning is None:
             if wanted:
@@ -130,7 +128,7 @@ class ChatFormat:
         return self.reasoning
 
 
-def _tools(request: pb.GenerateRequest, limits: ServiceLimits) -> list[Tool]:
+def _tools(request: pb.GenerateRequest | pb.TokenizeRequest, limits: ServiceLimits) -> list[Tool]:
     tools = []
     num_bytes = 0
     for index, tool in enumerate(request.tools):

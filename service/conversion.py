@@ -25,6 +25,7 @@ from service.limits import MAX_LOGPROBS, ServiceLimits
 if TYPE_CHECKING:
     from engine.frontend.output_processor import RequestOutput
     from engine.protocol import EngineCoreReady
+    from service.assistant_output import AssistantStream
     from service.chat_format import ChatFormat, OutputShape
 
 # proto3 `optional` sampling fields, named as in SamplingParams
@@ -214,15 +215,21 @@ def _value_to_python(value: struct_pb2.Value) -> Any:
 
 
 def generate_response(output: RequestOutput, request_id: str, token_text: Callable[[int], str],
-                      delta: bool, shape: OutputShape | None = None) -> pb.GenerateResponse:
+                      delta: bool, shape: OutputShape | None = None,
+                      reader: AssistantStream | None = None) -> pb.GenerateResponse:
     """A GenerateResponse: the whole output (unary), or what this output adds (`delta`, streaming);
-    totals when the output is final, with the think section and tool calls read out per `shape`."""
+    totals when the output is final, with the think section and tool calls read out per `shape`.
+    A stream's `reader` (one per request, fed every output) adds the tool-call deltas."""
     text = output.delta_text if delta else output.text
     token_ids = output.new_token_ids if delta else output.token_ids
     logprobs = output.new_logprobs if delta else output.logprobs
     response = pb.GenerateResponse(request_id=request_id, text=text, token_ids=token_ids)
     if logprobs:
         response.logprobs.extend(_token_logprob(lp, token_text) for lp in logprobs)
+    if reader is not None:
+        response.tool_call_deltas.extend(
+            pb.ToolCallDelta(index=d.index, id=d.id, name=d.name, arguments_delta=d.arguments)
+            for d in reader.step(output.text, output.finished).call_deltas)
     if output.finished:
         assert output.finish_reason is not None
         response.finish_reason = _FINISH_REASON[output.finish_reason]
@@ -242,7 +249,8 @@ def generate_response(output: RequestOutput, request_id: str, token_text: Callab
                 forward_passes=output.num_forward_passes))
         response.not_enforced.extend(output.not_enforced)
         if shape is not None and not shape.plain:
-            parts = assistant_output.split(output.text, shape)
+            parts = (reader.final_parts(output.text) if reader is not None
+                     else assistant_output.split(output.text, shape))
             response.reasoning, response.content = parts.reasoning, parts.content
             response.tool_calls.extend(pb.ToolCall(id=c.id, name=c.name, arguments_json=c.arguments)
                                        for c in parts.calls)

@@ -34,6 +34,7 @@ from engine.sampling_params import SamplingParams
 from service import conversion
 from service._gen.formwork.v1 import generation_pb2 as pb
 from service._gen.formwork.v1 import generation_pb2_grpc as pb_grpc
+from service.assistant_output import AssistantStream
 from service.async_llm import AsyncLLM
 from service.chat_format import OutputShape
 from service.errors import ServiceError, StatusCode, invalid_argument
@@ -91,10 +92,11 @@ class GenerationServicer(pb_grpc.GenerationServicer):
         async with _status(context, self._rejected):
             _check_decoded(request, "GenerateStream")
             prepared = await self._prepare(request)
+            reader = None if prepared.shape.plain else AssistantStream(prepared.shape)
             async with contextlib.aclosing(self._generate(prepared, request, stream=True)) as outputs:
                 async for output in outputs:
                     yield conversion.generate_response(output, prepared.request_id, self._llm.token_text, delta=True,
-                                                       shape=prepared.shape)
+                                                       shape=prepared.shape, reader=reader)
 
     async def ValidateConstraint(self, request: pb.ValidateConstraintRequest,
                                  context: grpc.aio.ServicerContext) -> pb.ValidateConstraintResponse:
@@ -129,6 +131,7 @@ class GenerationServicer(pb_grpc.GenerationServicer):
             self._llm.check_available()
             assert self._llm.info is not None and self._llm.tokenizer is not None
             prompt = conversion.prompt_from_proto(request, self._llm.info.vocab_size)
+            prompt = self._llm.chat_format.render(request, prompt, self._limits)
             token_ids, rendered = await self._llm.encode_prompt(prompt)
             tokens = self._llm.tokenizer.convert_ids_to_tokens(token_ids)
             return pb.TokenizeResponse(token_ids=token_ids, tokens=[t or "" for t in tokens],

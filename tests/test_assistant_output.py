@@ -45,14 +45,21 @@ def test_family_syntax_defaults():
 
 
 def stream(text: str, shape: OutputShape, chunk: int):
+    """(reasoning, content, [(id, name, arguments)]) as a client adds up the streamed deltas."""
     reader = AssistantStream(shape)
     reasoning, content, calls = "", "", []
     for end in range(chunk, len(text) + chunk, chunk):
         parts = reader.step(text[:end], finished=end >= len(text))
         reasoning += parts.reasoning
         content += parts.content
-        calls += parts.calls
-    return reasoning, content, calls
+        for delta in parts.call_deltas:
+            if delta.id:
+                assert delta.index == len(calls) and delta.arguments == ""
+                calls.append([delta.id, delta.name, ""])
+            else:
+                assert not delta.name and delta.arguments
+                calls[delta.index][2] += delta.arguments
+    return reasoning, content, [tuple(c) for c in calls]
 
 
 @pytest.mark.parametrize("chunk", [1, 2, 3, 7, 1000])
@@ -63,14 +70,48 @@ def test_streamed_parts_add_up_to_the_whole(chunk):
     reasoning, content, calls = stream(text, shape, chunk)
     assert reasoning == whole.reasoning == "Call the tool.\n"
     assert content.strip() == whole.content == "One moment."
-    assert [(c.name, c.arguments) for c in calls] == [(c.name, c.arguments) for c in whole.calls]
-    assert [json.loads(c.arguments)["city"] for c in calls] == ["Paris", "Oslo"]
+    assert [(name, arguments) for _, name, arguments in calls] == [(c.name, c.arguments) for c in whole.calls]
+    assert [json.loads(arguments)["city"] for _, _, arguments in calls] == ["Paris", "Oslo"]
 
 
-def test_a_call_is_handed_out_only_once_complete():
+@pytest.mark.parametrize("name", sorted(SYNTAXES))
+@pytest.mark.parametrize("chunk", [1, 4, 1000])
+def test_every_syntax_streams_the_arguments_as_written(name, chunk):
+    """The arguments add up to the text the model wrote (its own spacing), as the whole answer has them."""
+    syntax = SYNTAXES[name]
+    first = syntax.call_prefix("get_weather") + '{"city":"Paris", "days" : 3}}'
+    second = syntax.call_prefix("get_time") + '{"zone": "CET"}}'
+    written = (syntax.open + first + syntax.separator + second + syntax.close if syntax.wrapped
+               else syntax.open + first + syntax.close + syntax.separator + syntax.open + second + syntax.close)
+    text = "Checking. " + written
+    shape = OutputShape(syntax)
+    _, content, calls = stream(text, shape, chunk)
+    whole = split(text, shape)
+    assert content.strip() == whole.content == "Checking."
+    assert [(n, a) for _, n, a in calls] == [(c.name, c.arguments) for c in whole.calls] == [
+        ("get_weather", '{"city":"Paris", "days" : 3}'), ("get_time", '{"zone": "CET"}')]
+
+
+def test_a_call_streams_its_name_first_then_its_arguments():
     reader = AssistantStream(OutputShape(HERMES))
     assert reader.step("Sure. <tool", finished=False).content == "Sure. "
-    assert reader.step("Sure. " + CALL[:30], finished=False).calls == []
+    assert reader.step("Sure. " + CALL[:30], finished=False).call_deltas == []  # the name is not complete
+    name_end = CALL.index('"arguments": ') + len('"arguments": ')
+    parts = reader.step("Sure. " + CALL[:name_end], finished=False)
+    [opening] = parts.call_deltas
+    assert (opening.index, opening.name, opening.arguments) == (0, "get_weather", "")
+    assert opening.id.startswith("call_") and parts.content == ""
+    assert [d.arguments for d in reader.step("Sure. " + CALL[:name_end + 9], finished=False).call_deltas] == [
+        '{"city": ']
     parts = reader.step("Sure. " + CALL, finished=False)
-    assert [c.name for c in parts.calls] == ["get_weather"] and parts.content == ""
+    assert [d.arguments for d in parts.call_deltas] == ['"Paris"}'] and parts.content == ""
     assert reader.num_calls == 1
+    assert reader.final_parts("Sure. " + CALL).calls[0].id == opening.id  # the final answer keeps the ids
+
+
+def test_a_call_cut_by_max_tokens_stays_a_call_once_streamed():
+    reader = AssistantStream(OutputShape(HERMES))
+    cut = "Sure. " + CALL[:CALL.index("Paris")]
+    reader.step(cut, finished=False)
+    parts = reader.step(cut + "Pa", finished=True)
+    assert parts.content == "" and [d.arguments for d in parts.call_deltas] == ["Pa"]

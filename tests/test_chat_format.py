@@ -51,9 +51,20 @@ def test_auto_is_the_default_and_none_leaves_the_output_free():
     assert none.constraint is None and none.shape.plain and none.tools  # still shown to the model
 
 
+def test_a_constraint_beside_auto_shapes_the_text_answer_and_is_moot_for_required():
+    schema = Constraint("json_schema", json.dumps(WEATHER), strict=False, whitespace="compact")
+    auto = ChatFormat().plan(tools(), schema, LIMITS).constraint
+    spec = ToolCalls.from_spec(auto.spec)
+    assert auto.kind == "tool_calls" and (auto.strict, auto.whitespace) == (False, "compact")
+    assert spec.choice == "auto" and spec.answer == {"kind": "json_schema", "spec": schema.spec, "choices": []}
+    required = ChatFormat().plan(tools(tool_choice={"mode": "TOOL_CHOICE_MODE_REQUIRED"}), schema, LIMITS).constraint
+    assert ToolCalls.from_spec(required.spec).answer is None and required.strict is False
+    with pytest.raises(ValueError, match="tool choice auto only"):
+        ToolCalls(spec.tools, "required", answer={"kind": "json_object"}).validate()
+
+
 @pytest.mark.parametrize("fields, constraint, message", [
     ({"tool_choice": {"function_name": "nope"}}, None, "tool_choice.function_name: 'nope' is not one of"),
-    ({}, Constraint("json_object"), "tool_choice: a constraint cannot be combined with tool calls"),
     ({"tools": [{"name": "a b"}]}, None, "tools: tools[0].name 'a b' must be 1-64 letters"),
     ({"tools": [{"name": "f", "parameters_json": "[1]"}]}, None, 'tools[0].parameters_json: ("f") must be'),
     ({"tools": [{"name": "f", "parameters_json": "{"}]}, None, 'tools[0].parameters_json: ("f") is not valid JSON'),

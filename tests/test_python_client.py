@@ -113,6 +113,35 @@ def test_inputs_and_constraints():
         fc.choice("ab")
 
 
+WEATHER_TOOL = {"type": "function", "function": {
+    "name": "get_weather", "description": "Current weather",
+    "parameters": {"type": "object", "properties": {"city": {"type": "string", "maxLength": 20}}, "required": ["city"]}}}
+
+
+def test_tools_tool_choice_and_messages_with_calls():
+    request = generate_request(messages=[
+        {"role": "user", "content": "Weather in Oslo?"},
+        {"role": "assistant", "content": "", "tool_calls": [
+            {"id": "call_1", "type": "function",
+             "function": {"name": "get_weather", "arguments": '{"city": "Oslo"}'}}]},
+        {"role": "tool", "tool_call_id": "call_1", "content": "3 C"}],
+        tools=[WEATHER_TOOL, {"name": "get_time"}], tool_choice="get_weather", parallel_tool_calls=False,
+        reasoning=False, reasoning_budget=16)
+    assert [t.name for t in request.tools] == ["get_weather", "get_time"]
+    assert json.loads(request.tools[0].parameters_json) == WEATHER_TOOL["function"]["parameters"]
+    assert request.tools[1].parameters_json == ""
+    assert request.tool_choice.function_name == "get_weather" and request.parallel_tool_calls is False
+    assert request.reasoning.enabled is False and request.reasoning.budget_tokens == 16
+    call = request.chat.messages[1].tool_calls[0]
+    assert (call.id, call.name, call.arguments_json) == ("call_1", "get_weather", '{"city": "Oslo"}')
+    assert request.chat.messages[2].tool_call_id == "call_1"
+    assert generate_request("x", tool_choice="required").tool_choice.mode == fc.pb.TOOL_CHOICE_MODE_REQUIRED
+    named = generate_request("x", tool_choice={"type": "function", "function": {"name": "f"}})
+    assert named.tool_choice.function_name == "f"
+    with pytest.raises(TypeError, match="a tool is"):
+        generate_request("x", tools=[{"type": "retrieval"}])
+
+
 def test_extract_request():
     request = extract_request(PERSON_SCHEMA, "Some text.", max_tokens=8)
     (message,) = request.chat.messages
@@ -237,6 +266,23 @@ def test_generate_with_a_constraint_and_tokenize(client):
     response = client.generate(messages=messages, max_tokens=4, temperature=0, constraint=fc.choice(["yes", "no"]))
     assert response.text in ("yes", "no") and response.finish_reason == fc.pb.FINISH_REASON_STOP
     assert len(client.tokenize(messages=messages).token_ids) == response.usage.prompt_tokens
+
+
+@pytest.mark.slow
+def test_tools_a_required_call_streamed_and_tokenized(client):
+    messages = [{"role": "user", "content": "What is the weather in Paris?"}]
+    fields = dict(messages=messages, tools=[WEATHER_TOOL], tool_choice="required", parallel_tool_calls=False,
+                  max_tokens=48, temperature=0)
+    response = client.generate(**fields)
+    [call] = response.tool_calls
+    assert call.name == "get_weather" and response.content == ""
+    jsonschema.validate(json.loads(call.arguments_json), WEATHER_TOOL["function"]["parameters"])
+    streamed = list(client.stream(**fields))
+    deltas = [d for m in streamed for d in m.tool_call_deltas]
+    assert deltas[0].name == "get_weather" and deltas[0].id == streamed[-1].tool_calls[0].id
+    assert "".join(d.arguments_delta for d in deltas) == streamed[-1].tool_calls[0].arguments_json
+    tokenized = client.tokenize(messages=messages, tools=[WEATHER_TOOL])
+    assert len(tokenized.token_ids) == response.usage.prompt_tokens > len(client.tokenize(messages=messages).token_ids)
 
 
 @pytest.mark.slow

@@ -69,6 +69,24 @@ def test_auto_is_free_until_the_trigger_then_constrained():
     assert not grammar.accept_tokens(encode("hello"))
 
 
+def test_auto_with_an_answer_constraint_is_that_answer_or_calls():
+    person = {"kind": "json_schema", "spec": '{"type": "object", "properties": {"name": {"type": "string"}}, '
+                                             '"required": ["name"]}'}
+    constraint = Constraint("tool_calls", ToolCalls((WEATHER, TIME), "auto", answer=person).to_spec())
+    grammar = compiled(constraint)
+    assert accepts(grammar, '{"name": "Bo"}')
+    assert accepts(grammar, CALL_WEATHER)
+    assert accepts(grammar, CALL_WEATHER + "\n" + CALL_TIME)
+    assert not accepts(grammar, "It is sunny today.")  # free text no longer
+    assert not accepts(grammar, '{"nom": "Bo"}')
+    assert not accepts(grammar, CALL_WEATHER.replace('"city"', '"town"'))
+    choice = Constraint("tool_calls", ToolCalls((WEATHER,), "auto", answer={"kind": "choice",
+                                                                          "choices": ["yes", "no"]}).to_spec())
+    assert accepts(compiled(choice), "no") and not accepts(compiled(choice), "maybe")
+    with pytest.raises(GrammarError, match="the answer's regex"):
+        compiled(Constraint("tool_calls", ToolCalls((WEATHER,), "auto", answer={"kind": "regex"}).to_spec()))
+
+
 @pytest.mark.parametrize("syntax, text", [
     ("llama3_json", '{"name": "get_weather", "parameters": {"city": "Oslo"}}'),
     ("mistral", '[TOOL_CALLS][{"name": "get_weather", "arguments": {"city": "Oslo"}}, '

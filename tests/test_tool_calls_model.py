@@ -81,3 +81,26 @@ def test_tool_calls_after_a_think_section(llm):
     content, [(name, arguments)] = SYNTAXES["hermes"].parse(answer)
     assert content == ""
     jsonschema.validate(json.loads(arguments), {t.name: t.parameters for t in TOOLS}[name])
+
+
+def test_offline_chat_with_tools_renders_them_and_reads_the_calls_back(llm):
+    tools = [{"type": "function", "function": {"name": t.name, "description": t.description,
+                                                "parameters": t.parameters}} for t in TOOLS]
+    conversations = [[{"role": "user", "content": q}] for q in QUESTIONS[:2]]
+    answers = llm.chat(conversations, SamplingParams(max_tokens=120, temperature=0), tools=tools,
+                       tool_choice="required", parallel_tool_calls=False)
+    schemas = {t.name: t.parameters for t in TOOLS}
+    for answer in answers:
+        assert answer.output.finish_reason == FinishReason.STOP, answer.output.text
+        [(name, arguments)] = answer.tool_calls
+        assert answer.content == ""
+        jsonschema.validate(json.loads(arguments), schemas[name])
+    # the same prompt the server renders: the tools are in it
+    assert answers[0].output.num_prompt_tokens == len(prompt(llm, QUESTIONS[0], "hermes")["prompt_token_ids"])
+    [named] = llm.chat(conversations[0], SamplingParams(max_tokens=120, temperature=0), tools=tools,
+                       tool_choice="book_table", parallel_tool_calls=False)
+    assert [name for name, _ in named.tool_calls] == ["book_table"]
+    with pytest.raises(ValueError, match="not one of the tools"):
+        llm.chat(conversations[0], tools=tools, tool_choice="nope")
+    [free] = llm.chat(conversations[0], SamplingParams(max_tokens=8, temperature=0), tools=tools, tool_choice="none")
+    assert free.tool_calls == [] and free.content == free.output.text

@@ -19,6 +19,18 @@ def template_knows_tools(chat_template: str | None) -> bool:
     return bool(chat_template) and "tools" in chat_template  # type: ignore[operator]
 
 
+def render_inputs(messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None, chat_template: str | None,
+                  syntax: ToolCallSyntax) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+    """(the messages, the template's extra variables) that render a conversation with `tools`
+    (transformers' function shape) and its earlier calls and results, for the model's template."""
+    uses_tools = tools or any(m["role"] == "tool" or m.get("tool_calls") for m in messages)
+    if not uses_tools:
+        return messages, {}
+    if template_knows_tools(chat_template):
+        return messages, {"tools": tools}
+    return messages_with_tools(messages, tools, syntax), {}
+
+
 def messages_with_tools(messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None,
                         syntax: ToolCallSyntax) -> list[dict[str, Any]]:
     """The conversation for a template without tools: tool prompt, calls and results as plain text."""

@@ -7,6 +7,7 @@ import random
 import time
 from typing import TYPE_CHECKING, Any
 
+import msgspec
 import numpy as np
 import torch
 import xgrammar as xgr
@@ -79,23 +80,7 @@ class XGrammarBackend(GrammarBackend):
         first matcher and bitmask fill run here, on the compile thread, rather than in a step."""
         kind = constraint.kind
         not_enforced: list[str] = []
-        if kind in ("json_schema", "json_object"):
-            grammar, not_enforced = self._json_grammar(constraint)
-        elif kind == "regex":
-            check_repeats("regex", constraint.spec, self.config.max_repeat_count)
-            grammar = convert_spec(kind, constraint.strict, not_enforced, xgr.Grammar.from_regex, constraint.spec)
-        elif kind == "grammar":
-            try:  # a Lark grammar (vLLM's guided_grammar) is translated; EBNF passes unchanged
-                ebnf = lark_grammar.to_ebnf(constraint.spec, constraint.grammar_syntax or "auto")
-            except lark_grammar.LarkGrammarError as e:
-                raise GrammarError(f"grammar (Lark) is not supported: {e}") from None
-            grammar = convert_spec(kind, constraint.strict, not_enforced, xgr.Grammar.from_ebnf, ebnf)
-        elif kind == "choice":
-            grammar = convert_spec(kind, True, not_enforced, xgr.Grammar.from_ebnf, choice_ebnf(constraint.choices))
-        elif kind == "tool_calls":
-            grammar = None  # built from its tools' schemas below
-        else:
-            raise GrammarError(f"unknown constraint kind {kind!r}")
+        grammar = None if kind == "tool_calls" else self._plain_grammar(constraint, not_enforced)
         if kind == "tool_calls" or constraint.think_end:
             grammar = self._structural_grammar(constraint, grammar, not_enforced)
         bounds = self._check_bounds(kind, grammar)
@@ -109,6 +94,27 @@ class XGrammarBackend(GrammarBackend):
         self._warm_up(result)
         result.min_output_tokens = self._min_output_tokens(result)
         return result
+
+    def _plain_grammar(self, constraint: Constraint, not_enforced: list[str]) -> xgr.Grammar:
+        """The grammar of a constraint of one of CONSTRAINT_KINDS, think section aside."""
+        kind = constraint.kind
+        if kind in ("json_schema", "json_object"):
+            grammar, notes = self._json_grammar(constraint)
+            not_enforced += notes
+        elif kind == "regex":
+            check_repeats("regex", constraint.spec, self.config.max_repeat_count)
+            grammar = convert_spec(kind, constraint.strict, not_enforced, xgr.Grammar.from_regex, constraint.spec)
+        elif kind == "grammar":
+            try:  # a Lark grammar (vLLM's guided_grammar) is translated; EBNF passes unchanged
+                ebnf = lark_grammar.to_ebnf(constraint.spec, constraint.grammar_syntax or "auto")
+            except lark_grammar.LarkGrammarError as e:
+                raise GrammarError(f"grammar (Lark) is not supported: {e}") from None
+            grammar = convert_spec(kind, constraint.strict, not_enforced, xgr.Grammar.from_ebnf, ebnf)
+        elif kind == "choice":
+            grammar = convert_spec(kind, True, not_enforced, xgr.Grammar.from_ebnf, choice_ebnf(constraint.choices))
+        else:
+            raise GrammarError(f"unknown constraint kind {kind!r}")
+        return grammar
 
     def _min_output_tokens(self, compiled: XGrammarCompiled) -> int | None:
         """The shortest output's tokens, searched for here on the compile thread with a budget a
@@ -251,7 +257,21 @@ class XGrammarBackend(GrammarBackend):
                 raise GrammarError(f'tools[{index}] "{tool.name}" parameters: {e}') from None
             not_enforced += [f'tool "{tool.name}": {note}' for note in notes]
             arguments[tool.name] = str(grammar)
-        return structural_tags.tool_calls_format(spec, arguments)
+        return structural_tags.tool_calls_format(spec, arguments, self._answer_ebnf(constraint, spec, not_enforced))
+
+    def _answer_ebnf(self, constraint: Constraint, spec: ToolCalls, not_enforced: list[str]) -> str | None:
+        """The grammar a text answer follows beside the calls (ToolCalls.answer), with the tool
+        constraint's options; None: free text."""
+        if spec.answer is None:
+            return None
+        answer = msgspec.structs.replace(constraint, kind=spec.answer["kind"], spec=spec.answer.get("spec", ""),
+                                         choices=list(spec.answer.get("choices", [])), think_end="", think_budget=0)
+        try:
+            answer.validate()
+            schema_check.check_limits(answer, self.config.max_spec_bytes, self.config.max_schema_depth)
+        except ValueError as e:
+            raise GrammarError(f"the answer's {answer.kind}: {e}") from None
+        return str(self._plain_grammar(answer, not_enforced))
 
     # -- JSON -------------------------------------------------------------------------------
 

@@ -280,9 +280,9 @@ class OpenAIApi:
 
         def chunk(index: int, output: RequestOutput | None, opening: bool = False) -> bytes:
             if call.chat:
-                return event(responses.chat_chunk(call.response_id, call.created, call.model, index, output,
-                                                  token_text, call.logprobs, include_usage, opening,
-                                                  None if call.shape.plain else readers[index]))
+                return b"".join(event(c) for c in responses.chat_chunks(
+                    call.response_id, call.created, call.model, index, output, token_text, call.logprobs,
+                    include_usage, opening, None if call.shape.plain else readers[index]))
             assert output is not None
             return event(responses.completion_chunk(call.response_id, call.created, call.model, index, output,
                                                     token_text, call.logprobs, include_usage))

@@ -100,39 +100,50 @@ def completion(response_id: str, created: int, model: str, finals: Sequence[Requ
     }
 
 
-def chat_chunk(response_id: str, created: int, model: str, index: int, output: RequestOutput | None,
-               token_text: TokenText, logprobs: bool, include_usage: bool, first: bool,
-               reader: AssistantStream | None = None) -> dict[str, Any]:
-    """One choice's step; `output` None: the opening chunk that carries the role. With `reader`,
-    the step's text is split into reasoning_content, content and whole tool calls, as OpenAI and
-    vLLM stream them."""
-    delta: dict[str, Any] = {"role": "assistant", "content": ""} if first else {"content": output.delta_text if output else ""}
+def chat_chunks(response_id: str, created: int, model: str, index: int, output: RequestOutput | None,
+                token_text: TokenText, logprobs: bool, include_usage: bool, first: bool,
+                reader: AssistantStream | None = None) -> list[dict[str, Any]]:
+    """One choice's step as chunks; `output` None: the opening chunk that carries the role. With
+    `reader`, the step's text is split into reasoning_content, content and tool-call deltas, one
+    chunk each, as OpenAI and vLLM stream them: a call's first delta has its id, type, name and
+    arguments "", the next ones pieces of its arguments. The step's logprobs ride on its first
+    chunk, its finish_reason on the last."""
+    deltas: list[dict[str, Any]] = [{"role": "assistant", "content": ""} if first
+                                    else {"content": output.delta_text if output else ""}]
     reason = finish_reason(output) if output else None
     if reader is not None and output is not None and not first:
-        delta = _assistant_delta(reader, output)
+        deltas = _assistant_deltas(reader, output)
         if reason == "stop" and reader.num_calls:
             reason = "tool_calls"
-    choice: dict[str, Any] = {"index": index, "delta": delta, "logprobs": None, "finish_reason": reason}
-    if logprobs and output is not None:
-        choice["logprobs"] = chat_logprobs(output.new_logprobs or [], token_text)
-    chunk = {"id": response_id, "object": "chat.completion.chunk", "created": created, "model": model,
-             "choices": [choice]}
-    if include_usage:
-        chunk["usage"] = None
-    return chunk
+    chunks = []
+    for number, delta in enumerate(deltas):
+        choice: dict[str, Any] = {"index": index, "delta": delta, "logprobs": None,
+                                  "finish_reason": reason if number == len(deltas) - 1 else None}
+        if logprobs and output is not None and number == 0:
+            choice["logprobs"] = chat_logprobs(output.new_logprobs or [], token_text)
+        chunk = {"id": response_id, "object": "chat.completion.chunk", "created": created, "model": model,
+                 "choices": [choice]}
+        if include_usage:
+            chunk["usage"] = None
+        chunks.append(chunk)
+    return chunks
 
 
-def _assistant_delta(reader: AssistantStream, output: RequestOutput) -> dict[str, Any]:
+def _assistant_deltas(reader: AssistantStream, output: RequestOutput) -> list[dict[str, Any]]:
     parts = reader.step(output.text, output.finished)
     delta: dict[str, Any] = {}
     if parts.reasoning:
         delta["reasoning_content"] = parts.reasoning
-    if parts.content or not (parts.reasoning or parts.calls):
+    if parts.content or not (parts.reasoning or parts.call_deltas):
         delta["content"] = parts.content
-    if parts.calls:
-        first_index = reader.num_calls - len(parts.calls)
-        delta["tool_calls"] = [{"index": first_index + i, **_tool_call(call)} for i, call in enumerate(parts.calls)]
-    return delta
+    deltas = [delta] if delta else []
+    for call in parts.call_deltas:
+        if call.id:
+            deltas.append({"tool_calls": [{"index": call.index, "id": call.id, "type": "function",
+                                           "function": {"name": call.name, "arguments": ""}}]})
+        else:
+            deltas.append({"tool_calls": [{"index": call.index, "function": {"arguments": call.arguments}}]})
+    return deltas
 
 
 def _tool_call(call: ParsedCall) -> dict[str, Any]:

@@ -6,3 +6,4 @@
 export { DEFAULT_ADDRESS, extractPrompt, FormworkClient, loadGenerationService, PROTO_ROOT } from "./client.js";
 export { CONSTRAINT_KEY_HEADER, choice, constraintKey, grammar, jsonObject, jsonSchema, regex } from "./constraints.js";
 export { FormworkError, IncompleteOutputError } from "./errors.js";
+export { tool, ToolCallAccumulator, toolCalls, toolChoice } from "./tools.js";

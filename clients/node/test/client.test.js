@@ -8,7 +8,8 @@ import { after, before, describe, test } from "node:test";
 import { fileURLToPath } from "node:url";
 
 import {
-  choice, FormworkClient, FormworkError, IncompleteOutputError, jsonSchema, regex,
+  choice, FormworkClient, FormworkError, IncompleteOutputError, jsonSchema, regex, tool, ToolCallAccumulator, toolCalls,
+  toolChoice,
 } from "formwork-client";
 
 const ADDRESS = process.env.FORMWORK_ADDR;
@@ -91,6 +92,30 @@ describe("FormworkClient against a live server", () => {
     const last = messages.at(-1);
     assert.ok(["FINISH_REASON_STOP", "FINISH_REASON_LENGTH"].includes(last.finish_reason));
     assert.equal(last.usage.completion_tokens, messages.reduce((n, m) => n + m.token_ids.length, 0));
+  });
+
+  test("tools: a required call, its arguments streamed, and the tools in Tokenize's count", async () => {
+    const weather = { type: "object", properties: { city: { type: "string", maxLength: 20 } }, required: ["city"] };
+    const messages = [{ role: "user", content: "What is the weather in Paris?" }];
+    const request = {
+      chat: { messages }, tools: [tool("get_weather", weather, "Current weather in a city")],
+      tool_choice: toolChoice("required"), parallel_tool_calls: false, max_tokens: 48, temperature: 0,
+    };
+    const [call, ...more] = toolCalls(await client.generate(request));
+    assert.equal(more.length, 0);
+    assert.equal(call.name, "get_weather");
+    assert.equal(typeof call.arguments.city, "string");
+    const accumulator = new ToolCallAccumulator();
+    let last;
+    for await (const response of client.stream(request)) {
+      accumulator.add(response);
+      last = response;
+    }
+    assert.deepEqual(accumulator.calls, last.tool_calls.map(({ id, name, arguments_json }) => ({ id, name, arguments_json })));
+    const plain = await client.tokenize({ chat: { messages } });
+    const withTools = await client.tokenize({ chat: { messages }, tools: request.tools });
+    assert.ok(withTools.token_ids.length > plain.token_ids.length);
+    assert.ok(withTools.rendered_prompt.includes("get_weather"));
   });
 
   test("leaving a stream early cancels the request on the server", async () => {

@@ -87,9 +87,9 @@ class AsyncClient:
             raise errors.from_rpc_error(e) from e
 
     async def tokenize(self, prompt: str | None = None, *, messages: Messages | None = None,
-                       add_generation_prompt: bool | None = None,
-                       timeout: float | None = None) -> pb.TokenizeResponse:
-        request = tokenize_request(prompt, messages=messages, add_generation_prompt=add_generation_prompt)
+                       add_generation_prompt: bool | None = None, timeout: float | None = None,
+                       **fields: Any) -> pb.TokenizeResponse:
+        request = tokenize_request(prompt, messages=messages, add_generation_prompt=add_generation_prompt, **fields)
         try:
             return await self._stub.Tokenize(request, timeout=self._timeout(timeout), metadata=self._metadata)
         except grpc.RpcError as e:

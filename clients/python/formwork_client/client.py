@@ -105,9 +105,11 @@ class Client:
             raise errors.from_rpc_error(e) from e
 
     def tokenize(self, prompt: str | None = None, *, messages: Messages | None = None,
-                 add_generation_prompt: bool | None = None, timeout: float | None = None) -> pb.TokenizeResponse:
-        """The prompt token ids generate() would use for the same input."""
-        request = tokenize_request(prompt, messages=messages, add_generation_prompt=add_generation_prompt)
+                 add_generation_prompt: bool | None = None, timeout: float | None = None,
+                 **fields: Any) -> pb.TokenizeResponse:
+        """The prompt token ids generate() would use for the same input (`tools=`, `reasoning=`
+        as generate() takes them)."""
+        request = tokenize_request(prompt, messages=messages, add_generation_prompt=add_generation_prompt, **fields)
         try:
             return self._stub.Tokenize(request, timeout=self._timeout(timeout), metadata=self._metadata)
         except grpc.RpcError as e:

@@ -13,10 +13,12 @@ from typing import Any
 from formwork_client._gen.formwork.v1 import generation_pb2 as pb
 from formwork_client.constraints import ConstraintLike, json_schema, to_constraint
 from formwork_client.errors import IncompleteOutputError
+from formwork_client.tools import set_tools, to_message, to_tool_choice
 
 DEFAULT_ADDRESS = "127.0.0.1:50051"  # what `make serve` listens on
 
-Messages = Sequence[Mapping[str, str]]  # [{"role": "user", "content": "..."}, ...]
+# [{"role": "user", "content": "..."}, ...]; an assistant's "tool_calls", a tool result's "tool_call_id"
+Messages = Sequence[Mapping[str, Any]]
 
 
 def generate_request(prompt: str | pb.GenerateRequest | None = None, *, messages: Messages | None = None,
@@ -27,10 +29,15 @@ def generate_request(prompt: str | pb.GenerateRequest | None = None, *, messages
                      frequency_penalty: float | None = None, presence_penalty: float | None = None,
                      stop: Iterable[str] = (), stop_token_ids: Iterable[int] = (), ignore_eos: bool | None = None,
                      include_stop_str_in_output: bool | None = None, logprobs: int | None = None,
-                     priority: int = 0, request_id: str = "") -> pb.GenerateRequest:
+                     priority: int = 0, request_id: str = "", tools: Iterable[Mapping[str, Any]] | None = None,
+                     tool_choice: str | Mapping[str, Any] | None = None, parallel_tool_calls: bool | None = None,
+                     reasoning: bool | None = None, reasoning_budget: int | None = None) -> pb.GenerateRequest:
     """A GenerateRequest. The input is exactly one of `prompt` (raw text, tokenized as is),
     `messages` (a chat, rendered with the model's chat template) or `prompt_token_ids`; a ready
-    GenerateRequest passed as `prompt` is used as it is. A dict `constraint` is a JSON Schema."""
+    GenerateRequest passed as `prompt` is used as it is. A dict `constraint` is a JSON Schema.
+    `tools`, `tool_choice` (formwork_client.tools says their shapes), `parallel_tool_calls`:
+    the calls the model may make; `reasoning` (on/off) and `reasoning_budget` (tokens): its think
+    section. The response's `tool_calls`, `content` and `reasoning` hold the answer read back."""
     if isinstance(prompt, pb.GenerateRequest):
         return prompt
     request = pb.GenerateRequest(request_id=request_id, priority=priority, stop=list(stop),
@@ -46,13 +53,21 @@ def generate_request(prompt: str | pb.GenerateRequest | None = None, *, messages
             setattr(request, name, value)
     if constraint is not None:
         request.constraint.CopyFrom(to_constraint(constraint))
+    set_tools(request, tools, reasoning, reasoning_budget)
+    if tool_choice is not None:
+        request.tool_choice.CopyFrom(to_tool_choice(tool_choice))
+    if parallel_tool_calls is not None:
+        request.parallel_tool_calls = parallel_tool_calls
     return request
 
 
 def tokenize_request(prompt: str | None = None, *, messages: Messages | None = None,
-                     add_generation_prompt: bool | None = None) -> pb.TokenizeRequest:
+                     add_generation_prompt: bool | None = None, tools: Iterable[Mapping[str, Any]] | None = None,
+                     reasoning: bool | None = None) -> pb.TokenizeRequest:
+    """A TokenizeRequest; with `tools` and `reasoning` the chat renders as generate() renders it."""
     request = pb.TokenizeRequest()
     _set_input(request, prompt, messages, None, add_generation_prompt)
+    set_tools(request, tools, reasoning, None)
     return request
 
 
@@ -67,7 +82,7 @@ def _set_input(request: pb.GenerateRequest | pb.TokenizeRequest, prompt: str | N
             raise TypeError(f"prompt must be a string (use messages= for a chat), got {type(prompt).__name__}")
         request.prompt = prompt
     elif messages is not None:
-        request.chat.messages.extend(pb.ChatMessage(role=m["role"], content=m.get("content", "")) for m in messages)
+        request.chat.messages.extend(to_message(m) for m in messages)
         if add_generation_prompt is not None:
             request.chat.add_generation_prompt = add_generation_prompt
     elif isinstance(request, pb.GenerateRequest) and prompt_token_ids is not None:
