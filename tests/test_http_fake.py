@@ -8,10 +8,8 @@ import json
 
 import grpc
 import httpx
-import pytest
 
 from fake_engine_core import CRASH_SEED, PLAIN_ANSWER
-from inproc_server import InprocHttp
 from live_server import chat, error_of
 from service._gen.formwork.v1 import generation_pb2_grpc as pb_grpc
 from service.security import SecurityConfig

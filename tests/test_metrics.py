@@ -12,7 +12,6 @@ from pathlib import Path
 
 import grpc
 import httpx
-import pytest
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
 from engine.log_format import JsonFormatter
