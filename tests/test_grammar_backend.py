@@ -129,3 +129,21 @@ def test_xgrammar_warnings_are_captured_and_located():
     compiled = make_backend().compile(make_constraint(spec=schema, strict=False))
     assert compiled.not_enforced == ["oneOf at /properties/v"]
     assert make_backend().make_grammar(compiled).not_enforced == ["oneOf at /properties/v"]
+
+
+@pytest.mark.parametrize("pattern", [r"^\w+[\\](\w+\.)*\w+\.dll$", r'^\w+"$', r"^a\x5cb$"])
+def test_a_pattern_naming_a_quote_or_backslash_is_refused_in_strict_mode_and_never_lets_out_bad_json(pattern):
+    # xgrammar matches such a pattern against the JSON text: `[\\]` would let a lone backslash
+    # through (`"\"`), which no JSON parser reads
+    schema = {"type": "string", "pattern": pattern}
+    with pytest.raises(GrammarError, match="pattern"):
+        make_backend().compile(make_constraint(spec=schema))
+    loose = make_backend().compile(make_constraint(spec=schema, strict=False))
+    assert loose.not_enforced == ["pattern at / (the root)"]
+    assert not accepts(loose, '"\\"') and not accepts(loose, '"ab""')
+    assert accepts(loose, '"ab"')
+
+
+def test_patterns_that_only_contain_a_quote_in_a_wide_class_stay_enforced():
+    compiled = make_backend().compile(make_constraint(spec={"type": "string", "pattern": "^[ -~]{2}$"}))
+    assert accepts(compiled, '"ab"') and not accepts(compiled, '"abc"')
