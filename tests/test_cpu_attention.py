@@ -11,16 +11,23 @@ from engine.attention.cpu import CpuAttentionBackend
 from engine.kernels import loader as cpu_kernels
 
 
-def paged_reference(q, cache, block_table, seq_lens):
-    """Each request alone, in float64: gather its blocks, then plain softmax attention."""
+def paged_reference(q, cache, block_table, seq_lens, sliding_window=0, softcap=0.0):
+    """Each request alone, in float64: gather its blocks, keep the window's keys, then softmax
+    attention of plainly computed (and capped) scores."""
     block_size, num_kv_heads, head_dim = cache.shape[2:]
+    group = q.shape[1] // num_kv_heads
     out = []
     for i in range(q.shape[0]):
         length = int(seq_lens[i])
+        first = max(0, length - sliding_window) if sliding_window else 0
         blocks = block_table[i, :-(-length // block_size)].long()
-        k = cache[0][blocks].reshape(-1, num_kv_heads, head_dim)[:length].double().transpose(0, 1)
-        v = cache[1][blocks].reshape(-1, num_kv_heads, head_dim)[:length].double().transpose(0, 1)
-        out.append(F.scaled_dot_product_attention(q[i].double().unsqueeze(1), k, v, enable_gqa=True).squeeze(1))
+        k = cache[0][blocks].reshape(-1, num_kv_heads, head_dim)[first:length].double()
+        v = cache[1][blocks].reshape(-1, num_kv_heads, head_dim)[first:length].double()
+        k, v = k.repeat_interleave(group, dim=1).transpose(0, 1), v.repeat_interleave(group, dim=1).transpose(0, 1)
+        scores = (k @ q[i].double().unsqueeze(-1)).squeeze(-1) * head_dim ** -0.5  # [H, keys]
+        if softcap:
+            scores = softcap * torch.tanh(scores / softcap)
+        out.append((scores.softmax(-1).unsqueeze(1) @ v).squeeze(1))
     return torch.stack(out)
 
 
@@ -69,6 +76,24 @@ def test_kernel_writes_the_step_then_reads_scattered_blocks(kernels, dtype, head
     assert (out[untouched] == 7.0).all()
 
 
+@pytest.mark.parametrize("dtype,head_dim,group,kv_heads", [(torch.bfloat16, 64, 3, 3), (torch.float32, 64, 3, 3),
+                                                          (torch.bfloat16, 96, 2, 2), (torch.bfloat16, 128, 4, 1)])
+@pytest.mark.parametrize("sliding_window,softcap", [(1, 0.0), (16, 0.0), (37, 0.0), (0, 5.0), (20, 30.0), (500, 2.0)])
+def test_kernel_sliding_window_and_softcap(kernels, dtype, head_dim, group, kv_heads, sliding_window, softcap):
+    """Each query sees its last sliding_window keys (itself included), scores bent by softcap * tanh(s / softcap);
+    windows shorter, longer and at block edges of the queries' lengths (1 to 400 keys)."""
+    assert {"sliding_window", "softcap"} <= set(kernels.paged_attention_features)
+    cache, q, k, v, slot_mapping, query_ids, block_table, seq_lens = kernel_inputs(dtype, head_dim, group, kv_heads)
+    out = torch.zeros(q.shape, dtype=dtype)
+    kernels.paged_attention(out, q, k, v, cache, slot_mapping, query_ids, block_table, seq_lens, head_dim ** -0.5,
+                            sliding_window, softcap)
+    expected = paged_reference(q[query_ids], cache, block_table, seq_lens, sliding_window, softcap)
+    tolerance = 1e-5 if dtype == torch.float32 else 1e-2  # bf16: the output's own rounding
+    torch.testing.assert_close(out[query_ids].double(), expected, atol=tolerance, rtol=tolerance)
+    plain = paged_reference(q[query_ids], cache, block_table, seq_lens)
+    assert (out[query_ids].double() - plain).abs().max() > 10 * tolerance  # the window or the cap changed something
+
+
 def test_kernel_rejects_mismatched_inputs(kernels):
     cache, q, k, v, slot_mapping, query_ids, block_table, seq_lens = kernel_inputs(torch.float32)
     out = torch.empty(q.shape)
@@ -80,6 +105,12 @@ def test_kernel_rejects_mismatched_inputs(kernels):
         kernels.paged_attention(out, q.bfloat16(), k, v, cache, slot_mapping, query_ids, block_table, seq_lens, 1.0)
     with pytest.raises(RuntimeError, match="one k, v, out row"):
         kernels.paged_attention(out, q, k, v, cache, slot_mapping[:-1], query_ids, block_table, seq_lens, 1.0)
+    with pytest.raises(RuntimeError, match="sliding_window"):
+        kernels.paged_attention(out, q, k, v, cache, slot_mapping, query_ids, block_table, seq_lens, 1.0, -1)
+    with pytest.raises(RuntimeError, match="softcap"):
+        kernels.paged_attention(out, q, k, v, cache, slot_mapping, query_ids, block_table, seq_lens, 1.0, 0, -2.0)
+    with pytest.raises(RuntimeError, match="capacity"):
+        kernels.paged_attention(out, q, k, v, cache, slot_mapping, query_ids, block_table, seq_lens + 400, 1.0)
 
 
 @pytest.mark.parametrize("step", list(STEPS))
