@@ -81,6 +81,24 @@ def test_gemm_from_several_threads_at_once(kernels):
     assert torch.equal(kernels.gemm(others, packed, 3072)[0], alone[2][0])  # a row does not depend on the others
 
 
+@pytest.mark.parametrize("k,n", [(576, 960), (1536, 576), (77, 200)])
+def test_a_row_does_not_depend_on_the_rows_beside_it(kernels, k, n):
+    """Bit for bit: each row's product alone (one row: a decode alone, the one new row of a prompt
+    answered from the prefix cache) and at every position of batches of 2 to 300 rows (decode
+    batches, prompts, chunks), with and without bias."""
+    gen = torch.Generator().manual_seed(k + n)
+    weight = torch.randn(n, k, generator=gen).bfloat16()
+    bias = torch.randn(n, generator=gen).bfloat16()
+    packed = kernels.pack_weight(weight)
+    x = torch.randn(300, k, generator=gen).bfloat16()
+    for b in (None, bias):
+        alone = torch.cat([kernels.gemm(x[i:i + 1], packed, n, b) for i in range(300)])
+        for rows in (2, 7, 8, 9, 16, 17, 33, 64, 129, 300):
+            for start in {0, 300 - rows, (300 - rows) // 3}:
+                together = kernels.gemm(x[start:start + rows], packed, n, b)
+                assert torch.equal(together, alone[start:start + rows]), f"{rows} rows from row {start}"
+
+
 def test_gemm_rejects_what_it_cannot_take(kernels):
     packed = kernels.pack_weight(torch.zeros(32, 8, dtype=torch.bfloat16))
     with pytest.raises(RuntimeError, match="packed"):
