@@ -3,10 +3,10 @@
 One packed copy of each weight serves every batch size, decode rows and prompt chunks alike; the
 plain weight is dropped once it is packed:
 * with Formwork's CPU kernels: their GEMM (engine/kernels/csrc/gemm.cpp), which reads the weight as
-  16-column blocks of K pairs: AMX tiles for 2 rows or more where the CPU has them, AVX-512 BF16
-  dot products for one row (and for every batch on CPUs without AMX), a portable fp32 kernel
-  elsewhere. `rows(ids)` reads plain rows back out of that copy, so a tied embedding can share its
-  head's copy instead of keeping its own;
+  16-column blocks of K pairs: AMX tiles where the CPU has them, else AVX-512 BF16 dot products,
+  else a portable fp32 kernel, the same one for every row count, so that a row's output does not
+  depend on the other rows of the batch. `rows(ids)` reads plain rows back out of that copy, so a
+  tied embedding can share its head's copy instead of keeping its own;
 * without them (no compiler): oneDNN with the weight packed once into its blocked layout.
   `F.linear` on a plain bf16 weight reorders it on every call; packed, the same products bit for bit.
 fp32 stays on torch's default path: it is the exact-comparison mode, and other sums differ from

@@ -252,12 +252,16 @@ class DecoderForCausalLM(nn.Module):
         A bf16 matmul rounds its outputs to bf16: logits near 16 land on a grid of 0.06-0.125,
         so close candidates tie or swap, and greedy decoding picks a different token (SmolLM2
         answered "L'Étoile, ..." instead of "The capital of France is Paris."). Summing just the
-        leading candidates in fp32 costs about 2 ms at 64 rows (a full fp32 head: 20 ms)."""
+        leading candidates in fp32 costs about 2 ms at 64 rows (a full fp32 head: 20 ms).
+
+        The products of bf16 values are exact, and their sum in float64 is too (or within far less
+        than an fp32 step): the logits come out the same whatever order a batched matmul adds them in,
+        so a row's greedy token does not depend on the rows beside it."""
         top = logits.topk(min(k, logits.shape[-1]), dim=-1).indices
         head = self.packed_lm_head
         shared = head is not None and head.shares_rows
-        rows = (head.rows(top) if shared else self.lm_head_weight[top]).float()  # [n, k, hidden]
-        logits.scatter_(1, top, torch.einsum("nd,nkd->nk", hidden.float(), rows))
+        rows = (head.rows(top) if shared else self.lm_head_weight[top]).double()  # [n, k, hidden]
+        logits.scatter_(1, top, torch.einsum("nd,nkd->nk", hidden.double(), rows).float())
 
     # ---- weights ---------------------------------------------------------------------
 

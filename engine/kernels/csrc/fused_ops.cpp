@@ -20,6 +20,30 @@ using formwork::to_float;
 // rows per thread: a decode batch (<= a few hundred rows of a few thousand values) stays on one thread
 constexpr int64_t kRowGrain = 256;
 
+constexpr int kLanes = 16;  // partial sums of a row's reduction
+
+// Widens n values into row and returns the sum of their squares, in one fixed order (16 partial
+// sums over whole blocks, the tail into lanes 0.., then a fixed tree): a row's norm is the same
+// bits whatever row of the batch it is and wherever the buffers lie (an `omp simd` reduction may
+// split its lanes by the address of the data).
+template <typename scalar_t>
+float sum_of_squares(const scalar_t* __restrict x, float* __restrict row, int64_t n) {
+  float lanes[kLanes] = {};
+  int64_t i = 0;
+  for (; i + kLanes <= n; i += kLanes)
+    for (int l = 0; l < kLanes; ++l) {
+      row[i + l] = to_float(x[i + l]);
+      lanes[l] += row[i + l] * row[i + l];
+    }
+  for (int l = 0; i < n; ++i, ++l) {
+    row[i] = to_float(x[i]);
+    lanes[l] += row[i] * row[i];
+  }
+  for (int width = kLanes / 2; width > 0; width /= 2)
+    for (int l = 0; l < width; ++l) lanes[l] += lanes[l + width];
+  return lanes[0];
+}
+
 void check_rows(const torch::Tensor& t, const char* name) {
   TORCH_CHECK(t.dim() == 2 && t.stride(1) == 1, name, ": 2-D with contiguous rows");
 }
@@ -56,13 +80,7 @@ torch::Tensor add_rms_norm(torch::Tensor residual, c10::optional<torch::Tensor> 
           _Pragma("omp simd")
           for (int64_t i = 0; i < hidden; ++i) res_row[i] = from_float<scalar_t>(to_float(res_row[i]) + to_float(add_row[i]));
         }
-        float sum_sq = 0.f;
-        _Pragma("omp simd reduction(+ : sum_sq)")
-        for (int64_t i = 0; i < hidden; ++i) {
-          row[i] = to_float(res_row[i]);
-          sum_sq += row[i] * row[i];
-        }
-        const float inv_rms = 1.f / std::sqrt(sum_sq / hidden + static_cast<float>(eps));
+        const float inv_rms = 1.f / std::sqrt(sum_of_squares(res_row, row, hidden) / hidden + static_cast<float>(eps));
         scalar_t* __restrict o_row = o + r * hidden;
         _Pragma("omp simd")
         for (int64_t i = 0; i < hidden; ++i) o_row[i] = from_float<scalar_t>(row[i] * inv_rms * to_float(w[i]));

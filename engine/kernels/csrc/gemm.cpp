@@ -8,9 +8,14 @@
 // 3 blocks; a panel (3 x K x 32 bytes) stays in L2 while every row tile of a chunk of x passes
 // over it, and x is taken in chunks that fit L2 too. Sums are fp32; the output is rounded once.
 //
-// Batches of kAmxMinRows (2) rows or more go to AMX tiles where the CPU has them (amx_gemm.cpp), from
-// the same copy. Without AVX-512 BF16 (or built with FORMWORK_CPU_ISA=avx2) the layout is read by
-// a portable kernel that widens bf16 to fp32 and lets the compiler vectorize the 16 columns.
+// Where the CPU has AMX, every product goes to AMX tiles instead (amx_gemm.cpp), from the same copy.
+// Without AVX-512 BF16 (or built with FORMWORK_CPU_ISA=avx2) the layout is read by a portable
+// kernel that widens bf16 to fp32 and lets the compiler vectorize the 16 columns.
+//
+// A row's output never depends on the other rows of the call: one kernel serves every row count
+// (AMX even for one row: two kernels sum in two orders, and a prompt answered from the prefix
+// cache, one new row, would then differ from the same prompt prefilled), K is never split, and
+// each output sums its K pairs in one order whatever the tile or thread it lands in.
 #include <torch/extension.h>
 #include <ATen/Parallel.h>
 
@@ -32,9 +37,6 @@ using formwork::gemm::Operands;
 constexpr int64_t kPanel = 3;      // blocks per register tile and per thread work unit
 constexpr int64_t kTileRows = 8;   // rows of x per register tile
 constexpr int64_t kChunkBytes = 512 << 10;  // rows of x per pass over the weight: about this many bytes
-// from this many rows on, AMX tiles where the CPU has them: a half-empty tile beats the vector
-// kernel from 2 rows (measured: 960 x 576 at 8 rows 26 us on AMX, at 4 rows 59 us on AVX-512)
-constexpr int64_t kAmxMinRows = 2;
 
 [[maybe_unused]] inline uint32_t x_pair(const uint16_t* row, int64_t p, int64_t k) {
   if (2 * p + 1 < k) {
@@ -144,7 +146,7 @@ Tile tile_for(int64_t mr, int64_t nb) {
 }
 
 void multiply(const Operands& op) {
-  if (op.m >= kAmxMinRows && formwork::gemm::amx_ready()) return formwork::gemm::multiply_amx(op);
+  if (formwork::gemm::amx_ready()) return formwork::gemm::multiply_amx(op);  // every row count: see the top
   const int64_t num_blocks = op.num_blocks(), num_panels = (num_blocks + kPanel - 1) / kPanel;
   const int64_t chunk_rows = std::max<int64_t>(kTileRows, kChunkBytes / (2 * op.k) / kTileRows * kTileRows);
   // one thread only for the smallest products (a few us); above that the helpers share the weight

@@ -6,8 +6,15 @@
 //
 // Layout (engine/attention/base.py): cache [2, num_blocks, block_size, num_kv_heads, head_dim];
 // token t of request i lives at block_table[i][t / block_size], offset t % block_size.
-// One work item per (request, kv head): its group of query heads shares every K/V row it reads.
+// One work item per (query, kv head): its group of query heads shares every K/V row it reads.
 // Scores are computed 16 keys at a time into one vector (never one horizontal sum per key).
+//
+// A query's output is a function of its own q and its keys only, bit for bit: the same whether it is
+// a decode, one row of a whole prompt or of a chunk, alone or among other requests, on any thread.
+// Every sum runs in one fixed order: a key's score is its own dot product; the softmax works on
+// whole 16-lane blocks of a row padded to a multiple of 16 (the padding scores exp() to 0), with 16
+// partial sums folded in a fixed tree; values are added key by key. Buffers are 64-byte aligned, so
+// no loop's vector split depends on where a buffer happens to lie.
 #include <torch/extension.h>
 #include <ATen/Parallel.h>
 
@@ -26,7 +33,19 @@ namespace {
 using formwork::from_float;
 using formwork::to_float;
 
-constexpr int kKeys = 16;  // keys scored together
+constexpr int kKeys = 16;  // keys scored together, and the softmax's block
+// the score of a padding lane: exp() takes it to 0 (finite: -ffast-math assumes no infinities)
+constexpr float kPadScore = -1e30f;
+
+// n scores padded to whole blocks: the row stride of a query's score rows
+inline int64_t padded_keys(int64_t n) { return (n + kKeys - 1) / kKeys * kKeys; }
+
+// a thread's buffer of at least n floats, 64-byte aligned
+float* aligned_floats(std::vector<float>& buffer, int64_t n) {
+  buffer.resize(n + 16);
+  const auto address = reinterpret_cast<uintptr_t>(buffer.data());
+  return buffer.data() + ((64 - address % 64) % 64) / sizeof(float);
+}
 
 // One call's inputs as raw pointers. q and out rows are strided by token (views of the fused QKV
 // projection's output); within a token, heads are contiguous rows of head_dim.
@@ -97,8 +116,8 @@ class KeyRows {
 
 // Runs fn(query, kv_head, scores, scratch) for every (query, kv head) pair, across threads only when
 // the work is worth it (a sleeping helper costs ~50 us to wake), in chunks of items claimed by
-// whichever thread is free. scores holds the query's group * (keys it sees) scores; scratch is the
-// thread's to size and reuse.
+// whichever thread is free. scores (64-byte aligned) holds the group's rows of padded_keys(keys it
+// sees) scores; scratch is the thread's to size (with aligned_floats) and reuse.
 template <typename scalar_t, typename Fn>
 void for_each_item(const Step<scalar_t>& st, Fn fn) {
   int64_t keys = 0;
@@ -110,35 +129,39 @@ void for_each_item(const Step<scalar_t>& st, Fn fn) {
     thread_local std::vector<float> scores, scratch;
     for (int64_t item = chunk * chunk_items; item < std::min(items, (chunk + 1) * chunk_items); ++item) {
       const int64_t query = item / st.num_kv_heads, seq_len = st.seq_lens[query];
-      scores.resize((seq_len - st.first_key(seq_len)) * st.group() + kKeys);  // + a vector's overhang
-      fn(query, item % st.num_kv_heads, scores.data(), scratch);
+      float* s = aligned_floats(scores, padded_keys(seq_len - st.first_key(seq_len)) * st.group());
+      fn(query, item % st.num_kv_heads, s, scratch);
     }
   });
 }
 
-// softcap * tanh(s / softcap) over n scores, in place
-void cap_scores(float* __restrict s, int64_t n, float softcap) {
-  if (softcap <= 0.f) return;
-  const float inv = 1.f / softcap;
-#pragma omp simd
-  for (int64_t i = 0; i < n; ++i) s[i] = softcap * std::tanh(s[i] * inv);
-}
-
-// softmax of each of `rows` rows of n scores, in place
-void softmax_rows(float* __restrict s, int64_t rows, int64_t n) {
+// Softmax of each of `rows` score rows, in place: n scores in a row of padded_keys(n) (lanes past n
+// hold anything finite), optionally capped first to softcap * tanh(s / softcap). Whole blocks of 16
+// lanes only, each element through the same code: the result of a score depends on the row's
+// scores alone, never on n's remainder or on the buffer's address.
+void softmax_rows(float* __restrict s, int64_t rows, int64_t n, float softcap) {
+  const int64_t stride = padded_keys(n);
   for (int64_t h = 0; h < rows; ++h) {
-    float* __restrict sh = s + h * n;
-    float max_score = sh[0];
-    for (int64_t t = 1; t < n; ++t) max_score = std::max(max_score, sh[t]);
-    float sum = 0.f;
-#pragma omp simd reduction(+ : sum)
-    for (int64_t t = 0; t < n; ++t) {
-      sh[t] = std::exp(sh[t] - max_score);
-      sum += sh[t];
+    float* __restrict sh = s + h * stride;
+    if (softcap > 0.f) {
+      const float inv = 1.f / softcap;
+      for (int64_t b = 0; b < stride; b += kKeys)
+        for (int i = 0; i < kKeys; ++i) sh[b + i] = softcap * std::tanh(sh[b + i] * inv);
     }
-    const float inv = 1.f / sum;
-#pragma omp simd
-    for (int64_t t = 0; t < n; ++t) sh[t] *= inv;
+    for (int64_t t = n; t < stride; ++t) sh[t] = kPadScore;
+    float max_score = sh[0];  // a max is the same in any order
+    for (int64_t t = 1; t < n; ++t) max_score = std::max(max_score, sh[t]);
+    float lanes[kKeys] = {};
+    for (int64_t b = 0; b < stride; b += kKeys)
+      for (int i = 0; i < kKeys; ++i) {
+        sh[b + i] = std::exp(sh[b + i] - max_score);
+        lanes[i] += sh[b + i];
+      }
+    for (int width = kKeys / 2; width > 0; width /= 2)  // a fixed tree over the 16 partial sums
+      for (int i = 0; i < width; ++i) lanes[i] += lanes[i + width];
+    const float inv = 1.f / lanes[0];
+    for (int64_t b = 0; b < stride; b += kKeys)
+      for (int i = 0; i < kKeys; ++i) sh[b + i] *= inv;
   }
 }
 
@@ -149,13 +172,13 @@ template <typename scalar_t, int kDim>
 void attend_generic(const Step<scalar_t>& st) {
   const int64_t head_dim = kDim > 0 ? kDim : st.head_dim, group = st.group();
   for_each_item(st, [&](int64_t query, int64_t kv_head, float* __restrict s, std::vector<float>& scratch) {
-    scratch.resize((2 * group + kKeys) * head_dim);  // the group's queries, its outputs, a K tile / V row
-    float* __restrict q_group = scratch.data();
+    // the group's queries, its outputs, a K tile / V row
+    float* __restrict q_group = aligned_floats(scratch, (2 * group + kKeys) * head_dim);
     float* __restrict acc = q_group + group * head_dim;
     float* __restrict tile = acc + group * head_dim;  // [head_dim][16]
     std::fill(acc, acc + group * head_dim, 0.f);
     const int64_t token = st.query_ids[query], seq_len = st.seq_lens[query], first = st.first_key(seq_len);
-    const int64_t n = seq_len - first;
+    const int64_t n = seq_len - first, stride = padded_keys(n);
     const scalar_t* q_in = st.q + token * st.q_stride + kv_head * group * head_dim;
     for (int64_t d = 0; d < group * head_dim; ++d) q_group[d] = to_float(q_in[d]);
     KeyRows<scalar_t> keys(st, st.k_cache, query, kv_head, first);
@@ -175,11 +198,10 @@ void attend_generic(const Step<scalar_t>& st) {
 #pragma omp simd
           for (int i = 0; i < kKeys; ++i) dots[i] += qd * tile[d * kKeys + i];
         }
-        for (int64_t i = 0; i < count; ++i) s[h * n + c + i] = dots[i] * st.scale;
+        for (int i = 0; i < kKeys; ++i) s[h * stride + c + i] = i < count ? dots[i] * st.scale : 0.f;
       }
     }
-    cap_scores(s, group * n, st.softcap);
-    softmax_rows(s, group, n);
+    softmax_rows(s, group, n, st.softcap);
     float* __restrict row = tile;
     KeyRows<scalar_t> values(st, st.v_cache, query, kv_head, first);
     for (int64_t t = 0; t < n; ++t) {  // pass 2: weighted sum of the values
@@ -187,7 +209,7 @@ void attend_generic(const Step<scalar_t>& st) {
 #pragma omp simd
       for (int64_t d = 0; d < head_dim; ++d) row[d] = to_float(x[d]);
       for (int64_t h = 0; h < group; ++h) {
-        const float p = s[h * n + t];
+        const float p = s[h * stride + t];
         float* __restrict o = acc + h * head_dim;
 #pragma omp simd
         for (int64_t d = 0; d < head_dim; ++d) o[d] += p * row[d];
@@ -229,7 +251,7 @@ void attend_bf16(const Step<c10::BFloat16>& st) {
   constexpr int kPairs = D / 32, kLanes = D / 16;
   for_each_item(st, [&](int64_t query, int64_t kv_head, float* __restrict s, std::vector<float>&) {
     const int64_t token = st.query_ids[query], seq_len = st.seq_lens[query], first = st.first_key(seq_len);
-    const int64_t n = seq_len - first;
+    const int64_t n = seq_len - first, stride = padded_keys(n);
     const c10::BFloat16* q_in = st.q + token * st.q_stride + kv_head * G * D;
     __m512bh qv[G][kPairs];
     for (int h = 0; h < G; ++h)
@@ -249,11 +271,10 @@ void attend_bf16(const Step<c10::BFloat16>& st) {
           for (int j = 1; j < kPairs; ++j)
             dots[i] = _mm512_dpbf16_ps(dots[i], (__m512bh)_mm512_loadu_si512(rows[i] + 32 * j), qv[h][j]);
         }
-        _mm512_mask_storeu_ps(s + h * n + c, mask, _mm512_mul_ps(sum_each(dots), scale));
+        _mm512_store_ps(s + h * stride + c, _mm512_maskz_mul_ps(mask, sum_each(dots), scale));
       }
     }
-    cap_scores(s, G * n, st.softcap);
-    softmax_rows(s, G, n);
+    softmax_rows(s, G, n, st.softcap);
     __m512 o[G][kLanes];
     for (int h = 0; h < G; ++h)
       for (int j = 0; j < kLanes; ++j) o[h][j] = _mm512_setzero_ps();
@@ -263,7 +284,7 @@ void attend_bf16(const Step<c10::BFloat16>& st) {
       __m512 v[kLanes];
       for (int j = 0; j < kLanes; ++j) v[j] = widen16(x + 16 * j);
       for (int h = 0; h < G; ++h) {
-        const __m512 p = _mm512_set1_ps(s[h * n + t]);
+        const __m512 p = _mm512_set1_ps(s[h * stride + t]);
         for (int j = 0; j < kLanes; ++j) o[h][j] = _mm512_fmadd_ps(p, v[j], o[h][j]);
       }
     }
