@@ -177,7 +177,7 @@ def _attend_schedule(backend, tokens, schedule, options, block_size=16):
     """Runs `schedule` (steps, each a list of (request, start, end): tokens [start, end) of that request,
     the ones before already in the cache) over a fresh cache and returns every request's output rows by
     position. tokens: request -> (q, k, v) of all its positions; each request owns scattered blocks."""
-    first_q, first_k, _ = next(iter(tokens.values()))
+    _, first_k, _ = next(iter(tokens.values()))
     num_kv_heads, head_dim, dtype = first_k.shape[1], first_k.shape[2], first_k.dtype
     gen = torch.Generator().manual_seed(3)
     free = torch.randperm(64, generator=gen).tolist()
@@ -199,7 +199,7 @@ def _attend_schedule(backend, tokens, schedule, options, block_size=16):
         out = backend.forward(q, k, v, cache, backend.build_metadata(inputs), options)
         for row, (r, start, end) in enumerate(step):
             for p in range(start, end):
-                outputs[r][p] = out[qsl[row] + p - start]
+                outputs[r][p] = out[int(qsl[row]) + p - start]
     return outputs
 
 

@@ -21,6 +21,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <cstdint>
 #include <cstring>
 #include <string>
@@ -115,8 +116,15 @@ void tile(const Operands& op, int64_t m0, int64_t b0) {
       for (int m = 0; m < MR; ++m) {
         const uint32_t pair = x_pair(op.x + (m0 + m) * op.x_stride, p, op.k);
         const float x0 = formwork::bf16_bits_to_float(static_cast<uint16_t>(pair)), x1 = formwork::bf16_bits_to_float(static_cast<uint16_t>(pair >> 16));
+#if defined(__FMA__)
+        // explicit fmas: every tile height (MR) adds in this order, which -ffast-math could
+        // otherwise reassociate differently per instantiation
+#pragma omp simd
+        for (int i = 0; i < kBlock; ++i) acc[m][i] = std::fma(w1[i], x1, std::fma(w0[i], x0, acc[m][i]));
+#else  // fma() would be a library call per element
 #pragma omp simd
         for (int i = 0; i < kBlock; ++i) acc[m][i] += w0[i] * x0 + w1[i] * x1;
+#endif
       }
     }
     for (int m = 0; m < MR; ++m)
@@ -195,13 +203,26 @@ std::string gemm_isa() {
 #endif
 }
 
-// weight [N, K] bf16 -> the blocked layout gemm reads (gemm.h): [ceil(N/16), P, 16, 2], zero padded
+// weight [N, K] bf16 -> the blocked layout gemm reads (gemm.h): [ceil(N/16), P, 16, 2], zero padded.
+// Written straight into its one allocation: packing a model's largest matrix (a 150K-token head)
+// holds the weight and its packed copy, never a padded copy in between.
 torch::Tensor pack_weight(torch::Tensor weight) {
   TORCH_CHECK(weight.dim() == 2 && weight.scalar_type() == torch::kBFloat16, "weight: 2-D bf16");
-  const int64_t n = weight.size(0), k = weight.size(1);
-  const int64_t n_pad = (n + kBlock - 1) / kBlock * kBlock, k_pad = formwork::gemm::padded_pairs(k) * 2;
-  auto padded = torch::constant_pad_nd(weight, {0, k_pad - k, 0, n_pad - n}, 0);
-  return padded.reshape({n_pad / kBlock, kBlock, k_pad / 2, 2}).permute({0, 2, 1, 3}).contiguous();
+  const int64_t n = weight.size(0), k = weight.size(1), pairs = formwork::gemm::padded_pairs(k);
+  const int64_t num_blocks = (n + kBlock - 1) / kBlock;
+  auto packed = torch::zeros({num_blocks, pairs, kBlock, 2}, weight.options());
+  const auto* w = reinterpret_cast<const uint16_t*>(weight.data_ptr<at::BFloat16>());
+  auto* p = reinterpret_cast<uint16_t*>(packed.data_ptr<at::BFloat16>());
+  const int64_t row_stride = weight.stride(0), col_stride = weight.stride(1);
+  at::parallel_for(0, num_blocks, 16, [&](int64_t begin, int64_t end) {
+    for (int64_t b = begin; b < end; ++b)
+      for (int64_t c = 0; c < std::min<int64_t>(kBlock, n - b * kBlock); ++c) {
+        const uint16_t* row = w + (b * kBlock + c) * row_stride;
+        uint16_t* column = p + b * pairs * 2 * kBlock + 2 * c;  // pair q of this column: column[q * 32 + 0/1]
+        for (int64_t i = 0; i < k; ++i) column[i / 2 * 2 * kBlock + i % 2] = row[i * col_stride];
+      }
+  });
+  return packed;
 }
 
 // x [M, K] bf16 (rows strided, M >= 0) times the packed weight of an [N, K] matrix, plus bias [N]
