@@ -4,7 +4,7 @@ A family is Llama's decoder with a few switches (`DecoderFeatures`): biases on q
 each head of q and k, Gemma's extra norms and (1 + w) norm weights, GeGLU, scaled embeddings,
 attention-logit and final-logit soft-capping, a sliding window per layer, a rope per layer type,
 partial rotary. Each family module reads its config into those switches; everything else is here:
-fused QKV and gate/up projections (packed for oneDNN on bf16 CPUs), the fused CPU elementwise
+fused QKV and gate/up projections (packed once for the CPU GEMM on bf16 CPUs), the fused CPU elementwise
 ops, attention through an AttentionBackend, and logits only where they are sampled.
 
 transformers supplies the config and the weights and is the reference in tests; the forward is ours
