@@ -8,7 +8,7 @@ import time
 
 import torch
 
-from bench.roofline import measure_bandwidth_gbs
+from bench.roofline import measure_bandwidth_gbs, measure_gemm_peak_gflops
 
 
 def run_formwork(llm, prompts, max_tokens: int) -> tuple[float, int]:
@@ -20,10 +20,13 @@ def run_formwork(llm, prompts, max_tokens: int) -> tuple[float, int]:
     return elapsed, sum(o.num_output_tokens for o in outputs)
 
 
-def decode_step_times(llm, batch_sizes: tuple[int, ...] = (1, 8, 32, 64), max_tokens: int = 32) -> dict[int, float]:
-    """Median engine step (launch -> outputs) with exactly B requests decoding one token each."""
-    import statistics
+DECODE_BATCH_SIZES = (1, 8, 16, 32, 64, 128)
 
+
+def decode_step_times(llm, batch_sizes: tuple[int, ...] = DECODE_BATCH_SIZES, max_tokens: int = 32) -> dict[int, float]:
+    """Fastest engine step (launch -> outputs) with exactly B requests decoding one token each, of the
+    max_tokens - 1 such steps: the machine is shared, and interference only ever adds time (batch
+    sizes above the scheduler's max_num_seqs are left out)."""
     from engine.sampling_params import SamplingParams
     engine = llm.engine
     story = "Tell me a long story about a lighthouse keeper, a storm and a lost ship. " * 8  # ~130 tokens
@@ -35,8 +38,24 @@ def decode_step_times(llm, batch_sizes: tuple[int, ...] = (1, 8, 32, 64), max_to
         llm.generate(prompts, params)
         steps = [t.total_s for t in engine.step_timings if t.num_reqs == b and t.num_tokens == b]
         engine.step_timings = None
-        times[b] = statistics.median(steps)
+        times[b] = min(steps)
     return times
+
+
+def gemm_isa() -> str:
+    from engine.kernels.loader import load_cpu_kernels
+    kernels = load_cpu_kernels()
+    return kernels.gemm_isa() if kernels is not None else "none"
+
+
+def matmul_flops_per_token(model) -> int:
+    """2 x the multiply-adds of every matmul one token goes through: the decoder's linears and the head."""
+    from torch import nn
+
+    from engine.kernels.cpu_linear import PackedLinear
+    linears = sum(m.in_features * m.out_features for m in model.layers.modules()
+                  if isinstance(m, (nn.Linear, PackedLinear)))
+    return 2 * (linears + model.config.vocab_size * model.config.hidden_size)
 
 
 def run_transformers(model_dir, tokenizer, prompts, max_tokens: int, batch_size: int,
@@ -69,14 +88,24 @@ def main(args, engine_config) -> int:
     fw_s, fw_tokens = run_formwork(llm, prompts, args.max_tokens)
     print(f"formwork:     {fw_tokens} tokens in {fw_s:.1f} s = {fw_tokens / fw_s:.1f} tok/s")
     step_times = decode_step_times(llm)
-    weight_bytes = llm.engine.runner.model.weight_bytes()
+    model = llm.engine.runner.model
+    weight_bytes, resident_bytes, flops_per_token = model.weight_bytes(), model.resident_weight_bytes(), \
+        matmul_flops_per_token(model)
     llm.shutdown()
     bandwidth = measure_bandwidth_gbs()
     floor_s = weight_bytes / (bandwidth * 1e9)
+    peak = measure_gemm_peak_gflops()
     print(f"decode step ({engine_config.torch_dtype}; weight-read floor {floor_s * 1e3:.1f} ms = "
           f"{weight_bytes / 2**20:.0f} MiB / {bandwidth:.1f} GB/s):")
+    print(f"  resident weights {resident_bytes / 2**20:.0f} MiB = {resident_bytes / weight_bytes:.2f}x their bytes; "
+          f"matmuls {flops_per_token / 1e6:.0f} MFLOP a token; " + (
+              f"bf16 GEMM inner-loop peak {peak:.0f} GFLOP/s ({gemm_isa()}, {torch.get_num_threads()} threads)" if peak
+              else "no CPU kernels: no GEMM peak"))
     for b, step_s in step_times.items():
-        print(f"  batch {b:>3}: {step_s * 1e3:6.1f} ms  {b / step_s:6.1f} tok/s  {step_s / floor_s:5.2f}x the floor")
+        gflops = b * flops_per_token / step_s / 1e9
+        of_peak = f"  {100 * gflops / peak:5.1f}% of the peak" if peak else ""
+        print(f"  batch {b:>3}: {step_s * 1e3:6.1f} ms  {b / step_s:6.1f} tok/s  {step_s / floor_s:5.2f}x the floor  "
+              f"{gflops:6.1f} GFLOP/s{of_peak}")
     if args.skip_transformers:
         return 0
     hf_s, hf_tokens = run_transformers(llm.engine.model_dir, llm.tokenizer, prompts, args.max_tokens,

@@ -24,6 +24,17 @@ def measure_bandwidth_gbs(num_bytes: int = 1 << 29, repeats: int = 5) -> float:
     return 2 * num_bytes / best / 1e9
 
 
+def measure_gemm_peak_gflops(repeats: int = 5, tiles: int = 20000) -> float | None:
+    """The bf16 GEMM's inner loop alone, that of its batch kernel (AMX tiles where the CPU has them,
+    else the AVX-512 BF16 register tile; over L1-resident operands, on every torch thread): the best
+    of `repeats` runs of `tiles` tiles per thread. None without the CPU kernels."""
+    from engine.kernels.loader import load_cpu_kernels
+    kernels = load_cpu_kernels()
+    if kernels is None:
+        return None
+    return max(kernels.gemm_inner_loop_gflops(tiles) for _ in range(repeats))
+
+
 def weight_bytes(model_dir: Path, dtype: str = "float32") -> int:
     """Bytes of the weights as served: every stored tensor once (tied embeddings are stored once),
     in the engine's dtype (it casts the fp32 files when loading)."""

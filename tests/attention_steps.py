@@ -66,7 +66,7 @@ STEPS = {
     "mixed": ([13, 0, 20, 0, 7], [1, 9, 5, 1, 3]),  # decode, fresh prompt, prefix hit, one-token prompt, chunk
     "decodes": ([13, 3, 31, 0], [1, 1, 1, 1]),
     "prompts": ([0, 8, 0], [7, 4, 16]),
-    "long chunks": ([0, 10, 5], [20, 24, 2]),  # longer than the CPU kernel's runs: SDPA, fresh and cached
+    "long chunks": ([0, 10, 5], [20, 24, 2]),  # whole prompts and chunks, fresh and cached (SDPA without the kernel)
 }
 
 

@@ -1,26 +1,34 @@
 """The CPU attention backend: its compiled paged attention kernel, its torch fallback, bf16 caches."""
 from __future__ import annotations
 
+import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
 from attention_steps import STEPS, make_step, reference, write_kv_by_hand
 
-from engine.attention import write_kv
+from engine.attention import AttentionInputs, AttentionOptions, write_kv
 from engine.attention.cpu import CpuAttentionBackend
 from engine.kernels import loader as cpu_kernels
 
 
-def paged_reference(q, cache, block_table, seq_lens):
-    """Each request alone, in float64: gather its blocks, then plain softmax attention."""
+def paged_reference(q, cache, block_table, seq_lens, sliding_window=0, softcap=0.0):
+    """Each request alone, in float64: gather its blocks, keep the window's keys, then softmax
+    attention of plainly computed (and capped) scores."""
     block_size, num_kv_heads, head_dim = cache.shape[2:]
+    group = q.shape[1] // num_kv_heads
     out = []
     for i in range(q.shape[0]):
         length = int(seq_lens[i])
+        first = max(0, length - sliding_window) if sliding_window else 0
         blocks = block_table[i, :-(-length // block_size)].long()
-        k = cache[0][blocks].reshape(-1, num_kv_heads, head_dim)[:length].double().transpose(0, 1)
-        v = cache[1][blocks].reshape(-1, num_kv_heads, head_dim)[:length].double().transpose(0, 1)
-        out.append(F.scaled_dot_product_attention(q[i].double().unsqueeze(1), k, v, enable_gqa=True).squeeze(1))
+        k = cache[0][blocks].reshape(-1, num_kv_heads, head_dim)[first:length].double()
+        v = cache[1][blocks].reshape(-1, num_kv_heads, head_dim)[first:length].double()
+        k, v = k.repeat_interleave(group, dim=1).transpose(0, 1), v.repeat_interleave(group, dim=1).transpose(0, 1)
+        scores = (k @ q[i].double().unsqueeze(-1)).squeeze(-1) * head_dim ** -0.5  # [H, keys]
+        if softcap:
+            scores = softcap * torch.tanh(scores / softcap)
+        out.append((scores.softmax(-1).unsqueeze(1) @ v).squeeze(1))
     return torch.stack(out)
 
 
@@ -69,6 +77,24 @@ def test_kernel_writes_the_step_then_reads_scattered_blocks(kernels, dtype, head
     assert (out[untouched] == 7.0).all()
 
 
+@pytest.mark.parametrize("dtype,head_dim,group,kv_heads", [(torch.bfloat16, 64, 3, 3), (torch.float32, 64, 3, 3),
+                                                          (torch.bfloat16, 96, 2, 2), (torch.bfloat16, 128, 4, 1)])
+@pytest.mark.parametrize("sliding_window,softcap", [(1, 0.0), (16, 0.0), (37, 0.0), (0, 5.0), (20, 30.0), (500, 2.0)])
+def test_kernel_sliding_window_and_softcap(kernels, dtype, head_dim, group, kv_heads, sliding_window, softcap):
+    """Each query sees its last sliding_window keys (itself included), scores bent by softcap * tanh(s / softcap);
+    windows shorter, longer and at block edges of the queries' lengths (1 to 400 keys)."""
+    assert {"sliding_window", "softcap"} <= set(kernels.paged_attention_features)
+    cache, q, k, v, slot_mapping, query_ids, block_table, seq_lens = kernel_inputs(dtype, head_dim, group, kv_heads)
+    out = torch.zeros(q.shape, dtype=dtype)
+    kernels.paged_attention(out, q, k, v, cache, slot_mapping, query_ids, block_table, seq_lens, head_dim ** -0.5,
+                            sliding_window, softcap)
+    expected = paged_reference(q[query_ids], cache, block_table, seq_lens, sliding_window, softcap)
+    tolerance = 1e-5 if dtype == torch.float32 else 1e-2  # bf16: the output's own rounding
+    torch.testing.assert_close(out[query_ids].double(), expected, atol=tolerance, rtol=tolerance)
+    plain = paged_reference(q[query_ids], cache, block_table, seq_lens)
+    assert (out[query_ids].double() - plain).abs().max() > 10 * tolerance  # the window or the cap changed something
+
+
 def test_kernel_rejects_mismatched_inputs(kernels):
     cache, q, k, v, slot_mapping, query_ids, block_table, seq_lens = kernel_inputs(torch.float32)
     out = torch.empty(q.shape)
@@ -80,6 +106,12 @@ def test_kernel_rejects_mismatched_inputs(kernels):
         kernels.paged_attention(out, q.bfloat16(), k, v, cache, slot_mapping, query_ids, block_table, seq_lens, 1.0)
     with pytest.raises(RuntimeError, match="one k, v, out row"):
         kernels.paged_attention(out, q, k, v, cache, slot_mapping[:-1], query_ids, block_table, seq_lens, 1.0)
+    with pytest.raises(RuntimeError, match="sliding_window"):
+        kernels.paged_attention(out, q, k, v, cache, slot_mapping, query_ids, block_table, seq_lens, 1.0, -1)
+    with pytest.raises(RuntimeError, match="softcap"):
+        kernels.paged_attention(out, q, k, v, cache, slot_mapping, query_ids, block_table, seq_lens, 1.0, 0, -2.0)
+    with pytest.raises(RuntimeError, match="capacity"):
+        kernels.paged_attention(out, q, k, v, cache, slot_mapping, query_ids, block_table, seq_lens + 400, 1.0)
 
 
 @pytest.mark.parametrize("step", list(STEPS))
@@ -139,3 +171,79 @@ def test_the_kernel_probe_tells_which_kernels_take_windows_and_softcaps():
     assert not kernel_takes_window_and_softcap(ignores)
     older = SimpleNamespace(paged_attention=lambda out, q, k, v, cache, slots, ids, table, lens, scale: None)
     assert not kernel_takes_window_and_softcap(older)
+
+
+def _attend_schedule(backend, tokens, schedule, options, block_size=16):
+    """Runs `schedule` (steps, each a list of (request, start, end): tokens [start, end) of that request,
+    the ones before already in the cache) over a fresh cache and returns every request's output rows by
+    position. tokens: request -> (q, k, v) of all its positions; each request owns scattered blocks."""
+    _, first_k, _ = next(iter(tokens.values()))
+    num_kv_heads, head_dim, dtype = first_k.shape[1], first_k.shape[2], first_k.dtype
+    gen = torch.Generator().manual_seed(3)
+    free = torch.randperm(64, generator=gen).tolist()
+    blocks = {r: [free.pop() for _ in range(-(-len(q) // block_size))] for r, (q, _, _) in tokens.items()}
+    max_blocks = max(len(b) for b in blocks.values())
+    cache = torch.zeros(2, 64, block_size, num_kv_heads, head_dim, dtype=dtype)
+    outputs = {r: {} for r in tokens}
+    for step in schedule:
+        qsl = np.cumsum([0] + [end - start for _, start, end in step]).astype(np.int32)
+        table = torch.zeros(len(step), max_blocks, dtype=torch.int32)
+        slots = []
+        for row, (r, start, end) in enumerate(step):
+            table[row, :len(blocks[r])] = torch.tensor(blocks[r], dtype=torch.int32)
+            slots += [blocks[r][p // block_size] * block_size + p % block_size for p in range(start, end)]
+        inputs = AttentionInputs(torch.tensor(slots, dtype=torch.int64), qsl,
+                                 np.array([start for _, start, _ in step], dtype=np.int32),
+                                 np.array([end for _, _, end in step], dtype=np.int32), table, block_size)
+        q, k, v = (torch.cat([tokens[r][i][start:end] for r, start, end in step]) for i in range(3))
+        out = backend.forward(q, k, v, cache, backend.build_metadata(inputs), options)
+        for row, (r, start, end) in enumerate(step):
+            for p in range(start, end):
+                outputs[r][p] = out[int(qsl[row]) + p - start]
+    return outputs
+
+
+@pytest.mark.parametrize("dtype,head_dim,group", [(torch.bfloat16, 64, 3), (torch.bfloat16, 96, 2),
+                                                  (torch.float32, 64, 3)])
+@pytest.mark.parametrize("sliding_window,softcap", [(0, 0.0), (20, 30.0)])
+def test_a_query_does_not_depend_on_how_its_prompt_is_split_or_batched(kernels, dtype, head_dim, group,
+                                                                      sliding_window, softcap):
+    """Bit for bit: each position of a 70-token prompt attended in one prefill, in chunks, token by
+    token, as the one new row after a cached prefix, and beside another request's prompt and decodes
+    (the engine's greedy answers depend on it: a prompt answered from the prefix cache must give
+    the text the same prompt gives prefilled)."""
+    gen = torch.Generator().manual_seed(head_dim + group)
+    kv_heads = 2
+
+    def request(length):
+        q = torch.randn(length, group * kv_heads, head_dim, generator=gen) * 3  # peaked softmax
+        return (q.to(dtype), torch.randn(length, kv_heads, head_dim, generator=gen).to(dtype),
+                torch.randn(length, kv_heads, head_dim, generator=gen).to(dtype))
+
+    tokens = {"a": request(70), "b": request(45)}
+    backend = CpuAttentionBackend()
+    options = AttentionOptions(sliding_window=sliding_window, softcap=softcap)
+    prefilled = _attend_schedule(backend, tokens, [[("a", 0, 70)]], options)["a"]
+    schedules = {
+        "chunks": [[("a", 0, 23)], [("a", 23, 50)], [("a", 50, 70)]],
+        "token by token": [[("a", t, t + 1)] for t in range(70)],
+        "one new row after a cached prefix": [[("a", 0, 69)], [("a", 69, 70)]],
+        "beside another request": [[("b", 0, 44), ("a", 0, 40)], [("a", 40, 70), ("b", 44, 45)]],
+    }
+    for name, schedule in schedules.items():
+        got = _attend_schedule(backend, tokens, schedule, options)["a"]
+        for p in range(70):
+            assert torch.equal(got[p], prefilled[p]), f"{name}: position {p} differs"
+    expected = paged_reference(tokens["a"][0][69:], _attend_cache(tokens["a"]), torch.arange(5)[None].int(),
+                               torch.tensor([70], dtype=torch.int32), sliding_window, softcap)
+    tolerance = 1e-5 if dtype == torch.float32 else 2e-2  # and still right
+    torch.testing.assert_close(prefilled[69].double(), expected[0], atol=tolerance, rtol=tolerance)
+
+
+def _attend_cache(qkv, block_size=16):
+    """A cache holding one request's K/V in blocks 0, 1, 2... (for the float64 reference)."""
+    _, k, v = qkv
+    num_blocks = -(-len(k) // block_size)
+    cache = torch.zeros(2, num_blocks * block_size, *k.shape[1:], dtype=k.dtype)
+    cache[0, :len(k)], cache[1, :len(v)] = k, v
+    return cache.view(2, num_blocks, block_size, *k.shape[1:])

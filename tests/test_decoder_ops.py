@@ -70,6 +70,19 @@ def test_add_rms_norm(kernels, dtype, rows, with_delta):
         assert torch.equal(res_k, residual)
 
 
+@pytest.mark.parametrize("hidden", [576, 100])  # rows 64-byte aligned, and rows at every alignment
+def test_a_row_norm_does_not_depend_on_the_rows_beside_it(kernels, hidden):
+    """Bit for bit: a row normalized alone (a decode alone) and as one row of a prompt split across threads."""
+    gen = torch.Generator().manual_seed(hidden)
+    residual = torch.randn(300, hidden, generator=gen).bfloat16()
+    delta = torch.randn(300, hidden, generator=gen).bfloat16()
+    weight = torch.randn(hidden, generator=gen).bfloat16()
+    together = kernels.add_rms_norm(residual.clone(), delta, weight, 1e-5)
+    for i in (0, 1, 7, 150, 299):
+        alone = kernels.add_rms_norm(residual[i:i + 1].clone(), delta[i:i + 1].clone(), weight, 1e-5)
+        assert torch.equal(alone[0], together[i]), f"row {i}"
+
+
 @pytest.mark.parametrize("dtype", TOL)
 @pytest.mark.parametrize("rows", ROWS)
 def test_silu_and_mul(kernels, dtype, rows):

@@ -1,14 +1,16 @@
 """Paged attention for CPUs.
 
-Decoding requests (one query each) and short runs of queries (jump-forward catch-ups) are
-attended together in one call per layer: Formwork's own kernel (engine/kernels/csrc/paged_attention.cpp)
-reads their K/V straight from the cache blocks; without it, decodes are gathered into a padded
-copy for SDPA. Longer runs (prompt chunks) are attended one request at a time with torch's SDPA
-(there are few per step, and a fresh prompt needs no gather at all).
+With Formwork's own kernel (engine/kernels/csrc/paged_attention.cpp) every query of the step, decode
+or prompt row, is attended in one call per layer, reading K/V straight from the cache blocks. One
+kernel for every query is what keeps greedy answers independent of the batch: a query's output is
+the same bits whether it is decoded, prefilled with its whole prompt, chunked, or the one new row
+of a prompt answered from the prefix cache (torch's SDPA sums in an order that depends on the
+lengths it is given). Without the kernel, decodes are gathered into a padded copy for SDPA, and runs
+of queries (prompt chunks) are attended one request at a time with SDPA.
 
 A layer with a sliding window or soft-capped scores (AttentionOptions) goes to the kernel when the
 loaded kernel takes both (checked once, by a probe: see `kernel_takes_window_and_softcap`), else its
-single queries take the gathered torch path; prompt chunks always take SDPA with the window in the mask.
+queries take the torch paths, with the window in the mask.
 
 Attention math is fp32 whatever the model's dtype: torch's CPU SDPA kernel is about 4x slower in
 bf16 than in fp32 here (7.7 vs 1.9 ms a layer at 64 decodes). The cache holds the model's dtype
@@ -26,14 +28,9 @@ from engine.attention.base import DEFAULT_OPTIONS, AttentionBackend, AttentionIn
 from engine.kernels.loader import load_cpu_kernels
 
 
-# Queries per request that the kernel attends one by one (each re-reads its request's K/V); longer
-# runs (prompt chunks) go to SDPA, which shares the reads across queries.
-MAX_KERNEL_QUERY_LEN = 16
-
-
 @dataclass
 class _Chunk:
-    """A request with more than one query this step."""
+    """A request with more than one query this step, attended with SDPA (no kernel)."""
 
     start: int  # first query token in the flat batch
     end: int
@@ -45,7 +42,7 @@ class _Chunk:
 class CpuAttentionMetadata:
     slot_mapping: torch.Tensor
     block_size: int
-    # single queries: decodes, and with the kernel every query of a short run (see build_metadata)
+    # single queries: decodes, and with the kernel every query of the step (see build_metadata)
     decode_token_ids: torch.Tensor  # [num_queries] flat index of each query
     decode_block_table: torch.Tensor  # [num_queries, num_blocks] int32: its request's blocks
     decode_seq_lens: torch.Tensor  # [num_queries] int32: keys it attends to (causal: up to itself)
@@ -66,9 +63,9 @@ class CpuAttentionBackend(AttentionBackend):
         qsl, seq_lens = inputs.query_start_loc, inputs.seq_lens
         query_lens = np.diff(qsl)
         bs = inputs.block_size
-        # the kernel takes every query of a short run (decodes, jump-forward catch-ups, small chunks)
-        # as a decode of its own: same blocks, its own causal length
-        max_kernel_query_len = MAX_KERNEL_QUERY_LEN if self.kernels is not None else 1
+        # the kernel takes every query (decodes, jump-forward catch-ups, prompt chunks) as a decode
+        # of its own: same blocks, its own causal length; without it, only decodes go this way
+        max_kernel_query_len = int(query_lens.max(initial=0)) if self.kernels is not None else 1
         kernel_rows = np.flatnonzero(query_lens <= max_kernel_query_len)
         lens = query_lens[kernel_rows]
         offsets = np.arange(int(lens.sum())) - np.repeat(np.cumsum(lens) - lens, lens)

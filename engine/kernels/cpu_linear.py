@@ -1,20 +1,20 @@
-"""bf16 linear layers with their weights pre-packed, on CPU.
+"""bf16 linear layers with their weights packed once, on CPU.
 
-Two layouts of each weight, chosen per call by the number of rows:
-* up to 16 rows (decode batches): Formwork's AVX-512 BF16 kernel (engine/kernels/csrc/small_batch_gemm.cpp),
-  which reads the weight at about 24 GB/s here against oneDNN's 13 — 30 layers' matmuls at one
-  row 17.3 -> 8.9 ms, at 16 rows 31.1 -> 18.3 ms, cold cache; only where the CPU kernels were
-  built with AVX-512 BF16;
-* more rows: oneDNN with the weight packed once into its blocked layout. `F.linear` on a plain
-  bf16 weight reorders it on every call; packed, the same products bit for bit, a decoder layer's
-  four matmuls take 1.79 -> 1.36 ms at 64 rows.
-Holding both costs a second copy of the matmul weights (257 MiB more for SmolLM2-135M in bf16).
-fp32 stays on torch's default path: it is the exact-comparison mode, and oneDNN's fp32 sums
-differ from MKL's in the last bits.
+One packed copy of each weight serves every batch size, decode rows and prompt chunks alike; the
+plain weight is dropped once it is packed:
+* with Formwork's CPU kernels: their GEMM (engine/kernels/csrc/gemm.cpp), which reads the weight as
+  16-column blocks of K pairs: AMX tiles where the CPU has them, else AVX-512 BF16 dot products,
+  else a portable fp32 kernel, the same one for every row count, so that a row's output does not
+  depend on the other rows of the batch. `rows(ids)` reads plain rows back out of that copy, so a
+  tied embedding can share its head's copy instead of keeping its own;
+* without them (no compiler): oneDNN with the weight packed once into its blocked layout.
+  `F.linear` on a plain bf16 weight reorders it on every call; packed, the same products bit for bit.
+fp32 stays on torch's default path: it is the exact-comparison mode, and other sums differ from
+MKL's in the last bits.
 
 oneDNN's packing ops are torch's own (the ones its inductor uses for frozen CPU graphs) but
-private, so every packed layer is checked against `F.linear` on both paths when it is made; any
-failure leaves the plain layer in place.
+private, and the kernels are built here, so every packed layer is checked against `F.linear` when
+it is made; any failure leaves the plain layer in place.
 """
 from __future__ import annotations
 
@@ -28,35 +28,78 @@ from engine.kernels.loader import load_cpu_kernels
 
 logger = logging.getLogger(__name__)
 
-SMALL_BATCH_ROWS = 16  # the small-batch kernel's limit (engine/kernels/csrc/small_batch_gemm.cpp)
+BLOCK_COLUMNS = 16  # output columns per block of the kernels' layout (engine/kernels/csrc/gemm.cpp)
 
 
 class PackedLinear(nn.Module):
-    """y = x @ W.T + b with W held in oneDNN's blocked layout, and for decode batches in the
-    small-batch kernel's (the plain copy is dropped)."""
+    """y = x @ W.T + b with W held once, in the layout of the kernel that multiplies by it."""
 
-    def __init__(self, packed_weight: torch.Tensor, bias: torch.Tensor | None, weight: torch.Tensor) -> None:
+    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None, kernels) -> None:
         super().__init__()
-        self.packed_weight = packed_weight
+        self.out_features, self.in_features = weight.shape
         self.bias = bias
-        self.out_features = weight.shape[0]
-        # what a forward reads (the packed tensors are opaque): for roofline figures
-        self.weight_bytes = weight.numel() * weight.element_size() + (0 if bias is None else bias.numel() * bias.element_size())
-        self.kernels = load_cpu_kernels()
-        self.small_batch_weight = None
-        if (self.kernels is not None and self.kernels.small_batch_gemm_available()
-                and weight.shape[0] % 16 == 0 and weight.shape[1] % 2 == 0):
-            self.small_batch_weight = self.kernels.pack_small_batch_weight(weight)
+        self.kernels = kernels
+        if kernels is not None:
+            self.packed_weight = kernels.pack_weight(weight)
+        else:
+            self.packed_weight = torch.ops.mkldnn._reorder_linear_weight(weight, 64)
+        # what a forward reads (the packed tensors are opaque or padded): for roofline figures
+        self.weight_bytes = weight.numel() * weight.element_size() + _bytes(bias)
+
+    @property
+    def resident_bytes(self) -> int:
+        """Bytes this layer holds in memory (the packed copy with its padding, the bias)."""
+        try:
+            held = self.packed_weight.untyped_storage().nbytes()
+        except (RuntimeError, NotImplementedError):  # an opaque oneDNN tensor
+            held = self.weight_bytes - _bytes(self.bias)
+        return held + _bytes(self.bias)
+
+    @property
+    def shares_rows(self) -> bool:
+        """Whether rows() can read the weight back (the kernels' layout; not oneDNN's)."""
+        return self.kernels is not None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if self.small_batch_weight is not None and x.dim() == 2 and 1 <= x.shape[0] <= SMALL_BATCH_ROWS:
-            return self.kernels.small_batch_gemm(x.contiguous(), self.small_batch_weight, self.out_features, self.bias)
-        return torch.ops.mkldnn._linear_pointwise(x, self.packed_weight, self.bias, "none", [], "")
+        if self.kernels is None:
+            return torch.ops.mkldnn._linear_pointwise(x, self.packed_weight, self.bias, "none", [], "")
+        if x.dim() == 2 and x.stride(1) == 1:  # the decoder's case, every matmul of a step: nothing to reshape
+            return self.kernels.gemm(x, self.packed_weight, self.out_features, self.bias)
+        flat = x.reshape(-1, x.shape[-1]).contiguous()
+        y = self.kernels.gemm(flat, self.packed_weight, self.out_features, self.bias)
+        return y.view(*x.shape[:-1], self.out_features)
+
+    def rows(self, ids: torch.Tensor) -> torch.Tensor:
+        """W[ids] read from the packed copy: [*ids.shape, in_features] (an embedding lookup, the
+        head rows of a few candidates)."""
+        if not self.shares_rows:
+            raise RuntimeError("rows() needs the kernels' layout; this layer is packed for oneDNN")
+        ids = ids.long()
+        # [blocks, K pairs (padded), 16, 2]: row i is column i % 16 of block i // 16, across every pair
+        picked = self.packed_weight[ids // BLOCK_COLUMNS, :, ids % BLOCK_COLUMNS, :]
+        rows = picked.reshape(*ids.shape, -1)
+        return rows if rows.shape[-1] == self.in_features else rows[..., :self.in_features].contiguous()
+
+
+class PackedEmbedding(nn.Module):
+    """An embedding that looks its rows up in a tied head's packed copy (no copy of its own)."""
+
+    def __init__(self, head: PackedLinear) -> None:
+        super().__init__()
+        self.head = head
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        return self.head.rows(ids)
+
+
+def _bytes(t: torch.Tensor | None) -> int:
+    return 0 if t is None else t.numel() * t.element_size()
 
 
 def can_pack(weight: torch.Tensor) -> bool:
-    return (weight.device.type == "cpu" and weight.dtype == torch.bfloat16 and torch.backends.mkldnn.is_available()
-            and hasattr(torch.ops.mkldnn, "_reorder_linear_weight"))
+    return weight.device.type == "cpu" and weight.dtype == torch.bfloat16 and (
+        load_cpu_kernels() is not None
+        or (torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_reorder_linear_weight")))
 
 
 def pack_linear(weight: torch.Tensor, bias: torch.Tensor | None = None) -> PackedLinear | None:
@@ -65,8 +108,8 @@ def pack_linear(weight: torch.Tensor, bias: torch.Tensor | None = None) -> Packe
         return None
     weight, bias = weight.detach(), None if bias is None else bias.detach()
     try:
-        packed = PackedLinear(torch.ops.mkldnn._reorder_linear_weight(weight, 64), bias, weight)
-        for rows in (3, 2 * SMALL_BATCH_ROWS):  # both paths
+        packed = PackedLinear(weight, bias, load_cpu_kernels())
+        for rows in (3, 40):  # a decode-sized and a chunk-sized product: every tile shape of the kernel
             probe = torch.randn(rows, weight.shape[1], generator=torch.Generator().manual_seed(rows)).to(weight.dtype)
             with torch.no_grad():
                 expected, got = F.linear(probe, weight, bias).float(), packed(probe).float()
@@ -75,8 +118,8 @@ def pack_linear(weight: torch.Tensor, bias: torch.Tensor | None = None) -> Packe
             if got.shape != expected.shape or (got - expected).abs().max().item() > tolerance:
                 raise RuntimeError(f"packed output disagrees with F.linear at {rows} rows")
         return packed
-    except Exception as e:  # private op missing or changed: the plain layer works everywhere
-        logger.warning("oneDNN weight packing unavailable, using plain bf16 matmuls: %s", e)
+    except Exception as e:  # private op missing or changed, a kernel that disagrees: the plain layer works everywhere
+        logger.warning("weight packing unavailable, using plain bf16 matmuls: %s", e)
         return None
 
 

@@ -3,10 +3,14 @@
 torch's CPU ops cannot read a paged KV cache in place: decode attention in plain torch gathers
 every request's blocks into a padded copy, then reads it again in SDPA; the kernel reads the
 blocks where they are. The decoder's elementwise steps (residual + RMSNorm, SiLU-and-multiply,
-rotary) are fused, so a decode batch wakes no OpenMP threads for them. The module is built with
-torch's extension tooling (a C++ compiler and ninja) into $FORMWORK_CACHE/kernels/<cpu features + sources>
-the first time an engine starts (about 45 s on 2 cores; `make setup` does it), then loads in a
-fraction of a second. Where it cannot be built, the engine says why once and uses torch ops.
+rotary) are fused, so a decode batch wakes no OpenMP threads for them; the bf16 matmuls read one
+packed copy of each weight (gemm.cpp). The module is built with torch's extension tooling (a C++
+compiler and ninja) into $FORMWORK_CACHE/kernels/<cpu features + target + sources> the first time
+an engine starts (about 45 s on 2 cores; `make setup` does it), then loads in a fraction of a
+second. Where it cannot be built, the engine says why once and uses torch ops.
+
+FORMWORK_CPU_ISA=avx2 builds for AVX2 and FMA only (`-march=x86-64-v3`, its own build folder): the
+kernels a CPU without AVX-512 runs, so that they can be tested on one that has it.
 """
 from __future__ import annotations
 
@@ -27,7 +31,9 @@ from engine.model_files import cache_dir
 logger = logging.getLogger(__name__)
 
 _CSRC = Path(__file__).parent / "csrc"
-_SOURCES = ("bindings.cpp", "paged_attention.cpp", "fused_ops.cpp", "small_batch_gemm.cpp")
+_SOURCES = ("bindings.cpp", "paged_attention.cpp", "fused_ops.cpp", "gemm.cpp", "amx_gemm.cpp", "worker_pool.cpp")
+# FORMWORK_CPU_ISA -> the target flags of the build
+_ISA_FLAGS = {"native": ["-march=native"], "avx2": ["-march=x86-64-v3", "-mtune=native"]}
 _lock = threading.Lock()
 _state: dict[str, ModuleType | None] = {}
 
@@ -45,16 +51,20 @@ def load_cpu_kernels() -> ModuleType | None:
 def _build() -> ModuleType | None:
     if os.environ.get("FORMWORK_CPU_KERNELS", "1") == "0":
         return None
+    isa = os.environ.get("FORMWORK_CPU_ISA", "native")
+    if isa not in _ISA_FLAGS:
+        logger.warning("FORMWORK_CPU_ISA=%s is not one of %s: using native", isa, ", ".join(_ISA_FLAGS))
+        isa = "native"
     try:
         from torch.utils import cpp_extension
-        tag = _build_tag()
+        tag = _build_tag(_ISA_FLAGS[isa])
         build_dir = cache_dir() / "kernels" / tag
         build_dir.mkdir(parents=True, exist_ok=True)
         with _building(build_dir):
             sources = _copy_sources(build_dir / "src")
             return cpp_extension.load(
                 name=f"formwork_cpu_kernels_{tag}", sources=[str(s) for s in sources], build_directory=str(build_dir),
-                extra_cflags=["-O3", "-march=native", "-ffast-math", "-fopenmp"], extra_ldflags=["-fopenmp"],
+                extra_cflags=["-O3", *_ISA_FLAGS[isa], "-ffast-math", "-fopenmp"], extra_ldflags=["-fopenmp"],
                 verbose=False)
     except Exception as e:  # no compiler, no ninja, a build error: the torch path still works
         logger.warning("CPU kernels unavailable, using the slower torch attention path: %s",
@@ -62,13 +72,13 @@ def _build() -> ModuleType | None:
         return None
 
 
-def _build_tag() -> str:
-    """-march=native code runs only on CPUs with the same features: one build per feature set, so a
-    cache folder shared between machines never hands one a module it cannot execute. The sources'
-    bytes are part of the tag too: two checkouts with different kernels sharing one cache each keep
-    their own build instead of rebuilding over each other's."""
+def _build_tag(target_flags: list[str]) -> str:
+    """-march=native code runs only on CPUs with the same features: one build per feature set (and
+    target), so a cache folder shared between machines never hands one a module it cannot execute.
+    The sources' bytes are part of the tag too: two checkouts with different kernels sharing one
+    cache each keep their own build instead of rebuilding over each other's."""
     import torch
-    digest = hashlib.sha1(" ".join(cpu_flags()).encode())
+    digest = hashlib.sha1(" ".join(cpu_flags() + target_flags).encode())
     # the build's commands name torch's headers by the path this interpreter found them at (a
     # symlinked environment gives another): another path is another build, never a rebuild of this one
     digest.update(str(Path(torch.__file__).parent).encode())

@@ -4,7 +4,7 @@ A family is Llama's decoder with a few switches (`DecoderFeatures`): biases on q
 each head of q and k, Gemma's extra norms and (1 + w) norm weights, GeGLU, scaled embeddings,
 attention-logit and final-logit soft-capping, a sliding window per layer, a rope per layer type,
 partial rotary. Each family module reads its config into those switches; everything else is here:
-fused QKV and gate/up projections (packed for oneDNN on bf16 CPUs), the fused CPU elementwise
+fused QKV and gate/up projections (packed once for the CPU GEMM on bf16 CPUs), the fused CPU elementwise
 ops, attention through an AttentionBackend, and logits only where they are sampled.
 
 transformers supplies the config and the weights and is the reference in tests; the forward is ours
@@ -21,7 +21,7 @@ from torch import nn
 
 from engine.attention import AttentionBackend, AttentionOptions
 from engine.kernels import decoder_ops as ops
-from engine.kernels.cpu_linear import PackedLinear, pack_linear, pack_linears
+from engine.kernels.cpu_linear import PackedEmbedding, PackedLinear, pack_linear, pack_linears
 from engine.models.rope import RopeSpec, RotaryTables, rope_spec
 from engine.models.weight_loader import load_safetensors
 
@@ -196,19 +196,28 @@ class DecoderForCausalLM(nn.Module):
         self.packed_lm_head: nn.Module | None = None  # see pack_cpu_weights
 
     def pack_cpu_weights(self) -> int:
-        """bf16 on CPU: the matmul weights pre-packed for oneDNN (engine/kernels/cpu_linear.py); elsewhere
+        """bf16 on CPU: the matmul weights packed once for the CPU GEMM (engine/kernels/cpu_linear.py); elsewhere
         nothing changes. Call after load_weights. Returns how many weights were packed."""
         count = pack_linears(self.layers)
         if count:
-            self.packed_lm_head = pack_linear(self.lm_head_weight)  # the plain copy stays: embedding, refinement
-            count += self.packed_lm_head is not None
+            head = self.packed_lm_head = pack_linear(self.lm_head_weight)
+            count += head is not None
+            if head is not None and head.shares_rows and self.lm_head is None:
+                # tied: the embedding looks its rows up in the head's packed copy, the only one held
+                self.embed_tokens = PackedEmbedding(head)
         return count
 
     def weight_bytes(self) -> int:
         """Bytes of weights one decode step reads: every matmul weight once, a tied embedding as the
         head (its packed copy, when there is one, is read instead of the plain one, not as well)."""
         plain = sum(p.numel() * p.element_size() for p in self.parameters())
-        return plain + sum(m.weight_bytes for m in self.layers.modules() if isinstance(m, PackedLinear))
+        shared_head = self.packed_lm_head.weight_bytes if isinstance(self.embed_tokens, PackedEmbedding) else 0
+        return plain + shared_head + sum(m.weight_bytes for m in self.layers.modules() if isinstance(m, PackedLinear))
+
+    def resident_weight_bytes(self) -> int:
+        """Bytes of weights held in memory: the plain parameters and every packed copy (with its padding)."""
+        plain = sum(p.numel() * p.element_size() for p in self.parameters())
+        return plain + sum(m.resident_bytes for m in self.modules() if isinstance(m, PackedLinear))
 
     @property
     def lm_head_weight(self) -> torch.Tensor:
@@ -243,10 +252,16 @@ class DecoderForCausalLM(nn.Module):
         A bf16 matmul rounds its outputs to bf16: logits near 16 land on a grid of 0.06-0.125,
         so close candidates tie or swap, and greedy decoding picks a different token (SmolLM2
         answered "L'Étoile, ..." instead of "The capital of France is Paris."). Summing just the
-        leading candidates in fp32 costs about 2 ms at 64 rows (a full fp32 head: 20 ms)."""
+        leading candidates in fp32 costs about 2 ms at 64 rows (a full fp32 head: 20 ms).
+
+        The products of bf16 values are exact, and their sum in float64 is too (or within far less
+        than an fp32 step): the logits come out the same whatever order a batched matmul adds them in,
+        so a row's greedy token does not depend on the rows beside it."""
         top = logits.topk(min(k, logits.shape[-1]), dim=-1).indices
-        rows = self.lm_head_weight[top].float()  # [n, k, hidden]
-        logits.scatter_(1, top, torch.einsum("nd,nkd->nk", hidden.float(), rows))
+        head = self.packed_lm_head
+        shared = head is not None and head.shares_rows
+        rows = (head.rows(top) if shared else self.lm_head_weight[top]).double()  # [n, k, hidden]
+        logits.scatter_(1, top, torch.einsum("nd,nkd->nk", hidden.double(), rows).float())
 
     # ---- weights ---------------------------------------------------------------------
 

@@ -1,26 +1,38 @@
 // The Python module of Formwork's CPU kernels (engine/kernels/loader.py builds and loads it).
 #include <torch/extension.h>
 
+#include <string>
+
 void paged_attention(torch::Tensor out, torch::Tensor q, torch::Tensor k, torch::Tensor v, torch::Tensor kv_cache,
                      torch::Tensor slot_mapping, torch::Tensor query_ids, torch::Tensor block_table,
-                     torch::Tensor seq_lens, double scale);
+                     torch::Tensor seq_lens, double scale, int64_t sliding_window, double softcap);
 torch::Tensor add_rms_norm(torch::Tensor residual, c10::optional<torch::Tensor> delta, torch::Tensor weight,
                            double eps);
 torch::Tensor silu_and_mul(torch::Tensor gate_up);
 void rotary_(torch::Tensor qkv, torch::Tensor cos, torch::Tensor sin, int64_t num_rotated, int64_t head_dim);
-bool small_batch_gemm_available();
-torch::Tensor pack_small_batch_weight(torch::Tensor weight);
-torch::Tensor small_batch_gemm(torch::Tensor x, torch::Tensor packed, int64_t n, c10::optional<torch::Tensor> bias);
+std::string gemm_isa();
+double gemm_inner_loop_gflops(int64_t repeats);
+torch::Tensor pack_weight(torch::Tensor weight);
+torch::Tensor gemm(torch::Tensor x, torch::Tensor packed, int64_t n, c10::optional<torch::Tensor> bias);
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
+  namespace py = pybind11;
   m.def("paged_attention", &paged_attention,
-        "writes this step's K/V into the paged cache, then attends the listed queries over it, into out");
+        "writes this step's K/V into the paged cache, then attends the listed queries over it, into out "
+        "(sliding_window 0: every key; softcap 0: none)",
+        py::arg("out"), py::arg("q"), py::arg("k"), py::arg("v"), py::arg("kv_cache"), py::arg("slot_mapping"),
+        py::arg("query_ids"), py::arg("block_table"), py::arg("seq_lens"), py::arg("scale"),
+        py::arg("sliding_window") = 0, py::arg("softcap") = 0.0);
+  // what paged_attention takes beyond plain causal attention: callers check before passing them
+  m.attr("paged_attention_features") = py::make_tuple("sliding_window", "softcap");
   m.def("add_rms_norm", &add_rms_norm, "residual += delta (if given); returns rms_norm(residual) * weight",
-        pybind11::arg("residual"), pybind11::arg("delta"), pybind11::arg("weight"), pybind11::arg("eps"));
+        py::arg("residual"), py::arg("delta"), py::arg("weight"), py::arg("eps"));
   m.def("silu_and_mul", &silu_and_mul, "silu(gate) * up over [n, 2I] (gate, then up)");
   m.def("rotary_", &rotary_, "rotary embedding of the first num_rotated heads of each row, in place");
-  m.def("small_batch_gemm_available", &small_batch_gemm_available, "whether this build has AVX-512 BF16");
-  m.def("pack_small_batch_weight", &pack_small_batch_weight, "[N, K] bf16 -> the layout small_batch_gemm reads");
-  m.def("small_batch_gemm", &small_batch_gemm, "x [1-16, K] bf16 @ W.T (+ bias) from pack_small_batch_weight: [M, N] bf16",
-        pybind11::arg("x"), pybind11::arg("packed"), pybind11::arg("n"), pybind11::arg("bias") = pybind11::none());
+  m.def("gemm_isa", &gemm_isa, "the GEMM's instruction set in this build: avx512_bf16 or portable");
+  m.def("gemm_inner_loop_gflops", &gemm_inner_loop_gflops,
+        "GFLOP/s of the GEMM's register tile over L1-resident operands on every thread, repeats tiles each");
+  m.def("pack_weight", &pack_weight, "[N, K] bf16 -> the blocked layout gemm reads (the only copy kept)");
+  m.def("gemm", &gemm, "x [M, K] bf16 @ W.T (+ bias) from pack_weight: [M, N] bf16, fp32 sums",
+        py::arg("x"), py::arg("packed"), py::arg("n"), py::arg("bias") = py::none());
 }

@@ -33,6 +33,15 @@ inline c10::BFloat16 from_float<c10::BFloat16>(float x) {
   return c10::BFloat16(static_cast<uint16_t>(bits >> 16), c10::BFloat16::from_bits());
 }
 
+// bf16 bit patterns (the GEMM's raw uint16_t operands) <-> fp32, as the two functions above
+inline float bf16_bits_to_float(uint16_t b) {
+  const uint32_t bits = static_cast<uint32_t>(b) << 16;
+  float f;
+  std::memcpy(&f, &bits, sizeof f);
+  return f;
+}
+inline uint16_t float_to_bf16_bits(float x) { return from_float<c10::BFloat16>(x).x; }
+
 #if defined(__AVX512BF16__)
 // 16 bf16 values at p -> 16 fp32 lanes
 inline __m512 widen16(const void* p) {

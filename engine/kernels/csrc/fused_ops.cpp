@@ -20,6 +20,35 @@ using formwork::to_float;
 // rows per thread: a decode batch (<= a few hundred rows of a few thousand values) stays on one thread
 constexpr int64_t kRowGrain = 256;
 
+// 16 floats as one value: GCC lowers the arithmetic to whatever vectors the target has, lane by
+// lane, and never re-vectorizes (or re-splits) a loop over it
+typedef float Lanes __attribute__((vector_size(64)));
+constexpr int kLanes = 16;
+
+// The sum of the squares of row[0, n), in one fixed order: 16 partial sums over whole blocks, the
+// tail's squares added into lanes 0.., then a fixed tree. A row's norm is then the same bits
+// whatever row of the batch it is and wherever the buffers lie (an `omp simd` reduction may split
+// its lanes by the address of the data).
+float sum_of_squares(const float* row, int64_t n) {
+  Lanes acc = {};
+  int64_t i = 0;
+  for (; i + kLanes <= n; i += kLanes) {
+    Lanes v;
+    std::memcpy(&v, row + i, sizeof v);
+    acc += v * v;
+  }
+  float tail[kLanes] = {};
+  for (int l = 0; i < n; ++i, ++l) tail[l] = row[i] * row[i];
+  Lanes t;
+  std::memcpy(&t, tail, sizeof t);
+  acc += t;
+  float lanes[kLanes];
+  std::memcpy(lanes, &acc, sizeof lanes);
+  for (int width = kLanes / 2; width > 0; width /= 2)
+    for (int l = 0; l < width; ++l) lanes[l] += lanes[l + width];
+  return lanes[0];
+}
+
 void check_rows(const torch::Tensor& t, const char* name) {
   TORCH_CHECK(t.dim() == 2 && t.stride(1) == 1, name, ": 2-D with contiguous rows");
 }
@@ -56,13 +85,9 @@ torch::Tensor add_rms_norm(torch::Tensor residual, c10::optional<torch::Tensor> 
           _Pragma("omp simd")
           for (int64_t i = 0; i < hidden; ++i) res_row[i] = from_float<scalar_t>(to_float(res_row[i]) + to_float(add_row[i]));
         }
-        float sum_sq = 0.f;
-        _Pragma("omp simd reduction(+ : sum_sq)")
-        for (int64_t i = 0; i < hidden; ++i) {
-          row[i] = to_float(res_row[i]);
-          sum_sq += row[i] * row[i];
-        }
-        const float inv_rms = 1.f / std::sqrt(sum_sq / hidden + static_cast<float>(eps));
+        _Pragma("omp simd")
+        for (int64_t i = 0; i < hidden; ++i) row[i] = to_float(res_row[i]);
+        const float inv_rms = 1.f / std::sqrt(sum_of_squares(row, hidden) / hidden + static_cast<float>(eps));
         scalar_t* __restrict o_row = o + r * hidden;
         _Pragma("omp simd")
         for (int64_t i = 0; i < hidden; ++i) o_row[i] = from_float<scalar_t>(row[i] * inv_rms * to_float(w[i]));

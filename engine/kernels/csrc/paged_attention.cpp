@@ -1,10 +1,20 @@
-// Decode attention over the paged KV cache, for CPUs: this step's K/V written into their slots, then
-// each listed query token attends its request's keys read straight from the cache blocks (no gather
-// copy), scores and softmax in fp32 whatever the dtype.
+// Attention over the paged KV cache, for CPUs: this step's K/V written into their slots, then each
+// listed query token attends its request's keys read straight from the cache blocks (no gather
+// copy), scores and softmax in fp32 whatever the dtype. Decodes and the queries of short runs
+// (each with its own causal length) go through the same kernel; a sliding window limits each
+// query to its last `sliding_window` keys, and a soft cap bends scores to softcap * tanh(s / softcap).
 //
 // Layout (engine/attention/base.py): cache [2, num_blocks, block_size, num_kv_heads, head_dim];
 // token t of request i lives at block_table[i][t / block_size], offset t % block_size.
-// One work item per (request, kv head): its group of query heads shares every K/V row it reads.
+// One work item per (query, kv head): its group of query heads shares every K/V row it reads.
+// Scores are computed 16 keys at a time into one vector (never one horizontal sum per key).
+//
+// A query's output is a function of its own q and its keys only, bit for bit: the same whether it is
+// a decode, one row of a whole prompt or of a chunk, alone or among other requests, on any thread.
+// Every sum runs in one fixed order: a key's score is its own dot product; the softmax works on
+// whole 16-lane blocks of a row padded to a multiple of 16 (the padding scores exp() to 0), with 16
+// partial sums folded in a fixed tree; values are added key by key. Buffers are 64-byte aligned, so
+// no loop's vector split depends on where a buffer happens to lie.
 #include <torch/extension.h>
 #include <ATen/Parallel.h>
 
@@ -16,11 +26,26 @@
 #include <vector>
 
 #include "conversions.h"
+#include "worker_pool.h"
 
 namespace {
 
 using formwork::from_float;
 using formwork::to_float;
+
+constexpr int kKeys = 16;  // keys scored together, and the softmax's block
+// the score of a padding lane: exp() takes it to 0 (finite: -ffast-math assumes no infinities)
+constexpr float kPadScore = -1e30f;
+
+// n scores padded to whole blocks: the row stride of a query's score rows
+inline int64_t padded_keys(int64_t n) { return (n + kKeys - 1) / kKeys * kKeys; }
+
+// a thread's buffer of at least n floats, 64-byte aligned
+float* aligned_floats(std::vector<float>& buffer, int64_t n) {
+  buffer.resize(n + 16);
+  const auto address = reinterpret_cast<uintptr_t>(buffer.data());
+  return buffer.data() + ((64 - address % 64) % 64) / sizeof(float);
+}
 
 // One call's inputs as raw pointers. q and out rows are strided by token (views of the fused QKV
 // projection's output); within a token, heads are contiguous rows of head_dim.
@@ -36,98 +61,160 @@ struct Step {
   scalar_t* out;
   int64_t out_stride, num_queries, max_blocks, block_size, num_heads, num_kv_heads, head_dim;
   float scale;
+  int64_t sliding_window;  // 0: every key
+  float softcap;  // 0: none
 
   int64_t group() const { return num_heads / num_kv_heads; }
   int64_t row_stride() const { return num_kv_heads * head_dim; }  // between consecutive tokens of a block
-  // the first row of block b of this query's request at this kv head; the block's next rows follow
-  // at row_stride()
-  const scalar_t* key_block(const scalar_t* cache, int64_t query, int64_t b, int64_t kv_head) const {
-    return cache + block_table[query * max_blocks + b] * block_size * row_stride() + kv_head * head_dim;
+  // the first key this query sees: the window's start, or 0
+  int64_t first_key(int64_t seq_len) const {
+    return sliding_window > 0 ? std::max<int64_t>(0, seq_len - sliding_window) : 0;
   }
 };
 
+// One request's K or V rows at one kv head, in position order from `first`; the next block's rows
+// are prefetched on entering a block (blocks lie anywhere in the cache, so the hardware prefetcher
+// loses the stream at every block edge: 5-30% faster with cold caches)
+template <typename scalar_t>
+class KeyRows {
+ public:
+  KeyRows(const Step<scalar_t>& st, const scalar_t* cache, int64_t query, int64_t kv_head, int64_t first)
+      : st_(st), cache_(cache + kv_head * st.head_dim), blocks_(st.block_table + query * st.max_blocks),
+        num_blocks_((st.seq_lens[query] + st.block_size - 1) / st.block_size),
+        block_(first / st.block_size), offset_(first % st.block_size) {
+    enter_block();
+  }
+
+  const scalar_t* next() {
+    if (offset_ == st_.block_size) {
+      ++block_;
+      offset_ = 0;
+      enter_block();
+    }
+    return base_ + offset_++ * st_.row_stride();
+  }
+
+ private:
+  const scalar_t* block_rows(int64_t b) const {
+    return cache_ + static_cast<int64_t>(blocks_[b]) * st_.block_size * st_.row_stride();
+  }
+  void enter_block() {
+    base_ = block_rows(block_);
+    if (block_ + 1 >= num_blocks_) return;
+    const char* x = reinterpret_cast<const char*>(block_rows(block_ + 1));
+    const int64_t row_bytes = st_.head_dim * sizeof(scalar_t), stride = st_.row_stride() * sizeof(scalar_t);
+    for (int64_t i = 0; i < st_.block_size; ++i, x += stride)
+      for (int64_t d = 0; d < row_bytes; d += 64) __builtin_prefetch(x + d, 0, 3);
+  }
+
+  const Step<scalar_t>& st_;
+  const scalar_t* cache_;
+  const int32_t* blocks_;
+  int64_t num_blocks_, block_, offset_;
+  const scalar_t* base_ = nullptr;
+};
+
 // Runs fn(query, kv_head, scores, scratch) for every (query, kv head) pair, across threads only when
-// the work is worth waking them for (about 50 us a wake with OMP_WAIT_POLICY=PASSIVE here). scores
-// holds the query's seq_len * group scores; scratch is the thread's to size and reuse.
+// the work is worth it (a sleeping helper costs ~50 us to wake), in chunks of items claimed by
+// whichever thread is free. scores (64-byte aligned) holds the group's rows of padded_keys(keys it
+// sees) scores; scratch is the thread's to size (with aligned_floats) and reuse.
 template <typename scalar_t, typename Fn>
 void for_each_item(const Step<scalar_t>& st, Fn fn) {
   int64_t keys = 0;
-  for (int64_t i = 0; i < st.num_queries; ++i) keys += st.seq_lens[i];
+  for (int64_t i = 0; i < st.num_queries; ++i) keys += st.seq_lens[i] - st.first_key(st.seq_lens[i]);
   const int64_t items = st.num_queries * st.num_kv_heads;
-  const int64_t grain = keys * st.num_kv_heads < 8192 ? std::max<int64_t>(items, 1) : 1;
-  at::parallel_for(0, items, grain, [&](int64_t begin, int64_t end) {
-    std::vector<float> scores, scratch;
-    for (int64_t item = begin; item < end; ++item) {
-      const int64_t query = item / st.num_kv_heads;
-      scores.resize(st.seq_lens[query] * st.group());
-      fn(query, item % st.num_kv_heads, scores.data(), scratch);
+  const int64_t chunk_items = keys * st.num_kv_heads < 8192 ? std::max<int64_t>(items, 1)
+                                                            : std::max<int64_t>(1, items / 32);
+  formwork::parallel_chunks((items + chunk_items - 1) / chunk_items, [&](int64_t chunk) {
+    thread_local std::vector<float> scores, scratch;
+    for (int64_t item = chunk * chunk_items; item < std::min(items, (chunk + 1) * chunk_items); ++item) {
+      const int64_t query = item / st.num_kv_heads, seq_len = st.seq_lens[query];
+      float* s = aligned_floats(scores, padded_keys(seq_len - st.first_key(seq_len)) * st.group());
+      fn(query, item % st.num_kv_heads, s, scratch);
     }
   });
 }
 
-// softmax of each of `rows` rows of n scores, in place
-void softmax_rows(float* __restrict s, int64_t rows, int64_t n) {
+// Softmax of each of `rows` score rows, in place: n scores in a row of padded_keys(n) (lanes past n
+// hold anything finite), optionally capped first to softcap * tanh(s / softcap). Whole blocks of 16
+// lanes only, each element through the same code: the result of a score depends on the row's
+// scores alone, never on n's remainder or on the buffer's address.
+void softmax_rows(float* __restrict s, int64_t rows, int64_t n, float softcap) {
+  const int64_t stride = padded_keys(n);
   for (int64_t h = 0; h < rows; ++h) {
-    float* __restrict sh = s + h * n;
-    float max_score = sh[0];
-    for (int64_t t = 1; t < n; ++t) max_score = std::max(max_score, sh[t]);
-    float sum = 0.f;
-#pragma omp simd reduction(+ : sum)
-    for (int64_t t = 0; t < n; ++t) {
-      sh[t] = std::exp(sh[t] - max_score);
-      sum += sh[t];
+    float* __restrict sh = s + h * stride;
+    if (softcap > 0.f) {
+      const float inv = 1.f / softcap;
+      for (int64_t b = 0; b < stride; b += kKeys)
+        for (int i = 0; i < kKeys; ++i) sh[b + i] = softcap * std::tanh(sh[b + i] * inv);
     }
-    const float inv = 1.f / sum;
-#pragma omp simd
-    for (int64_t t = 0; t < n; ++t) sh[t] *= inv;
+    for (int64_t t = n; t < stride; ++t) sh[t] = kPadScore;
+    float max_score = sh[0];  // a max is the same in any order
+    for (int64_t t = 1; t < n; ++t) max_score = std::max(max_score, sh[t]);
+    float lanes[kKeys] = {};
+    for (int64_t b = 0; b < stride; b += kKeys)
+      for (int i = 0; i < kKeys; ++i) {
+        sh[b + i] = std::exp(sh[b + i] - max_score);
+        lanes[i] += sh[b + i];
+      }
+    for (int width = kKeys / 2; width > 0; width /= 2)  // a fixed tree over the 16 partial sums
+      for (int i = 0; i < width; ++i) lanes[i] += lanes[i + width];
+    const float inv = 1.f / lanes[0];
+    for (int64_t b = 0; b < stride; b += kKeys)
+      for (int i = 0; i < kKeys; ++i) sh[b + i] *= inv;
   }
 }
 
-// Any dtype and head_dim (kDim > 0: known at compile time, so the loops unroll into a few vector
-// instructions). Each K/V row is widened to fp32, then used by every query head of its group.
+// Any dtype and head_dim (kDim > 0: known at compile time, so the loops unroll). Each run of 16 K
+// rows is widened into a transposed fp32 tile, so that every query head's 16 scores are one
+// vectorized loop over keys; V rows are widened once and used by every query head of the group.
 template <typename scalar_t, int kDim>
 void attend_generic(const Step<scalar_t>& st) {
-  const int64_t head_dim = kDim > 0 ? kDim : st.head_dim, group = st.group(), row_stride = st.row_stride();
+  const int64_t head_dim = kDim > 0 ? kDim : st.head_dim, group = st.group();
   for_each_item(st, [&](int64_t query, int64_t kv_head, float* __restrict s, std::vector<float>& scratch) {
-    scratch.resize((1 + 2 * group) * head_dim);  // one K/V row, the group's queries, its outputs
-    float* __restrict row = scratch.data();
-    float* __restrict q_group = row + head_dim;
+    // the group's queries, its outputs, a K tile / V row
+    float* __restrict q_group = aligned_floats(scratch, (2 * group + kKeys) * head_dim);
     float* __restrict acc = q_group + group * head_dim;
+    float* __restrict tile = acc + group * head_dim;  // [head_dim][16]
     std::fill(acc, acc + group * head_dim, 0.f);
-    const int64_t token = st.query_ids[query], seq_len = st.seq_lens[query];
-    const int64_t num_blocks = (seq_len + st.block_size - 1) / st.block_size;
+    const int64_t token = st.query_ids[query], seq_len = st.seq_lens[query], first = st.first_key(seq_len);
+    const int64_t n = seq_len - first, stride = padded_keys(n);
     const scalar_t* q_in = st.q + token * st.q_stride + kv_head * group * head_dim;
     for (int64_t d = 0; d < group * head_dim; ++d) q_group[d] = to_float(q_in[d]);
-    // visit(t) for every key position t in order, with t's K or V row widened into `row`
-    auto for_each_row = [&](const scalar_t* cache, auto visit) {
-      for (int64_t b = 0; b < num_blocks; ++b) {
-        const scalar_t* __restrict x = st.key_block(cache, query, b, kv_head);
-        const int64_t n = std::min(st.block_size, seq_len - b * st.block_size);
-        for (int64_t i = 0; i < n; ++i, x += row_stride) {
-#pragma omp simd
-          for (int64_t d = 0; d < head_dim; ++d) row[d] = to_float(x[d]);
-          visit(b * st.block_size + i);
-        }
+    KeyRows<scalar_t> keys(st, st.k_cache, query, kv_head, first);
+    for (int64_t c = 0; c < n; c += kKeys) {  // pass 1: scores of every query head of the group
+      const int64_t count = std::min<int64_t>(kKeys, n - c);
+      for (int64_t i = 0; i < count; ++i) {
+        const scalar_t* __restrict x = keys.next();
+        for (int64_t d = 0; d < head_dim; ++d) tile[d * kKeys + i] = to_float(x[d]);
       }
-    };
-    for_each_row(st.k_cache, [&](int64_t t) {  // pass 1: scores of every query head of the group
+      for (int64_t i = count; i < kKeys; ++i)
+        for (int64_t d = 0; d < head_dim; ++d) tile[d * kKeys + i] = 0.f;
       for (int64_t h = 0; h < group; ++h) {
         const float* __restrict qh = q_group + h * head_dim;
-        float dot = 0.f;
-#pragma omp simd reduction(+ : dot)
-        for (int64_t d = 0; d < head_dim; ++d) dot += qh[d] * row[d];
-        s[h * seq_len + t] = dot * st.scale;
+        float dots[kKeys] = {};
+        for (int64_t d = 0; d < head_dim; ++d) {
+          const float qd = qh[d];
+#pragma omp simd
+          for (int i = 0; i < kKeys; ++i) dots[i] += qd * tile[d * kKeys + i];
+        }
+        for (int i = 0; i < kKeys; ++i) s[h * stride + c + i] = i < count ? dots[i] * st.scale : 0.f;
       }
-    });
-    softmax_rows(s, group, seq_len);
-    for_each_row(st.v_cache, [&](int64_t t) {  // pass 2: weighted sum of the values
+    }
+    softmax_rows(s, group, n, st.softcap);
+    float* __restrict row = tile;
+    KeyRows<scalar_t> values(st, st.v_cache, query, kv_head, first);
+    for (int64_t t = 0; t < n; ++t) {  // pass 2: weighted sum of the values
+      const scalar_t* __restrict x = values.next();
+#pragma omp simd
+      for (int64_t d = 0; d < head_dim; ++d) row[d] = to_float(x[d]);
       for (int64_t h = 0; h < group; ++h) {
-        const float p = s[h * seq_len + t];
+        const float p = s[h * stride + t];
         float* __restrict o = acc + h * head_dim;
 #pragma omp simd
         for (int64_t d = 0; d < head_dim; ++d) o[d] += p * row[d];
       }
-    });
+    }
     scalar_t* o_out = st.out + token * st.out_stride + kv_head * group * head_dim;
     for (int64_t d = 0; d < group * head_dim; ++d) o_out[d] = from_float<scalar_t>(acc[d]);
   });
@@ -135,15 +222,27 @@ void attend_generic(const Step<scalar_t>& st) {
 
 #if defined(__AVX512BF16__)
 // bf16 with AVX-512 BF16, head_dim D and group G known at compile time: q.k straight from the bf16
-// rows with dot-product instructions (pairs of bf16 products summed in fp32, no widening), the
-// group's outputs in registers for pass 2. 2.4x the generic kernel at 64 requests x 256 keys.
+// rows with dot-product instructions (pairs of bf16 products summed in fp32, no widening), then
+// the 16 keys' partial-sum vectors folded into one vector of 16 scores (45 shuffles and adds for
+// 16 keys, against 16 full horizontal sums); the group's outputs in registers for pass 2.
 using formwork::widen16;
 
-// the next block's rows for this head, while this one is computed: blocks lie anywhere in the cache,
-// so the hardware prefetcher loses the stream at every block edge (5-30% faster with cold caches)
-inline void prefetch_rows(const c10::BFloat16* x, int64_t rows, int64_t row_stride, int64_t head_dim) {
-  for (int64_t i = 0; i < rows; ++i, x += row_stride)
-    for (int64_t d = 0; d < head_dim; d += 32) _mm_prefetch(reinterpret_cast<const char*>(x + d), _MM_HINT_T0);
+// lane i of the result = the sum of the 16 lanes of v[i]
+inline __m512 sum_each(const __m512 v[16]) {
+  __m512 r[8], t[4];
+  for (int i = 0; i < 8; ++i)  // per 128-bit lane: [a0+a2, b0+b2, a1+a3, b1+b3]
+    r[i] = _mm512_add_ps(_mm512_unpacklo_ps(v[2 * i], v[2 * i + 1]), _mm512_unpackhi_ps(v[2 * i], v[2 * i + 1]));
+  for (int j = 0; j < 4; ++j) {  // per 128-bit lane: the lane's sums of v[4j .. 4j + 3]
+    const __m512d a = _mm512_castps_pd(r[2 * j]), b = _mm512_castps_pd(r[2 * j + 1]);
+    t[j] = _mm512_add_ps(_mm512_castpd_ps(_mm512_unpacklo_pd(a, b)), _mm512_castpd_ps(_mm512_unpackhi_pd(a, b)));
+  }
+  // across the four 128-bit lanes
+  const __m512 x01 = _mm512_add_ps(_mm512_shuffle_f32x4(t[0], t[1], _MM_SHUFFLE(2, 0, 2, 0)),
+                                   _mm512_shuffle_f32x4(t[0], t[1], _MM_SHUFFLE(3, 1, 3, 1)));
+  const __m512 x23 = _mm512_add_ps(_mm512_shuffle_f32x4(t[2], t[3], _MM_SHUFFLE(2, 0, 2, 0)),
+                                   _mm512_shuffle_f32x4(t[2], t[3], _MM_SHUFFLE(3, 1, 3, 1)));
+  return _mm512_add_ps(_mm512_shuffle_f32x4(x01, x23, _MM_SHUFFLE(2, 0, 2, 0)),
+                       _mm512_shuffle_f32x4(x01, x23, _MM_SHUFFLE(3, 1, 3, 1)));
 }
 
 template <int D, int G>
@@ -151,41 +250,42 @@ void attend_bf16(const Step<c10::BFloat16>& st) {
   static_assert(D % 32 == 0, "whole 512-bit rows");
   constexpr int kPairs = D / 32, kLanes = D / 16;
   for_each_item(st, [&](int64_t query, int64_t kv_head, float* __restrict s, std::vector<float>&) {
-    const int64_t token = st.query_ids[query], seq_len = st.seq_lens[query], row_stride = st.row_stride();
-    const int64_t num_blocks = (seq_len + st.block_size - 1) / st.block_size;
+    const int64_t token = st.query_ids[query], seq_len = st.seq_lens[query], first = st.first_key(seq_len);
+    const int64_t n = seq_len - first, stride = padded_keys(n);
     const c10::BFloat16* q_in = st.q + token * st.q_stride + kv_head * G * D;
     __m512bh qv[G][kPairs];
     for (int h = 0; h < G; ++h)
       for (int j = 0; j < kPairs; ++j) qv[h][j] = (__m512bh)_mm512_loadu_si512(q_in + h * D + 32 * j);
-    for (int64_t b = 0; b < num_blocks; ++b) {  // pass 1: scores
-      const c10::BFloat16* x = st.key_block(st.k_cache, query, b, kv_head);
-      const int64_t n = std::min(st.block_size, seq_len - b * st.block_size);
-      if (b + 1 < num_blocks) prefetch_rows(st.key_block(st.k_cache, query, b + 1, kv_head), st.block_size, row_stride, D);
-      for (int64_t i = 0; i < n; ++i, x += row_stride) {
-        __m512bh k[kPairs];
-        for (int j = 0; j < kPairs; ++j) k[j] = (__m512bh)_mm512_loadu_si512(x + 32 * j);
-        for (int h = 0; h < G; ++h) {
-          __m512 acc = _mm512_setzero_ps();
-          for (int j = 0; j < kPairs; ++j) acc = _mm512_dpbf16_ps(acc, k[j], qv[h][j]);
-          s[h * seq_len + b * st.block_size + i] = _mm512_reduce_add_ps(acc) * st.scale;
+    const __m512 scale = _mm512_set1_ps(st.scale);
+    KeyRows<c10::BFloat16> keys(st, st.k_cache, query, kv_head, first);
+    const c10::BFloat16* rows[kKeys];
+    for (int64_t c = 0; c < n; c += kKeys) {  // pass 1: scores, 16 keys a vector
+      const int count = static_cast<int>(std::min<int64_t>(kKeys, n - c));
+      for (int i = 0; i < count; ++i) rows[i] = keys.next();
+      for (int i = count; i < kKeys; ++i) rows[i] = rows[0];  // lanes past the end are not stored
+      const __mmask16 mask = static_cast<__mmask16>((1u << count) - 1);
+      for (int h = 0; h < G; ++h) {
+        __m512 dots[kKeys];
+        for (int i = 0; i < kKeys; ++i) {
+          dots[i] = _mm512_dpbf16_ps(_mm512_setzero_ps(), (__m512bh)_mm512_loadu_si512(rows[i]), qv[h][0]);
+          for (int j = 1; j < kPairs; ++j)
+            dots[i] = _mm512_dpbf16_ps(dots[i], (__m512bh)_mm512_loadu_si512(rows[i] + 32 * j), qv[h][j]);
         }
+        _mm512_store_ps(s + h * stride + c, _mm512_maskz_mul_ps(mask, sum_each(dots), scale));
       }
     }
-    softmax_rows(s, G, seq_len);
+    softmax_rows(s, G, n, st.softcap);
     __m512 o[G][kLanes];
     for (int h = 0; h < G; ++h)
       for (int j = 0; j < kLanes; ++j) o[h][j] = _mm512_setzero_ps();
-    for (int64_t b = 0; b < num_blocks; ++b) {  // pass 2: weighted sum of the values
-      const c10::BFloat16* x = st.key_block(st.v_cache, query, b, kv_head);
-      const int64_t n = std::min(st.block_size, seq_len - b * st.block_size);
-      if (b + 1 < num_blocks) prefetch_rows(st.key_block(st.v_cache, query, b + 1, kv_head), st.block_size, row_stride, D);
-      for (int64_t i = 0; i < n; ++i, x += row_stride) {
-        __m512 v[kLanes];
-        for (int j = 0; j < kLanes; ++j) v[j] = widen16(x + 16 * j);
-        for (int h = 0; h < G; ++h) {
-          const __m512 p = _mm512_set1_ps(s[h * seq_len + b * st.block_size + i]);
-          for (int j = 0; j < kLanes; ++j) o[h][j] = _mm512_fmadd_ps(p, v[j], o[h][j]);
-        }
+    KeyRows<c10::BFloat16> values(st, st.v_cache, query, kv_head, first);
+    for (int64_t t = 0; t < n; ++t) {  // pass 2: weighted sum of the values
+      const c10::BFloat16* x = values.next();
+      __m512 v[kLanes];
+      for (int j = 0; j < kLanes; ++j) v[j] = widen16(x + 16 * j);
+      for (int h = 0; h < G; ++h) {
+        const __m512 p = _mm512_set1_ps(s[h * stride + t]);
+        for (int j = 0; j < kLanes; ++j) o[h][j] = _mm512_fmadd_ps(p, v[j], o[h][j]);
       }
     }
     c10::BFloat16* o_out = st.out + token * st.out_stride + kv_head * G * D;
@@ -243,12 +343,14 @@ void check_token_rows(const torch::Tensor& t, const char* name) {
 }  // namespace
 
 // Writes k, v ([n, KVH, D]) at slot_mapping ([n] int64) of kv_cache ([2, blocks, block_size, KVH, D]),
-// then attends query token query_ids[i] of q ([n, H, D]) over seq_lens[i] keys of its request
-// (block_table row i), into the same row of out ([n, H, D]); rows of out not listed are left as
-// they were. q, k, v, out and the cache share one dtype; the math is fp32.
+// then attends query token query_ids[i] of q ([n, H, D]) over the keys [max(0, seq_lens[i] -
+// sliding_window), seq_lens[i]) of its request (block_table row i; sliding_window 0: from 0), into
+// the same row of out ([n, H, D]); rows of out not listed are left as they were. softcap > 0 bends
+// the scaled scores to softcap * tanh(s / softcap). q, k, v, out and the cache share one dtype; the
+// math is fp32.
 void paged_attention(torch::Tensor out, torch::Tensor q, torch::Tensor k, torch::Tensor v, torch::Tensor kv_cache,
                      torch::Tensor slot_mapping, torch::Tensor query_ids, torch::Tensor block_table,
-                     torch::Tensor seq_lens, double scale) {
+                     torch::Tensor seq_lens, double scale, int64_t sliding_window, double softcap) {
   check_token_rows(q, "q");
   check_token_rows(k, "k");
   check_token_rows(v, "v");
@@ -261,6 +363,8 @@ void paged_attention(torch::Tensor out, torch::Tensor q, torch::Tensor k, torch:
               && query_ids.scalar_type() == torch::kInt64 && query_ids.is_contiguous(), "slot_mapping, query_ids: contiguous int64");
   TORCH_CHECK(block_table.scalar_type() == torch::kInt32 && block_table.is_contiguous(), "block_table: contiguous int32");
   TORCH_CHECK(seq_lens.scalar_type() == torch::kInt32 && seq_lens.is_contiguous(), "seq_lens: contiguous int32");
+  TORCH_CHECK(sliding_window >= 0, "sliding_window: 0 (none) or a positive number of keys, got ", sliding_window);
+  TORCH_CHECK(softcap >= 0, "softcap: 0 (none) or positive, got ", softcap);
   const int64_t num_tokens = q.size(0), num_heads = q.size(1), head_dim = q.size(2);
   const int64_t block_size = kv_cache.size(2), num_kv_heads = kv_cache.size(3), num_queries = query_ids.size(0);
   TORCH_CHECK(kv_cache.size(4) == head_dim && num_heads % num_kv_heads == 0 && k.size(1) == num_kv_heads
@@ -269,14 +373,18 @@ void paged_attention(torch::Tensor out, torch::Tensor q, torch::Tensor k, torch:
   TORCH_CHECK(k.size(0) == num_tokens && v.size(0) == num_tokens && out.size(0) == num_tokens
               && slot_mapping.size(0) == num_tokens, "one k, v, out row and slot per token");
   TORCH_CHECK(block_table.size(0) == num_queries && seq_lens.size(0) == num_queries, "one block-table row per query");
+  const int32_t* lens = seq_lens.data_ptr<int32_t>();
+  for (int64_t i = 0; i < num_queries; ++i)
+    TORCH_CHECK(lens[i] >= 1 && lens[i] <= block_table.size(1) * block_size, "seq_lens[", i, "] = ", lens[i],
+                ": 1 to the block table's capacity");
   const int64_t half = kv_cache.numel() / 2, row_stride = num_kv_heads * head_dim;
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, dtype, "paged_attention", [&] {
     scalar_t* base = kv_cache.data_ptr<scalar_t>();
     write_rows(k.data_ptr<scalar_t>(), v.data_ptr<scalar_t>(), k.stride(0), v.stride(0),
                slot_mapping.data_ptr<int64_t>(), num_tokens, base, base + half, row_stride);
     attend(Step<scalar_t>{q.data_ptr<scalar_t>(), q.stride(0), base, base + half, query_ids.data_ptr<int64_t>(),
-                          block_table.data_ptr<int32_t>(), seq_lens.data_ptr<int32_t>(), out.data_ptr<scalar_t>(),
+                          block_table.data_ptr<int32_t>(), lens, out.data_ptr<scalar_t>(),
                           out.stride(0), num_queries, block_table.size(1), block_size, num_heads, num_kv_heads,
-                          head_dim, static_cast<float>(scale)});
+                          head_dim, static_cast<float>(scale), sliding_window, static_cast<float>(softcap)});
   });
 }

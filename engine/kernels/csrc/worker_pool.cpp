@@ -1,0 +1,124 @@
+// formwork::parallel_chunks (worker_pool.h): a job is published as a ticket (generation, open);
+// a helper joins by counting itself in, then checking that the ticket is still the one it saw;
+// the caller, its own chunks done, closes the ticket and waits only for helpers that joined.
+#include "worker_pool.h"
+
+#include <ATen/Parallel.h>
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <cstdlib>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+#if defined(__x86_64__)
+#include <immintrin.h>
+#endif
+
+namespace formwork {
+namespace {
+
+// how long a helper stays awake after a job: longer than the gaps between one forward's kernels
+constexpr auto kSpin = std::chrono::microseconds(300);
+
+inline void spin_pause() {
+#if defined(__x86_64__)
+  _mm_pause();
+#endif
+}
+
+class Pool {
+ public:
+  explicit Pool(int num_helpers) {
+    for (int i = 0; i < num_helpers; ++i) helpers_.emplace_back([this] { serve(); });
+    for (auto& t : helpers_) t.detach();  // they live as long as the process
+  }
+
+  bool has_helpers() const { return !helpers_.empty(); }
+
+  void run(int64_t num_chunks, const std::function<void(int64_t)>& fn) {
+    std::unique_lock<std::mutex> caller(caller_mutex_, std::try_to_lock);
+    if (!caller.owns_lock()) {  // another thread's job is running: do this one alone
+      for (int64_t c = 0; c < num_chunks; ++c) fn(c);
+      return;
+    }
+    job_ = &fn;
+    num_chunks_ = num_chunks;
+    next_.store(0, std::memory_order_relaxed);
+    const uint64_t ticket = ticket_.load(std::memory_order_relaxed) + 2 | 1;  // next generation, open
+    {
+      std::lock_guard<std::mutex> lock(sleep_mutex_);
+      ticket_.store(ticket, std::memory_order_seq_cst);
+    }
+    wake_.notify_all();
+    work();
+    ticket_.store(ticket & ~uint64_t{1}, std::memory_order_seq_cst);  // closed: no one joins any more
+    while (joined_.load(std::memory_order_seq_cst) != 0) spin_pause();
+  }
+
+ private:
+  void work() {
+    for (int64_t c; (c = next_.fetch_add(1, std::memory_order_relaxed)) < num_chunks_;) (*job_)(c);
+  }
+
+  void serve() {
+    uint64_t seen = 0;
+    for (;;) {
+      const auto deadline = std::chrono::steady_clock::now() + kSpin;
+      uint64_t ticket;
+      while ((ticket = ticket_.load(std::memory_order_acquire)) == seen || !(ticket & 1)) {
+        if (std::chrono::steady_clock::now() > deadline) {
+          std::unique_lock<std::mutex> lock(sleep_mutex_);
+          wake_.wait(lock, [&] {
+            const uint64_t t = ticket_.load(std::memory_order_acquire);
+            return t != seen && (t & 1);
+          });
+        }
+        spin_pause();
+      }
+      seen = ticket;
+      joined_.fetch_add(1, std::memory_order_seq_cst);
+      if (ticket_.load(std::memory_order_seq_cst) == ticket) work();  // else: closed before we joined
+      joined_.fetch_sub(1, std::memory_order_seq_cst);
+    }
+  }
+
+  std::vector<std::thread> helpers_;
+  std::mutex caller_mutex_, sleep_mutex_;
+  std::condition_variable wake_;
+  std::atomic<uint64_t> ticket_{0};  // generation * 2 + open
+  std::atomic<int> joined_{0};
+  std::atomic<int64_t> next_{0};
+  const std::function<void(int64_t)>* job_ = nullptr;
+  int64_t num_chunks_ = 0;
+};
+
+Pool& pool() {
+  static Pool* instance = new Pool(std::max(0, at::get_num_threads() - 1));  // never destroyed: helpers outlive exit
+  return *instance;
+}
+
+}  // namespace
+
+void parallel_chunks(int64_t num_chunks, const std::function<void(int64_t)>& fn) {
+  static const bool use_openmp = [] {
+    const char* choice = std::getenv("FORMWORK_CPU_POOL");
+    return choice != nullptr && std::string(choice) == "openmp";
+  }();
+  if (num_chunks <= 1 || at::in_parallel_region()) {
+    for (int64_t c = 0; c < num_chunks; ++c) fn(c);
+  } else if (use_openmp) {
+    at::parallel_for(0, num_chunks, 1, [&](int64_t begin, int64_t end) {
+      for (int64_t c = begin; c < end; ++c) fn(c);
+    });
+  } else if (pool().has_helpers()) {
+    pool().run(num_chunks, fn);
+  } else {
+    for (int64_t c = 0; c < num_chunks; ++c) fn(c);
+  }
+}
+
+}  // namespace formwork
