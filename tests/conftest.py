@@ -66,8 +66,9 @@ def llm(model_dir):
 def llm_fp32(model_dir):
     """The real model in float32, for exact comparisons (transformers parity, batch invariance).
 
-    The default dtype is bfloat16 on CPUs with bf16 dot products, and bf16 matmuls round
-    differently at different batch sizes, so greedy tokens may differ between batch shapes."""
+    The default dtype is bfloat16 on CPUs with bf16 dot products; bf16 rounds far from transformers'
+    float32, and without Formwork's kernels (torch's matmuls) it rounds differently at different
+    batch sizes too (tests/test_bf16_batch_invariance.py checks the kernels' bf16 does not)."""
     from engine.config import EngineConfig
     from engine.llm import LLM
     instance = LLM(config=EngineConfig(dtype="float32"))

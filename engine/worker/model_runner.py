@@ -49,7 +49,7 @@ class ModelRunner:
         self.model.load_weights(model_dir)
         self.model.eval()
         if packed := self.model.pack_cpu_weights():
-            logger.info("%d weight matrices pre-packed for oneDNN bf16 matmuls", packed)
+            logger.info("%d weight matrices packed once for the CPU kernels' bf16 matmuls", packed)
         self.vocab_size = hf_config.vocab_size
         self.attn_backend = get_attention_backend(self.device, self.block_size, config.cuda.attention_backend)
         self.kv_dtype = self.attn_backend.kv_cache_dtype(self.dtype)
