@@ -125,11 +125,15 @@ def pack_linear(weight: torch.Tensor, bias: torch.Tensor | None = None) -> Packe
 
 def pack_linears(module: nn.Module) -> int:
     """Replaces every nn.Linear under module with its packed form; returns how many (0: none could be)."""
-    targets = [(parent, name, child) for parent in module.modules() for name, child in parent.named_children()
+    # names, not the layers: a list holding every plain layer would keep all of them alive beside
+    # their packed copies until the last is packed (twice the weights at the peak)
+    targets = [(parent, name) for parent in module.modules() for name, child in parent.named_children()
                if isinstance(child, nn.Linear)]
-    for count, (parent, name, child) in enumerate(targets):
-        packed = pack_linear(child.weight, child.bias)
+    for count, (parent, name) in enumerate(targets):
+        plain = getattr(parent, name)
+        packed = pack_linear(plain.weight, plain.bias)
         if packed is None:  # the first failure says packing does not work here
             return count
+        del plain
         setattr(parent, name, packed)
     return len(targets)
