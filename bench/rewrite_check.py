@@ -25,6 +25,7 @@ from typing import Any
 
 from bench.coverage import load_schemas
 from bench.datasets import SUBSETS
+from grammar.regex_pieces import regex_pieces
 
 
 @dataclass
@@ -56,20 +57,7 @@ def validator(schema: Any):
 
 def ecma_dollar(pattern: str) -> str:
     """`pattern` with each "$" anchor (outside classes, unescaped) written as Python's \\Z."""
-    out, i, in_class = [], 0, False
-    while i < len(pattern):
-        char = pattern[i]
-        if char == "\\":
-            out.append(pattern[i:i + 2])
-            i += 2
-            continue
-        if char == "[":
-            in_class = True
-        elif char == "]":
-            in_class = False
-        out.append("\\Z" if char == "$" and not in_class else char)
-        i += 1
-    return "".join(out)
+    return "".join("\\Z" if piece == "$" and not in_class else piece for _, piece, in_class in regex_pieces(pattern))
 
 
 def mutations(value: Any, rng: random.Random, limit: int = 24) -> list[Any]:

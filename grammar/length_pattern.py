@@ -13,6 +13,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from grammar.regex_pieces import regex_pieces
+
 _SPECIAL = set("()|*+?{}^$[]")
 _ANCHOR_ESCAPES = set("bBAzZG")
 
@@ -195,24 +197,17 @@ def implied_lengths(pattern: str) -> tuple[int, int | None] | None:
 
 def _split_top(pattern: str) -> list[str] | None:
     """`pattern` split at its top-level "|"s (outside groups and classes)."""
-    parts, depth, start, i, in_class = [], 0, 0, 0, False
-    while i < len(pattern):
-        char = pattern[i]
-        if char == "\\":
-            i += 2
-            continue
+    parts, depth, start, in_class = [], 0, 0, False
+    for i, piece, in_class in regex_pieces(pattern):
         if in_class:
-            in_class = char != "]"
-        elif char == "[":
-            in_class = True
-        elif char == "(":
+            continue
+        if piece == "(":
             depth += 1
-        elif char == ")":
+        elif piece == ")":
             depth -= 1
-        elif char == "|" and depth == 0:
+        elif piece == "|" and depth == 0:
             parts.append(pattern[start:i])
             start = i + 1
-        i += 1
     return None if depth or in_class else [*parts, pattern[start:]]
 
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from grammar.regex_pieces import regex_pieces
 from grammar.schema_rule import RuleContext
 
 
@@ -19,23 +20,15 @@ def optional_groups(pattern: str) -> str:
     class that ECMA-262 and Python read differently (`[]`, `[^]`)."""
     if "[]" in pattern or "[^]" in pattern:
         return pattern
-    out, i, in_class = [], 0, False
-    while i < len(pattern):
-        char = pattern[i]
-        if char == "\\":
-            out.append(pattern[i:i + 2])
-            i += 2
-            continue
-        if in_class:
-            in_class = char != "]"
-        elif char == "[":
-            in_class = True
-        elif char == ")" and pattern.startswith("?", i + 1):
+    out, skip = [], False
+    for i, piece, in_class in regex_pieces(pattern):
+        if skip:
+            skip = False
+        elif not in_class and piece == ")" and pattern.startswith("?", i + 1):
             out.append("){0,1}")
-            i += 2
-            continue
-        out.append(char)
-        i += 1
+            skip = True
+        else:
+            out.append(piece)
     return "".join(out)
 
 
