@@ -195,7 +195,7 @@ def main(args, engine_config) -> int:
     from engine.config import SchedulerConfig
     from engine.llm import LLM
 
-    items = load_json_extraction()
+    items = load_json_extraction()[:args.items or None]
     batch_sizes = [int(b) for b in args.batch_sizes.split(",")]
     results = []
     print(f"json-extraction: {len(items)} items, max_tokens {args.max_tokens}, greedy; batch size = requests "
