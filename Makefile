@@ -16,7 +16,7 @@ PINS := torch==2.13.0 transformers==5.24.0 tokenizers==0.23.3 xgrammar==0.2.9 gg
 	opentelemetry-exporter-otlp-proto-http==1.45.2 opentelemetry-instrumentation-grpc==0.66b2 \
 	opentelemetry-instrumentation-asgi==0.66b2
 
-.PHONY: setup test test-fast fuzz model generate bench clean cluster gpu-check-prepare gpu-check proto serve bench-smoke bench-serve peers peer-llama-cpp peer-vllm soak promtool
+.PHONY: setup test test-fast test-benchmarks fuzz model generate bench clean cluster gpu-check-prepare gpu-check proto serve bench-smoke bench-serve peers peer-llama-cpp peer-vllm soak promtool
 
 setup: $(STAMP)
 
@@ -37,8 +37,12 @@ model: $(STAMP)
 	$(PY) -m engine.model_files
 
 # proto lint + breaking check + import contracts, then every test (Python client, Node client, docs' snippets included)
+# but the benchmark-like runs over whole data sets (make test-benchmarks), whose failures smaller tests catch too
 test: $(STAMP) node-deps lint promtool
-	$(PY) -m pytest -q tests
+	$(PY) -m pytest -q -m "not benchmark" tests
+
+test-benchmarks: $(STAMP)
+	$(PY) -m pytest -q -m benchmark tests
 
 # promtool and prometheus (Debian's prometheus package): the metrics tests check the exposition with
 # promtool and scrape it through a real Prometheus on loopback; installed once when missing (as root)

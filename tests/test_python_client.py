@@ -241,10 +241,8 @@ def test_cli_usage_errors_exit_2():
 
 
 @pytest.fixture(scope="module")
-def server():
-    live = LiveServer()
-    yield live
-    assert live.stop() == 0, live.log()
+def server(default_server):
+    return default_server
 
 
 @pytest.fixture(scope="module")

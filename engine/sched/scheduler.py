@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING
 from engine.config import CacheConfig, SchedulerConfig, SpeculativeConfig
 from engine.kv_cache.manager import KVCacheManager
 from engine.protocol import EngineCoreOutput
+from engine.sched.output_appender import OutputAppender
 from engine.sched.request import Request, RequestStatus
 from engine.sched.request_outputs import final_output, step_output
 from engine.sched.scheduler_output import (CachedRequestData, GrammarOutput, ModelRunnerOutput, NewRequestData,
@@ -66,6 +67,7 @@ class Scheduler:
                                                cache_config.enable_prefix_caching)
         self.structured_output_manager = structured_output_manager
         self.speculator = Speculator(speculative_config or SpeculativeConfig())
+        self.output_appender = OutputAppender(max_model_len, structured_output_manager, self._finish)
         self.requests: dict[str, Request] = {}
         # both sorted by (priority, arrival_time): the last running request is the one to preempt
         self.waiting: list[Request] = []
@@ -348,7 +350,7 @@ class Scheduler:
                 self.speculator.record(request, num_draft, len(sampled) - 1)
                 request.num_computed_tokens -= num_draft - (len(sampled) - 1)
             try:
-                new_token_ids, num_sampled = self._take_sampled(request, sampled)
+                new_token_ids, num_sampled = self.output_appender.take_sampled(request, sampled)
             except Exception as e:  # grammar work (accept, jump-forward) raised: ends this request only
                 if not request.is_finished:
                     self._finish(request, RequestStatus.FINISHED_ERROR,
@@ -359,76 +361,6 @@ class Scheduler:
             outputs.append(final_output(request, new_token_ids, logprobs) if request.is_finished
                            else step_output(request, new_token_ids, logprobs))
         return outputs
-
-    def _take_sampled(self, request: Request, sampled: list[int]) -> tuple[list[int], int]:
-        """Append the sampled tokens (one, or accepted draft tokens and the token after them) as if
-        each came from a step of its own: stop checks and the closing check after each, jump-forward
-        after the last. Returns the tokens appended and how many of `sampled` are among them."""
-        new_token_ids: list[int] = []
-        for num_sampled, token_id in enumerate(sampled, 1):
-            step_token_ids = self._append_tokens(request, [token_id])
-            if not request.is_finished and num_sampled == len(sampled):
-                step_token_ids += self._jump_forward(request)
-            if not request.is_finished and request.closing is not None:
-                step_token_ids += self._close_early(request, step_token_ids)
-            new_token_ids += step_token_ids
-            if request.is_finished:
-                return new_token_ids, num_sampled
-        return new_token_ids, len(sampled)
-
-    def _append_tokens(self, request: Request, token_ids: list[int]) -> list[int]:
-        """Append tokens one by one, stopping at the first that ends the request."""
-        appended = []
-        for token_id in token_ids:
-            request.append_output_token_ids([token_id])
-            appended.append(token_id)
-            grammar = request.grammar
-            if grammar is not None and not grammar.accept_tokens([token_id]):
-                self._finish(request, RequestStatus.FINISHED_ERROR,
-                             f"internal error: the grammar rejected sampled token {token_id}")
-                break
-            status = request.stop_status(token_id, self.max_model_len)
-            if status is not None:
-                self._finish(request, status)
-                break
-        return appended
-
-    def _jump_forward(self, request: Request) -> list[int]:
-        """Append the tokens the grammar forces; the next step computes them in one pass."""
-        manager = self.structured_output_manager
-        if request.grammar is None or manager is None or not manager.jump_forward_enabled(request):
-            return []
-        forced = request.grammar.jump_forward_token_ids()
-        room = request.num_room_tokens(self.max_model_len)
-        if len(forced) > room:
-            request.grammar.rollback(len(forced) - room)
-            forced = forced[:room]
-        if not forced:
-            return []
-        request.append_output_token_ids(forced)
-        request.num_forced_tokens_pending = len(forced)
-        request.num_forced_tokens += len(forced)
-        status = request.stop_status(forced[-1], self.max_model_len)
-        if status is not None:
-            self._finish(request, status)
-        return forced
-
-    def _close_early(self, request: Request, new_token_ids: list[int]) -> list[int]:
-        """Append the closing and finish, when the budget is nearly spent or the output loops
-        (grammar/early_closing.py decides)."""
-        assert request.closing is not None and request.grammar is not None
-        found = request.closing.check(new_token_ids, request.num_room_tokens(self.max_model_len))
-        if found is None:
-            return []
-        closing, reason = found
-        if not request.grammar.accept_tokens(closing):
-            logger.warning("grammar rejected the closing it proposed for %s", request.request_id)
-            return []
-        request.append_output_token_ids(closing)
-        request.num_forced_tokens += len(closing)
-        request.closed_early = reason
-        self._finish(request, RequestStatus.FINISHED_STOPPED)
-        return closing
 
 
 def _insert_in_order(queue: list[Request], request: Request) -> None:
