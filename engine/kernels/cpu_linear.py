@@ -77,7 +77,7 @@ class PackedLinear(nn.Module):
         ids = ids.long()
         # [blocks, K pairs (padded), 16, 2]: row i is column i % 16 of block i // 16, across every pair
         picked = self.packed_weight[ids // BLOCK_COLUMNS, :, ids % BLOCK_COLUMNS, :]
-        rows = picked.reshape(*ids.shape, -1)
+        rows = picked.reshape(*ids.shape, picked.shape[-2] * picked.shape[-1])  # -1 is ambiguous for no ids
         return rows if rows.shape[-1] == self.in_features else rows[..., :self.in_features].contiguous()
 
 
