@@ -19,6 +19,10 @@ def add_bench_parser(subparsers, add_engine_args) -> None:
                          help="json-extraction: rounds of all modes, alternated; each mode keeps its fastest round")
     offline.add_argument("--hf-max-batch", type=int, default=8, help="json-extraction: largest batch for transformers")
     offline.add_argument("--output", help="json-extraction: write the results as JSON here")
+    offline.add_argument("--items", type=int, default=0,
+                         help="json-extraction: only the first N items (repeated): fewer distinct prompts to prefill")
+    offline.add_argument("--peers", type=_csv, default=[],
+                         help="json-extraction: comma list of vllm, vllm-compiled (bench/peers), after Formwork")
     add_engine_args(offline)
     offline.set_defaults(func=_run_offline)
 

@@ -55,7 +55,8 @@ SMOKE_ITEMS = ("people-02", "invoice-02", "event-03", "ticket-01", "flight-01", 
                "weather-01")
 # what the started server's "auto" dtype resolves to here: the peers run it too, the roofline counts it
 SERVED_DTYPE = EngineConfig().torch_dtype
-PEER_TIMEOUT_S = {"transformers": 2400.0, "llama-cpp": 1800.0, "vllm": 2400.0, "vllm-http": 2400.0}
+PEER_TIMEOUT_S = {"transformers": 2400.0, "llama-cpp": 1800.0, "vllm": 2400.0, "vllm-compiled": 2400.0,
+                  "vllm-http": 2400.0}
 
 
 def _num_requests(concurrency: int, cap: int) -> int:
@@ -246,7 +247,7 @@ def goals(runs: list[dict], burst: dict | None) -> dict:
         out["vs_transformers_c64"] = {"ratio": fw64["output_token_throughput"] / hf64["output_token_throughput"],
                                       "formwork_valid": f"{fw64['num_valid']}/{fw64['num_requests']}",
                                       "transformers_valid": f"{hf64['num_valid']}/{hf64['num_requests']}", "goal": 5.0}
-    for peer in ("llama-cpp", "vllm"):
+    for peer in ("llama-cpp", "vllm", "vllm-compiled"):
         best = max((r["output_token_throughput"] for r in runs if r["system"] == peer), default=None)
         if best and fw64_after:
             out[f"vs_{peer}_best"] = {"ratio": fw64_after["output_token_throughput"] / best, "goal": 1.0,

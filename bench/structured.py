@@ -132,6 +132,36 @@ def run_transformers(model_dir, tokenizer, items, batch_size: int, max_tokens: i
     return RunResult("transformers+xgrammar", batch_size, len(items), seconds, output_tokens, 0, valid, 0, accuracy)
 
 
+def run_peers(names: list[str], tokenizer, chunks: dict[int, list[dict]], max_tokens: int, model_dir,
+              dtype: str) -> list[RunResult]:
+    """Each peer (bench/peers) on the same chunk at each batch size: `batch` requests in flight at once,
+    greedy, the same prompt tokens and schemas; scored as Formwork's answers are."""
+    from bench.peers import PEERS, PeerSkipped, run_peer
+
+    requests = {b: [{"id": f"{b}-{i}", "prompt_token_ids": tokenizer.encode_chat(extraction_prompt(item)),
+                     "schema": item["schema"], "max_tokens": max_tokens} for i, item in enumerate(chunk)]
+                for b, chunk in chunks.items()}
+    payload = {"model_dir": str(model_dir), "gguf": "", "threads": 2, "dtype": dtype,
+               "runs": [{"name": f"constrained batch {b}", "concurrency": b, "requests": rs}
+                        for b, rs in requests.items()]}
+    results = []
+    for name in names:
+        try:
+            out = run_peer(PEERS[name], payload, timeout_s=3600)
+        except (PeerSkipped, RuntimeError) as e:
+            print(f"{name}: not run: {str(e)[-600:]}", flush=True)
+            continue
+        print(f"{name}: {out.get('version')}, load {out.get('load_s', 0):.0f} s (not counted); "
+              f"{'; '.join(out.get('notes', []))}", flush=True)
+        for run in out["runs"]:
+            chunk, records = chunks[run["concurrency"]], run["records"]
+            valid, accuracy = score(chunk, [r["text"] for r in records], [item["schema"] for item in chunk])
+            results.append(RunResult(name, run["concurrency"], len(records), run["wall_s"],
+                                     sum(r["num_output_tokens"] for r in records), 0, valid,
+                                     sum(r.get("finish_reason") == "length" for r in records), accuracy))
+    return results
+
+
 def print_result(r: RunResult) -> None:
     line = (f"{r.mode:<22} batch {r.batch_size:>3}: {r.tokens_per_s:7.1f} tok/s  {r.output_tokens:>5} tokens "
             f"in {r.seconds:6.1f} s  valid {r.valid}/{r.num_requests}  capped {r.length_capped}  "
@@ -165,18 +195,19 @@ def main(args, engine_config) -> int:
     from engine.config import SchedulerConfig
     from engine.llm import LLM
 
-    items = load_json_extraction()
+    items = load_json_extraction()[:args.items or None]
     batch_sizes = [int(b) for b in args.batch_sizes.split(",")]
     results = []
     print(f"json-extraction: {len(items)} items, max_tokens {args.max_tokens}, greedy; batch size = requests "
           f"in flight (max_num_seqs), twice as many requests as that (8 at batch 1)", flush=True)
     model_dir = tokenizer = None
+    chunks = {b: [items[i % len(items)] for i in range(max(8, 2 * b))] for b in batch_sizes}
     for batch_size in batch_sizes:
         llm = LLM(config=replace(engine_config, scheduler=SchedulerConfig(
             max_num_seqs=batch_size, max_num_batched_tokens=engine_config.scheduler.max_num_batched_tokens)))
         llm.generate([extraction_prompt(items[0])], None)  # warm-up
         model_dir, tokenizer = llm.engine.model_dir, llm.tokenizer
-        chunk = [items[i % len(items)] for i in range(max(8, 2 * batch_size))]
+        chunk = chunks[batch_size]
         # compile every grammar before timing (as a server that has seen these schemas): the runs
         # measure steady decoding; a cold compile is ~6 ms a schema here, on its own thread
         run_formwork(llm, chunk, "constrained", batch_size, 1)
@@ -194,6 +225,10 @@ def main(args, engine_config) -> int:
             print_result(r)
         print_ratios(by_mode)
         llm.shutdown()
+    if args.peers:
+        for r in run_peers(args.peers, tokenizer, chunks, args.max_tokens, model_dir, engine_config.torch_dtype):
+            results.append(r)
+            print_result(r)
     if not args.skip_transformers:
         for batch_size in [b for b in batch_sizes if b <= args.hf_max_batch]:
             chunk = [items[i % len(items)] for i in range(max(batch_size, 8))]

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from bench import report, serve_workloads
-from bench.peers import Peer, PeerSkipped, records_from_peer, run_peer
+from bench.peers import PEERS, Peer, PeerSkipped, records_from_peer, run_peer
 from bench.serve import Client, LoadShape, RequestRecord, RequestSpec, check_loopback, run_load
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
@@ -180,3 +180,12 @@ def test_smoke_benchmark_runs_and_its_numbers_are_sane(tmp_path):
     assert structured["forward_passes_per_output_token"] < 1.0  # jump-forward saved passes
     assert json.loads(out.read_text())["runs"][0]["cdf"]["itl_s"]
     assert {Path(p).name for p in summary["plots"]} >= {"serve-throughput.png", "serve-latency-cdf.png"}
+
+
+def test_a_peers_options_reach_its_payload(tmp_path):
+    script = tmp_path / "echo_peer.py"
+    script.write_text("import json, sys\nprint(json.dumps({'runs': [], 'got': json.load(sys.stdin)}))\n")
+    peer = Peer("echo", str(script), None, None, "", {"compiled": True})
+    assert run_peer(peer, {"runs": [], "threads": 2}, timeout_s=30)["got"] == {"runs": [], "threads": 2,
+                                                                               "compiled": True}
+    assert PEERS["vllm-compiled"].options == {"compiled": True} and not PEERS["vllm"].options

@@ -64,6 +64,23 @@ def test_gemm_matches_the_exact_product(kernels, rows, k, n):
     torch.testing.assert_close(got.double(), expected, rtol=2 ** -8, atol=1e-4 * k ** 0.5)
 
 
+@pytest.mark.parametrize("rows,k,n", [(1, 576, 960), (7, 77, 200), (64, 576, 3072), (129, 96, 208), (3, 1, 16)])
+def test_gemm_hands_back_its_fp32_sums(kernels, rows, k, n):
+    """fp32_out: the same sums unrounded (the logits' head), so rounding them is the bf16 result bit
+    for bit, and they are as close to the exact product as fp32 sums are; rows stay independent."""
+    gen = torch.Generator().manual_seed(rows + k + n)
+    weight = torch.randn(n, k, generator=gen).bfloat16()
+    bias = torch.randn(n, generator=gen).bfloat16() if rows % 2 else None
+    x = torch.randn(rows, 2 * k, generator=gen).bfloat16()[:, :k]
+    packed = kernels.pack_weight(weight)
+    got = kernels.gemm(x, packed, n, bias, fp32_out=True)
+    assert got.dtype == torch.float32 and got.shape == (rows, n) and got.is_contiguous()
+    assert torch.equal(got.bfloat16(), kernels.gemm(x, packed, n, bias))
+    torch.testing.assert_close(got.double(), fp32_reference(x, weight, bias), rtol=1e-5, atol=1e-5 * k ** 0.5)
+    alone = torch.cat([kernels.gemm(x[i:i + 1], packed, n, bias, fp32_out=True) for i in range(rows)])
+    assert torch.equal(alone, got)
+
+
 def test_gemm_from_several_threads_at_once(kernels):
     """Callers share the kernels' worker threads (one runs alone while another's job is on): every
     product still comes out whole and right, and a row's result does not depend on the other rows."""

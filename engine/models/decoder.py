@@ -238,29 +238,29 @@ class DecoderForCausalLM(nn.Module):
         hidden = ops.add_rms_norm(residual.index_select(0, logits_indices), hidden.index_select(0, logits_indices),
                                   self.norm.weight, self.norm.eps)
         head = self.packed_lm_head
-        logits = (head(hidden) if head is not None else F.linear(hidden, self.lm_head_weight)).float()
-        if hidden.dtype != torch.float32:
-            self._refine_top_logits(logits, hidden)
+        if head is not None and head.shares_rows:  # the kernels' GEMM: fp32 sums, never rounded to bf16
+            logits = head(hidden, fp32_out=True)
+        else:
+            logits = (head(hidden) if head is not None else F.linear(hidden, self.lm_head_weight)).float()
+            if hidden.dtype != torch.float32 and logits.shape[0]:
+                self._refine_top_logits(logits, hidden)
         if features.final_logit_softcap:
             cap = features.final_logit_softcap
             logits = torch.tanh(logits / cap) * cap
         return logits
 
     def _refine_top_logits(self, logits: torch.Tensor, hidden: torch.Tensor, k: int = 8) -> None:
-        """Recompute the k largest logits of each row with fp32 sums, in place.
+        """Recompute the k largest logits of each row with exact sums, in place (a bf16 head without
+        the CPU kernels, whose GEMM hands back its fp32 sums instead).
 
         A bf16 matmul rounds its outputs to bf16: logits near 16 land on a grid of 0.06-0.125,
         so close candidates tie or swap, and greedy decoding picks a different token (SmolLM2
         answered "L'Étoile, ..." instead of "The capital of France is Paris."). Summing just the
-        leading candidates in fp32 costs about 2 ms at 64 rows (a full fp32 head: 20 ms).
-
-        The products of bf16 values are exact, and their sum in float64 is too (or within far less
-        than an fp32 step): the logits come out the same whatever order a batched matmul adds them in,
-        so a row's greedy token does not depend on the rows beside it."""
+        leading candidates in float64 costs little (a full fp32 head: 10x the head's time); the
+        products of bf16 values are exact, so the logits come out the same whatever order a batched
+        matmul adds them in, and a row's greedy token does not depend on the rows beside it."""
         top = logits.topk(min(k, logits.shape[-1]), dim=-1).indices
-        head = self.packed_lm_head
-        shared = head is not None and head.shares_rows
-        rows = (head.rows(top) if shared else self.lm_head_weight[top]).double()  # [n, k, hidden]
+        rows = self.lm_head_weight[top].double()  # [n, k, hidden]
         logits.scatter_(1, top, torch.einsum("nd,nkd->nk", hidden.double(), rows).float())
 
     # ---- weights ---------------------------------------------------------------------

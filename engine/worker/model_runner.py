@@ -6,6 +6,7 @@ cache (the scheduler never sends sampled tokens back).
 """
 from __future__ import annotations
 
+import contextlib
 import logging
 import time
 from dataclasses import dataclass
@@ -34,6 +35,22 @@ class _ParkedLogits:
     logits: torch.Tensor  # [sum(1 + num_draft_tokens), vocab]
 
 
+@contextlib.contextmanager
+def _no_weight_init():
+    """Layers built without their random initialisation: the weights are read in afterwards, and
+    on the meta device torch runs the init through its reference ops, which import torch._dynamo
+    and triton (~150 MiB of a process's memory, and seconds of start-up) for nothing."""
+    names = ("normal_", "uniform_", "kaiming_uniform_", "zeros_", "ones_", "trunc_normal_", "xavier_uniform_")
+    saved = {name: getattr(torch.nn.init, name) for name in names}
+    for name in names:
+        setattr(torch.nn.init, name, lambda tensor, *args, **kwargs: tensor)
+    try:
+        yield
+    finally:
+        for name, fn in saved.items():
+            setattr(torch.nn.init, name, fn)
+
+
 class ModelRunner:
     def __init__(self, config: EngineConfig, model_dir: Path, hf_config, max_model_len: int) -> None:
         self.config = config
@@ -43,7 +60,7 @@ class ModelRunner:
         self.block_size = config.cache.block_size
         # built without storage, then given empty storage in the served dtype: the weights exist
         # once, as they are read (engine/models/weight_loader.py), never as an fp32 copy first
-        with torch.device("meta"):
+        with torch.device("meta"), _no_weight_init():
             model = model_class(hf_config)(hf_config, max_model_len)
         self.model = model.to(self.dtype).to_empty(device=self.device)
         self.model.load_weights(model_dir)

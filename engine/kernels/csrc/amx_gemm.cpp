@@ -82,15 +82,20 @@ Block block_for(int64_t ma, int64_t nb) {
   return nb == 2 ? block<1, 2> : block<1, 1>;
 }
 
-// one C tile (rows x cols of it valid) + bias, rounded to bf16 into y
-void store(const float* c, int64_t rows, int64_t cols, const uint16_t* bias, uint16_t* y, int64_t y_stride) {
+// one C tile (rows x cols of it valid) + bias, rounded to bf16 into y, or as it is into y32
+void store(const float* c, int64_t rows, int64_t cols, const uint16_t* bias, uint16_t* y, float* y32,
+           int64_t y_stride) {
   const __mmask16 mask = static_cast<__mmask16>((1u << cols) - 1);
   __m512 b = _mm512_setzero_ps();
   if (bias != nullptr)
     b = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(mask, bias)), 16));
-  for (int64_t r = 0; r < rows; ++r)  // round to nearest even, as a bf16 matmul does
-    _mm256_mask_storeu_epi16(y + r * y_stride, mask,
-                             (__m256i)_mm512_cvtneps_pbh(_mm512_add_ps(_mm512_loadu_ps(c + 16 * r), b)));
+  for (int64_t r = 0; r < rows; ++r) {
+    const __m512 sum = _mm512_add_ps(_mm512_loadu_ps(c + 16 * r), b);
+    if (y32 != nullptr)
+      _mm512_mask_storeu_ps(y32 + r * y_stride, mask, sum);
+    else  // round to nearest even, as a bf16 matmul does
+      _mm256_mask_storeu_epi16(y + r * y_stride, mask, (__m256i)_mm512_cvtneps_pbh(sum));
+  }
 }
 
 }  // namespace
@@ -124,8 +129,10 @@ void multiply_amx(const Operands& op) {
           for (int64_t a = 0; a < ma; ++a)
             for (int64_t j = 0; j < nb; ++j) {
               const int64_t row = m0 + 16 * a, col = (b0 + j) * kBlock;
+              const int64_t at = (m_chunk + row) * op.n + col;
               store(c + (a * 2 + j) * 256, std::min<int64_t>(16, rows - row), std::min<int64_t>(kBlock, op.n - col),
-                    op.bias == nullptr ? nullptr : op.bias + col, op.y + (m_chunk + row) * op.n + col, op.n);
+                    op.bias == nullptr ? nullptr : op.bias + col, op.y32 == nullptr ? op.y + at : nullptr,
+                    op.y32 == nullptr ? nullptr : op.y32 + at, op.n);
             }
         }
       }

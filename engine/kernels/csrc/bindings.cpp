@@ -13,7 +13,8 @@ void rotary_(torch::Tensor qkv, torch::Tensor cos, torch::Tensor sin, int64_t nu
 std::string gemm_isa();
 double gemm_inner_loop_gflops(int64_t repeats);
 torch::Tensor pack_weight(torch::Tensor weight);
-torch::Tensor gemm(torch::Tensor x, torch::Tensor packed, int64_t n, c10::optional<torch::Tensor> bias);
+torch::Tensor gemm(torch::Tensor x, torch::Tensor packed, int64_t n, c10::optional<torch::Tensor> bias,
+                   bool fp32_out);
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   namespace py = pybind11;
@@ -33,6 +34,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("gemm_inner_loop_gflops", &gemm_inner_loop_gflops,
         "GFLOP/s of the GEMM's register tile over L1-resident operands on every thread, repeats tiles each");
   m.def("pack_weight", &pack_weight, "[N, K] bf16 -> the blocked layout gemm reads (the only copy kept)");
-  m.def("gemm", &gemm, "x [M, K] bf16 @ W.T (+ bias) from pack_weight: [M, N] bf16, fp32 sums",
-        py::arg("x"), py::arg("packed"), py::arg("n"), py::arg("bias") = py::none());
+  m.def("gemm", &gemm, "x [M, K] bf16 @ W.T (+ bias) from pack_weight: [M, N] bf16, fp32 sums "
+        "(fp32_out: the sums unrounded, [M, N] float)",
+        py::arg("x"), py::arg("packed"), py::arg("n"), py::arg("bias") = py::none(), py::arg("fp32_out") = false);
 }

@@ -89,8 +89,13 @@ void tile(const Operands& op, int64_t m0, int64_t b0) {
   for (int j = 0; j < NB; ++j) {
     const int64_t col = (b0 + j) * kBlock, cols = std::min<int64_t>(kBlock, op.n - col);
     const __mmask16 mask = static_cast<__mmask16>((1u << cols) - 1);
-    for (int m = 0; m < MR; ++m)  // round to nearest even, as a bf16 matmul does
-      _mm256_mask_storeu_epi16(op.y + (m0 + m) * op.n + col, mask, (__m256i)_mm512_cvtneps_pbh(acc[m][j]));
+    for (int m = 0; m < MR; ++m) {
+      const int64_t at = (m0 + m) * op.n + col;
+      if (op.y32 != nullptr)
+        _mm512_mask_storeu_ps(op.y32 + at, mask, acc[m][j]);
+      else  // round to nearest even, as a bf16 matmul does
+        _mm256_mask_storeu_epi16(op.y + at, mask, (__m256i)_mm512_cvtneps_pbh(acc[m][j]));
+    }
   }
 }
 #else
@@ -128,7 +133,13 @@ void tile(const Operands& op, int64_t m0, int64_t b0) {
       }
     }
     for (int m = 0; m < MR; ++m)
-      for (int i = 0; i < cols; ++i) op.y[(m0 + m) * op.n + col + i] = formwork::float_to_bf16_bits(acc[m][i]);
+      for (int i = 0; i < cols; ++i) {
+        const int64_t at = (m0 + m) * op.n + col + i;
+        if (op.y32 != nullptr)
+          op.y32[at] = acc[m][i];
+        else
+          op.y[at] = formwork::float_to_bf16_bits(acc[m][i]);
+      }
   }
 }
 #endif
@@ -226,8 +237,9 @@ torch::Tensor pack_weight(torch::Tensor weight) {
 }
 
 // x [M, K] bf16 (rows strided, M >= 0) times the packed weight of an [N, K] matrix, plus bias [N]
-// when given: [M, N] bf16, fp32 sums
-torch::Tensor gemm(torch::Tensor x, torch::Tensor packed, int64_t n, c10::optional<torch::Tensor> bias) {
+// when given: [M, N] bf16, fp32 sums; with fp32_out the sums themselves, unrounded ([M, N] float)
+torch::Tensor gemm(torch::Tensor x, torch::Tensor packed, int64_t n, c10::optional<torch::Tensor> bias,
+                   bool fp32_out) {
   TORCH_CHECK(x.dim() == 2 && x.scalar_type() == torch::kBFloat16 && x.stride(1) == 1,
               "x: 2-D bf16 with contiguous rows");
   const int64_t m = x.size(0), k = x.size(1);
@@ -239,13 +251,14 @@ torch::Tensor gemm(torch::Tensor x, torch::Tensor packed, int64_t n, c10::option
     TORCH_CHECK(bias->dim() == 1 && bias->size(0) == n && bias->scalar_type() == torch::kBFloat16 && bias->is_contiguous(),
                 "bias: contiguous bf16 [N]");
   }
-  auto y = torch::empty({m, n}, x.options());
+  auto y = torch::empty({m, n}, x.options().dtype(fp32_out ? torch::kFloat : torch::kBFloat16));
   if (m == 0 || n == 0) return y;
   if (k == 0) return bias ? y.copy_(bias->expand({m, n})) : y.zero_();
   Operands op{reinterpret_cast<const uint16_t*>(x.data_ptr<at::BFloat16>()), x.stride(0), m, k,
               reinterpret_cast<const uint16_t*>(packed.data_ptr<at::BFloat16>()),
               bias ? reinterpret_cast<const uint16_t*>(bias->data_ptr<at::BFloat16>()) : nullptr,
-              reinterpret_cast<uint16_t*>(y.data_ptr<at::BFloat16>()), n};
+              fp32_out ? nullptr : reinterpret_cast<uint16_t*>(y.data_ptr<at::BFloat16>()), n,
+              fp32_out ? y.data_ptr<float>() : nullptr};
   multiply(op);
   return y;
 }

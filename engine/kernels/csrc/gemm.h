@@ -16,7 +16,7 @@ constexpr int64_t kPairAlign = 16;  // pairs per block padded to a multiple of t
 
 inline int64_t padded_pairs(int64_t k) { return (k + 2 * kPairAlign - 1) / (2 * kPairAlign) * kPairAlign; }
 
-// Where one call's operands are. x rows are strided; y is [m, n] contiguous.
+// Where one call's operands are. x rows are strided; y (or y32) is [m, n] contiguous.
 struct Operands {
   const uint16_t* x;
   int64_t x_stride, m, k;
@@ -24,6 +24,7 @@ struct Operands {
   const uint16_t* bias;  // [n] or nullptr
   uint16_t* y;
   int64_t n;
+  float* y32 = nullptr;  // when set, the fp32 sums go here unrounded (and y is unused)
   int64_t num_blocks() const { return (n + kBlock - 1) / kBlock; }
   int64_t block_stride() const { return padded_pairs(k) * 2 * kBlock; }  // elements between blocks
 };
