@@ -83,6 +83,8 @@ def add_bench_parser(subparsers, add_engine_args) -> None:
     serve.add_argument("--data", default=None,
                        help="mixed-schemas: a folder of <Subset>.jsonl (default: the carried JSONSchemaBench sample)")
     serve.add_argument("--items", type=_csv, default=None, help="comma list of json-extraction item ids (default: all)")
+    serve.add_argument("--tool-choice", choices=["required", "auto"], default="required",
+                       help="tool-calls: the constrained modes' (and the peers') tool_choice")
     serve.add_argument("--rpc-timeout", type=float, default=1200.0, help="deadline of every RPC, seconds")
     serve.add_argument("--peers", type=_csv, default=[], help="comma list of transformers, llama-cpp, vllm, vllm-http")
     serve.add_argument("--roofline", action="store_true", help="measure bandwidth; step time / weight-read floor")

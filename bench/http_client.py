@@ -2,7 +2,8 @@
 
 The same requests as bench/serve.py's gRPC Client, as streamed `/v1/chat/completions` calls
 (server-sent events, `stream_options.include_usage`), recorded the same way: when each chunk
-carrying text arrived, and the server's usage and timings from the last chunk. Model info,
+carrying text or a piece of a tool call arrived, the calls as the server parsed them, and the
+server's usage and timings from the last chunk. Model info,
 tokenizing and compiling still go over gRPC (`grpc_client`). The only bench module that imports httpx.
 """
 from __future__ import annotations
@@ -12,7 +13,13 @@ import time
 
 import httpx
 
+from bench.peers.chat_stream import ChatStream
 from bench.serve import Client, RequestRecord, RequestSpec, check_loopback
+
+
+def openai_tools(tools: list[dict]) -> list[dict]:
+    """Tools as {"name", "description", "parameters"} in OpenAI's shape."""
+    return [{"type": "function", "function": tool} for tool in tools]
 
 
 def chat_body(spec: RequestSpec) -> dict:
@@ -20,6 +27,8 @@ def chat_body(spec: RequestSpec) -> dict:
                   "stream_options": {"include_usage": True}}
     if spec.ignore_eos:
         body["ignore_eos"] = True
+    if spec.tools:  # as the gRPC request sends them: one call at most
+        body.update(tools=openai_tools(spec.tools), tool_choice=spec.tool_choice, parallel_tool_calls=False)
     if spec.schema is not None:
         body["response_format"] = {"type": "json_schema", "json_schema": {"name": "output", "schema": spec.schema}}
         if spec.jump_forward is not None:
@@ -43,8 +52,8 @@ class HttpClient:
     async def model_info(self):
         return await self.grpc.model_info()
 
-    async def prompt_token_ids(self, messages: list[dict]) -> list[int]:
-        return await self.grpc.prompt_token_ids(messages)
+    async def prompt_token_ids(self, messages: list[dict], tools: list[dict] | None = None) -> list[int]:
+        return await self.grpc.prompt_token_ids(messages, tools)
 
     async def validate(self, schema: dict):
         return await self.grpc.validate(schema)
@@ -52,8 +61,7 @@ class HttpClient:
     async def run(self, spec: RequestSpec) -> RequestRecord:
         """One streamed chat completion; never raises for an HTTP error (the record says what failed)."""
         record = RequestRecord(spec.request_id, sent_at=time.monotonic())
-        parts: list[str] = []
-        finish_reason, final = None, None
+        stream = ChatStream()
         try:
             async with self._http.stream("POST", self._url, json=chat_body(spec)) as response:
                 if response.status_code != 200:
@@ -62,32 +70,23 @@ class HttpClient:
                     record.e2e_s = time.monotonic() - record.sent_at
                     return record
                 async for line in response.aiter_lines():
-                    if not line.startswith("data: ") or line == "data: [DONE]":
-                        continue
-                    chunk = json.loads(line[6:])
-                    if "error" in chunk:
-                        record.error = chunk["error"]["message"]
+                    if not stream.feed(line, time.monotonic() - record.sent_at):
                         break
-                    if chunk.get("usage"):
-                        final = chunk
-                    for choice in chunk["choices"]:
-                        text = choice["delta"].get("content")
-                        if text:
-                            record.token_times_s.append(time.monotonic() - record.sent_at)
-                            record.token_counts.append(1)  # chunks carry text, not token counts
-                            parts.append(text)
-                        finish_reason = choice.get("finish_reason") or finish_reason
             record.e2e_s = time.monotonic() - record.sent_at
         except httpx.HTTPError as e:
             record.error = f"{type(e).__name__}: {e}"
             record.e2e_s = time.monotonic() - record.sent_at
             return record
-        if record.error or final is None or finish_reason is None:
-            record.error = record.error or "the stream ended without a final chunk"
+        final, finish_reason = stream.final_chunk, stream.finish_reason
+        if stream.error or final is None or finish_reason is None:
+            record.error = stream.error or "the stream ended without a final chunk"
             return record
         record.ok = True
-        record.text = "".join(parts)
-        record.finish_reason = finish_reason
+        record.text = stream.content
+        record.tool_calls = stream.tool_calls if spec.tools else None
+        record.token_times_s = stream.token_times_s
+        record.token_counts = [1] * len(stream.token_times_s)  # chunks carry text, not token counts
+        record.finish_reason = "stop" if finish_reason == "tool_calls" else finish_reason
         record.ttft_s = record.token_times_s[0] if record.token_times_s else record.e2e_s
         usage = final["usage"]
         record.num_prompt_tokens = usage["prompt_tokens"]

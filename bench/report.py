@@ -99,6 +99,25 @@ def run_table(runs: list[dict]) -> str:
     return "\n".join(lines)
 
 
+def tool_call_table(runs: list[dict]) -> str:
+    """A markdown table of the tool-call runs: how the answers' calls fared, and the pace."""
+    lines = ["| system | mode | tool_choice | load | answers valid | finished / cut by max_tokens | calls per answer | "
+             "answers whose arguments parse | calls valid / calls | out tok/s | TTFT p50 (s) | ITL p50 (ms) |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    for r in runs:
+        t = r.get("tool_calls")
+        if not t:
+            continue
+        load = f"c={r['concurrency']}" if r.get("concurrency") else f"{r.get('rate')}/s"
+        per_answer = ", ".join(f"{k}: {v}" for k, v in t["calls_per_answer"].items())
+        lines.append(
+            f"| {r['system']} | {r['mode']} | {r.get('tool_choice', '')} | {load} | {r['num_valid']}/{r['num_requests']} | "
+            f"{t['num_answers'] - r['num_length_capped']} / {r['num_length_capped']} | {per_answer} | "
+            f"{t['num_answers_arguments_parse']}/{t['num_answers']} | {t['num_calls_schema_valid']}/{t['num_calls']} | "
+            f"{_fmt(r['output_token_throughput'])} | {_fmt(r['ttft_s_p50'], 2)} | {_fmt(r['itl_s_p50'], 0, 1e3)} |")
+    return "\n".join(lines) if len(lines) > 2 else ""
+
+
 # ---- plots --------------------------------------------------------------------------------------
 
 _STYLE = {"dpi": 80, "figsize": (6.4, 4.0)}
@@ -230,6 +249,9 @@ def markdown(result: dict) -> str:
     out = [f"{meta.get('date', '')}, {meta.get('cpu', '')}, {meta.get('cores')} cores, "
            f"{meta.get('memory_gib')} GiB, load average at start {meta.get('load_average')}, commit {meta.get('commit')}",
            "", run_table(result.get("runs", []))]
+    tools = tool_call_table(result.get("runs", []))
+    if tools:
+        out += ["", tools]
     for workload, c in (result.get("grammar_compile") or {}).items():
         out.append(f"\nGrammar compiles ({workload}, ValidateConstraint before the load): {c['num_compiled']} schemas, "
                    f"p50 {_fmt(c['compile_s_p50'], 1, 1e3)} / p90 {_fmt(c['compile_s_p90'], 1, 1e3)} / "

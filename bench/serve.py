@@ -70,6 +70,9 @@ class RequestRecord:
     # arrival of each message that carried tokens, relative to sent_at, and its token count
     token_times_s: list[float] = field(default_factory=list)
     token_counts: list[int] = field(default_factory=list)
+    # (name, arguments text) of each call as the server parsed them, `text` then being the rest of
+    # the answer (an OpenAI-style chat stream); None: the calls are read from `text` itself
+    tool_calls: list[tuple[str, str]] | None = None
     # the server's own timings (final message)
     server_queued_s: float = 0.0
     server_grammar_wait_s: float = 0.0
@@ -106,8 +109,7 @@ def generate_request(spec: RequestSpec) -> pb.GenerateRequest:
     if spec.speculative is not None:
         request.speculative = spec.speculative
     for tool in spec.tools or []:
-        request.tools.append(pb.Tool(name=tool["name"], description=tool.get("description", ""),
-                                     parameters_json=json.dumps(tool["parameters"])))
+        request.tools.append(_tool(tool))
     if spec.tools:
         request.tool_choice.mode = pb.ToolChoiceMode.Value(f"TOOL_CHOICE_MODE_{spec.tool_choice.upper()}")
         request.parallel_tool_calls = False
@@ -117,6 +119,11 @@ def generate_request(spec: RequestSpec) -> pb.GenerateRequest:
             constraint.jump_forward = spec.jump_forward
         request.constraint.CopyFrom(constraint)
     return request
+
+
+def _tool(tool: dict) -> pb.Tool:
+    return pb.Tool(name=tool["name"], description=tool.get("description", ""),
+                   parameters_json=json.dumps(tool["parameters"]))
 
 
 class Client:
@@ -135,9 +142,11 @@ class Client:
     async def model_info(self) -> pb.ModelInfo:
         return await self._stub.GetModelInfo(pb.GetModelInfoRequest(), timeout=30)
 
-    async def prompt_token_ids(self, messages: list[dict]) -> list[int]:
-        """The token ids the server's chat template and tokenizer give (what the peers are fed)."""
-        request = pb.TokenizeRequest(chat=pb.Chat(messages=[pb.ChatMessage(**m) for m in messages]))
+    async def prompt_token_ids(self, messages: list[dict], tools: list[dict] | None = None) -> list[int]:
+        """The token ids the server's chat template and tokenizer give (what the peers are fed),
+        with `tools` ({"name", "description", "parameters"}) rendered as Generate renders them."""
+        request = pb.TokenizeRequest(chat=pb.Chat(messages=[pb.ChatMessage(**m) for m in messages]),
+                                     tools=[_tool(t) for t in tools or []])
         return list((await self._stub.Tokenize(request, timeout=30)).token_ids)
 
     async def validate(self, schema: dict) -> pb.ValidateConstraintResponse:

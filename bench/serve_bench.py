@@ -30,6 +30,7 @@ from typing import TYPE_CHECKING
 
 from bench import report, serve_workloads
 from bench.burst import burst_test
+from bench.peer_requests import VLLM_TOOL_PARSERS, peer_payload_requests
 from bench.serve import Client, LoadShape, RequestRecord, RequestSpec, compile_all, log, run_load
 from engine.config import EngineConfig
 
@@ -89,7 +90,8 @@ def _only(specs: list[RequestSpec], items: list[str] | None) -> list[RequestSpec
 async def formwork_runs(client: Client, workload: str, modes: list[str], shapes: list[LoadShape],
                         max_tokens: int, unconstrained_max_tokens: int | None = None,
                         items: list[str] | None = None, data: str | None = None,
-                        http_client: HttpClient | None = None) -> tuple[list[dict], dict]:
+                        http_client: HttpClient | None = None,
+                        tool_choice: str = "required") -> tuple[list[dict], dict]:
     """Each mode at each load over gRPC (system "formwork") and, with `http_client`, right after
     it the same requests over the OpenAI-compatible HTTP API (system "formwork-http")."""
     runs, compile_stats = [], {}
@@ -102,12 +104,16 @@ async def formwork_runs(client: Client, workload: str, modes: list[str], shapes:
     for mode in modes:
         constrained, jump_forward, speculative = MODES[mode]
         limit = max_tokens if constrained else (unconstrained_max_tokens or max_tokens)
-        specs = _only(serve_workloads.build(workload, limit, constrained, jump_forward, data), items)
+        specs = _only(serve_workloads.build(workload, limit, constrained, jump_forward, data, tool_choice), items)
         if speculative is not None:
             specs = [replace(s, speculative=speculative) for s in specs]
         specs_by_mode[mode], stats = await compile_all(client, specs)
         if stats["num_compiled"]:
             compile_stats[workload] = stats
+        if constrained and specs and specs[0].tools:
+            # the tools' grammar is compiled by a first request (ValidateConstraint takes no tools),
+            # here rather than in the first measured one; the peers warm theirs the same way
+            await run_load(client, [replace(specs[0], max_tokens=1)], LoadShape(concurrency=1, max_requests=1))
     # modes back to back at each load, so that a change in the machine's other load between
     # them (it is shared) weighs on their ratio as little as it can
     for shape in shapes:
@@ -126,9 +132,11 @@ async def formwork_runs(client: Client, workload: str, modes: list[str], shapes:
                 result = await run_load(via, specs, shape)
                 summary = summarize_run(result.records, result.wall_s, {s.request_id: s for s in specs},
                                         system=system, mode=mode, workload=workload, concurrency=shape.concurrency,
-                                        rate=shape.rate, stopped_by_time=result.stopped_by_time)
+                                        rate=shape.rate, stopped_by_time=result.stopped_by_time,
+                                        **_tool_label(specs))
                 log(f"  {summary['output_token_throughput']:.1f} out tok/s, valid {summary['num_valid']}/"
                     f"{summary['num_requests']}, errors {summary['num_errors']}")
+                _log_calls(summary)
                 if summary["draft_acceptance_rate"] is not None:
                     log(f"  drafts: {summary['draft_tokens']} tokens, {summary['draft_acceptance_rate']:.0%} accepted, "
                         f"{summary['forward_passes_per_output_token']:.2f} forward passes per output token")
@@ -140,37 +148,49 @@ async def formwork_runs(client: Client, workload: str, modes: list[str], shapes:
     return runs, compile_stats
 
 
-async def peer_payload_requests(client: Client, specs: list[RequestSpec], n: int) -> list[dict]:
-    out = []
-    for i in range(n):
-        spec = specs[i % len(specs)]
-        out.append({"id": f"{spec.request_id}#{i}", "prompt_token_ids": await client.prompt_token_ids(spec.messages),
-                    "schema": spec.schema, "max_tokens": spec.max_tokens})
-    return out
+def _tool_label(specs: list[RequestSpec]) -> dict:
+    return {"tool_choice": specs[0].tool_choice} if specs and specs[0].tools else {}
+
+
+def _log_calls(summary: dict) -> None:
+    if calls := summary.get("tool_calls"):
+        log(f"  calls: {calls['num_calls_schema_valid']}/{calls['num_calls']} valid against their schemas, "
+            f"per answer {calls['calls_per_answer']}, {summary['num_length_capped']} cut by max_tokens")
 
 
 async def peer_runs(client: Client, names: list[str], concurrencies: list[int], max_tokens: int, cap: int,
-                    model_dir: str) -> tuple[list[dict], dict]:
+                    model_dir: str, workload: str = "json-extraction", num_requests: int | None = None,
+                    tool_choice: str = "required") -> tuple[list[dict], dict]:
+    """Each peer at each concurrency on the constrained requests of tool-calls, or else of
+    json-extraction, as many per run as Formwork's runs send."""
     from bench.peers import PEERS, PeerSkipped, records_from_peer, run_peer
     from engine.model_files import default_gguf_path
 
-    specs = serve_workloads.build("json-extraction", max_tokens)
+    workload = workload if workload == "tool-calls" else "json-extraction"
+    specs = serve_workloads.build(workload, max_tokens, tool_choice=tool_choice)
     by_id = {s.request_id: s for s in specs}
+    syntax = (await client.model_info()).tool_call_syntax or "hermes"
     runs, status = [], {}
     for name in names:
         peer = PEERS[name]
+        if workload == "tool-calls" and not peer.tools:
+            status[name] = {"status": "skipped", "reason": "this peer does not answer tool-call requests"}
+            log(f"peer {name}: skipped (no tool calls)")
+            continue
         levels = [1] if name == "llama-cpp" else concurrencies  # one sequence at a time
         payload_runs = []
         for c in levels:
-            n = _num_requests(c, cap) if name != "llama-cpp" else min(16, cap)
+            n = (num_requests or _num_requests(c, cap)) if name != "llama-cpp" else min(16, cap)
             payload_runs.append({"name": f"constrained c={c}", "concurrency": c,
-                                 "requests": await peer_payload_requests(client, specs, n)})
+                                 "requests": await peer_payload_requests(client, specs, n, syntax)})
         try:
             gguf = str(default_gguf_path())
         except ValueError:
             gguf = ""
         payload = {"model_dir": model_dir, "gguf": gguf, "threads": 1 if name == "llama-cpp" else 2,
                    "dtype": SERVED_DTYPE, "runs": payload_runs}
+        if workload == "tool-calls":
+            payload["tool_call_parser"] = VLLM_TOOL_PARSERS.get(syntax, syntax)
         log(f"peer {name}: {len(payload_runs)} runs ({peer.note})")
         started = time.monotonic()
         try:
@@ -188,9 +208,10 @@ async def peer_runs(client: Client, names: list[str], concurrencies: list[int], 
         for run in result["runs"]:
             records = records_from_peer(run)
             summary = summarize_run(records, run["wall_s"], by_id, system=name, mode="constrained",
-                                    workload="json-extraction", concurrency=run["concurrency"], rate=None)
+                                    workload=workload, concurrency=run["concurrency"], rate=None, **_tool_label(specs))
             log(f"  {run['name']}: {summary['output_token_throughput']:.1f} out tok/s, valid "
                  f"{summary['num_valid']}/{summary['num_requests']}")
+            _log_calls(summary)
             runs.append(summary)
     return runs, status
 
@@ -309,12 +330,14 @@ async def _main_async(args, server_address: str, model_dir: str, http_url: str |
         modes = ["unconstrained"] if args.workload == "unconstrained" else args.modes
         workload = "json-extraction" if args.workload == "unconstrained" else args.workload
         runs, compile_stats = await formwork_runs(client, workload, modes, shapes, args.max_tokens,
-                                                  64 if args.smoke else None, args.items, args.data, http_client)
+                                                  64 if args.smoke else None, args.items, args.data, http_client,
+                                                  args.tool_choice)
         result["runs"] += runs
         result["grammar_compile"] = compile_stats
         if args.peers:
             peer_runs_, status = await peer_runs(client, args.peers, args.concurrency, args.max_tokens,
-                                                 args.max_requests, model_dir)
+                                                 args.max_requests, model_dir, workload, args.num_requests,
+                                                 args.tool_choice)
             result["runs"] += peer_runs_
             result["peers"] = status
             if not args.rate and any(v["status"] == "ran" for v in status.values()):
@@ -324,7 +347,7 @@ async def _main_async(args, server_address: str, model_dir: str, http_url: str |
                 after, _ = await formwork_runs(client, workload, ["constrained+jf"], [
                     LoadShape(concurrency=top, max_requests=args.num_requests or _num_requests(top, args.max_requests),
                               max_duration_s=args.duration)], args.max_tokens, items=args.items,
-                                                 data=args.data)
+                                                 data=args.data, tool_choice=args.tool_choice)
                 for run in after:
                     run["mode"] = "constrained+jf (after peers)"
                 result["runs"] += after
@@ -392,6 +415,8 @@ def main(args) -> int:
                           "problems": problems}, default=str))
     else:
         print(report.run_table(result["runs"]))
+        if tools := report.tool_call_table(result["runs"]):
+            print(tools)
         for name, goal in result.get("goals", {}).items():
             print(f"{name}: {goal}")
         print(f"results: {out}" + (f"; plots: {', '.join(str(p) for p in plots)}" if plots else ""))

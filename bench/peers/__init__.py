@@ -4,15 +4,24 @@ Each peer is a standalone script run as a subprocess with its own interpreter (i
 environment under .peers/<name>/, made by `make peer-<name>`; the transformers baseline runs in
 the project's). They speak one contract, JSON over stdin/stdout:
 
-    stdin:  {"model_dir": ..., "gguf": ..., "threads": n,
+    stdin:  {"model_dir": ..., "gguf": ..., "threads": n, "tool_call_parser": ... (with tool requests),
              "runs": [{"name": ..., "concurrency": n,
                        "requests": [{"id": ..., "prompt_token_ids": [...], "schema": {...} | null,
-                                     "max_tokens": n, "any_whitespace": bool (optional)}]}]}
+                                     "max_tokens": n, "any_whitespace": bool (optional),
+                                     (tool-call requests only:) "messages": [...], "tools": [...],
+                                     "tool_choice": "required" | "auto", "parallel_tool_calls": bool}]}]}
     stdout: (last line) {"peer": ..., "version": ..., "load_s": ..., "notes": [...],
              "runs": [{"name": ..., "concurrency": n, "wall_s": ...,
                        "records": [{"id": ..., "text": ..., "num_output_tokens": n,
-                                    "ttft_s": ..., "e2e_s": ..., "token_times_s": [...]}]}]}
+                                    "ttft_s": ..., "e2e_s": ..., "token_times_s": [...],
+                                    "finish_reason": "stop" | "length" (optional),
+                                    "tool_calls": [[name, arguments text], ...] (tool requests)}]}]}
             or {"skipped": "why"} (then the peer is reported as skipped, not failed)
+
+A tool-call request is a chat: `messages` render to `prompt_token_ids` with the model's template
+(the tool prompt already in them when the template has no tools of its own), `tools` in OpenAI's
+shape are what the peer constrains the calls to, and `text` is then the answer without its calls.
+Only peers marked `tools` get tool-call workloads.
 
 Times are seconds from the moment the request was handed to the peer's engine (for static
 batching: the start of its batch). The model is loaded once per process, for every run.
@@ -43,6 +52,7 @@ class Peer:
     make_target: str | None
     note: str
     options: Mapping[str, object] = field(default_factory=dict)  # added to every payload it gets
+    tools: bool = False  # answers tool-call requests (chat + tools)
 
     @property
     def python(self) -> Path:
@@ -61,7 +71,8 @@ PEERS = {
                           "threads bound (quiet machine only: bound threads collapse when another job uses a core)",
                           {"compiled": True}),
     "vllm-http": Peer("vllm-http", "vllm_http_peer.py", "vllm", "peer-vllm",
-                      "vLLM's OpenAI server (vllm serve), the AsyncLLM peer's settings, streamed /v1/completions"),
+                      "vLLM's OpenAI server (vllm serve), the AsyncLLM peer's settings, streamed /v1/completions "
+                      "(tool calls: streamed /v1/chat/completions with tools)", tools=True),
 }
 
 # compile-only (`bench coverage --compile-only`), with its own contract (see its script); not a serve peer
@@ -109,7 +120,9 @@ def records_from_peer(run: dict) -> list[RequestRecord]:
                                text=r.get("text", ""), finish_reason=r.get("finish_reason", "stop"),
                                num_prompt_tokens=r.get("num_prompt_tokens", 0),
                                num_output_tokens=r.get("num_output_tokens", 0), ttft_s=r.get("ttft_s", 0.0),
-                               e2e_s=r.get("e2e_s", 0.0), token_times_s=r.get("token_times_s", []))
+                               e2e_s=r.get("e2e_s", 0.0), token_times_s=r.get("token_times_s", []),
+                               tool_calls=[(name, arguments) for name, arguments in r["tool_calls"]]
+                               if "tool_calls" in r else None)
         record.token_counts = [1] * len(record.token_times_s)
         out.append(record)
     return out
