@@ -5,9 +5,11 @@
 // A query's output is the same bits in a run of any length as alone: every value it gets goes
 // through one fixed sequence of instructions that reads only its own q, its keys and its position.
 // - Keys are scored in chunks of 16 at absolute positions (16c .. 16c + 15). A chunk's K rows are
-//   transposed once into a tile of bf16 pairs (lane i of tile[p]: dims 2p, 2p + 1 of key i), and a
-//   query head's 16 scores are one accumulator through D/2 dot-product instructions, lane by lane:
-//   lanes never mix, so the chunk's other keys (before the window, after the query) do not matter.
+//   transposed once into a tile of bf16 pairs (lane i of tile[p]: dims 2p, 2p + 1 of key i). Where
+//   AMX is (scores_on_amx, one choice per process) the tile is the B operand of D/32 `tdpbf16ps`
+//   whose A rows are query heads, each C row its own; else a query head's 16 scores are one
+//   accumulator through D/2 `vdpbf16ps`, lane by lane. Lanes never mix, so the chunk's other keys
+//   (before the window, after the query) and the tile's other rows do not matter.
 // - The softmax is one function of the query head's row of whole chunks; lanes that are not its
 //   keys hold kPadScore and weigh exactly 0.
 // - Values are added key by key in position order, each query its own keys only.
