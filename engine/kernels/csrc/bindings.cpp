@@ -10,6 +10,7 @@ torch::Tensor add_rms_norm(torch::Tensor residual, c10::optional<torch::Tensor> 
                            double eps);
 torch::Tensor silu_and_mul(torch::Tensor gate_up);
 void rotary_(torch::Tensor qkv, torch::Tensor cos, torch::Tensor sin, int64_t num_rotated, int64_t head_dim);
+std::string paged_attention_isa();
 std::string gemm_isa();
 double gemm_inner_loop_gflops(int64_t repeats);
 torch::Tensor pack_weight(torch::Tensor weight);
@@ -26,6 +27,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         py::arg("sliding_window") = 0, py::arg("softcap") = 0.0);
   // what paged_attention takes beyond plain causal attention: callers check before passing them
   m.attr("paged_attention_features") = py::make_tuple("sliding_window", "softcap");
+  m.def("paged_attention_isa", &paged_attention_isa,
+        "what scores bf16 queries of head_dim 64/128: amx_bf16, avx512_bf16 or generic (fp32 vectors)");
   m.def("add_rms_norm", &add_rms_norm, "residual += delta (if given); returns rms_norm(residual) * weight",
         py::arg("residual"), py::arg("delta"), py::arg("weight"), py::arg("eps"));
   m.def("silu_and_mul", &silu_and_mul, "silu(gate) * up over [n, 2I] (gate, then up)");

@@ -1,20 +1,18 @@
 // Attention over the paged KV cache, for CPUs: this step's K/V written into their slots, then each
 // listed query token attends its request's keys read straight from the cache blocks (no gather
-// copy), scores and softmax in fp32 whatever the dtype. Decodes and the queries of short runs
+// copy), scores and softmax in fp32 whatever the dtype. Decodes and the queries of prompt runs
 // (each with its own causal length) go through the same kernel; a sliding window limits each
 // query to its last `sliding_window` keys, and a soft cap bends scores to softcap * tanh(s / softcap).
 //
-// Layout (engine/attention/base.py): cache [2, num_blocks, block_size, num_kv_heads, head_dim];
-// token t of request i lives at block_table[i][t / block_size], offset t % block_size.
-// One work item per (query, kv head): its group of query heads shares every K/V row it reads.
-// Scores are computed 16 keys at a time into one vector (never one horizontal sum per key).
-//
 // A query's output is a function of its own q and its keys only, bit for bit: the same whether it is
 // a decode, one row of a whole prompt or of a chunk, alone or among other requests, on any thread.
-// Every sum runs in one fixed order: a key's score is its own dot product; the softmax works on
-// whole 16-lane blocks of a row padded to a multiple of 16 (the padding scores exp() to 0), with 16
-// partial sums folded in a fixed tree; values are added key by key. Buffers are 64-byte aligned, so
-// no loop's vector split depends on where a buffer happens to lie.
+// bf16 with AVX-512 BF16 takes paged_attention_bf16.h (runs of a request's queries share each K/V
+// row read). The generic kernel here takes one work item per (query, kv head), its group of query
+// heads sharing every K/V row it reads, scores 16 keys at a time into one vector; every sum runs in
+// one fixed order: a key's score is its own dot product; the softmax works on whole 16-lane blocks
+// of a row padded to a multiple of 16 (the padding scores exp() to 0), with 16 partial sums folded
+// in a fixed tree; values are added key by key. Buffers are 64-byte aligned, so no loop's vector
+// split depends on where a buffer happens to lie.
 #include <torch/extension.h>
 #include <ATen/Parallel.h>
 
@@ -22,97 +20,25 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <string>
 #include <type_traits>
 #include <vector>
 
 #include "conversions.h"
+#include "paged_attention_bf16.h"
+#include "paged_attention_step.h"
 #include "worker_pool.h"
 
 namespace {
 
 using formwork::from_float;
 using formwork::to_float;
-
-constexpr int kKeys = 16;  // keys scored together, and the softmax's block
-// the score of a padding lane: exp() takes it to 0 (finite: -ffast-math assumes no infinities)
-constexpr float kPadScore = -1e30f;
-
-// n scores padded to whole blocks: the row stride of a query's score rows
-inline int64_t padded_keys(int64_t n) { return (n + kKeys - 1) / kKeys * kKeys; }
-
-// a thread's buffer of at least n floats, 64-byte aligned
-float* aligned_floats(std::vector<float>& buffer, int64_t n) {
-  buffer.resize(n + 16);
-  const auto address = reinterpret_cast<uintptr_t>(buffer.data());
-  return buffer.data() + ((64 - address % 64) % 64) / sizeof(float);
-}
-
-// One call's inputs as raw pointers. q and out rows are strided by token (views of the fused QKV
-// projection's output); within a token, heads are contiguous rows of head_dim.
-template <typename scalar_t>
-struct Step {
-  const scalar_t* q;
-  int64_t q_stride;
-  const scalar_t* k_cache;
-  const scalar_t* v_cache;
-  const int64_t* query_ids;
-  const int32_t* block_table;  // [num_queries, max_blocks]
-  const int32_t* seq_lens;
-  scalar_t* out;
-  int64_t out_stride, num_queries, max_blocks, block_size, num_heads, num_kv_heads, head_dim;
-  float scale;
-  int64_t sliding_window;  // 0: every key
-  float softcap;  // 0: none
-
-  int64_t group() const { return num_heads / num_kv_heads; }
-  int64_t row_stride() const { return num_kv_heads * head_dim; }  // between consecutive tokens of a block
-  // the first key this query sees: the window's start, or 0
-  int64_t first_key(int64_t seq_len) const {
-    return sliding_window > 0 ? std::max<int64_t>(0, seq_len - sliding_window) : 0;
-  }
-};
-
-// One request's K or V rows at one kv head, in position order from `first`; the next block's rows
-// are prefetched on entering a block (blocks lie anywhere in the cache, so the hardware prefetcher
-// loses the stream at every block edge: 5-30% faster with cold caches)
-template <typename scalar_t>
-class KeyRows {
- public:
-  KeyRows(const Step<scalar_t>& st, const scalar_t* cache, int64_t query, int64_t kv_head, int64_t first)
-      : st_(st), cache_(cache + kv_head * st.head_dim), blocks_(st.block_table + query * st.max_blocks),
-        num_blocks_((st.seq_lens[query] + st.block_size - 1) / st.block_size),
-        block_(first / st.block_size), offset_(first % st.block_size) {
-    enter_block();
-  }
-
-  const scalar_t* next() {
-    if (offset_ == st_.block_size) {
-      ++block_;
-      offset_ = 0;
-      enter_block();
-    }
-    return base_ + offset_++ * st_.row_stride();
-  }
-
- private:
-  const scalar_t* block_rows(int64_t b) const {
-    return cache_ + static_cast<int64_t>(blocks_[b]) * st_.block_size * st_.row_stride();
-  }
-  void enter_block() {
-    base_ = block_rows(block_);
-    if (block_ + 1 >= num_blocks_) return;
-    const char* x = reinterpret_cast<const char*>(block_rows(block_ + 1));
-    const int64_t row_bytes = st_.head_dim * sizeof(scalar_t), stride = st_.row_stride() * sizeof(scalar_t);
-    for (int64_t i = 0; i < st_.block_size; ++i, x += stride)
-      for (int64_t d = 0; d < row_bytes; d += 64) __builtin_prefetch(x + d, 0, 3);
-  }
-
-  const Step<scalar_t>& st_;
-  const scalar_t* cache_;
-  const int32_t* blocks_;
-  int64_t num_blocks_, block_, offset_;
-  const scalar_t* base_ = nullptr;
-};
+using formwork::paged::aligned_floats;
+using formwork::paged::KeyRows;
+using formwork::paged::kKeys;
+using formwork::paged::kPadScore;
+using formwork::paged::padded_keys;
+using formwork::paged::Step;
 
 // Runs fn(query, kv_head, scores, scratch) for every (query, kv head) pair, across threads only when
 // the work is worth it (a sleeping helper costs ~50 us to wake), in chunks of items claimed by
@@ -220,104 +146,13 @@ void attend_generic(const Step<scalar_t>& st) {
   });
 }
 
-#if defined(__AVX512BF16__)
-// bf16 with AVX-512 BF16, head_dim D and group G known at compile time: q.k straight from the bf16
-// rows with dot-product instructions (pairs of bf16 products summed in fp32, no widening), then
-// the 16 keys' partial-sum vectors folded into one vector of 16 scores (45 shuffles and adds for
-// 16 keys, against 16 full horizontal sums); the group's outputs in registers for pass 2.
-using formwork::widen16;
-
-// lane i of the result = the sum of the 16 lanes of v[i]
-inline __m512 sum_each(const __m512 v[16]) {
-  __m512 r[8], t[4];
-  for (int i = 0; i < 8; ++i)  // per 128-bit lane: [a0+a2, b0+b2, a1+a3, b1+b3]
-    r[i] = _mm512_add_ps(_mm512_unpacklo_ps(v[2 * i], v[2 * i + 1]), _mm512_unpackhi_ps(v[2 * i], v[2 * i + 1]));
-  for (int j = 0; j < 4; ++j) {  // per 128-bit lane: the lane's sums of v[4j .. 4j + 3]
-    const __m512d a = _mm512_castps_pd(r[2 * j]), b = _mm512_castps_pd(r[2 * j + 1]);
-    t[j] = _mm512_add_ps(_mm512_castpd_ps(_mm512_unpacklo_pd(a, b)), _mm512_castpd_ps(_mm512_unpackhi_pd(a, b)));
-  }
-  // across the four 128-bit lanes
-  const __m512 x01 = _mm512_add_ps(_mm512_shuffle_f32x4(t[0], t[1], _MM_SHUFFLE(2, 0, 2, 0)),
-                                   _mm512_shuffle_f32x4(t[0], t[1], _MM_SHUFFLE(3, 1, 3, 1)));
-  const __m512 x23 = _mm512_add_ps(_mm512_shuffle_f32x4(t[2], t[3], _MM_SHUFFLE(2, 0, 2, 0)),
-                                   _mm512_shuffle_f32x4(t[2], t[3], _MM_SHUFFLE(3, 1, 3, 1)));
-  return _mm512_add_ps(_mm512_shuffle_f32x4(x01, x23, _MM_SHUFFLE(2, 0, 2, 0)),
-                       _mm512_shuffle_f32x4(x01, x23, _MM_SHUFFLE(3, 1, 3, 1)));
-}
-
-template <int D, int G>
-void attend_bf16(const Step<c10::BFloat16>& st) {
-  static_assert(D % 32 == 0, "whole 512-bit rows");
-  constexpr int kPairs = D / 32, kLanes = D / 16;
-  for_each_item(st, [&](int64_t query, int64_t kv_head, float* __restrict s, std::vector<float>&) {
-    const int64_t token = st.query_ids[query], seq_len = st.seq_lens[query], first = st.first_key(seq_len);
-    const int64_t n = seq_len - first, stride = padded_keys(n);
-    const c10::BFloat16* q_in = st.q + token * st.q_stride + kv_head * G * D;
-    __m512bh qv[G][kPairs];
-    for (int h = 0; h < G; ++h)
-      for (int j = 0; j < kPairs; ++j) qv[h][j] = (__m512bh)_mm512_loadu_si512(q_in + h * D + 32 * j);
-    const __m512 scale = _mm512_set1_ps(st.scale);
-    KeyRows<c10::BFloat16> keys(st, st.k_cache, query, kv_head, first);
-    const c10::BFloat16* rows[kKeys];
-    for (int64_t c = 0; c < n; c += kKeys) {  // pass 1: scores, 16 keys a vector
-      const int count = static_cast<int>(std::min<int64_t>(kKeys, n - c));
-      for (int i = 0; i < count; ++i) rows[i] = keys.next();
-      for (int i = count; i < kKeys; ++i) rows[i] = rows[0];  // lanes past the end are not stored
-      const __mmask16 mask = static_cast<__mmask16>((1u << count) - 1);
-      for (int h = 0; h < G; ++h) {
-        __m512 dots[kKeys];
-        for (int i = 0; i < kKeys; ++i) {
-          dots[i] = _mm512_dpbf16_ps(_mm512_setzero_ps(), (__m512bh)_mm512_loadu_si512(rows[i]), qv[h][0]);
-          for (int j = 1; j < kPairs; ++j)
-            dots[i] = _mm512_dpbf16_ps(dots[i], (__m512bh)_mm512_loadu_si512(rows[i] + 32 * j), qv[h][j]);
-        }
-        _mm512_store_ps(s + h * stride + c, _mm512_maskz_mul_ps(mask, sum_each(dots), scale));
-      }
-    }
-    softmax_rows(s, G, n, st.softcap);
-    __m512 o[G][kLanes];
-    for (int h = 0; h < G; ++h)
-      for (int j = 0; j < kLanes; ++j) o[h][j] = _mm512_setzero_ps();
-    KeyRows<c10::BFloat16> values(st, st.v_cache, query, kv_head, first);
-    for (int64_t t = 0; t < n; ++t) {  // pass 2: weighted sum of the values
-      const c10::BFloat16* x = values.next();
-      __m512 v[kLanes];
-      for (int j = 0; j < kLanes; ++j) v[j] = widen16(x + 16 * j);
-      for (int h = 0; h < G; ++h) {
-        const __m512 p = _mm512_set1_ps(s[h * stride + t]);
-        for (int j = 0; j < kLanes; ++j) o[h][j] = _mm512_fmadd_ps(p, v[j], o[h][j]);
-      }
-    }
-    c10::BFloat16* o_out = st.out + token * st.out_stride + kv_head * G * D;
-    for (int h = 0; h < G; ++h)
-      for (int j = 0; j < kLanes; ++j)  // round to nearest even, as a static_cast would
-        _mm256_storeu_si256(reinterpret_cast<__m256i*>(o_out + h * D + 16 * j), (__m256i)_mm512_cvtneps_pbh(o[h][j]));
-  });
-}
-
-template <int D>
-bool attend_bf16_for_group(const Step<c10::BFloat16>& st) {
-  switch (st.group()) {
-    case 1: attend_bf16<D, 1>(st); return true;
-    case 2: attend_bf16<D, 2>(st); return true;
-    case 3: attend_bf16<D, 3>(st); return true;
-    case 4: attend_bf16<D, 4>(st); return true;
-    case 5: attend_bf16<D, 5>(st); return true;
-    case 6: attend_bf16<D, 6>(st); return true;
-    case 7: attend_bf16<D, 7>(st); return true;
-    case 8: attend_bf16<D, 8>(st); return true;
-    default: return false;
-  }
-}
-#endif
-
 // the fastest kernel this build has for the step's dtype and shapes
 template <typename scalar_t>
 void attend(const Step<scalar_t>& st) {
 #if defined(__AVX512BF16__)
   if constexpr (std::is_same_v<scalar_t, c10::BFloat16>) {
-    if (st.head_dim == 64 && attend_bf16_for_group<64>(st)) return;
-    if (st.head_dim == 128 && attend_bf16_for_group<128>(st)) return;
+    if (st.head_dim == 64 && formwork::paged::attend_bf16_for_group<64>(st)) return;
+    if (st.head_dim == 128 && formwork::paged::attend_bf16_for_group<128>(st)) return;
   }
 #endif
   if (st.head_dim == 64) attend_generic<scalar_t, 64>(st);
@@ -341,6 +176,14 @@ void check_token_rows(const torch::Tensor& t, const char* name) {
 }
 
 }  // namespace
+
+std::string paged_attention_isa() {
+#if defined(__AVX512BF16__)
+  return formwork::paged::scores_on_amx() ? "amx_bf16" : "avx512_bf16";
+#else
+  return "generic";
+#endif
+}
 
 // Writes k, v ([n, KVH, D]) at slot_mapping ([n] int64) of kv_cache ([2, blocks, block_size, KVH, D]),
 // then attends query token query_ids[i] of q ([n, H, D]) over the keys [max(0, seq_lens[i] -

@@ -1,0 +1,116 @@
+"""`python -m bench.attention`: the paged-attention kernel alone, on a prompt's rows and on decodes.
+
+A prompt of --prompt-lengths tokens is prefilled in chunks of --budget queries (one call each, its
+earlier chunks in the cache), and --decode-batches requests of --context tokens each decode one
+query; shapes: the default model's (9 query heads over 3 kv heads of 64) and the 1.5B model's (12
+over 2, of 128). For each, the best of --repeats timings (the machine is shared: interference only
+adds time) in ms a layer and GFLOP/s (2 D FLOPs per key and query head for q.k, 2 D for p.v).
+With --prefill N, also the engine's whole prefill of an N-token prompt (bf16, default model, prefix
+cache off, best of --repeats) beside 30 layers of the kernel on the same chunks: attention's share.
+Set OMP_WAIT_POLICY=PASSIVE as the engine runs.
+"""
+from __future__ import annotations
+
+import argparse
+import time
+
+import torch
+
+SHAPES = {"135m": (9, 3, 64), "1.5b": (12, 2, 128)}  # name -> (query heads, kv heads, head_dim)
+BLOCK_SIZE = 16
+
+
+def best_seconds(fn, repeats: int) -> float:
+    best = float("inf")
+    for _ in range(repeats):
+        start = time.perf_counter()
+        fn()
+        best = min(best, time.perf_counter() - start)
+    return best
+
+
+def paged_calls(kernels, heads: int, kv_heads: int, head_dim: int, requests: list[tuple[int, int]], budget: int):
+    """The calls (closures) of one layer's steps attending `requests` (cached tokens, new tokens) in
+    steps of at most `budget` queries, over a bf16 cache where each request owns scattered blocks;
+    and the FLOPs they do."""
+    gen = torch.Generator().manual_seed(0)
+    lengths = [c + n for c, n in requests]
+    num_blocks = sum(-(-n // BLOCK_SIZE) for n in lengths) + 1
+    cache = torch.randn(2, num_blocks, BLOCK_SIZE, kv_heads, head_dim, generator=gen).bfloat16()
+    free = torch.randperm(num_blocks, generator=gen).tolist()
+    rows = [[free.pop() for _ in range(-(-n // BLOCK_SIZE))] for n in lengths]
+    width = max(len(r) for r in rows)
+    table = torch.tensor([r + [0] * (width - len(r)) for r in rows], dtype=torch.int32)
+    calls, flops, queries = [], 0, []  # queries: (request, position) pending
+    for i, (cached, new) in enumerate(requests):
+        queries += [(i, p) for p in range(cached, cached + new)]
+    for start in range(0, len(queries), budget):
+        step = queries[start:start + budget]
+        n = len(step)
+        q = torch.randn(n, heads, head_dim, generator=gen).bfloat16()
+        k = torch.randn(n, kv_heads, head_dim, generator=gen).bfloat16()
+        v = torch.randn(n, kv_heads, head_dim, generator=gen).bfloat16()
+        slots = torch.tensor([int(table[r, p // BLOCK_SIZE]) * BLOCK_SIZE + p % BLOCK_SIZE for r, p in step])
+        block_table = table[torch.tensor([r for r, _ in step])].contiguous()
+        seq_lens = torch.tensor([p + 1 for _, p in step], dtype=torch.int32)
+        out = torch.empty(q.shape, dtype=torch.bfloat16)
+        args = (out, q, k, v, cache, slots, torch.arange(n), block_table, seq_lens, head_dim ** -0.5)
+        calls.append(lambda args=args: kernels.paged_attention(*args))
+        flops += int(seq_lens.sum()) * heads * 4 * head_dim
+    return calls, flops
+
+
+def prefill_seconds(num_tokens: int, budget: int, repeats: int) -> float:
+    """The engine's time to prefill one num_tokens-token prompt and sample its first token."""
+    from engine.config import CacheConfig, EngineConfig, SchedulerConfig
+    from engine.llm import LLM
+    from engine.sampling_params import SamplingParams
+    llm = LLM(config=EngineConfig(dtype="bfloat16", scheduler=SchedulerConfig(max_num_batched_tokens=budget),
+                                  cache=CacheConfig(enable_prefix_caching=False)))
+    ids = llm.tokenizer.encode("Tell me about rivers, their sources, deltas and history. " * num_tokens)[:num_tokens]
+    params = SamplingParams(max_tokens=1, temperature=0)
+    llm.generate({"prompt_token_ids": ids}, params)  # warm-up
+    seconds = best_seconds(lambda: llm.generate({"prompt_token_ids": ids}, params), repeats)
+    llm.shutdown()
+    return seconds
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--shapes", default=",".join(SHAPES))
+    parser.add_argument("--prompt-lengths", default="700,2000")
+    parser.add_argument("--budget", type=int, default=512, help="queries a step (the scheduler's token budget)")
+    parser.add_argument("--decode-batches", default="1,64")
+    parser.add_argument("--context", type=int, default=160, help="tokens of each decoding request")
+    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--prefill", type=int, default=0, help="also time the engine's prefill of this many tokens")
+    args = parser.parse_args()
+    from engine.kernels.loader import load_cpu_kernels
+    kernels = load_cpu_kernels()
+    if kernels is None:
+        raise SystemExit("the CPU kernels did not build here")
+    isa = getattr(kernels, "paged_attention_isa", lambda: "avx512_bf16")()  # older builds: the vector kernel
+    print(f"paged attention, bf16 ({isa}), {torch.get_num_threads()} threads; best of {args.repeats}")
+    print(f"{'shape':>6} {'case':>22} {'ms a layer':>11} {'GFLOP/s':>8}")
+    for name in args.shapes.split(","):
+        heads, kv_heads, head_dim = SHAPES[name]
+        cases = [(f"prompt {n} (budget {args.budget})", [(0, n)], args.budget)
+                 for n in (int(x) for x in args.prompt_lengths.split(","))]
+        cases += [(f"decode {b} x {args.context}", [(args.context - 1, 1)] * b, b)
+                  for b in (int(x) for x in args.decode_batches.split(","))]
+        for case, requests, budget in cases:
+            calls, flops = paged_calls(kernels, heads, kv_heads, head_dim, requests, budget)
+            seconds = best_seconds(lambda: [call() for call in calls], args.repeats)
+            print(f"{name:>6} {case:>22} {seconds * 1e3:11.2f} {flops / seconds / 1e9:8.1f}")
+    if args.prefill:
+        heads, kv_heads, head_dim = SHAPES["135m"]
+        calls, _ = paged_calls(kernels, heads, kv_heads, head_dim, [(0, args.prefill)], args.budget)
+        attention = 30 * best_seconds(lambda: [call() for call in calls], args.repeats)
+        total = prefill_seconds(args.prefill, args.budget, args.repeats)
+        print(f"engine prefill of {args.prefill} tokens: {total * 1e3:.0f} ms ({args.prefill / total:.0f} tok/s); "
+              f"the kernel's 30 layers alone: {attention * 1e3:.0f} ms ({100 * attention / total:.0f} %)")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
