@@ -86,7 +86,8 @@ class EngineCoreOutput(msgspec.Struct, array_like=True, omit_defaults=True):
     # with STOP: the engine, not the model, completed the output: "budget" (max_tokens or the
     # context was about to run out), "repetition", "digits" or "depth" (a runaway loop); "" if not
     closed_early: str = ""
-    # final output: draft tokens verified (speculative decoding), and of those, the ones accepted
+    # draft tokens verified so far (speculative decoding), and of those, the ones accepted: on the
+    # final output, and on every output of a request that drafted
     num_draft_tokens: int = 0
     num_accepted_draft_tokens: int = 0
 

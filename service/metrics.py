@@ -69,6 +69,10 @@ class ServiceMetrics:
                                      "Prompt tokens served from the prefix cache", registry=r)
         self.forced_tokens = Counter("formwork_forced_tokens",
                                      "Output tokens the grammar forced (jump-forward), not sampled", registry=r)
+        self.draft_tokens = Counter("formwork_spec_decode_draft_tokens",
+                                    "Draft tokens verified (speculative decoding), finished requests", registry=r)
+        self.accepted_draft_tokens = Counter("formwork_spec_decode_accepted_tokens",
+                                             "Draft tokens the model accepted, finished requests", registry=r)
         # ---- counters: engine totals ----
         self.steps = Counter("formwork_engine_steps", "Engine steps", registry=r)
         self.preemptions = Counter("formwork_preemptions", "Requests preempted for want of KV blocks", registry=r)
@@ -121,6 +125,8 @@ class ServiceMetrics:
         self.generation_tokens.inc(output.num_output_tokens)
         self.cached_tokens.inc(output.num_cached_tokens)
         self.forced_tokens.inc(output.num_forced_tokens)
+        self.draft_tokens.inc(output.num_draft_tokens)
+        self.accepted_draft_tokens.inc(output.num_accepted_draft_tokens)
         if output.closed_early:
             self.closed_early.labels(output.closed_early).inc()
         timings = output.timings

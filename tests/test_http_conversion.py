@@ -42,6 +42,14 @@ def test_sampling_fields_and_chat_messages():
     assert (translated.num_choices, translated.stream, translated.include_usage) == (2, True, True)
 
 
+def test_speculative_is_a_formwork_option_set_only_when_given():
+    assert as_dict(translate_chat(chat(formwork={"speculative": True})).request) == {"speculative": True}
+    assert as_dict(translate_chat(chat(formwork={"speculative": False})).request) == {"speculative": False}
+    assert "speculative" not in as_dict(translate_chat(chat(formwork={"priority": 1})).request)
+    assert as_dict(translate_completion(CompletionRequest.model_validate(
+        {"prompt": "hi", "formwork": {"speculative": True}})).request) == {"speculative": True}
+
+
 def test_every_constraint_field_keeps_the_schema_order():
     for fields, kind in [
         ({"response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": SCHEMA, "strict": False}}},

@@ -160,6 +160,20 @@ def test_closed_early_answers_are_counted_by_reason() -> None:
     assert value(parsed, "formwork_requests_total", finish_reason="stop", constraint="none") == 4
 
 
+def test_draft_tokens_are_counted_with_the_accepted_ones() -> None:
+    from engine.frontend.output_processor import RequestOutput
+    from engine.protocol import FinishReason
+
+    metrics = ServiceMetrics()
+    for drafted, accepted in ((12, 5), (0, 0), (4, 4)):
+        metrics.request_finished(RequestOutput("r", "{}", "", [1], [], finished=True, finish_reason=FinishReason.STOP,
+                                               num_output_tokens=1, num_draft_tokens=drafted,
+                                               num_accepted_draft_tokens=accepted), None)
+    parsed = samples(metrics.render(None, 0).decode())
+    assert value(parsed, "formwork_spec_decode_draft_tokens_total") == 16
+    assert value(parsed, "formwork_spec_decode_accepted_tokens_total") == 9
+
+
 def test_one_log_line_per_finished_request(make_http_server, caplog) -> None:
     server = make_http_server()
     caplog.set_level(logging.INFO, logger="service.request_log")

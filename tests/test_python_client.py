@@ -95,6 +95,14 @@ def test_unset_sampling_fields_stay_unset_and_zero_is_sent():
     assert request.HasField("max_tokens") and request.HasField("temperature") and request.HasField("ignore_eos")
 
 
+def test_speculative_is_sent_only_when_given():
+    assert not generate_request("hi").HasField("speculative")
+    off = generate_request("hi", speculative=False)
+    assert off.HasField("speculative") and not off.speculative
+    assert extract_request(PERSON_SCHEMA, "Some text.", speculative=True).speculative
+    assert not extract_request(PERSON_SCHEMA, "Some text.").HasField("speculative")
+
+
 def test_inputs_and_constraints():
     chat = generate_request(messages=[{"role": "user", "content": "x"}], add_generation_prompt=False)
     assert chat.WhichOneof("input") == "chat" and chat.chat.HasField("add_generation_prompt")

@@ -65,3 +65,15 @@ def test_the_front_end_keeps_the_engines_counts(tok):
     outputs, _ = processor.process_outputs([EngineCoreOutput(
         "r", [5, 6, 7], finish_reason=int(FinishReason.LENGTH), num_draft_tokens=4, num_accepted_draft_tokens=3)])
     assert (outputs[0].num_draft_tokens, outputs[0].num_accepted_draft_tokens) == (4, 3)
+
+
+def test_a_request_ended_on_a_stop_string_keeps_the_draft_counts_of_its_last_step(tok):
+    processor = OutputProcessor(tok)
+    processor.add_request("r", [1, 2, 3], SamplingParams(max_tokens=32, stop=["END"]), stream=False)
+    processor.process_outputs([EngineCoreOutput("r", tok.encode("The answer is"), num_draft_tokens=3,
+                                                num_accepted_draft_tokens=2)])
+    outputs, to_abort = processor.process_outputs([EngineCoreOutput(
+        "r", tok.encode(" 42 END and more"), num_draft_tokens=7, num_accepted_draft_tokens=5)])
+    assert to_abort == ["r"]  # the engine's final output never comes
+    assert outputs[0].stop_reason == "END"
+    assert (outputs[0].num_draft_tokens, outputs[0].num_accepted_draft_tokens) == (7, 5)

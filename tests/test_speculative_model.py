@@ -71,6 +71,8 @@ def test_stop_string_and_logprobs_are_the_same_with_drafts(llm_fp32):
     off, on = both(llm_fp32, [COPY], max_tokens=48, stop=["library"], logprobs=2)
     assert on[0].text == off[0].text and on[0].token_ids == off[0].token_ids
     assert on[0].stop_reason == off[0].stop_reason == "library"
+    # ended by the front end on the stop string: the draft counts come from the outputs before
+    assert on[0].num_draft_tokens >= on[0].num_accepted_draft_tokens > 0
     assert [lp.token_id for lp in on[0].logprobs] == [lp.token_id for lp in off[0].logprobs]
     for a, b in zip(on[0].logprobs, off[0].logprobs):
         assert a.logprob == pytest.approx(b.logprob, abs=1e-3)

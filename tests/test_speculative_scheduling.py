@@ -69,6 +69,18 @@ def test_draft_copied_from_the_prompt_is_accepted_whole_with_a_bonus_token():
     assert (request.num_draft_tokens, request.num_accepted_draft_tokens) == (4, 4)
 
 
+def test_every_output_of_a_drafting_request_carries_its_draft_counts():
+    # the front end may end the request on a stop string: it never sees the final output then
+    scheduler = make(k=4)
+    request = make_request(token_ids=PROMPT, max_tokens=32)
+    scheduler.add_request(request)
+    (first,) = verify_step(scheduler, scheduler.schedule(), scripted(TARGET))
+    assert first.num_draft_tokens == 0
+    (second,) = verify_step(scheduler, scheduler.schedule(), scripted(TARGET))
+    assert second.finish_reason is None
+    assert (second.num_draft_tokens, second.num_accepted_draft_tokens) == (4, 4)
+
+
 def test_output_is_the_same_with_and_without_drafts_and_takes_fewer_steps():
     with_drafts, steps_on = run(make(k=4), [make_request(token_ids=PROMPT, max_tokens=32)])
     without, steps_off = run(make(enabled=False), [make_request(token_ids=PROMPT, max_tokens=32)])

@@ -119,6 +119,7 @@ class EngineCore:
     # ---- the loop ----------------------------------------------------------------------
 
     def step(self) -> list[EngineCoreOutput]:
+        start = time.perf_counter()
         scheduler_output = self.scheduler.schedule()
         if scheduler_output.is_empty:
             if scheduler_output.finished_req_ids or scheduler_output.preempted_req_ids:
@@ -136,17 +137,21 @@ class EngineCore:
             model_output = self.executor.sample_tokens(grammar_output)
         t3 = time.perf_counter()
         outputs = self.scheduler.update_from_output(scheduler_output, model_output)
+        end = time.perf_counter()
+        step_s = end - t0
+        # what the step's rows cost, drafting included: the speculator's price of a draft token
+        self.scheduler.speculator.observe_step(scheduler_output.total_num_scheduled_tokens, end - start)
         if self.step_timings is not None:
             self.step_timings.append(StepTiming(
                 num_reqs=len(scheduler_output.num_scheduled_tokens),
                 num_tokens=scheduler_output.total_num_scheduled_tokens,
                 forward_s=self.runner.last_forward_s, fill_s=t1 - t0, wait_s=t2 - t1, sample_s=t3 - t2,
-                total_s=time.perf_counter() - t0))
+                total_s=step_s))
         if self.step_stats is not None:
             self.step_stats.record_step(
                 len(scheduler_output.num_scheduled_tokens), scheduler_output.total_num_scheduled_tokens,
                 len(scheduler_output.structured_output_request_ids), self.runner.last_forward_s, t1 - t0, t2 - t1,
-                t3 - t2, time.perf_counter() - t0)
+                t3 - t2, step_s)
         self.heap_trimmer.maybe_trim()  # between steps: the forward is not allocating now
         return outputs
 

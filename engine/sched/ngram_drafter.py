@@ -21,9 +21,16 @@ def find_ngram_draft(token_ids: Sequence[int], min_ngram: int, max_ngram: int, m
     """Up to `max_tokens` tokens that followed the most recent earlier occurrence of the last n
     tokens of `token_ids`, trying the longest n first (`max_ngram` down to `min_ngram`).
     [] when no such n-gram occurred before (or `max_tokens` < 1)."""
+    return find_ngram_match(token_ids, min_ngram, max_ngram, max_tokens)[1]
+
+
+def find_ngram_match(token_ids: Sequence[int], min_ngram: int, max_ngram: int,
+                     max_tokens: int) -> tuple[int, list[int]]:
+    """(n, draft): the draft of find_ngram_draft and the length of the n-gram it follows (a
+    longer match is a likelier copy); (0, []) when there is none."""
     num_tokens = len(token_ids)
     if max_tokens < 1 or num_tokens < min_ngram + 1:
-        return []
+        return 0, []
     tokens = np.asarray(token_ids, dtype=np.int64)
     for n in range(min(max_ngram, num_tokens - 1), min_ngram - 1, -1):
         pattern = tokens[num_tokens - n:]
@@ -34,8 +41,8 @@ def find_ngram_draft(token_ids: Sequence[int], min_ngram: int, max_ngram: int, m
         starts = np.flatnonzero(match)
         if len(starts):
             begin = int(starts[-1]) + n
-            return tokens[begin:begin + max_tokens].tolist()
-    return []
+            return n, tokens[begin:begin + max_tokens].tolist()
+    return 0, []
 
 
 def cut_by_grammar(grammar: Grammar, draft: list[int], stop_before_forced: bool = False) -> list[int]:

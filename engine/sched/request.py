@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING
 
 from engine.protocol import FinishReason
 from engine.sampling_params import SamplingParams
+from engine.sched.acceptance_rate import AcceptanceRate
 
 if TYPE_CHECKING:
     from collections.abc import Sequence
@@ -88,6 +89,8 @@ class Request:
         self.num_accepted_draft_tokens = 0  # of those, the ones the model agreed with
         self.num_rejected_drafts = 0  # drafts in a row rejected at their first token
         self.draft_pause_steps = 0  # steps left before it drafts again
+        self.draft_acceptance = AcceptanceRate()  # of its recent drafts: how long the next one is
+        self.draft_ngram = 0  # the n-gram length its last draft followed
 
         # timings (monotonic seconds) and counters reported to clients
         self.first_scheduled_time: float | None = None

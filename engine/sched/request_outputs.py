@@ -9,14 +9,18 @@ from engine.sched.request import FINISH_REASON_OF_STATUS, Request
 
 
 def step_output(request: Request, new_token_ids: list[int], logprobs: list[TokenLogprob]) -> EngineCoreOutput:
-    """The output of a running request's step; its first carries the prompt's counters."""
+    """The output of a running request's step; its first carries the prompt's counters. A request
+    that drafted carries its draft counts so far: the front end may end it on a stop string, and
+    then it never sees the final output."""
+    drafts = {"num_draft_tokens": request.num_draft_tokens,
+              "num_accepted_draft_tokens": request.num_accepted_draft_tokens} if request.num_draft_tokens else {}
     if request.num_output_tokens != len(new_token_ids):
-        return EngineCoreOutput(request.request_id, new_token_ids, logprobs)
+        return EngineCoreOutput(request.request_id, new_token_ids, logprobs, **drafts)
     return EngineCoreOutput(
         request.request_id, new_token_ids, logprobs, num_prompt_tokens=request.num_prompt_tokens,
         num_cached_tokens=max(request.num_cached_tokens, 0),
         queued_s=max((request.first_scheduled_time or 0.0) - request.arrival_time, 0.0),
-        grammar_wait_s=grammar_wait_s(request))
+        grammar_wait_s=grammar_wait_s(request), **drafts)
 
 
 def final_output(request: Request, new_token_ids: list[int], logprobs: list[TokenLogprob] | None = None

@@ -136,6 +136,7 @@ class Scheduler:
     def schedule(self) -> SchedulerOutput:
         """Plan one step and advance `num_computed_tokens` of every scheduled request."""
         plan = _StepPlan(token_budget=self.config.max_num_batched_tokens)
+        self.speculator.begin_step(len(self.running))
         preempted = self._schedule_running(plan)
         if not preempted:  # a step that had to preempt has no room to admit anyone
             self._admit_waiting(plan)

@@ -1,4 +1,4 @@
-"""Which requests draft this step, their drafts, and what became of them.
+"""Which requests draft this step, how many tokens, and what became of their drafts.
 
 A draft is verified in the same forward pass as the request's own next token: the request is
 scheduled for 1 + k tokens, and the runner keeps the prefix of the draft that its sampled (or
@@ -13,32 +13,57 @@ engine could have sampled in a step of its own: at the first token the grammar r
 token that ends the output, and (jump-forward on) before a token after which the grammar forces
 text, which jump-forward appends instead of the model's tokens.
 
-Drafting pays where a step is bound by reading the weights (few requests) and the drafts are
-accepted: it stops while more than `max_num_running` requests run, and a request whose drafts
-are all rejected drafts less and less often (a pause that doubles, up to `MAX_PAUSE_STEPS`).
+How long a draft is, is a bet priced per step. Each draft token is accepted with the request's
+acceptance rate (measured on its recent drafts, starting from the rate of all recent drafts that
+followed an n-gram match of the same length: a longer match is a likelier copy) given the ones
+before it were, so k tokens are worth a(1 + a + ... + a^(k-1)) tokens; they cost
+what k more rows add to the step (engine/sched/step_cost.py, measured). The speculator picks the
+k that gives the step the most tokens per second, counting the rows and tokens already planned
+for it: where rows are nearly free (few requests) a likely copy drafts long, at a batch where
+every row costs its share it drafts nothing. A request whose drafts are all rejected also pauses
+(a pause that doubles, up to `MAX_PAUSE_STEPS`), and nobody drafts while more than
+`max_num_running` requests run.
 """
 from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from engine.sched.ngram_drafter import cut_by_grammar, find_ngram_draft
+from engine.sched.acceptance_rate import AcceptanceRate
+from engine.sched.ngram_drafter import cut_by_grammar, find_ngram_match
+from engine.sched.step_cost import StepCostModel
 
 if TYPE_CHECKING:
     from engine.config import SpeculativeConfig
     from engine.sched.request import Request
 
 MAX_PAUSE_STEPS = 32
+_FIRST_ACCEPTANCE = 0.5  # the prior rate before any draft was verified
+_GLOBAL_DECAY = 0.98  # the rates of all requests' drafts remember about the last 50
 
 
 class Speculator:
     def __init__(self, config: SpeculativeConfig) -> None:
         self.config = config
+        self.step_cost = StepCostModel()
+        # n-gram length -> rate of every request's drafts after such a match: a request's prior
+        self.acceptance: dict[int, AcceptanceRate] = {}
+        self._num_rows = 0  # rows (tokens) planned for this step so far
+        self._num_yield = 0.0  # tokens this step is expected to give, so far
 
     def enabled_for(self, request: Request) -> bool:
         params = request.sampling_params
         wanted = self.config.enabled if params.speculative is None else params.speculative
         return (wanted and (params.greedy or params.seed is None) and params.repetition_penalty == 1.0
                 and not params.frequency_penalty and not params.presence_penalty)
+
+    def begin_step(self, num_running: int) -> None:
+        """A new plan: each running request computes about one token and gives about one."""
+        self._num_rows = num_running
+        self._num_yield = float(num_running)
+
+    def observe_step(self, num_tokens: int, seconds: float) -> None:
+        """What a step of `num_tokens` tokens took, launch to outputs (the cost of rows)."""
+        self.step_cost.observe(num_tokens, seconds)
 
     def propose(self, request: Request, max_tokens: int, num_running: int, stop_at_forced: bool) -> list[int]:
         """A draft of at most `max_tokens` tokens to verify after the request's tokens ([] if it
@@ -50,18 +75,59 @@ class Speculator:
         if request.draft_pause_steps:
             request.draft_pause_steps -= 1
             return []
-        draft = find_ngram_draft(request.all_token_ids, config.min_ngram, config.max_ngram,
-                                 min(max_tokens, config.num_speculative_tokens))
-        if draft and request.grammar is not None:
+        ngram, draft = find_ngram_match(request.all_token_ids, config.min_ngram, config.max_ngram,
+                                        min(max_tokens, config.num_speculative_tokens))
+        if not draft:
+            return []
+        rate = request.draft_acceptance.rate(self._acceptance(ngram).rate(_FIRST_ACCEPTANCE))
+        num_wanted = self.draft_length(rate, len(draft))
+        if not num_wanted:
+            request.draft_acceptance.add(0, 0)  # its old outcomes fade: it tries again later
+            return []
+        draft = draft[:num_wanted]
+        if request.grammar is not None:
             draft = cut_by_grammar(request.grammar, draft, stop_before_forced=stop_at_forced)
+        if draft:
+            request.draft_ngram = ngram
+            self._num_rows += len(draft)
+            self._num_yield += _expected_tokens(rate, len(draft))
         return draft
+
+    def _acceptance(self, ngram: int) -> AcceptanceRate:
+        rate = self.acceptance.get(ngram)
+        if rate is None:
+            rate = self.acceptance[ngram] = AcceptanceRate(decay=_GLOBAL_DECAY)
+        return rate
+
+    def draft_length(self, rate: float, max_tokens: int) -> int:
+        """The draft length (0 to `max_tokens`) that gives this step the most tokens per second,
+        with each draft token accepted at `rate` after the ones before it."""
+        cost = self.step_cost
+        if not cost.measured:
+            return max_tokens  # nothing measured yet: the first steps measure
+        best_length, best_rate = 0, self._num_yield / max(cost.seconds(self._num_rows), 1e-9)
+        gain, chance = 0.0, 1.0
+        for length in range(1, max_tokens + 1):
+            chance *= rate
+            gain += chance
+            tokens_per_s = (self._num_yield + gain) / max(cost.seconds(self._num_rows + length), 1e-9)
+            if tokens_per_s > best_rate:
+                best_length, best_rate = length, tokens_per_s
+        return best_length
 
     def record(self, request: Request, num_draft_tokens: int, num_accepted_tokens: int) -> None:
         """Count a verified draft; a draft rejected at its first token pauses the request's drafting."""
         request.num_draft_tokens += num_draft_tokens
         request.num_accepted_draft_tokens += num_accepted_tokens
+        request.draft_acceptance.add(num_draft_tokens, num_accepted_tokens)
+        self._acceptance(request.draft_ngram).add(num_draft_tokens, num_accepted_tokens)
         if num_accepted_tokens:
             request.num_rejected_drafts = 0
             return
         request.num_rejected_drafts += 1
         request.draft_pause_steps = min(1 << min(request.num_rejected_drafts - 1, 5), MAX_PAUSE_STEPS)
+
+
+def _expected_tokens(rate: float, num_draft_tokens: int) -> float:
+    """Accepted tokens expected of a draft: rate + rate^2 + ... + rate^k."""
+    return sum(rate ** i for i in range(1, num_draft_tokens + 1))

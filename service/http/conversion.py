@@ -177,6 +177,8 @@ def _sampling_request(body: _GenerationRequest, names: FieldNames) -> pb.Generat
         if bad:
             raise invalid_argument("stop_token_ids", f"ids must be >= 0; got {bad[:5]}")
         request.stop_token_ids.extend(body.stop_token_ids)
+    if body.formwork is not None and body.formwork.speculative is not None:
+        request.speculative = body.formwork.speculative
     constraint = _constraint(body, names)
     if constraint is not None:
         request.constraint.CopyFrom(constraint)

@@ -53,6 +53,7 @@ class FormworkOptions(_Strict):
     grammar_syntax: Literal["auto", "ebnf", "lark"] = "auto"  # of a grammar constraint
     priority: int = 0  # lower runs first under load, as gRPC's `priority`
     reasoning_budget: int | None = None  # most tokens of thinking, as gRPC's reasoning.budget_tokens
+    speculative: bool | None = None  # drafting from the prompt on or off (default: the server's), as gRPC's
 
 
 class StreamOptions(_Lenient):

@@ -91,12 +91,13 @@ export class FormworkClient {
   /**
    * Schema-constrained extraction in one call: the JSON value in `text` that `schema` describes,
    * parsed (an object for an object schema). Sends extractPrompt() as the user's message with the
-   * schema as the constraint; greedy unless `temperature` is given.
+   * schema as the constraint; greedy unless `temperature` is given. `speculative` switches drafting
+   * from the prompt on or off for this call (default: the server's); the answer is the same either way.
    * Rejects with FormworkError (INVALID_ARGUMENT for a schema the server cannot enforce), or
    * IncompleteOutputError if maxTokens ran out before the JSON was complete.
    */
   async extract(schema, text, { instructions, maxTokens, temperature = 0, strict, anyWhitespace, jumpForward,
-    whitespace, closeEarly, requestId, timeoutMs } = {}) {
+    whitespace, closeEarly, speculative, requestId, timeoutMs } = {}) {
     const request = {
       chat: { messages: [{ role: "user", content: extractPrompt(schema, text, instructions) }] },
       temperature,
@@ -104,6 +105,7 @@ export class FormworkClient {
     };
     if (maxTokens !== undefined) request.max_tokens = maxTokens;
     if (requestId !== undefined) request.request_id = requestId;
+    if (speculative !== undefined) request.speculative = speculative;
     const response = await this.generate(request, { timeoutMs });
     if (response.finish_reason !== "FINISH_REASON_STOP") {
       throw new IncompleteOutputError(response);

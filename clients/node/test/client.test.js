@@ -72,6 +72,16 @@ describe("FormworkClient against a live server", () => {
     assertPerson(person);
   });
 
+  test("speculative: switched on per request, its draft counts in usage", async () => {
+    assertPerson(await client.extract(PERSON_SCHEMA, "Ada Lovelace was 36 years old.", { maxTokens: 40, speculative: true }));
+    const response = await client.generate({
+      prompt: "one two three four five one two three four five one two three", max_tokens: 8, temperature: 0,
+      speculative: true,
+    });
+    assert.ok(response.usage.draft_tokens > 0, JSON.stringify(response.usage)); // the text repeats: drafts
+    assert.ok(response.usage.draft_tokens >= response.usage.accepted_draft_tokens);
+  });
+
   test("generate with a choice constraint", async () => {
     const response = await client.generate({
       chat: { messages: [{ role: "user", content: "Is the sky blue? Answer yes or no." }] },

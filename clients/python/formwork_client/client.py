@@ -78,7 +78,8 @@ class Client:
                 timeout: float | None = None, **options: Any) -> Any:
         """Schema-constrained extraction in one call: the JSON value in `text` that `schema`
         describes, parsed (a dict for an object schema). `options`: max_tokens, temperature
-        (default 0: greedy), strict, whitespace, any_whitespace, jump_forward, close_early, request_id.
+        (default 0: greedy), strict, whitespace, any_whitespace, jump_forward, close_early, speculative,
+        request_id.
 
         Raises InvalidArgumentError for a schema the server cannot enforce (message and
         field_violations say why), IncompleteOutputError if max_tokens ran out first."""

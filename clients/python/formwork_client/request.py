@@ -31,13 +31,16 @@ def generate_request(prompt: str | pb.GenerateRequest | None = None, *, messages
                      include_stop_str_in_output: bool | None = None, logprobs: int | None = None,
                      priority: int = 0, request_id: str = "", tools: Iterable[Mapping[str, Any]] | None = None,
                      tool_choice: str | Mapping[str, Any] | None = None, parallel_tool_calls: bool | None = None,
-                     reasoning: bool | None = None, reasoning_budget: int | None = None) -> pb.GenerateRequest:
+                     reasoning: bool | None = None, reasoning_budget: int | None = None,
+                     speculative: bool | None = None) -> pb.GenerateRequest:
     """A GenerateRequest. The input is exactly one of `prompt` (raw text, tokenized as is),
     `messages` (a chat, rendered with the model's chat template) or `prompt_token_ids`; a ready
     GenerateRequest passed as `prompt` is used as it is. A dict `constraint` is a JSON Schema.
     `tools`, `tool_choice` (formwork_client.tools says their shapes), `parallel_tool_calls`:
     the calls the model may make; `reasoning` (on/off) and `reasoning_budget` (tokens): its think
-    section. The response's `tool_calls`, `content` and `reasoning` hold the answer read back."""
+    section. The response's `tool_calls`, `content` and `reasoning` hold the answer read back.
+    `speculative`: drafting from the prompt on or off for this request (None: the server's
+    default); the output is the same either way, only faster or slower (usage.draft_tokens)."""
     if isinstance(prompt, pb.GenerateRequest):
         return prompt
     request = pb.GenerateRequest(request_id=request_id, priority=priority, stop=list(stop),
@@ -47,7 +50,8 @@ def generate_request(prompt: str | pb.GenerateRequest | None = None, *, messages
     optional = {"max_tokens": max_tokens, "temperature": temperature, "top_p": top_p, "top_k": top_k, "min_p": min_p,
                 "seed": seed, "repetition_penalty": repetition_penalty, "frequency_penalty": frequency_penalty,
                 "presence_penalty": presence_penalty, "ignore_eos": ignore_eos,
-                "include_stop_str_in_output": include_stop_str_in_output, "logprobs": logprobs}
+                "include_stop_str_in_output": include_stop_str_in_output, "logprobs": logprobs,
+                "speculative": speculative}
     for name, value in optional.items():
         if value is not None:
             setattr(request, name, value)
@@ -107,14 +111,14 @@ def extract_request(schema: Mapping[str, Any] | str, text: str, instructions: st
                     max_tokens: int | None = None, temperature: float = 0.0, strict: bool | None = None,
                     any_whitespace: bool | None = None, jump_forward: bool | None = None,
                     whitespace: str | None = None, close_early: bool | None = None,
-                    request_id: str = "") -> pb.GenerateRequest:
+                    speculative: bool | None = None, request_id: str = "") -> pb.GenerateRequest:
     """The request extract() sends: extract_prompt() as the user's message, the schema as the
     constraint, greedy unless `temperature` says otherwise."""
     return generate_request(
         messages=[{"role": "user", "content": extract_prompt(schema, text, instructions)}],
         constraint=json_schema(schema, strict=strict, any_whitespace=any_whitespace, jump_forward=jump_forward,
                                whitespace=whitespace, close_early=close_early),
-        max_tokens=max_tokens, temperature=temperature, request_id=request_id)
+        max_tokens=max_tokens, temperature=temperature, speculative=speculative, request_id=request_id)
 
 
 def extraction_result(response: pb.GenerateResponse) -> Any:
