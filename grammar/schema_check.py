@@ -299,9 +299,9 @@ def _check_node(node: dict, pointer: str, root: Any, uses_refs: bool) -> list[Fi
                 flag(keyword, f"ignored when combined with {other}")
     if _has_type(types, "string") and isinstance(node.get("pattern"), str) and \
             json_text_pattern(node["pattern"]) is None:
-        flag("pattern", "a pattern that matches a quote or a backslash is not enforced in this form (a range "
-                        "ending in one, a back-reference): xgrammar matches it against the JSON text, where those "
-                        "characters are escaped")
+        flag("pattern", "a pattern that matches a quote or a backslash is not enforced in this form (in a class "
+                        "beside other characters, with |, in a range, beside a back-reference): xgrammar matches "
+                        "it against the JSON text, where those characters are escaped")
     fmt = node.get("format")
     if fmt is not None and _has_type(types, "string") and fmt not in SUPPORTED_FORMATS:
         flag("format", f"format {fmt!r} is not enforced (supported: {', '.join(sorted(SUPPORTED_FORMATS))})")

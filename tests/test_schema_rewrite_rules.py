@@ -233,3 +233,13 @@ def test_a_false_pattern_property_keeps_its_names_out():
     negated = rewritten({"not": open_object})["not"]  # negated: not closed (the pattern's schema is false)
     assert negated == {"type": "object", "patternProperties": {"^\\d+$": False}}
 
+
+def test_siblings_that_assert_nothing_are_dropped_where_the_others_cannot_be_merged():
+    # a recursive branch cannot be merged with the siblings; additionalProperties {} says nothing
+    schema = {"type": "object", "properties": {"a": {"type": "string"}},
+              "$defs": {"node": {"type": "object", "additionalProperties": {},
+                                 "anyOf": [{"$ref": "#"}, {"$ref": "#/$defs/leaf"}]},
+                        "leaf": {"type": "object", "properties": {"b": {"$ref": "#/$defs/node"}}}}}
+    node = rewritten(schema)["$defs"]["node"]
+    assert "additionalProperties" not in node and node["type"] == "object" and "anyOf" in node
+
