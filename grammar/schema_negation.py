@@ -173,7 +173,7 @@ def false_properties(node: dict, pointer: str, context: RuleContext) -> Any:
 
 
 def false_patterns(node: dict, pointer: str, context: RuleContext) -> Any:
-    """A patternProperties entry whose schema is false: no name it matches may appear. Removed,
+    """patternProperties whose schemas are all false: no name they match may appear. Removed,
     with the object closed (exact on a closed object; an open one lets its other names through
     additionalProperties, so closing it narrows), and declared properties it matches made false
     (the false_properties rule then removes them). xgrammar refuses a false subschema."""
@@ -187,11 +187,9 @@ def false_patterns(node: dict, pointer: str, context: RuleContext) -> Any:
     except (CannotMerge, re.error):
         return node
     closed = node.get("additionalProperties") is False
-    if not dead or not isinstance(properties, dict) or (not closed and not context.monotone):
-        return node
+    if not dead or len(dead) < len(patterns) or not isinstance(properties, dict) or (not closed and not context.monotone):
+        return node  # beside another pattern, a name both match would get through the other
     out = {k: v for k, v in node.items() if k != "patternProperties"}
-    if len(dead) < len(patterns):
-        out["patternProperties"] = {p: s for p, s in patterns.items() if p not in dead}
     out["additionalProperties"] = False
     if matched:
         out["properties"] = {n: False if n in matched else s for n, s in properties.items()}

@@ -230,6 +230,8 @@ def test_a_false_pattern_property_keeps_its_names_out():
     result = rewrite(open_object)
     assert result.schema == {"type": "object", "additionalProperties": False}
     assert "false-pattern at /" in result.narrowed  # other names were allowed
+    both = {"type": "object", "patternProperties": {"f.*": True, "b.*": False}}
+    assert rewritten(both) == both  # "foobar" matches both: invalid, and it would pass "f.*" alone
     negated = rewritten({"not": open_object})["not"]  # negated: not closed (the pattern's schema is false)
     assert negated == {"type": "object", "patternProperties": {"^\\d+$": False}}
 
