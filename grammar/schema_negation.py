@@ -187,7 +187,8 @@ def false_patterns(node: dict, pointer: str, context: RuleContext) -> Any:
     except (CannotMerge, re.error):
         return node
     closed = node.get("additionalProperties") is False
-    if not dead or len(dead) < len(patterns) or not isinstance(properties, dict) or (not closed and not context.monotone):
+    if not dead or len(dead) < len(patterns) or not isinstance(properties, dict) or \
+            (not closed and not context.monotone):
         return node  # beside another pattern, a name both match would get through the other
     out = {k: v for k, v in node.items() if k != "patternProperties"}
     out["additionalProperties"] = False

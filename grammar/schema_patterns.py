@@ -36,7 +36,8 @@ def hoisted_anchors(pattern: str) -> str:
     """`^A$|^B$` (each top-level alternative anchored at both ends, perhaps inside a group that
     wraps it) as `^(A|B)$`, an empty alternative as `{0,1}`: the same full matches, and xgrammar
     warns about (and ignores) an anchor inside a pattern. Unchanged for any other form."""
-    if "[]" in pattern or "[^]" in pattern or any(p[1:2].isdigit() and p[1] != "0" for _, p, _ in regex_pieces(pattern)):
+    back_references = any(p[1:2].isdigit() and p[1] != "0" for _, p, _ in regex_pieces(pattern))
+    if "[]" in pattern or "[^]" in pattern or back_references:
         return pattern  # ECMA-262 and Python read these classes differently; back-references
     alternatives = _top_level_alternatives(pattern)
     if len(alternatives) < 2:

@@ -46,7 +46,8 @@ def test_branches_told_apart_by_a_nested_tag_that_may_be_absent():
             "items": {"type": "array", "items": {"type": "string"}}}}
     schema = {"oneOf": [branch("zypp"), branch("yum")]}
     result = rewrite(schema)
-    assert result.schema == {"anyOf": [{**branch("zypp"), "required": ["kind"]}, {**branch("yum"), "required": ["kind"]}]}
+    assert result.schema == {"anyOf": [{**branch("zypp"), "required": ["kind"]},
+                                       {**branch("yum"), "required": ["kind"]}]}
     _same_verdicts(schema, result.schema, [{}, {"items": []}, {"kind": {"sys": "zypp"}}, {"kind": {"sys": "yum"}},
                                            {"kind": {"sys": "apt"}}, {"kind": {}, "items": ["a"]}])
 
