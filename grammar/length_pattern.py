@@ -6,14 +6,16 @@ atoms' counts, so the bounds can be written into the quantifiers. With one varia
 exact; with several, the slack goes to the widest one and the others are capped (narrowing).
 An unanchored end matches anything there, so it is read as `.*` (narrowing a little: `.` does
 not match a line break), and the result is anchored (`^...$`). A pattern with groups or
-alternation is kept only when every match already has an allowed length (the bounds are then
-dropped: exact); anything else (lookaround, backreferences) is left alone.
+alternation is kept when every match already has an allowed length (the bounds are then
+dropped: exact), else its repeats are capped (grammar/length_caps.py: narrowing); anything else
+(lookaround, backreferences) is left alone.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from grammar.regex_pieces import regex_pieces
+from grammar.length_caps import cap_lengths
+from grammar.regex_pieces import quantifier, regex_pieces
 
 _SPECIAL = set("()|*+?{}^$[]")
 _ANCHOR_ESCAPES = set("bBAzZG")
@@ -29,13 +31,15 @@ class _Atom:
 
 def fold_lengths(pattern: str, min_length: int, max_length: int | None) -> tuple[str, bool] | None:
     """(the new pattern, whether it is narrower than pattern + bounds), or None if it cannot be folded."""
+    if min_length <= 0 and max_length is None:
+        return pattern, False  # no bound at all
     implied = implied_lengths(pattern)
     if implied is not None and implied[0] >= min_length and (
             max_length is None or (implied[1] is not None and implied[1] <= max_length)):
         return pattern, False  # every match already has an allowed length: the bounds add nothing
     atoms, anchored = _parse(pattern)
     if atoms is None:
-        return None
+        return cap_lengths(pattern, min_length, max_length)
     fixed_low = sum(a.low for a in atoms)
     fixed_high = None if any(a.high is None for a in atoms) else sum(a.high for a in atoms)  # type: ignore[misc]
     narrowed = not anchored
@@ -110,7 +114,7 @@ def _parse(pattern: str) -> tuple[list[_Atom] | None, bool]:
             return None, False
         else:
             text, i = char, i + 1
-        low, high, i = _quantifier(pattern, i, end)
+        low, high, i = quantifier(pattern, i, end)
         if low < 0:
             return None, False
         atoms.append(_Atom(text, low, high))
@@ -123,54 +127,20 @@ def _parse(pattern: str) -> tuple[list[_Atom] | None, bool]:
     return atoms, anchored_start and anchored_end
 
 
-def _quantifier(pattern: str, i: int, end: int) -> tuple[int, int | None, int]:
-    """(low, high, next index) of the quantifier at i; low -1: unreadable."""
-    if i >= end:
-        return 1, 1, i
-    char = pattern[i]
-    if char in "*+?":
-        low, high = {"*": (0, None), "+": (1, None), "?": (0, 1)}[char]
-        i += 1
-    elif char == "{":
-        close = pattern.find("}", i)
-        if close < 0 or close >= end:
-            return -1, None, i
-        body = pattern[i + 1:close]
-        parts = body.split(",")
-        try:
-            if len(parts) == 1:
-                low = high = int(parts[0])
-            elif len(parts) == 2:
-                low = int(parts[0]) if parts[0] else 0
-                high = int(parts[1]) if parts[1] else None
-            else:
-                return -1, None, i
-        except ValueError:
-            return -1, None, i
-        i = close + 1
-    else:
-        return 1, 1, i
-    if i < end and pattern[i] in "?+":
-        i += 1  # lazy / possessive: the same set of full matches
-    if i < end and pattern[i] in "*+?{":
-        return -1, None, i
-    return low, high, i
-
-
 def _render(atoms: list[_Atom]) -> str:
     out = []
     for atom in atoms:
         if atom.high == 0:
             continue
         if (atom.low, atom.high) == (1, 1):
-            quantifier = ""
+            suffix = ""
         elif atom.high is None:
-            quantifier = {0: "*", 1: "+"}.get(atom.low, f"{{{atom.low},}}")
+            suffix = {0: "*", 1: "+"}.get(atom.low, f"{{{atom.low},}}")
         elif atom.low == atom.high:
-            quantifier = f"{{{atom.low}}}"
+            suffix = f"{{{atom.low}}}"
         else:
-            quantifier = f"{{{atom.low},{atom.high}}}"
-        out.append(atom.text + quantifier)
+            suffix = f"{{{atom.low},{atom.high}}}"
+        out.append(atom.text + suffix)
     return "^" + "".join(out) + "$"
 
 
@@ -251,7 +221,7 @@ def _lengths(pattern: str, start: int, end: int) -> tuple[int, int | None] | Non
             return None
         else:
             atom_low, atom_high, i = 1, 1, i + 1
-        q_low, q_high, i = _quantifier(pattern, i, end)
+        q_low, q_high, i = quantifier(pattern, i, end)
         if q_low < 0:
             return None
         low += atom_low * q_low

@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from grammar.backend import GrammarError
+from grammar.json_text_pattern import json_text_pattern
 from grammar.schema_merge import json_type
 
 if TYPE_CHECKING:
@@ -297,9 +298,10 @@ def _check_node(node: dict, pointer: str, root: Any, uses_refs: bool) -> list[Fi
                 other = "pattern" if "pattern" in node else "format"
                 flag(keyword, f"ignored when combined with {other}")
     if _has_type(types, "string") and isinstance(node.get("pattern"), str) and \
-            _names_quote_or_backslash(node["pattern"]):
-        flag("pattern", "a pattern that matches a quote or a backslash is not enforced: xgrammar matches it "
-                        "against the JSON text, where those characters are escaped")
+            json_text_pattern(node["pattern"]) is None:
+        flag("pattern", "a pattern that matches a quote or a backslash is not enforced in this form (in a class "
+                        "beside other characters, with |, in a range, beside a back-reference): xgrammar matches "
+                        "it against the JSON text, where those characters are escaped")
     fmt = node.get("format")
     if fmt is not None and _has_type(types, "string") and fmt not in SUPPORTED_FORMATS:
         flag("format", f"format {fmt!r} is not enforced (supported: {', '.join(sorted(SUPPORTED_FORMATS))})")
@@ -349,27 +351,6 @@ def _branch_types(branch: Any, root: Any) -> set[str] | None:
     return _types(branch)
 
 
-_QUOTE_OR_BACKSLASH_ESCAPES = ("x22", "x5c", "u0022", "u005c")
-
-
-def _names_quote_or_backslash(pattern: str) -> bool:
-    """Whether `pattern` spells out a double quote or a backslash (itself, escaped, or by its code),
-    outside or inside a class. Classes that merely contain them (`.`, `\\S`, `[^a]`, `[ -~]`) are
-    safe: xgrammar leaves escapes out of those."""
-    i = 0
-    while i < len(pattern):
-        if pattern[i] == '"':
-            return True
-        if pattern[i] == "\\":
-            escape = pattern[i + 1:i + 6].lower()
-            if escape.startswith(("\\", '"')) or escape.startswith(_QUOTE_OR_BACKSLASH_ESCAPES):
-                return True
-            i += 2
-            continue
-        i += 1
-    return False
-
-
 def normalize(schema: Any) -> Any:
     """A copy of `schema` with the two shapes xgrammar's strict mode over-constrains made explicit.
 
@@ -379,9 +360,10 @@ def normalize(schema: Any) -> Any:
     without items as "no items" when it carries minItems/maxItems/uniqueItems. Plain
     {"type": "object"} / {"type": "array"} already mean "anything" there; this makes every
     such schema mean the same by adding "additionalProperties": true / "items": true.
-    The result accepts exactly what the schema does (JSON Schema's defaults), never more, except
-    that a pattern naming a quote or a backslash is dropped (find_unsupported reports it: strict
-    mode refuses the schema first), since xgrammar would read it as text of the JSON document.
+    The result accepts exactly what the schema does (JSON Schema's defaults), never more. xgrammar
+    matches a `pattern` against the JSON text of a string, so one naming a quote or a backslash is
+    written in that form (grammar/json_text_pattern.py), or dropped where it cannot be
+    (find_unsupported reports it: strict mode refuses the schema first).
     """
     copy = json.loads(json.dumps(schema))
     for _, node, _ in iter_subschemas(copy):
@@ -395,6 +377,10 @@ def normalize(schema: Any) -> Any:
         if _has_type(types, "array") and not any(
                 k in node for k in ("items", "prefixItems", "unevaluatedItems")):
             node["items"] = True
-        if isinstance(node.get("pattern"), str) and _names_quote_or_backslash(node["pattern"]):
-            del node["pattern"]  # reported as not enforced; kept, it would let out a string that is not JSON
+        if isinstance(node.get("pattern"), str):
+            text_pattern = json_text_pattern(node["pattern"])
+            if text_pattern is None:
+                del node["pattern"]  # reported as not enforced; kept, it would let out a string that is not JSON
+            else:
+                node["pattern"] = text_pattern
     return copy

@@ -56,7 +56,7 @@ def distribute(node: dict, pointer: str, context: RuleContext) -> Any:
             except EmptyIntersection:
                 continue
     except CannotMerge:
-        return node
+        return _without_vacuous(node, pointer, context)
     branches = [b for b in branches if b is not False]
     if not branches:
         context.fired(f"{key}-siblings", pointer)
@@ -68,6 +68,17 @@ def distribute(node: dict, pointer: str, context: RuleContext) -> Any:
     if len(branches) == 1:
         return {**rest, **branches[0]} if isinstance(branches[0], dict) else branches[0]
     return {**rest, key: branches}
+
+
+def _without_vacuous(node: dict, pointer: str, context: RuleContext) -> dict:
+    """`node` without the siblings that assert nothing (`additionalProperties` / `items` of true
+    or {}, what their absence means): where the others cannot be merged into the branches, the
+    checker then sees only those that matter (exact)."""
+    vacuous = [k for k in ("additionalProperties", "items") if k in node and node[k] in (True, {})]
+    if not vacuous:
+        return node
+    context.fired("vacuous-siblings", pointer)
+    return {k: v for k, v in node.items() if k not in vacuous}
 
 
 def fixed_siblings(node: dict, pointer: str, context: RuleContext) -> Any:

@@ -5,7 +5,9 @@ from __future__ import annotations
 import re
 from typing import Any
 
+from grammar.backend import GrammarError
 from grammar.one_of import instance_types
+from grammar.schema_merge import type_value
 from grammar.schema_rule import RuleContext
 
 # keyword -> the instance type it describes
@@ -33,9 +35,13 @@ def infer_type(node: dict, pointer: str, context: RuleContext) -> Any:
 
 def undeclared_required(node: dict, pointer: str, context: RuleContext) -> Any:
     """A required name missing from properties is declared with the schema that applies to it
-    anyway (the matching patternProperties, else additionalProperties): exact."""
+    anyway (the matching patternProperties, else additionalProperties): exact, in an object or
+    a schema of several types (properties apply to objects only). A closed object that requires a
+    name nothing declares allows no object: the node keeps its other types, or becomes false
+    (exact), and at the root that is an error naming the names."""
     required = node.get("required")
-    if not isinstance(required, list) or instance_types(node) != {"object"} or "$ref" in node:
+    types = instance_types(node)
+    if not isinstance(required, list) or types is None or "object" not in types or "$ref" in node:
         return node
     properties = node.get("properties", {})
     if not isinstance(properties, dict):
@@ -45,7 +51,7 @@ def undeclared_required(node: dict, pointer: str, context: RuleContext) -> Any:
         return node
     additional = node.get("additionalProperties", True)
     patterns = node.get("patternProperties", {})
-    added = {}
+    added, impossible = {}, []
     for name in missing:
         try:
             matching = [s for p, s in patterns.items() if re.search(p, name)] if isinstance(patterns, dict) else []
@@ -54,8 +60,21 @@ def undeclared_required(node: dict, pointer: str, context: RuleContext) -> Any:
         if len(matching) > 1:
             return node
         schema = matching[0] if matching else additional
-        if schema is False or not isinstance(schema, (dict, bool)):
+        if schema is False:
+            impossible.append(name)
+        elif not isinstance(schema, (dict, bool)):
             return node
         added[name] = schema
+    if impossible:
+        if types != {"object"}:  # only the other types are left
+            if "enum" in node or "const" in node:
+                return node
+            context.fired("required-undeclared-closed", pointer)
+            return {**node, "type": type_value(types - {"object"})}
+        if not pointer:
+            raise GrammarError(f"the schema allows no value: it requires {impossible}, which its properties do not "
+                               "declare, and additionalProperties is false")
+        context.fired("required-undeclared-closed", pointer)
+        return False
     context.fired("required-declared", pointer)
     return {**node, "properties": {**properties, **added}}

@@ -2,8 +2,8 @@
 
 `merge(a, b)` returns a schema whose valid instances are exactly those valid against both `a`
 and `b` (draft 2020-12 semantics), or raises CannotMerge when the two cannot be written as one
-schema this module knows to be exact (two different patterns, two `anyOf`s, keywords it does not
-model...). It never returns something looser; the caller keeps the original when it cannot merge.
+schema this module knows to be exact (two different patterns, an `anyOf` beside a `oneOf`, keywords it
+does not model...). It never returns something looser; the caller keeps the original when it cannot merge.
 
 Pure JSON -> JSON; the inputs are not modified. `$ref`s must be resolved by the caller.
 """
@@ -35,6 +35,7 @@ ANNOTATIONS = frozenset({
 _POSITIONAL = (("prefixItems", "items", "additionalItems", "contains", "minContains", "maxContains"),
                ("if", "then", "else"))
 _ANY_SIDE = ("unevaluatedProperties", "unevaluatedItems")
+MAX_PRODUCT_BRANCHES = 16  # two anyOfs (or oneOfs) merged into at most this many branches
 _LOWER_BOUNDS = ("minLength", "minItems", "minProperties", "minimum", "exclusiveMinimum")
 _UPPER_BOUNDS = ("maxLength", "maxItems", "maxProperties", "maximum", "exclusiveMaximum")
 
@@ -141,7 +142,26 @@ def _merge_keyword(key: str, x: Any, y: Any) -> Any:
         return {"anyOf": [*_disjuncts(x), *_disjuncts(y)]}
     if key == "multipleOf" and all(isinstance(v, int) and not isinstance(v, bool) and v > 0 for v in (x, y)):
         return x * y // math.gcd(x, y)
+    if key in ("anyOf", "oneOf") and isinstance(x, list) and isinstance(y, list):
+        return _branch_products(x, y)
     raise CannotMerge(f"two different {key} values")
+
+
+def _branch_products(x: list, y: list) -> list:
+    """The branches of (anyOf x) and (anyOf y): every x_i and y_j that meet, merged. The same for
+    two oneOfs: exactly one x_i and exactly one y_j hold just where exactly one pair of them does."""
+    if len(x) * len(y) > MAX_PRODUCT_BRANCHES:
+        raise CannotMerge(f"{len(x)} x {len(y)} branches")
+    out = []
+    for a in x:
+        for b in y:
+            try:
+                out.append(merge(a, b))
+            except EmptyIntersection:
+                continue
+    if not out:
+        raise EmptyIntersection("no two branches meet")
+    return out
 
 
 def _disjuncts(schema: Any) -> list:
@@ -230,6 +250,9 @@ def accepts(schema: Any, value: Any) -> bool:
                 return False
         elif key == "const":
             if not json_equal(value, limit):
+                return False
+        elif key == "not":
+            if accepts(limit, value):
                 return False
         elif key in ("minLength", "maxLength", "pattern") and kind != "string":
             continue

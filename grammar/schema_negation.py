@@ -1,6 +1,7 @@
 """Rewrite rules for what may not be: `not` (a negation xgrammar ignores, turned into the
-complement it means where that is a union of a few schemas xgrammar reads), and properties
-whose schema is false (which xgrammar refuses to compile).
+complement it means where that is a union of a few schemas xgrammar reads), a `oneOf` whose
+branches may overlap (each branch and the complements of the others), and properties whose
+schema is false (which xgrammar refuses to compile).
 
 A negated schema asserts the conjunction of its keywords, so its complement is the union of
 each keyword's complement: `not {"type": "array", "maxItems": 0}` is "not an array, or an array
@@ -14,6 +15,7 @@ so only where narrowing is allowed.
 from __future__ import annotations
 
 import itertools
+import json
 import math
 import re
 from typing import Any
@@ -69,6 +71,83 @@ def not_rule(node: dict, pointer: str, context: RuleContext) -> Any:
     return {**kept(node, "not"), "anyOf": branches}
 
 
+def one_of_by_negation(node: dict, pointer: str, context: RuleContext) -> Any:
+    """A oneOf no proof made exclusive, as what it means: anyOf over "this branch and not the
+    others", where not_rule writes every complement out, nested ones too (exact; not_rule closes
+    an open object where narrowing is allowed, and says so)."""
+    branches = node.get("oneOf")
+    if not isinstance(branches, list) or not 2 <= len(branches) <= MAX_ONE_OF_BRANCHES or "anyOf" in node:
+        return node
+    try:
+        resolved = [context.resolved(b) for b in branches]
+    except CannotMerge:
+        return node
+    scratch = RuleContext(root=context.root, monotone=context.monotone)  # reported only if it applies
+    alternatives = []
+    for i, own in enumerate(resolved):
+        branch: Any = own
+        for j, other in enumerate(resolved):
+            if j != i and branch is not False:
+                branch = _and_not(branch, other, pointer, scratch)
+                if branch is None:
+                    return node
+        if branch is not False and branch not in alternatives:
+            alternatives.append(branch)
+    if len(json.dumps(alternatives)) > MAX_ONE_OF_GROWTH * len(json.dumps(resolved)):
+        return node  # the complements would outweigh the branches: left as it was
+    context.rules.update(scratch.rules)
+    context.narrowed += scratch.narrowed
+    context.fired("oneOf-negation", pointer)
+    rest = {k: v for k, v in node.items() if k != "oneOf"}
+    if not alternatives:
+        return False
+    return {**rest, "anyOf": alternatives}
+
+
+MAX_ONE_OF_BRANCHES = 3  # a oneOf of more is left alone: each branch carries every other's complement
+MAX_ONE_OF_GROWTH = 4  # the written-out branches may be this many times the size of the branches
+
+
+def _and_not(schema: Any, negated: Any, pointer: str, context: RuleContext) -> Any:
+    """`schema` and not `negated` as a schema without `not` (False: nothing), or None."""
+    if schema is True:
+        schema = {}
+    if not isinstance(schema, dict):
+        return None
+    try:  # a branch's own not and this one: not of their anyOf
+        combined = merge(schema, {"not": negated}) if "not" in schema else {**schema, "not": negated}
+    except CannotMerge:
+        return None
+    out = not_rule(combined, pointer, context) if isinstance(combined, dict) else combined
+    return _without_nots(out, pointer, context)
+
+
+def _without_nots(schema: Any, pointer: str, context: RuleContext, depth: int = 0) -> Any:
+    """`schema` with the `not`s the complements left inside (under properties and anyOf) written
+    out, or None where one cannot be."""
+    if not isinstance(schema, dict) or depth > 8:
+        return schema if not isinstance(schema, dict) else None
+    out = dict(schema)
+    if isinstance(out.get("properties"), dict):
+        properties = {}
+        for name, sub in out["properties"].items():
+            properties[name] = _without_nots(sub, pointer, context, depth + 1)
+            if properties[name] is None:
+                return None
+        out["properties"] = properties
+    if isinstance(out.get("anyOf"), list):
+        branches = [_without_nots(b, pointer, context, depth + 1) for b in out["anyOf"]]
+        if any(b is None for b in branches):
+            return None
+        out["anyOf"] = branches
+    if "not" in out:
+        out = not_rule(out, pointer, context)
+        if isinstance(out, dict) and "not" in out:
+            return None
+        return _without_nots(out, pointer, context, depth + 1)  # the complement's own nested nots
+    return out
+
+
 def false_properties(node: dict, pointer: str, context: RuleContext) -> Any:
     """A property whose schema is false (directly or by reference) may not appear: removed from
     properties (exact on a closed object; an open one is closed for it, narrowing), and an object
@@ -90,6 +169,32 @@ def false_properties(node: dict, pointer: str, context: RuleContext) -> Any:
     except CannotMerge:
         return node
     context.fired("false-property", pointer, narrowing=closed)
+    return out
+
+
+def false_patterns(node: dict, pointer: str, context: RuleContext) -> Any:
+    """patternProperties whose schemas are all false: no name they match may appear. Removed,
+    with the object closed (exact on a closed object; an open one lets its other names through
+    additionalProperties, so closing it narrows), and declared properties it matches made false
+    (the false_properties rule then removes them). xgrammar refuses a false subschema."""
+    patterns = node.get("patternProperties")
+    if not isinstance(patterns, dict) or instance_types(node) != {"object"}:
+        return node
+    try:
+        dead = [p for p, s in patterns.items() if context.resolved(s) is False]
+        properties = node.get("properties", {})
+        matched = {n for n in properties for p in dead if re.search(p, n)} if isinstance(properties, dict) else set()
+    except (CannotMerge, re.error):
+        return node
+    closed = node.get("additionalProperties") is False
+    if not dead or len(dead) < len(patterns) or not isinstance(properties, dict) or \
+            (not closed and not context.monotone):
+        return node  # beside another pattern, a name both match would get through the other
+    out = {k: v for k, v in node.items() if k != "patternProperties"}
+    out["additionalProperties"] = False
+    if matched:
+        out["properties"] = {n: False if n in matched else s for n, s in properties.items()}
+    context.fired("false-pattern", pointer, narrowing=not closed)
     return out
 
 
@@ -134,7 +239,7 @@ class _Complement:
             return None
         out: list[_Alternative] = []
         for key, value in asserting(negated).items():
-            part = self.keyword(key, value)
+            part = self.keyword(key, value, negated)
             if part is None:
                 return None
             out += part
@@ -142,8 +247,9 @@ class _Complement:
                 return None
         return out
 
-    def keyword(self, key: str, value: Any) -> list[_Alternative] | None:
-        """The complement of the one-keyword schema {key: value}."""
+    def keyword(self, key: str, value: Any, negated: dict) -> list[_Alternative] | None:
+        """The complement of the keyword {key: value} of `negated` (its other keywords matter only
+        to additionalProperties)."""
         if key == "type":
             return self.types(value)
         if key == "anyOf" and isinstance(value, list):
@@ -169,13 +275,36 @@ class _Complement:
         if key == "properties" and isinstance(value, dict):
             out: list[_Alternative] = []
             for name, schema in value.items():
+                if self.own_property(name) is False or json_equal(self.own_property(name), schema):
+                    continue  # the node's own schema for the name rejects the value this would need
                 if schema is not True and schema != {}:
                     inner = {} if schema is False else {"not": schema}
                     out.append(({"type": "object", "required": [name], "properties": {name: inner}}, frozenset()))
             return out
         if key == "pattern" and isinstance(value, str):
             return self.pattern(value)
+        if key == "additionalProperties" and value is False:
+            return self.extra_names(negated)
         return None
+
+    def own_property(self, name: str) -> Any:
+        """The node's schema for property `name` (declared, else additionalProperties), or None
+        where patternProperties may decide it."""
+        properties = self.rest.get("properties", {})
+        if isinstance(properties, dict) and name in properties:
+            return properties[name]
+        if "patternProperties" in self.rest:
+            return None
+        return self.rest.get("additionalProperties", True)
+
+    def extra_names(self, negated: dict) -> list[_Alternative] | None:
+        """not "no names beyond properties": a name beyond them is present. Written only within a
+        closed node, whose own names are the only ones an instance can have."""
+        own, theirs = self.rest.get("properties", {}), negated.get("properties", {})
+        if self.rest.get("additionalProperties") is not False or "patternProperties" in self.rest or \
+                "patternProperties" in negated or not isinstance(own, dict) or not isinstance(theirs, dict):
+            return None
+        return [({"type": "object", "required": [name]}, frozenset()) for name in own if name not in theirs]
 
     def types(self, value: Any) -> list[_Alternative] | None:
         others = _other_types(declared_types({"type": value}) or set())

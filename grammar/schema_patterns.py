@@ -32,12 +32,65 @@ def optional_groups(pattern: str) -> str:
     return "".join(out)
 
 
+def hoisted_anchors(pattern: str) -> str:
+    """`^A$|^B$` (each top-level alternative anchored at both ends, perhaps inside a group that
+    wraps it) as `^(A|B)$`, an empty alternative as `{0,1}`: the same full matches, and xgrammar
+    warns about (and ignores) an anchor inside a pattern. Unchanged for any other form."""
+    back_references = any(p[1:2].isdigit() and p[1] != "0" for _, p, _ in regex_pieces(pattern))
+    if "[]" in pattern or "[^]" in pattern or back_references:
+        return pattern  # ECMA-262 and Python read these classes differently; back-references
+    alternatives = _top_level_alternatives(pattern)
+    if len(alternatives) < 2:
+        return pattern
+    bodies = []
+    for alternative in alternatives:
+        while alternative.startswith("(") and not alternative.startswith("(?") and \
+                len(_top_level_alternatives(alternative[1:-1])) == 1 and _wraps(alternative):
+            alternative = alternative[1:-1]
+        pieces = [(piece, in_class) for _, piece, in_class in regex_pieces(alternative)]
+        if len(pieces) < 2 or pieces[0] != ("^", False) or pieces[-1] != ("$", False):
+            return pattern
+        body = alternative[1:-1]
+        if any(piece in "^$" and not in_class for _, piece, in_class in regex_pieces(body)) or \
+                len(_top_level_alternatives(body)) > 1:
+            return pattern
+        bodies.append(body)
+    kept = [b for b in dict.fromkeys(bodies) if b]
+    if not kept:
+        return "^$"
+    return "^(" + "|".join(kept) + ")" + ("{0,1}" if "" in bodies else "") + "$"
+
+
+def _top_level_alternatives(pattern: str) -> list[str]:
+    parts, depth, start = [], 0, 0
+    for i, piece, in_class in regex_pieces(pattern):
+        if in_class:
+            continue
+        depth += (piece == "(") - (piece == ")")
+        if piece == "|" and depth == 0:
+            parts.append(pattern[start:i])
+            start = i + 1
+    return [*parts, pattern[start:]]
+
+
+def _wraps(group: str) -> bool:
+    """Whether the "(" at the start of `group` closes at its end."""
+    depth = 0
+    for i, piece, in_class in regex_pieces(group):
+        if not in_class:
+            depth += (piece == "(") - (piece == ")")
+            if depth == 0:
+                return i == len(group) - 1
+    return False
+
+
 def pattern_groups(node: dict, pointer: str, context: RuleContext) -> Any:
-    """Optional groups of `pattern` and of patternProperties' names spelled `{0,1}` (exact)."""
+    """Anchors inside `pattern` hoisted, and optional groups of `pattern` and of
+    patternProperties' names spelled `{0,1}` (exact)."""
     out = node
     pattern = node.get("pattern")
-    if isinstance(pattern, str) and optional_groups(pattern) != pattern:
-        out = {**out, "pattern": optional_groups(pattern)}
+    if isinstance(pattern, str) and optional_groups(hoisted_anchors(pattern)) != pattern:
+        out = {**out, "pattern": optional_groups(hoisted_anchors(pattern))}
     patterns = node.get("patternProperties")
     if isinstance(patterns, dict) and any(optional_groups(p) != p for p in patterns):
         renamed = {optional_groups(p): s for p, s in patterns.items()}

@@ -37,11 +37,12 @@ MAX_MIN_BYTES = 256 * 1024
 # in order: merging first (their output is what the later rules read), oneOf exclusivity last
 RULES = (
     schema_conjunction.ref_siblings, schema_conjunction.all_of, schema_conjunction.distribute,
-    schema_conjunction.fixed_siblings, schema_negation.not_rule, schema_negation.false_properties,
+    schema_conjunction.fixed_siblings, schema_negation.not_rule, schema_negation.false_patterns,
+    schema_negation.false_properties,
     schema_dependencies.dependencies,
     schema_inference.infer_type, schema_inference.undeclared_required, schema_scalars.unknown_format,
     schema_patterns.pattern_groups, schema_scalars.length_pattern, schema_scalars.integral_multiple, schema_scalars.int64_bounds,
-    schema_arrays.unique_items, exclusive_one_of,
+    schema_arrays.unique_items, exclusive_one_of, schema_negation.one_of_by_negation,
 )
 
 _NON_MONOTONE = ("not", "if", "contains", "oneOf")

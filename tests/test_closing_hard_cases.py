@@ -11,7 +11,6 @@ from grammar_factories import decode, encode, make_backend, make_constraint
 
 from engine.protocol import FinishReason
 from engine.sampling_params import SamplingParams
-from grammar.backend import GrammarError
 from grammar.constraint import Constraint
 
 
@@ -83,18 +82,16 @@ def test_the_closing_is_the_shortest_way_out_of_the_path():
     assert _close(grammar) == '/a.dll"}'
 
 
-def test_a_pattern_that_needs_a_backslash_is_refused_or_dropped_never_closed_into_bad_json():
-    # xgrammar matches a pattern against the raw JSON text: `[\\]` takes a lone backslash, which
-    # JSON only allows as an escape, so no output is both JSON and the pattern's. Strict mode
-    # refuses it; best effort drops the pattern (reported) and closes the string as JSON.
+def test_a_pattern_that_needs_a_backslash_closes_into_json_whose_value_matches_it():
+    # xgrammar matches a pattern against the JSON text: it gets the pattern's JSON-text form
+    # (`[\\]` becomes the two characters `\\`), so the closing writes the backslash escaped
     schema = _required({"assembly": {"type": "string", "pattern": r"\w+[\\](\w+\.)*\w+\.dll"}})
     backend = make_backend()
-    with pytest.raises(GrammarError, match="quote or a backslash"):
-        backend.compile(make_constraint("json_schema", schema, whitespace="compact"))
-    compiled = backend.compile(make_constraint("json_schema", schema, whitespace="compact", strict=False))
-    grammar = backend.make_grammar(compiled)
+    grammar = backend.make_grammar(backend.compile(make_constraint("json_schema", schema, whitespace="compact")))
     assert grammar.accept_tokens(encode('{"assembly":"System'))
-    json.loads('{"assembly":"System' + _close(grammar))
+    value = json.loads('{"assembly":"System' + _close(grammar))
+    jsonschema.validate(value, schema)
+    assert re.fullmatch(r"System\w*\\(\w+\.)*\w+\.dll", value["assembly"])
 
 
 def test_a_plain_string_still_closes_with_its_quote():

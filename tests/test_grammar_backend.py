@@ -1,6 +1,9 @@
 """XGrammarBackend / XGrammarGrammar on the real SmolLM2 tokenizer."""
 from __future__ import annotations
 
+import json
+import re
+
 import numpy as np
 import pytest
 from grammar_factories import VOCAB_PADDING, accepts, allowed_ids, encode, make_backend, make_constraint
@@ -131,10 +134,25 @@ def test_xgrammar_warnings_are_captured_and_located():
     assert make_backend().make_grammar(compiled).not_enforced == ["oneOf at /properties/v"]
 
 
-@pytest.mark.parametrize("pattern", [r"^\w+[\\](\w+\.)*\w+\.dll$", r'^\w+"$', r"^a\x5cb$"])
-def test_a_pattern_naming_a_quote_or_backslash_is_refused_in_strict_mode_and_never_lets_out_bad_json(pattern):
-    # xgrammar matches such a pattern against the JSON text: `[\\]` would let a lone backslash
-    # through (`"\"`), which no JSON parser reads
+@pytest.mark.parametrize("pattern, good, bad", [
+    (r"^\w+[\\](\w+\.)*\w+\.dll$", r'"lib\\System.dll"', [r'"lib\System.dll"', r'"lib\bSystem.dll"']),
+    (r'^\w+"$', r'"say\""', ['"say""', '"say\\u0022"']),
+    (r"^a\x5cb$", r'"a\\b"', [r'"a\b"', r'"a\\\\b"']),
+    (r'^["\\]{2}$', r'"\"\\"', [r'"\"a"', r'"aa"', '"""']),
+])
+def test_a_pattern_naming_a_quote_or_backslash_is_enforced_on_its_json_text(pattern, good, bad):
+    # xgrammar matches a pattern against the JSON text: it gets the escaped form (`\\` for a
+    # backslash), so the text is JSON and its value matches the pattern
+    compiled = make_backend().compile(make_constraint(spec={"type": "string", "pattern": pattern}))
+    assert compiled.not_enforced == []
+    assert accepts(compiled, good) and re.fullmatch(pattern, json.loads(good))
+    assert not any(accepts(compiled, text) for text in bad)
+
+
+@pytest.mark.parametrize("pattern", [r'^[!-"]+$', r"^a[\\-z]$"])
+def test_a_pattern_naming_a_quote_or_backslash_it_cannot_rewrite_is_refused_and_never_lets_out_bad_json(pattern):
+    # a range ending in a quote or a backslash is not rewritten; handed over as it is, xgrammar
+    # would let a lone backslash through (`"\"`), which no JSON parser reads
     schema = {"type": "string", "pattern": pattern}
     with pytest.raises(GrammarError, match="pattern"):
         make_backend().compile(make_constraint(spec=schema))

@@ -50,10 +50,20 @@ def test_merge_enum_keeps_the_values_the_other_side_accepts():
 def test_merge_refuses_what_it_cannot_write_exactly():
     with pytest.raises(CannotMerge):
         merge({"pattern": "^a"}, {"pattern": "b$"})
-    with pytest.raises(CannotMerge):
-        merge({"anyOf": [{}]}, {"anyOf": [{"type": "null"}]})
+    with pytest.raises(CannotMerge):  # 20 pairs of branches: over MAX_PRODUCT_BRANCHES
+        merge({"anyOf": [{"minimum": i} for i in range(4)]}, {"anyOf": [{"maximum": i} for i in range(5)]})
     with pytest.raises(EmptyIntersection):
         merge({"type": "string"}, {"type": "null"})
+
+
+def test_merge_of_two_any_ofs_or_two_one_ofs_is_the_product_of_their_branches():
+    x = [{"type": "string"}, {"type": "integer", "minimum": 0}]
+    y = [{"type": "integer", "maximum": 9}, {"type": "null"}]
+    assert merge({"anyOf": [{}]}, {"anyOf": [{"type": "null"}]}) == {"anyOf": [{"type": "null"}]}
+    assert merge({"anyOf": x}, {"anyOf": y}) == {"anyOf": [{"type": "integer", "minimum": 0, "maximum": 9}]}
+    assert merge({"oneOf": x}, {"oneOf": y}) == {"oneOf": [{"type": "integer", "minimum": 0, "maximum": 9}]}
+    with pytest.raises(EmptyIntersection):
+        merge({"anyOf": [{"type": "string"}]}, {"anyOf": [{"type": "null"}]})
 
 
 # -- length_pattern ----------------------------------------------------------------------------
@@ -65,7 +75,7 @@ def test_merge_refuses_what_it_cannot_write_exactly():
     ("[0-9]+", 1, 3, ("^[0-9]{1,3}$", True)),  # unanchored: anchoring narrows
     ("^a", 0, 3, ("^a.{0,2}$", True)),  # an open end is ".*"
     ("^[a-z]*[0-9]*$", 0, 4, ("^[a-z]{0,4}$", True)),  # the other atom capped at its minimum
-    ("^(a|b)+$", 1, 3, None),  # groups: the lengths cannot be folded in
+    ("^(a|b)+$", 1, 3, ("^(a|b){1,3}$", False)),  # a group's repeat capped (grammar/length_caps.py)
     ("^(a|bc)+$", 1, None, ("^(a|bc)+$", False)),  # ... but here they are implied: dropped
     ("^[0-9a-f]{8}-([0-9a-f]{4}-){3}[0-9a-f]{12}$|^[0-9a-f]{16}$", 0, 36,
      ("^[0-9a-f]{8}-([0-9a-f]{4}-){3}[0-9a-f]{12}$|^[0-9a-f]{16}$", False)),  # 36 or 16 characters
@@ -90,7 +100,11 @@ def test_required_names_get_the_schema_that_applies_to_them():
               "additionalProperties": {"type": "string"}}
     assert rewritten(schema)["properties"] == {"a": {"type": "string"}, "n1": {"type": "integer"}}
     closed = {"type": "object", "required": ["a"], "additionalProperties": False}
-    assert rewritten(closed) == closed  # nothing valid; left to the checker
+    with pytest.raises(GrammarError, match=r"allows no value: it requires \['a'\]"):
+        rewrite(closed)  # nothing valid
+    assert rewritten({"anyOf": [closed, {"type": "string"}]}) == {"type": "string"}  # the branch allows nothing
+    assert rewritten({"type": ["object", "null"], "required": ["a"]})["properties"] == {"a": True}
+    assert rewritten({**closed, "type": ["object", "null"]})["type"] == "null"  # no object is valid
 
 
 def test_all_of_is_merged_and_an_empty_one_is_an_error():
@@ -261,8 +275,17 @@ def test_one_of_that_differs_only_in_required_becomes_exclusive_alternatives():
     assert not [n for n in result.narrowed if n.startswith("oneOf")]  # the object was closed already
 
 
+def test_a_one_of_whose_branches_overlap_is_written_exactly_not_narrowed():
+    # "x" matches both branches, so it is invalid; an object without "a" matches neither. The
+    # branches are not narrowed (that could widen the oneOf): each is kept apart from the other
+    schema = {"oneOf": [{"required": ["a"]}, {"type": "string"}]}
+    result = rewrite(schema)
+    assert result.schema == {"required": ["a"], "type": ["null", "boolean", "object", "array", "number"],
+                             "properties": {"a": True}}
+    assert result.narrowed == []
+
+
 @pytest.mark.parametrize("schema", [
-    {"oneOf": [{"required": ["a"]}, {"type": "string"}]},  # "x" matches both branches: invalid
     {"not": {"required": ["a"]}},  # rejects every non-object
     {"if": {"minLength": 2}, "then": {"type": "string"}},
     {"$defs": {"d": {"required": ["a"]}}, "not": {"$ref": "#/$defs/d"}},

@@ -95,10 +95,19 @@ def test_not_without_a_written_complement_is_left_for_the_checker(schema):
 
 
 def test_not_under_one_of_does_not_close_an_open_object():
-    # narrowing a oneOf branch could make an instance match one branch instead of two
-    schema = {"oneOf": [{"type": "object", "properties": {"a": {}}, "not": {"required": ["b"]}},
-                        {"type": "object", "properties": {"a": {"type": "string"}}}]}
+    # narrowing a oneOf branch could make an instance match one branch instead of two (four
+    # branches: more than the oneOf rule writes out as "this branch and not the others")
+    branches = [{"type": "object", "properties": {"a": {}}, "not": {"required": ["b"]}},
+                {"type": "object", "properties": {"a": {"type": "string"}}}]
+    schema = {"oneOf": [*branches, {"type": "string"}, {"type": "integer"}]}
     assert rewritten(schema) == schema
+    # two branches: written as an anyOf of each branch without the other, whose branches may narrow
+    result = rewrite({"oneOf": branches})
+    assert result.schema == {"anyOf": [
+        {"type": "object", "properties": {"a": {"type": ["null", "boolean", "object", "array", "number"]}},
+         "required": ["a"], "additionalProperties": False},  # no b, and an a that is not a string
+        {"type": "object", "properties": {"a": {"type": "string"}, "b": True}, "required": ["b"]}]}
+    assert result.narrowed == ["not at /"]  # the first closed to keep b out
 
 
 # -- uniqueItems -------------------------------------------------------------------------------
@@ -194,7 +203,8 @@ def test_one_of_of_open_objects_closed_when_that_makes_them_exclusive_narrowing(
     assert result.schema == {"anyOf": [{**b, "additionalProperties": False} for b in one_of]}
     assert result.narrowed == ["oneOf-closed at /"]
     both_optional = [{"type": "object", "properties": {"a": {}}}, {"type": "object", "properties": {"b": {}}}]
-    assert rewritten({"oneOf": both_optional}) == {"oneOf": both_optional}  # {} is valid against both
+    # every object is valid against both (neither asserts anything about a or b): nothing is valid
+    assert rewritten({"oneOf": both_optional}) is False
 
 
 def test_a_false_property_is_removed_and_a_required_one_allows_nothing():
@@ -208,3 +218,30 @@ def test_one_of_of_untyped_tags_still_overlaps():
     # "x" (not an object) is valid against both
     schema = {"oneOf": [{"properties": {"k": {"const": "a"}}, "required": ["k"]}, {"properties": {"k": {"const": "b"}}}]}
     assert rewritten(schema) == schema
+
+
+def test_a_false_pattern_property_keeps_its_names_out():
+    pattern = {"^\\d+$": {"type": "object", "properties": {"x": {}}, "additionalProperties": False, "required": ["y"]}}
+    closed = {"type": "object", "patternProperties": pattern, "additionalProperties": False, "properties": {"7": {}}}
+    result = rewrite(closed)  # no numeric name can be valid ("y" cannot be there): "7" neither
+    assert result.schema == {"type": "object", "additionalProperties": False, "properties": {}}
+    assert result.narrowed == []
+    open_object = {"type": "object", "patternProperties": pattern}
+    result = rewrite(open_object)
+    assert result.schema == {"type": "object", "additionalProperties": False}
+    assert "false-pattern at /" in result.narrowed  # other names were allowed
+    both = {"type": "object", "patternProperties": {"f.*": True, "b.*": False}}
+    assert rewritten(both) == both  # "foobar" matches both: invalid, and it would pass "f.*" alone
+    negated = rewritten({"not": open_object})["not"]  # negated: not closed (the pattern's schema is false)
+    assert negated == {"type": "object", "patternProperties": {"^\\d+$": False}}
+
+
+def test_siblings_that_assert_nothing_are_dropped_where_the_others_cannot_be_merged():
+    # a recursive branch cannot be merged with the siblings; additionalProperties {} says nothing
+    schema = {"type": "object", "properties": {"a": {"type": "string"}},
+              "$defs": {"node": {"type": "object", "additionalProperties": {},
+                                 "anyOf": [{"$ref": "#"}, {"$ref": "#/$defs/leaf"}]},
+                        "leaf": {"type": "object", "properties": {"b": {"$ref": "#/$defs/node"}}}}}
+    node = rewritten(schema)["$defs"]["node"]
+    assert "additionalProperties" not in node and node["type"] == "object" and "anyOf" in node
+
