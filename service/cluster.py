@@ -22,7 +22,7 @@ import tempfile
 import threading
 import time
 import urllib.request
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
@@ -138,23 +138,33 @@ class Cluster:
                                       stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
         log.close()
 
-    def healthy_counts(self) -> list[int]:
-        """For each Envoy cluster (hashed, least request; gRPC and HTTP): the replicas it sends new
-        requests to. Each cluster health-checks on its own, every interval."""
-        counts = []
+    def healthy_addresses(self) -> list[set[str]]:
+        """For each Envoy cluster (hashed, least request; gRPC and HTTP): the replicas (gRPC host:port)
+        it sends new requests to. Each cluster health-checks on its own, every interval."""
+        by_http_port = {r.http_port: r.address for r in self.replicas}  # HTTP clusters: named by gRPC address
+        clusters = []
         for cluster in json.loads(self.admin("/clusters?format=json"))["cluster_statuses"]:
-            counts.append(sum(1 for host in cluster.get("host_statuses", ())
-                              if host["health_status"].get("eds_health_status") == "HEALTHY"
-                              and not any(flag in host["health_status"] for flag in
-                                          ("failed_active_health_check", "failed_outlier_check"))))
-        return counts
+            healthy = set()
+            for host in cluster.get("host_statuses", ()):
+                status = host["health_status"]
+                if status.get("eds_health_status") != "HEALTHY" or any(
+                        flag in status for flag in ("failed_active_health_check", "failed_outlier_check")):
+                    continue
+                socket = host["address"]["socket_address"]
+                address = f"{socket['address']}:{socket['port_value']}"
+                healthy.add(by_http_port.get(socket["port_value"], address))
+            clusters.append(healthy)
+        return clusters
 
-    def wait_healthy(self, count: int, timeout_s: float) -> None:
-        """Until every Envoy cluster sends new requests to exactly `count` replicas."""
+    def wait_healthy(self, count: int, timeout_s: float, addresses: Collection[str] | None = None) -> None:
+        """Until every Envoy cluster sends new requests to exactly `count` replicas (exactly those of
+        `addresses`, gRPC host:port, when given)."""
+        wanted = None if addresses is None else set(addresses)
         deadline = time.monotonic() + timeout_s
         while True:
             with contextlib.suppress(OSError):
-                if set(self.healthy_counts()) == {count}:
+                healthy = self.healthy_addresses()
+                if all(len(h) == count and wanted in (None, h) for h in healthy):
                     return
             if self.envoy is None or self.envoy.poll() is not None:
                 raise RuntimeError(f"envoy exited: {(self._dir / 'envoy.log').read_text()[-2000:]}")

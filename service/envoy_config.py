@@ -62,6 +62,9 @@ class EnvoySettings:
     http_listen: tuple[str, int] | None = ("0.0.0.0", 8000)  # None: no OpenAI API listener
     admin_listen: tuple[str, int] = ("127.0.0.1", 9901)
     health_interval_s: float = 2.0  # a draining replica stops getting requests within about this
+    # a replica busy on a loaded machine may answer late; only one that does not answer at all within
+    # this is taken out (a draining one answers NOT_SERVING at once, so the drain stays as fast)
+    health_timeout_s: float = 5.0
     unhealthy_threshold: int = 1
     healthy_threshold: int = 1
     balancing: str = "affinity"
@@ -71,8 +74,9 @@ class EnvoySettings:
     def __post_init__(self) -> None:
         if self.balancing not in BALANCING:
             raise ValueError(f"balancing must be one of {', '.join(BALANCING)}, not {self.balancing!r}")
-        if self.health_interval_s <= 0:
-            raise ValueError(f"health_interval_s must be > 0, got {self.health_interval_s}")
+        for name in ("health_interval_s", "health_timeout_s"):
+            if getattr(self, name) <= 0:
+                raise ValueError(f"{name} must be > 0, got {getattr(self, name)}")
 
 
 def envoy_config(upstreams: Upstreams, settings: EnvoySettings = EnvoySettings()) -> dict[str, Any]:
@@ -165,7 +169,7 @@ def _cluster(name: str, policy: str, upstreams: Upstreams, settings: EnvoySettin
             "explicit_http_config": {"http2_protocol_options": {}} if http2 else {"http_protocol_options": {}},
         }},
         "health_checks": [{
-            "timeout": interval,
+            "timeout": f"{settings.health_timeout_s:g}s",
             "interval": interval,
             "no_traffic_interval": interval,  # else a cluster that has seen no request checks once a minute
             "unhealthy_threshold": settings.unhealthy_threshold,

@@ -109,7 +109,9 @@ def test_sigterm_drains_a_replica_that_finishes_its_in_flight_requests(cluster, 
     drained_address = dict(stream.initial_metadata())[REPLICA_HEADER]
     index = next(i for i, r in enumerate(cluster.replicas) if r.address == drained_address)
     cluster.replicas[index].process.send_signal(signal.SIGTERM)
-    cluster.wait_healthy(2, timeout_s=30)  # NOT_SERVING seen by Envoy, within the drain delay
+    others = [r.address for r in cluster.replicas if r.address != drained_address]
+    # NOT_SERVING seen by every Envoy cluster, within the drain delay, and the other two still in
+    cluster.wait_healthy(2, timeout_s=30, addresses=others)
     assert cluster.replicas[index].running  # still draining
     keyed = pb.GenerateRequest(prompt="Go:", max_tokens=8, temperature=0, constraint=regex("[a-z]{3}"))
     plain = pb.GenerateRequest(prompt="Go:", max_tokens=4, temperature=0)
