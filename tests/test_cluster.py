@@ -112,6 +112,7 @@ def test_sigterm_drains_a_replica_that_finishes_its_in_flight_requests(cluster, 
     others = [r.address for r in cluster.replicas if r.address != drained_address]
     # NOT_SERVING seen by every Envoy cluster, within the drain delay, and the other two still in
     cluster.wait_healthy(2, timeout_s=30, addresses=others)
+    time.sleep(1.0)  # Envoy's admin shows a host's health at once; its workers' balancers follow a moment later
     assert cluster.replicas[index].running  # still draining
     keyed = pb.GenerateRequest(prompt="Go:", max_tokens=8, temperature=0, constraint=regex("[a-z]{3}"))
     plain = pb.GenerateRequest(prompt="Go:", max_tokens=4, temperature=0)
