@@ -239,3 +239,18 @@ def test_preempted_request_with_drafts_resumes_and_finishes_the_same():
     assert scheduler.num_preemptions > 0
     pool = scheduler.kv_cache_manager.pool
     assert pool.num_free_blocks == pool.num_blocks - 1
+
+
+def test_a_copy_is_drafted_on_from_where_it_was_read_not_from_a_later_match():
+    # "13" also occurs later in the prompt, followed by 8: a lookup of the last token alone drafts
+    # 8 there, while the copy of 10..16 goes on at 14
+    prompt = [3, 10, 11, 12, 13, 14, 15, 16, 5, 13, 8, 6]
+    target = [10, 11, 12, 13, 14, 15, 16, 2]
+    scheduler = make(k=2, min_ngram=1, max_ngram=1)
+    request = make_request(token_ids=prompt, max_tokens=32)
+    outputs, steps = run(scheduler, [request], target=target)
+    assert outputs[request.request_id] == target
+    drafts = [so.scheduled_spec_decode_tokens[request.request_id] for so in steps
+              if so.scheduled_spec_decode_tokens]
+    assert drafts[:2] == [[11, 12], [14, 15]]
+    assert request.num_accepted_draft_tokens == 4  # the draft after 16 (5 13) is the one rejected
