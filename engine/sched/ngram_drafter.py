@@ -27,10 +27,13 @@ def find_ngram_draft(token_ids: Sequence[int], min_ngram: int, max_ngram: int, m
     return list(token_ids[begin:begin + max_tokens]) if begin >= 0 else []
 
 
-def find_ngram_match(token_ids: Sequence[int], min_ngram: int, max_ngram: int) -> tuple[int, int]:
+def find_ngram_match(token_ids: Sequence[int], min_ngram: int, max_ngram: int, anchor: int = 0,
+                     anchor_end: int = 0) -> tuple[int, int]:
     """(n, begin): the length of the longest n-gram (`max_ngram` down to `min_ngram`) that ends
-    `token_ids` and occurred before, and where the tokens after its most recent earlier
-    occurrence begin (a longer match is a likelier copy); (0, -1) when there is none."""
+    `token_ids` and occurred before, and where the tokens after an earlier occurrence of it begin
+    (a longer match is a likelier copy): the first occurrence whose next token lies in
+    [`anchor`, `anchor_end`) (the text the output copies from, read in order), else the most
+    recent one; (0, -1) when there is none."""
     num_tokens = len(token_ids)
     if num_tokens < min_ngram + 1:
         return 0, -1
@@ -41,9 +44,10 @@ def find_ngram_match(token_ids: Sequence[int], min_ngram: int, max_ngram: int) -
         match = tokens[:num_starts] == pattern[0]
         for offset in range(1, n):
             match &= tokens[offset:offset + num_starts] == pattern[offset]
-        starts = np.flatnonzero(match)
-        if len(starts):
-            return n, int(starts[-1]) + n
+        begins = np.flatnonzero(match) + n
+        if len(begins):
+            ahead = begins[(begins >= anchor) & (begins < anchor_end)]
+            return n, int(ahead[0] if len(ahead) else begins[-1])
     return 0, -1
 
 

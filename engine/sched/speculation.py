@@ -12,8 +12,11 @@ Where a draft is read: a copy that is still going on (the text's last token is t
 where its previous draft was read, that many tokens back) goes on from there; otherwise the
 tokens after the latest earlier occurrence of the text's last n tokens. A span being copied is
 the likeliest source of what comes next, and the latest occurrence of a short n-gram is often
-somewhere else (a key of the schema, the output itself); continued copies keep an acceptance
-rate of their own (`COPY_CONTINUED`), so they are priced apart from fresh matches.
+somewhere else (a key of the schema, the output itself). For the same reason a fresh match is
+taken, among its occurrences, from the prompt at or after where the output last copied from
+(extraction reads its text in order), and the latest occurrence only when there is none there.
+Continued copies keep an acceptance rate of their own (`COPY_CONTINUED`), so they are priced
+apart from fresh matches.
 
 The draft is cut (engine/sched/ngram_drafter.py) so that every kept draft token is one the
 engine could have sampled in a step of its own: at the first token the grammar rejects, before a
@@ -101,6 +104,7 @@ class Speculator:
         if draft:
             request.draft_ngram = ngram
             request.copy_offset = begin - len(tokens)
+            request.draft_begin = begin
             self._num_rows += len(draft)
             self._num_yield += _expected_tokens(rate, len(draft))
         return draft
@@ -108,15 +112,16 @@ class Speculator:
     def find_source(self, request: Request) -> tuple[int, int]:
         """(n-gram length or COPY_CONTINUED, index of the first draft token in the request's
         tokens); (0, -1) when nothing matches. A copy that is still going on (its last tokens are
-        the ones before where its previous draft was read) is continued from there: the most
-        recent occurrence of a short n-gram is often elsewhere (a key, or the output itself)."""
+        the ones before where its previous draft was read) is continued from there; else an
+        n-gram match, preferring the prompt from where the output last copied on."""
         config = self.config
         tokens = request.all_token_ids
         if request.copy_offset:
             begin = continued_copy(tokens, request.copy_offset, config.copy_check_tokens)
             if begin >= 0:
                 return COPY_CONTINUED, begin
-        return find_ngram_match(tokens, config.min_ngram, config.max_ngram)
+        return find_ngram_match(tokens, config.min_ngram, config.max_ngram, request.copy_anchor,
+                                request.num_prompt_tokens)
 
     def _acceptance(self, ngram: int) -> AcceptanceRate:
         rate = self.acceptance.get(ngram)
@@ -146,6 +151,8 @@ class Speculator:
         request.num_accepted_draft_tokens += num_accepted_tokens
         request.draft_acceptance.add(num_draft_tokens, num_accepted_tokens)
         self._acceptance(request.draft_ngram).add(num_draft_tokens, num_accepted_tokens)
+        if num_accepted_tokens and request.draft_begin < request.num_prompt_tokens:
+            request.copy_anchor = request.draft_begin + num_accepted_tokens  # copied up to here
         if num_accepted_tokens:
             request.num_rejected_drafts = 0
             return
