@@ -86,7 +86,8 @@ def add_bench_parser(subparsers, add_engine_args) -> None:
     serve.add_argument("--tool-choice", choices=["required", "auto"], default="required",
                        help="tool-calls: the constrained modes' (and the peers') tool_choice")
     serve.add_argument("--rpc-timeout", type=float, default=1200.0, help="deadline of every RPC, seconds")
-    serve.add_argument("--peers", type=_csv, default=[], help="comma list of transformers, llama-cpp, vllm, vllm-http")
+    serve.add_argument("--peers", type=_csv, default=[],
+                       help="comma list of transformers, llama-cpp, vllm, vllm-ngram, vllm-compiled, vllm-http")
     serve.add_argument("--roofline", action="store_true", help="measure bandwidth; step time / weight-read floor")
     serve.add_argument("--burst", action="store_true", help="ITL of steady requests under a burst of new schemas")
     serve.add_argument("--speculative", action="store_true",

@@ -56,7 +56,7 @@ SMOKE_ITEMS = ("people-02", "invoice-02", "event-03", "ticket-01", "flight-01", 
 # what the started server's "auto" dtype resolves to here: the peers run it too, the roofline counts it
 SERVED_DTYPE = EngineConfig().torch_dtype
 PEER_TIMEOUT_S = {"transformers": 2400.0, "llama-cpp": 1800.0, "vllm": 2400.0, "vllm-compiled": 2400.0,
-                  "vllm-http": 2400.0}
+                  "vllm-ngram": 2400.0, "vllm-http": 2400.0}
 
 
 def _num_requests(concurrency: int, cap: int) -> int:

@@ -52,6 +52,14 @@ def goals(runs: list[dict], burst: dict | None) -> dict:
                 "forward_passes_per_output_token": [off["forward_passes_per_output_token"],
                                                     on["forward_passes_per_output_token"]],
                 "num_valid": [off["num_valid"], on["num_valid"]]}
+    for c in (1, 8):  # the anchor: vLLM's n-gram speculation beside its structured outputs, same requests
+        ours, vllm_ngram = find("formwork", "constrained+jf+spec", c), find("vllm-ngram", "constrained", c)
+        vllm_plain = find("vllm", "constrained", c)
+        if ours and vllm_ngram and vllm_ngram["output_token_throughput"]:
+            out[f"speculative_vs_vllm_ngram_c{c}"] = {
+                "ratio": ours["output_token_throughput"] / vllm_ngram["output_token_throughput"], "goal": 1.0,
+                "vllm_ngram_over_vllm": (vllm_ngram["output_token_throughput"] / vllm_plain["output_token_throughput"]
+                                         if vllm_plain and vllm_plain["output_token_throughput"] else None)}
     if burst and burst.get("new_vs_seen_itl_mean"):
         out["burst_itl_increase"] = {"ratio": burst["new_vs_seen_itl_mean"], "goal": "< 1.05"}
     return out

@@ -74,6 +74,8 @@ class SpeculativeConfig:
     num_speculative_tokens: int = 8  # draft tokens per request and step, at most
     min_ngram: int = 1
     max_ngram: int = 3
+    # a copy goes on from where the last draft was read while this many last tokens agree with it
+    copy_check_tokens: int = 1
     # drafting stops while more requests than this run: a large batch is compute-bound, and
     # verifying drafts costs there what it saves (served json-extraction, quiet: 1.22x at 8
     # running, 0.90x at 16)
@@ -84,6 +86,8 @@ class SpeculativeConfig:
             raise ValueError(f"num_speculative_tokens must be >= 1, got {self.num_speculative_tokens}")
         if not 1 <= self.min_ngram <= self.max_ngram:
             raise ValueError(f"need 1 <= min_ngram <= max_ngram, got {self.min_ngram} and {self.max_ngram}")
+        if self.copy_check_tokens < 1:
+            raise ValueError(f"copy_check_tokens must be >= 1, got {self.copy_check_tokens}")
         if self.max_num_running < 0:
             raise ValueError(f"max_num_running must be >= 0, got {self.max_num_running}")
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 import numpy as np
 from speculation_fakes import StatefulGrammar
 
-from engine.sched.ngram_drafter import cut_by_grammar, find_ngram_draft
+from engine.sched.ngram_drafter import continued_copy, cut_by_grammar, find_ngram_draft, find_ngram_match
 from engine.worker.draft_verification import draft_logits_indices, num_accepted
 
 
@@ -71,3 +71,23 @@ def test_greedy_acceptance_is_the_agreeing_prefix():
     assert num_accepted([5, 6, 7], [5, 6, 7, 8]) == 3
     assert num_accepted([5, 6, 7], [5, 9, 7, 8]) == 1
     assert num_accepted([5, 6, 7], [4, 6, 7, 8]) == 0
+
+
+def test_a_copy_goes_on_where_it_was_read_while_its_last_tokens_agree():
+    #           0   1   2   3   4   5   6   7   8
+    tokens = [10, 11, 12, 13, 5, 12, 9, 11, 12]
+    # the last draft was read at index 1 when the text had 7 tokens: offset -6, so now at index 3
+    assert continued_copy(tokens, -6, 1) == 3
+    assert continued_copy(tokens, -6, 2) == 3  # "11 12" before index 3 too
+    assert continued_copy(tokens + [9], -7, 1) == -1  # the text went its own way: no copy to go on with
+    assert continued_copy(tokens, 0, 1) == -1  # no copy yet
+    assert continued_copy(tokens, -9, 1) == -1  # before the start
+
+
+def test_a_match_is_read_from_the_prompt_after_where_the_output_last_copied():
+    #           0  1   2  3  4   5  6 | 7 (output)
+    tokens = [5, 7, 20, 9, 7, 21, 4, 7]
+    assert find_ngram_match(tokens, 1, 1) == (1, 5)  # the latest "7": followed by 21
+    assert find_ngram_match(tokens, 1, 1, anchor=1, anchor_end=7) == (1, 2)  # the first "7" at or after 1
+    assert find_ngram_match(tokens, 1, 1, anchor=3, anchor_end=7) == (1, 5)
+    assert find_ngram_match(tokens, 1, 1, anchor=6, anchor_end=7) == (1, 5)  # none ahead: the latest

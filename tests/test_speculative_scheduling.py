@@ -213,10 +213,15 @@ def test_requests_with_penalties_or_seeds_do_not_draft_and_a_request_can_opt_out
 
 def test_large_batches_do_not_draft():
     scheduler = make(k=4, max_num_running=1)
+    asked = []  # a step too large to draft does not even look for one
+    propose = scheduler.speculator.propose
+    scheduler.speculator.propose = lambda request, *args, **kwargs: asked.append(request) or propose(
+        request, *args, **kwargs)
     requests = [make_request(token_ids=PROMPT, max_tokens=32), make_request(token_ids=[9] + PROMPT, max_tokens=32)]
     outputs, steps = run(scheduler, requests)
     assert all(not so.scheduled_spec_decode_tokens for so in steps)
     assert all(out == TARGET for out in outputs.values())
+    assert asked == []
 
 
 def test_rejected_drafts_pause_drafting_for_longer_and_longer():
@@ -239,3 +244,19 @@ def test_preempted_request_with_drafts_resumes_and_finishes_the_same():
     assert scheduler.num_preemptions > 0
     pool = scheduler.kv_cache_manager.pool
     assert pool.num_free_blocks == pool.num_blocks - 1
+
+
+def test_a_copy_is_drafted_on_from_where_it_was_read_not_from_a_later_match():
+    # "13" also occurs later in the prompt, followed by 8: a lookup of the last token alone drafts
+    # 8 there, while the copy of 10..16 goes on at 14
+    prompt = [3, 10, 11, 12, 13, 14, 15, 16, 5, 13, 8, 6]
+    target = [10, 11, 12, 13, 14, 15, 16, 2]
+    scheduler = make(k=2, min_ngram=1, max_ngram=1)
+    request = make_request(token_ids=prompt, max_tokens=32)
+    outputs, steps = run(scheduler, [request], target=target)
+    assert outputs[request.request_id] == target
+    drafts = [so.scheduled_spec_decode_tokens[request.request_id] for so in steps
+              if so.scheduled_spec_decode_tokens]
+    assert drafts[:2] == [[11, 12], [14, 15]]
+    assert request.num_accepted_draft_tokens == 4  # the draft after 16 (5 13) is the one rejected
+    assert request.copy_anchor == 7  # accepted drafts copied the prompt up to index 6: matches are read from 7 on

@@ -70,6 +70,11 @@ PEERS = {
                           "the vllm peer at its best here: torch.compile (start-up minutes, reported apart), both "
                           "threads bound (quiet machine only: bound threads collapse when another job uses a core)",
                           {"compiled": True}),
+    "vllm-ngram": Peer("vllm-ngram", "vllm_peer.py", "vllm", "peer-vllm",
+                       "the vllm peer with vLLM's n-gram speculation (prompt lookup, k <= 8, n = 3..1, as "
+                       "Formwork's) beside its structured outputs: the anchor of Formwork's speculation",
+                       {"speculative_config": {"method": "ngram", "num_speculative_tokens": 8,
+                                               "prompt_lookup_max": 3, "prompt_lookup_min": 1}}),
     "vllm-http": Peer("vllm-http", "vllm_http_peer.py", "vllm", "peer-vllm",
                       "vLLM's OpenAI server (vllm serve), the AsyncLLM peer's settings, streamed /v1/completions "
                       "(tool calls: streamed /v1/chat/completions with tools)", tools=True),

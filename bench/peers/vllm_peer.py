@@ -2,7 +2,8 @@
 
 A standalone script for .peers/vllm/bin/python (see bench/peers/__init__.py for the contract).
 One AsyncLLM engine (Formwork's dtype) serves every run: eager by default (torch.compile costs minutes to
-start here), or at vLLM's best here with `"compiled": true` in the payload (torch.compile, both threads bound);
+start here), or at vLLM's best here with `"compiled": true` in the payload (torch.compile, both threads bound),
+and with the payload's `speculative_config` (vLLM's own, e.g. {"method": "ngram", ...}) when it has one;
 `concurrency` requests are in flight at once, each streamed (output deltas) so that first-token
 and inter-token times are seen as a client would. Every schema is compiled once (a one-token
 request) before the clock starts, as Formwork's grammars are cached when it is measured.
@@ -31,7 +32,8 @@ async def _run(payload: dict) -> dict:
     args = AsyncEngineArgs(model=payload["model_dir"], dtype=payload.get("dtype", "float32"),
                            enforce_eager=not compiled,
                            max_model_len=payload.get("max_model_len", 2048), max_num_seqs=max_seqs,
-                           disable_log_stats=True, seed=0)
+                           disable_log_stats=True, seed=0,
+                           speculative_config=payload.get("speculative_config"))
     engine = AsyncLLM.from_engine_args(args)
     load_s = time.perf_counter() - started
     ids = iter(range(1 << 30))
@@ -65,8 +67,10 @@ async def _run(payload: dict) -> dict:
     runs_out = await run_all(payload, one)
     engine.shutdown()
     binding = os.environ.get("VLLM_CPU_OMP_THREADS_BIND", "default")
+    speculation = payload.get("speculative_config")
     return {"peer": "vllm", "version": f"vllm {vllm.__version__} (CPU build), {args.dtype}, "
-            f"{'torch.compile' if compiled else 'eager'}, {binding} thread binding",
+            f"{'torch.compile' if compiled else 'eager'}, {binding} thread binding"
+            + (f", speculative_config {json.dumps(speculation)}" if speculation else ""),
             "load_s": load_s, "notes": [f"warm-up (one token per distinct schema) {warm_s:.1f} s, not counted"],
             "runs": runs_out}
 

@@ -21,16 +21,22 @@ def find_ngram_draft(token_ids: Sequence[int], min_ngram: int, max_ngram: int, m
     """Up to `max_tokens` tokens that followed the most recent earlier occurrence of the last n
     tokens of `token_ids`, trying the longest n first (`max_ngram` down to `min_ngram`).
     [] when no such n-gram occurred before (or `max_tokens` < 1)."""
-    return find_ngram_match(token_ids, min_ngram, max_ngram, max_tokens)[1]
+    if max_tokens < 1:
+        return []
+    _, begin = find_ngram_match(token_ids, min_ngram, max_ngram)
+    return list(token_ids[begin:begin + max_tokens]) if begin >= 0 else []
 
 
-def find_ngram_match(token_ids: Sequence[int], min_ngram: int, max_ngram: int,
-                     max_tokens: int) -> tuple[int, list[int]]:
-    """(n, draft): the draft of find_ngram_draft and the length of the n-gram it follows (a
-    longer match is a likelier copy); (0, []) when there is none."""
+def find_ngram_match(token_ids: Sequence[int], min_ngram: int, max_ngram: int, anchor: int = 0,
+                     anchor_end: int = 0) -> tuple[int, int]:
+    """(n, begin): the length of the longest n-gram (`max_ngram` down to `min_ngram`) that ends
+    `token_ids` and occurred before, and where the tokens after an earlier occurrence of it begin
+    (a longer match is a likelier copy): the first occurrence whose next token lies in
+    [`anchor`, `anchor_end`) (the text the output copies from, read in order), else the most
+    recent one; (0, -1) when there is none."""
     num_tokens = len(token_ids)
-    if max_tokens < 1 or num_tokens < min_ngram + 1:
-        return 0, []
+    if num_tokens < min_ngram + 1:
+        return 0, -1
     tokens = np.asarray(token_ids, dtype=np.int64)
     for n in range(min(max_ngram, num_tokens - 1), min_ngram - 1, -1):
         pattern = tokens[num_tokens - n:]
@@ -38,11 +44,26 @@ def find_ngram_match(token_ids: Sequence[int], min_ngram: int, max_ngram: int,
         match = tokens[:num_starts] == pattern[0]
         for offset in range(1, n):
             match &= tokens[offset:offset + num_starts] == pattern[offset]
-        starts = np.flatnonzero(match)
-        if len(starts):
-            begin = int(starts[-1]) + n
-            return n, tokens[begin:begin + max_tokens].tolist()
-    return 0, []
+        begins = np.flatnonzero(match) + n
+        if len(begins):
+            ahead = begins[(begins >= anchor) & (begins < anchor_end)]
+            return n, int(ahead[0] if len(ahead) else begins[-1])
+    return 0, -1
+
+
+def continued_copy(token_ids: Sequence[int], copy_offset: int, num_check: int) -> int:
+    """Where the tokens after `token_ids` are read if it still copies the span it copied before
+    (`copy_offset`: how far behind the end that span's next token sat, a negative number, fixed
+    while the copy goes on): the index of that next token when the last `num_check` tokens of
+    `token_ids` are the ones before it, else -1."""
+    num_tokens = len(token_ids)
+    begin = num_tokens + copy_offset
+    if copy_offset >= 0 or begin < num_check:
+        return -1
+    for i in range(1, num_check + 1):
+        if token_ids[begin - i] != token_ids[num_tokens - i]:
+            return -1
+    return begin
 
 
 def cut_by_grammar(grammar: Grammar, draft: list[int], stop_before_forced: bool = False) -> list[int]:

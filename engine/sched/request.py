@@ -90,7 +90,10 @@ class Request:
         self.num_rejected_drafts = 0  # drafts in a row rejected at their first token
         self.draft_pause_steps = 0  # steps left before it drafts again
         self.draft_acceptance = AcceptanceRate()  # of its recent drafts: how long the next one is
-        self.draft_ngram = 0  # the n-gram length its last draft followed
+        self.draft_ngram = 0  # the n-gram length its last draft followed (COPY_CONTINUED: a copy went on)
+        self.copy_offset = 0  # its last draft's source: this many tokens behind its end (< 0; 0: none)
+        self.draft_begin = 0  # where in its tokens its last draft was read
+        self.copy_anchor = 0  # the prompt token after the last one its output copied (accepted drafts)
 
         # timings (monotonic seconds) and counters reported to clients
         self.first_scheduled_time: float | None = None

@@ -45,6 +45,7 @@ class _StepPlan:
     spec_token_ids: dict[str, list[int]] = field(default_factory=dict)  # req_id -> draft (in its tokens)
     new_reqs: list[NewRequestData] = field(default_factory=list)
     cached: CachedRequestData = field(default_factory=CachedRequestData)
+    may_draft: bool = False  # few enough run for drafts to pay: else no request is even looked up
 
     def add(self, req_id: str, num_new: int) -> None:
         self.num_scheduled_tokens[req_id] = num_new
@@ -135,8 +136,8 @@ class Scheduler:
 
     def schedule(self) -> SchedulerOutput:
         """Plan one step and advance `num_computed_tokens` of every scheduled request."""
-        plan = _StepPlan(token_budget=self.config.max_num_batched_tokens)
-        self.speculator.begin_step(len(self.running))
+        plan = _StepPlan(token_budget=self.config.max_num_batched_tokens,
+                         may_draft=self.speculator.begin_step(len(self.running)))
         preempted = self._schedule_running(plan)
         if not preempted:  # a step that had to preempt has no room to admit anyone
             self._admit_waiting(plan)
@@ -164,7 +165,7 @@ class Scheduler:
             if num_new <= 0:
                 index += 1
                 continue
-            draft = self._draft(request, num_new, plan.token_budget - num_new)
+            draft = self._draft(request, num_new, plan.token_budget - num_new) if plan.may_draft else []
             new_blocks = self.kv_cache_manager.allocate_slots(request, num_new + len(draft)) if draft else None
             if new_blocks is None:  # no draft, or no room for it: a draft never preempts anyone
                 draft = []
@@ -267,7 +268,7 @@ class Scheduler:
         num_rows = 0
         for req_id, num_new in plan.num_scheduled_tokens.items():
             request = self.requests[req_id]
-            num_draft = len(plan.spec_token_ids.get(req_id, ()))
+            num_draft = len(plan.spec_token_ids.get(req_id, ())) if plan.spec_token_ids else 0
             if request.grammar is not None and request.num_computed_tokens + num_new - num_draft == request.num_tokens:
                 rows[req_id] = num_rows
                 num_rows += 1 + num_draft

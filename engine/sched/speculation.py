@@ -8,6 +8,16 @@ distribution. Requests with penalties do not draft (a penalty at a draft positio
 count the draft tokens before it), nor do seeded sampled requests (a seed gives the same tokens
 whatever else runs, and drafting depends on what else runs).
 
+Where a draft is read: a copy that is still going on (the text's last token is the one before
+where its previous draft was read, that many tokens back) goes on from there; otherwise the
+tokens after the latest earlier occurrence of the text's last n tokens. A span being copied is
+the likeliest source of what comes next, and the latest occurrence of a short n-gram is often
+somewhere else (a key of the schema, the output itself). For the same reason a fresh match is
+taken, among its occurrences, from the prompt at or after where the output last copied from
+(extraction reads its text in order), and the latest occurrence only when there is none there.
+Continued copies keep an acceptance rate of their own (`COPY_CONTINUED`), so they are priced
+apart from fresh matches.
+
 The draft is cut (engine/sched/ngram_drafter.py) so that every kept draft token is one the
 engine could have sampled in a step of its own: at the first token the grammar rejects, before a
 token that ends the output, and (jump-forward on) before a token after which the grammar forces
@@ -15,7 +25,7 @@ text, which jump-forward appends instead of the model's tokens.
 
 How long a draft is, is a bet priced per step. Each draft token is accepted with the request's
 acceptance rate (measured on its recent drafts, starting from the rate of all recent drafts that
-followed an n-gram match of the same length: a longer match is a likelier copy) given the ones
+followed an n-gram match of the same length, or continued a copy) given the ones
 before it were, so k tokens are worth a(1 + a + ... + a^(k-1)) tokens; they cost
 what k more rows add to the step (engine/sched/step_cost.py, measured). The speculator picks the
 k that gives the step the most tokens per second, counting the rows and tokens already planned
@@ -29,7 +39,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from engine.sched.acceptance_rate import AcceptanceRate
-from engine.sched.ngram_drafter import cut_by_grammar, find_ngram_match
+from engine.sched.ngram_drafter import continued_copy, cut_by_grammar, find_ngram_match
 from engine.sched.step_cost import StepCostModel
 
 if TYPE_CHECKING:
@@ -37,6 +47,7 @@ if TYPE_CHECKING:
     from engine.sched.request import Request
 
 MAX_PAUSE_STEPS = 32
+COPY_CONTINUED = 0  # the acceptance key of drafts that continue a copy (n-gram lengths are >= 1)
 _FIRST_ACCEPTANCE = 0.5  # the prior rate before any draft was verified
 _GLOBAL_DECAY = 0.98  # the rates of all requests' drafts remember about the last 50
 
@@ -56,10 +67,12 @@ class Speculator:
         return (wanted and (params.greedy or params.seed is None) and params.repetition_penalty == 1.0
                 and not params.frequency_penalty and not params.presence_penalty)
 
-    def begin_step(self, num_running: int) -> None:
-        """A new plan: each running request computes about one token and gives about one."""
+    def begin_step(self, num_running: int) -> bool:
+        """A new plan: each running request computes about one token and gives about one. False
+        when the step is too large for anyone to draft (the scheduler then asks no one)."""
         self._num_rows = num_running
         self._num_yield = float(num_running)
+        return num_running <= self.config.max_num_running
 
     def observe_step(self, num_tokens: int, seconds: float) -> None:
         """What a step of `num_tokens` tokens took, launch to outputs (the cost of rows)."""
@@ -75,10 +88,11 @@ class Speculator:
         if request.draft_pause_steps:
             request.draft_pause_steps -= 1
             return []
-        ngram, draft = find_ngram_match(request.all_token_ids, config.min_ngram, config.max_ngram,
-                                        min(max_tokens, config.num_speculative_tokens))
-        if not draft:
+        tokens = request.all_token_ids
+        ngram, begin = self.find_source(request)
+        if begin < 0:
             return []
+        draft = tokens[begin:begin + min(max_tokens, config.num_speculative_tokens)]
         rate = request.draft_acceptance.rate(self._acceptance(ngram).rate(_FIRST_ACCEPTANCE))
         num_wanted = self.draft_length(rate, len(draft))
         if not num_wanted:
@@ -89,9 +103,25 @@ class Speculator:
             draft = cut_by_grammar(request.grammar, draft, stop_before_forced=stop_at_forced)
         if draft:
             request.draft_ngram = ngram
+            request.copy_offset = begin - len(tokens)
+            request.draft_begin = begin
             self._num_rows += len(draft)
             self._num_yield += _expected_tokens(rate, len(draft))
         return draft
+
+    def find_source(self, request: Request) -> tuple[int, int]:
+        """(n-gram length or COPY_CONTINUED, index of the first draft token in the request's
+        tokens); (0, -1) when nothing matches. A copy that is still going on (its last tokens are
+        the ones before where its previous draft was read) is continued from there; else an
+        n-gram match, preferring the prompt from where the output last copied on."""
+        config = self.config
+        tokens = request.all_token_ids
+        if request.copy_offset:
+            begin = continued_copy(tokens, request.copy_offset, config.copy_check_tokens)
+            if begin >= 0:
+                return COPY_CONTINUED, begin
+        return find_ngram_match(tokens, config.min_ngram, config.max_ngram, request.copy_anchor,
+                                request.num_prompt_tokens)
 
     def _acceptance(self, ngram: int) -> AcceptanceRate:
         rate = self.acceptance.get(ngram)
@@ -121,6 +151,8 @@ class Speculator:
         request.num_accepted_draft_tokens += num_accepted_tokens
         request.draft_acceptance.add(num_draft_tokens, num_accepted_tokens)
         self._acceptance(request.draft_ngram).add(num_draft_tokens, num_accepted_tokens)
+        if num_accepted_tokens and request.draft_begin < request.num_prompt_tokens:
+            request.copy_anchor = request.draft_begin + num_accepted_tokens  # copied up to here
         if num_accepted_tokens:
             request.num_rejected_drafts = 0
             return
