@@ -2,6 +2,10 @@
 import fcntl
 import multiprocessing
 import os
+import shutil
+from pathlib import Path
+
+import pytest
 
 from engine.kernels import loader
 
@@ -37,3 +41,24 @@ def test_sources_are_compiled_from_a_copy_named_by_the_build_folder(tmp_path):
         assert s.parent == tmp_path / "src"
         assert s.read_bytes() == (loader._CSRC / s.name).read_bytes()
     assert (tmp_path / "src" / "conversions.h").exists()  # headers the sources include travel too
+
+
+def test_a_finished_build_loads_without_the_build_tooling(tmp_path, monkeypatch):
+    """A clone with its own environment (torch at another path) finds the build of the same
+    sources finished in the shared cache and loads it, instead of rebuilding from its ninja file."""
+    built = loader.load_cpu_kernels()
+    if built is None:
+        pytest.skip("the CPU kernels cannot be built here")
+    target = tmp_path / "kernels" / Path(built.__file__).parent.name
+    target.mkdir(parents=True)
+    shutil.copy(built.__file__, target)
+    (target / loader._BUILT).touch()
+    monkeypatch.setattr(loader, "cache_dir", lambda: tmp_path)
+    from torch.utils import cpp_extension
+
+    def rebuild(**kwargs):
+        raise AssertionError("a finished build was built again")
+    monkeypatch.setattr(cpp_extension, "load", rebuild)
+    module = loader._build()
+    assert module is not None and Path(module.__spec__.origin).parent == target
+    assert module.gemm_isa() == built.gemm_isa()

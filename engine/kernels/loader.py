@@ -5,9 +5,9 @@ every request's blocks into a padded copy, then reads it again in SDPA; the kern
 blocks where they are. The decoder's elementwise steps (residual + RMSNorm, SiLU-and-multiply,
 rotary) are fused, so a decode batch wakes no OpenMP threads for them; the bf16 matmuls read one
 packed copy of each weight (gemm.cpp). The module is built with torch's extension tooling (a C++
-compiler and ninja) into $FORMWORK_CACHE/kernels/<cpu features + target + sources> the first time
+compiler and ninja) into $FORMWORK_CACHE/kernels/<cpu features + flags + torch + sources> the first time
 an engine starts (about 45 s on 2 cores; `make setup` does it), then loads in a fraction of a
-second. Where it cannot be built, the engine says why once and uses torch ops.
+second, from any clone or environment with the same sources and torch. Where it cannot be built, the engine says why once and uses torch ops.
 
 FORMWORK_CPU_ISA=avx2 builds for AVX2 and FMA only (`-march=x86-64-v3`, its own build folder): the
 kernels a CPU without AVX-512 runs, so that they can be tested on one that has it.
@@ -17,6 +17,7 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import hashlib
+import importlib.util
 import logging
 import os
 import shutil
@@ -34,6 +35,7 @@ _CSRC = Path(__file__).parent / "csrc"
 _SOURCES = ("bindings.cpp", "paged_attention.cpp", "fused_ops.cpp", "gemm.cpp", "amx_gemm.cpp", "worker_pool.cpp")
 # FORMWORK_CPU_ISA -> the target flags of the build
 _ISA_FLAGS = {"native": ["-march=native"], "avx2": ["-march=x86-64-v3", "-mtune=native"]}
+_BUILT = "built"  # written once a build has loaded: its module is whole
 _lock = threading.Lock()
 _state: dict[str, ModuleType | None] = {}
 
@@ -57,34 +59,49 @@ def _build() -> ModuleType | None:
         isa = "native"
     try:
         from torch.utils import cpp_extension
-        tag = _build_tag(_ISA_FLAGS[isa])
+        cflags = ["-O3", *_ISA_FLAGS[isa], "-ffast-math", "-fopenmp"]
+        tag = _build_tag(cflags)
+        name = f"formwork_cpu_kernels_{tag}"
         build_dir = cache_dir() / "kernels" / tag
         build_dir.mkdir(parents=True, exist_ok=True)
         with _building(build_dir):
+            if (build_dir / _BUILT).exists():
+                return _import(name, build_dir / f"{name}.so")
             sources = _copy_sources(build_dir / "src")
-            return cpp_extension.load(
-                name=f"formwork_cpu_kernels_{tag}", sources=[str(s) for s in sources], build_directory=str(build_dir),
-                extra_cflags=["-O3", *_ISA_FLAGS[isa], "-ffast-math", "-fopenmp"], extra_ldflags=["-fopenmp"],
-                verbose=False)
+            module = cpp_extension.load(
+                name=name, sources=[str(s) for s in sources], build_directory=str(build_dir),
+                extra_cflags=cflags, extra_ldflags=["-fopenmp"], verbose=False)
+            (build_dir / _BUILT).touch()
+            return module
     except Exception as e:  # no compiler, no ninja, a build error: the torch path still works
         logger.warning("CPU kernels unavailable, using the slower torch attention path: %s",
                        str(e).strip().splitlines()[-1] if str(e).strip() else type(e).__name__)
         return None
 
 
-def _build_tag(target_flags: list[str]) -> str:
+def _build_tag(cflags: list[str]) -> str:
     """-march=native code runs only on CPUs with the same features: one build per feature set (and
-    target), so a cache folder shared between machines never hands one a module it cannot execute.
-    The sources' bytes are part of the tag too: two checkouts with different kernels sharing one
-    cache each keep their own build instead of rebuilding over each other's."""
+    flags), so a cache folder shared between machines never hands one a module it cannot execute.
+    The sources' bytes and torch's version are part of the tag too: two checkouts with different
+    kernels sharing one cache each keep their own build, and clones of the same sources (each with
+    its own environment, torch at another path) share one."""
     import torch
-    digest = hashlib.sha1(" ".join(cpu_flags() + target_flags).encode())
-    # the build's commands name torch's headers by the path this interpreter found them at (a
-    # symlinked environment gives another): another path is another build, never a rebuild of this one
-    digest.update(str(Path(torch.__file__).parent).encode())
+    digest = hashlib.sha1(" ".join(cpu_flags() + cflags).encode())
+    digest.update(f"torch {torch.__version__} {torch.version.git_version}".encode())
     for source in sorted(_CSRC.iterdir()):
         digest.update(source.name.encode() + source.read_bytes())
     return digest.hexdigest()[:10]
+
+
+def _import(name: str, library: Path) -> ModuleType:
+    """A finished build, loaded without torch's extension tooling: its ninja file names the
+    paths of the environment that built it, and from another one it would rebuild everything."""
+    spec = importlib.util.spec_from_file_location(name, library)
+    if spec is None or spec.loader is None:
+        raise ImportError(f"cannot load {library}")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
 @contextlib.contextmanager
