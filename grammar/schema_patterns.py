@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from grammar.json_text_pattern import classes_without_escapes, json_text_pattern
 from grammar.regex_pieces import regex_pieces
 from grammar.schema_rule import RuleContext
 
@@ -99,3 +100,18 @@ def pattern_groups(node: dict, pointer: str, context: RuleContext) -> Any:
     if out is not node:
         context.fired("optional-group", pointer)
     return out
+
+
+def classes_without_quotes(node: dict, pointer: str, context: RuleContext) -> Any:
+    """A `pattern` whose class holds a quote or a backslash beside other characters, which xgrammar
+    cannot be handed (grammar/json_text_pattern.py), with those two taken out of the class
+    (narrowing: its strings never contain them there, as with `.` and negated classes)."""
+    pattern = node.get("pattern")
+    if not context.monotone or not isinstance(pattern, str) or json_text_pattern(pattern) is not None:
+        return node
+    narrower = classes_without_escapes(pattern)
+    if narrower is None or json_text_pattern(narrower) is None:
+        return node
+    context.fired("class-without-quotes", pointer, narrowing=True)
+    return {**node, "pattern": narrower}
+
