@@ -83,9 +83,10 @@ class _CompileProcess:
         if connection.poll(timeout_s):
             ok, reason = connection.recv()
             return ok, reason, time.perf_counter() - started
+        seconds = time.perf_counter() - started
         self._kill(self._current)
         self._current = None
-        return False, "compile time limit", time.perf_counter() - started
+        return False, "compile time limit", seconds
 
     @staticmethod
     def _kill(pair) -> None:
