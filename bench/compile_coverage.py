@@ -43,6 +43,7 @@ def _compile_worker(connection, model_dir: str, vocab_size: int, config) -> None
     from grammar.xgrammar_backend import XGrammarBackend
 
     backend = XGrammarBackend(model_dir, vocab_size)
+    backend.compile(Constraint(kind="json_schema", spec='{"type": "integer"}'))  # first-compile costs, not a schema's
     connection.send("ready")
     while (spec := connection.recv()) is not None:
         constraint = Constraint(kind="json_schema", spec=spec, strict=True)
