@@ -200,4 +200,3 @@ def _class_without_escapes(pattern: str, start: int) -> tuple[str, int] | None:
     if kept[0].startswith("^"):
         kept[0] = "\\" + kept[0]  # not a negation once it comes first
     return "[" + "".join(kept) + "]", i
-

@@ -258,7 +258,7 @@ def accepts(schema: Any, value: Any) -> bool:
             if not isinstance(limit, list):
                 raise CannotMerge(f"{key} is not a list")
             matched = sum(accepts(branch, value) for branch in limit)
-            if not (matched == len(limit) if key == "allOf" else matched == 1 if key == "oneOf" else matched):
+            if not {"anyOf": matched > 0, "oneOf": matched == 1, "allOf": matched == len(limit)}[key]:
                 return False
         elif key in ("minLength", "maxLength", "pattern") and kind != "string":
             continue
