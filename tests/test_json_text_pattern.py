@@ -109,4 +109,3 @@ def test_a_narrowed_class_matches_only_what_the_original_does(pattern):
     matched = [value for value in _texts(4) if re.fullmatch(narrower, value)]
     assert matched and all(re.fullmatch(pattern, value) for value in matched)
     assert not any('"' in value or "\\" in value for value in matched)
-

@@ -246,7 +246,6 @@ def test_siblings_that_assert_nothing_are_dropped_where_the_others_cannot_be_mer
     assert "additionalProperties" not in node and node["type"] == "object" and "anyOf" in node
 
 
-
 def test_a_class_holding_a_quote_beside_other_characters_loses_it_flagged_narrowing():
     printable = r'^[ !"#$%&\'()*+,\-./0-9:;<=>?@A-Z\[\\\]\^_`a-z{\|}]+$'
     schema = {"type": "object", "properties": {"id": {"type": "string", "pattern": printable,
