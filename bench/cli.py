@@ -38,6 +38,9 @@ def add_bench_parser(subparsers, add_engine_args) -> None:
                           help="compile in strict mode only (no generation): share and p50/p99 time per subset, "
                                "beside llguidance when its peer is installed")
     coverage.add_argument("--no-peer", action="store_true", help="--compile-only without the llguidance peer")
+    coverage.add_argument("--records", default=None,
+                          help="--compile-only: append one JSON line per schema to this file as it is measured; "
+                               "schemas already in it are not compiled again (resume a long run)")
     add_engine_args(coverage)
     coverage.set_defaults(func=_run_coverage)
 

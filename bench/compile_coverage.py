@@ -9,6 +9,8 @@ tokenizer, its defaults (an unimplemented keyword is an error). Neither generate
 from __future__ import annotations
 
 import json
+import multiprocessing
+import os
 import time
 from collections import Counter, defaultdict
 from dataclasses import dataclass, field
@@ -33,37 +35,128 @@ class CompileTally:
         return 1000 * ordered[min(len(ordered) - 1, int(q * len(ordered)))]
 
 
-def compile_formwork(schemas: list[tuple[str, str, dict]], engine_config) -> dict[str, CompileTally]:
-    from engine.model_files import resolve_model
+def _compile_worker(connection, model_dir: str, vocab_size: int, config) -> None:
+    """A child process: compiles each schema text it is sent, answers (ok, reason)."""
     from grammar.backend import GrammarError
-    from grammar.config import GrammarConfig
     from grammar.constraint import Constraint
     from grammar.schema_check import check_limits
     from grammar.xgrammar_backend import XGrammarBackend
 
-    import transformers
-    model = resolve_model(engine_config.model if engine_config is not None else None)
-    backend = XGrammarBackend(str(model), transformers.AutoConfig.from_pretrained(model).vocab_size)
-    config = engine_config.grammar if engine_config is not None else GrammarConfig()
-    tallies: dict[str, CompileTally] = defaultdict(CompileTally)
-    for subset, _, schema in schemas:
-        tally = tallies[subset]
-        tally.total += 1
-        constraint = Constraint(kind="json_schema", spec=json.dumps(schema), strict=True)
-        started = time.perf_counter()
+    backend = XGrammarBackend(model_dir, vocab_size)
+    backend.compile(Constraint(kind="json_schema", spec='{"type": "integer"}'))  # first-compile costs, not a schema's
+    connection.send("ready")
+    while (spec := connection.recv()) is not None:
+        constraint = Constraint(kind="json_schema", spec=spec, strict=True)
         try:
-            # GrammarCompiler's checks, run inline: its timeout would leave a slow compile running
-            # in its one thread and charge it to the schemas queued behind
             check_limits(constraint, config.max_spec_bytes, config.max_schema_depth)
             backend.compile(constraint)
-            ok = time.perf_counter() - started <= config.compile_timeout_s
-            tally.compiled += ok
-            if not ok:
-                tally.rejected["compile time limit"] += 1
+            connection.send((True, ""))
         except GrammarError as e:
-            tally.rejected[rejection_reason(str(e))] += 1
-        tally.times_s.append(time.perf_counter() - started)
+            connection.send((False, rejection_reason(str(e))))
+
+
+class _CompileProcess:
+    """xgrammar cannot stop a compile once started: a schema past the time limit is refused and its
+    process killed, so it costs the limit and no more (GrammarCompiler's thread would run on). A
+    spare process starts beside the one in use, so a kill does not wait for a tokenizer to load."""
+
+    def __init__(self, model_dir: str, vocab_size: int, config) -> None:
+        self._args = (model_dir, vocab_size, config)
+        self._current = None
+        self._spare = self._spawn()
+
+    def _spawn(self):
+        context = multiprocessing.get_context("spawn")
+        connection, child = context.Pipe()
+        process = context.Process(target=_compile_worker, args=(child, *self._args), daemon=True)
+        process.start()
+        return process, connection
+
+    def compile(self, spec: str, timeout_s: float) -> tuple[bool, str, float]:
+        """(compiled, why not, seconds); the seconds leave out starting a process."""
+        if self._current is None:
+            self._current, self._spare = self._spare, self._spawn()
+            if self._current[1].recv() != "ready":
+                raise RuntimeError("the compile process did not start")
+        connection = self._current[1]
+        started = time.perf_counter()
+        connection.send(spec)
+        if connection.poll(timeout_s):
+            ok, reason = connection.recv()
+            return ok, reason, time.perf_counter() - started
+        seconds = time.perf_counter() - started
+        self._kill(self._current)
+        self._current = None
+        return False, "compile time limit", seconds
+
+    @staticmethod
+    def _kill(pair) -> None:
+        pair[0].kill()
+        pair[0].join()
+
+    def close(self) -> None:
+        for pair in (self._current, self._spare):
+            if pair is not None:
+                self._kill(pair)
+        self._current = self._spare = None
+
+
+def compile_formwork(schemas: list[tuple[str, str, dict]], engine_config,
+                     records_path: str | None = None) -> dict[str, CompileTally]:
+    """Strict-mode compiles, one schema after another in a child process. With `records_path`, one
+    JSON line per schema is appended as it is measured, and schemas already there are not compiled
+    again (their records count), so a long run can be stopped and resumed."""
+    from engine.model_files import resolve_model
+    from grammar.config import GrammarConfig
+
+    import transformers
+    model = resolve_model(engine_config.model if engine_config is not None else None)
+    config = engine_config.grammar if engine_config is not None else GrammarConfig()
+    done = _read_records(records_path)
+    process = _CompileProcess(str(model), transformers.AutoConfig.from_pretrained(model).vocab_size, config)
+    tallies: dict[str, CompileTally] = defaultdict(CompileTally)
+    records = open(records_path, "a", encoding="utf-8") if records_path else None
+    try:
+        for subset, sid, schema in schemas:
+            record = done.get((subset, sid))
+            if record is None:
+                ok, reason, seconds = process.compile(json.dumps(schema), config.compile_timeout_s)
+                if ok and seconds > config.compile_timeout_s:
+                    ok, reason = False, "compile time limit"
+                record = {"subset": subset, "id": sid, "ok": ok, "reason": reason, "compile_s": seconds}
+                if records is not None:
+                    records.write(json.dumps(record) + "\n")
+                    records.flush()
+            tally = tallies[subset]
+            tally.total += 1
+            tally.compiled += record["ok"]
+            tally.times_s.append(record["compile_s"])
+            if not record["ok"]:
+                tally.rejected[record["reason"]] += 1
+    finally:
+        process.close()
+        if records is not None:
+            records.close()
     return dict(tallies)
+
+
+def _read_records(path: str | None) -> dict[tuple[str, str], dict]:
+    if path is None or not os.path.exists(path):
+        return {}
+    with open(path, encoding="utf-8") as f:
+        return {(r["subset"], r["id"]): r for r in map(json.loads, f) if r}
+
+
+def interleaved(schemas: list[tuple[str, str, dict]]) -> list[tuple[str, str, dict]]:
+    """One schema of each subset in turn, so that a run stopped early has measured every subset alike."""
+    by_subset: dict[str, list] = defaultdict(list)
+    for item in schemas:
+        by_subset[item[0]].append(item)
+    queues = list(by_subset.values())
+    out = []
+    for i in range(max(map(len, queues), default=0)):
+        out += [queue[i] for queue in queues if i < len(queue)]
+    return out
 
 
 def compile_llguidance(schemas: list[tuple[str, str, dict]], engine_config) -> dict[str, CompileTally] | str:
@@ -122,8 +215,8 @@ def main(args, engine_config) -> int:
     from bench.coverage import load_schemas
     from bench.datasets import SUBSETS
 
-    schemas = load_schemas(args.subset or list(SUBSETS), args.limit, data=args.data)
-    ours = compile_formwork(schemas, engine_config)
+    schemas = interleaved(load_schemas(args.subset or list(SUBSETS), args.limit, data=args.data))
+    ours = compile_formwork(schemas, engine_config, args.records)
     peer = compile_llguidance(schemas, engine_config) if not args.no_peer else "--no-peer"
     print_compile_report(ours, peer)
     return 0

@@ -142,3 +142,61 @@ def _class_item(pattern: str, i: int) -> tuple[str, int | None, int] | None:
     if width > 2:
         return text, int(text[2:], 16), i + width
     return text, (None if text[1].isalnum() else ord(text[1])), i + width
+
+
+def classes_without_escapes(pattern: str) -> str | None:
+    """`pattern` with the quote and the backslash taken out of every class that holds them beside
+    other members (a narrowing: such a class is what json_text_pattern cannot hand to xgrammar,
+    and `.` or a negated class already never emit them); None if no class changes, or one has a
+    range that starts or ends with either."""
+    if "[]" in pattern or "[^]" in pattern:
+        return None
+    out: list[str] = []
+    i = 0
+    while i < len(pattern):
+        if pattern[i] == "\\":
+            out.append(pattern[i:i + 2])
+            i += 2
+        elif pattern[i] == "[":
+            read = _class_without_escapes(pattern, i)
+            if read is None:
+                return None
+            text, i = read
+            out.append(text)
+        else:
+            out.append(pattern[i])
+            i += 1
+    narrower = "".join(out)
+    return narrower if narrower != pattern else None
+
+
+def _class_without_escapes(pattern: str, start: int) -> tuple[str, int] | None:
+    """The class at `start` without its quote and backslash members if it has others, and the
+    index after it; None if unreadable or a range ends in one of them."""
+    i = start + 1
+    negated = pattern.startswith("^", i)
+    i += negated
+    kept: list[str] = []
+    dropped = False
+    while True:
+        item = _class_item(pattern, i)
+        if item is None:
+            return None
+        text, code, i = item
+        if text == "]":
+            break
+        if pattern.startswith("-", i) and not pattern.startswith("-]", i):
+            end = _class_item(pattern, i + 1)
+            if end is None or {code, end[1]} & _SPECIAL_CODES:
+                return None
+            kept.append(f"{text}-{end[0]}")
+            i = end[2]
+        elif code in _SPECIAL_CODES:
+            dropped = True
+        else:
+            kept.append(text)
+    if negated or not dropped or not kept:
+        return pattern[start:i], i
+    if kept[0].startswith("^"):
+        kept[0] = "\\" + kept[0]  # not a negation once it comes first
+    return "[" + "".join(kept) + "]", i

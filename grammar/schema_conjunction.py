@@ -82,12 +82,17 @@ def _without_vacuous(node: dict, pointer: str, context: RuleContext) -> dict:
 
 
 def fixed_siblings(node: dict, pointer: str, context: RuleContext) -> Any:
-    """Keywords beside enum/const: keep only the values they accept (exact)."""
+    """Keywords beside enum/const: keep only the values they accept (exact); when they accept
+    none, the node allows nothing and becomes false (exact: e.g. string values beside
+    `"type": "object"`)."""
     if not ("enum" in node or "const" in node) or not asserting(node, "enum", "const"):
         return node
     fixed = {k: node[k] for k in ("enum", "const") if k in node}
     try:
         merged = merge(fixed, asserting(node, "enum", "const"))
+    except EmptyIntersection:
+        context.fired("enum-siblings", pointer)
+        return False
     except CannotMerge:
         return node
     context.fired("enum-siblings", pointer)

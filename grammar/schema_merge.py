@@ -254,6 +254,12 @@ def accepts(schema: Any, value: Any) -> bool:
         elif key == "not":
             if accepts(limit, value):
                 return False
+        elif key in ("anyOf", "oneOf", "allOf"):
+            if not isinstance(limit, list):
+                raise CannotMerge(f"{key} is not a list")
+            matched = sum(accepts(branch, value) for branch in limit)
+            if not {"anyOf": matched > 0, "oneOf": matched == 1, "allOf": matched == len(limit)}[key]:
+                return False
         elif key in ("minLength", "maxLength", "pattern") and kind != "string":
             continue
         elif key in ("minLength", "maxLength"):

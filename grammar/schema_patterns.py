@@ -1,5 +1,5 @@
-"""Rewrite rule for `pattern` text: the same regex, spelled so that xgrammar's regex engine reads
-it right.
+"""Rewrite rules for `pattern` text: the same regex, spelled so that xgrammar's regex engine reads
+it right, and a class xgrammar cannot be handed narrowed into one it can (classes_without_quotes).
 
 Measured (xgrammar 0.2.9, the JSON-schema path; its EBNF `from_regex` path is right): an optional
 group whose body ends in a repeated atom admits the body without its start, e.g.
@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from grammar.json_text_pattern import classes_without_escapes, json_text_pattern
 from grammar.regex_pieces import regex_pieces
 from grammar.schema_rule import RuleContext
 
@@ -99,3 +100,17 @@ def pattern_groups(node: dict, pointer: str, context: RuleContext) -> Any:
     if out is not node:
         context.fired("optional-group", pointer)
     return out
+
+
+def classes_without_quotes(node: dict, pointer: str, context: RuleContext) -> Any:
+    """A `pattern` whose class holds a quote or a backslash beside other characters, which xgrammar
+    cannot be handed (grammar/json_text_pattern.py), with those two taken out of the class
+    (narrowing: its strings never contain them there, as with `.` and negated classes)."""
+    pattern = node.get("pattern")
+    if not context.monotone or not isinstance(pattern, str) or json_text_pattern(pattern) is not None:
+        return node
+    narrower = classes_without_escapes(pattern)
+    if narrower is None or json_text_pattern(narrower) is None:
+        return node
+    context.fired("class-without-quotes", pointer, narrowing=True)
+    return {**node, "pattern": narrower}

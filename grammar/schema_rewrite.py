@@ -41,7 +41,8 @@ RULES = (
     schema_negation.false_properties,
     schema_dependencies.dependencies,
     schema_inference.infer_type, schema_inference.undeclared_required, schema_scalars.unknown_format,
-    schema_patterns.pattern_groups, schema_scalars.length_pattern, schema_scalars.integral_multiple, schema_scalars.int64_bounds,
+    schema_patterns.pattern_groups, schema_patterns.classes_without_quotes, schema_scalars.length_pattern,
+    schema_scalars.integral_multiple, schema_scalars.int64_bounds,
     schema_arrays.unique_items, exclusive_one_of, schema_negation.one_of_by_negation,
 )
 

@@ -8,7 +8,7 @@ import re
 
 import pytest
 
-from grammar.json_text_pattern import json_text_pattern, names_quote_or_backslash
+from grammar.json_text_pattern import classes_without_escapes, json_text_pattern, names_quote_or_backslash
 from grammar.schema_check import find_unsupported, normalize
 
 
@@ -83,3 +83,29 @@ def test_every_matched_text_is_json_whose_value_matches(pattern):
             assert re.fullmatch(pattern, value), text
     assert matched
     assert not re.fullmatch(text_pattern, "\\u0022") and not re.fullmatch(text_pattern, "\\u005c")
+
+
+@pytest.mark.parametrize("pattern, expected", [
+    (r'^[a"]+$', r"^[a]+$"),
+    (r'^[ -~"\\]{2}$', r"^[ -~]{2}$"),
+    (r'^["^a]$', r"^[\^a]$"),  # "^" first would negate the class
+    (r'^[a"-]$', r"^[a-]$"),  # a trailing "-" stays a literal
+    (r'^x"[b\x22c]$', r'^x"[bc]$'),  # only classes change; the quote outside is json_text_pattern's
+    (r'^[a"]|b$', r"^[a]|b$"),
+])
+def test_classes_lose_their_quote_and_backslash_members(pattern, expected):
+    assert classes_without_escapes(pattern) == expected
+    assert json_text_pattern(expected) is not None  # and xgrammar can be handed the result
+
+
+@pytest.mark.parametrize("pattern", [r'^[!-"]+$', r'^["-z]$', r'^[^a"]$', r'^["]$', r'^a"b$', r"^[a-z]$"])
+def test_classes_without_other_members_ranges_or_negation_are_not_narrowed(pattern):
+    assert classes_without_escapes(pattern) is None
+
+
+@pytest.mark.parametrize("pattern", [r'^[a"]+$', r'^["^a]$', r'^[a"-]$', r'^[b\\-]*a$', r'^-?[\\a"]{1,2}b?$'])
+def test_a_narrowed_class_matches_only_what_the_original_does(pattern):
+    narrower = classes_without_escapes(pattern)
+    matched = [value for value in _texts(4) if re.fullmatch(narrower, value)]
+    assert matched and all(re.fullmatch(pattern, value) for value in matched)
+    assert not any('"' in value or "\\" in value for value in matched)

@@ -10,6 +10,7 @@ from grammar.backend import GrammarError
 from grammar.length_pattern import fold_lengths
 from grammar.schema_check import find_unsupported
 from grammar.schema_merge import CannotMerge, EmptyIntersection, merge
+from grammar.schema_merge import accepts as accepts_value  # grammar_factories has its own accepts
 from grammar.schema_rewrite import rewrite
 
 
@@ -140,6 +141,30 @@ def test_keywords_beside_ref_are_merged_with_the_target_but_recursion_is_left():
 
 def test_enum_beside_type_keeps_only_the_typed_values():
     assert rewritten({"type": "integer", "enum": [1, "x", 2]}) == {"enum": [1, 2]}
+
+
+def test_enum_beside_a_type_none_of_its_values_has_allows_nothing():
+    # string values beside "type": "object": no instance is valid, so an optional property
+    # with it may not appear (false, then removed, the open object closed) ...
+    schema = {"type": "object", "properties": {"mode": {"enum": ["all", "ssl"], "type": "object"}, "n": {}}}
+    assert rewritten(schema) == {"type": "object", "properties": {"n": {}}, "additionalProperties": False}
+    # ... a required one makes the object allow nothing, and so does the node alone
+    assert rewritten({**schema, "required": ["mode"]}) is False
+    assert rewritten({"const": 3, "type": "string"}) is False
+
+
+def test_merge_enum_reads_the_branches_of_the_other_side():
+    either = {"anyOf": [{"type": "string"}, {"type": "object", "properties": {"key": {"type": "string"}}}]}
+    assert merge({"enum": ["key", 3, None]}, either) == {"enum": ["key"]}
+    one = {"oneOf": [{"type": "string"}, {"maxLength": 2}]}  # "ab" is valid for both: not exactly one
+    assert merge({"enum": ["abc", "ab", 7]}, one) == {"enum": ["abc", 7]}
+    assert [accepts_value({"allOf": [{"minimum": 2}, {"maximum": 8}]}, v) for v in (1, 5, 9)] == [False, True, False]
+    with pytest.raises(CannotMerge):  # a branch it cannot read
+        merge({"enum": ["a"]}, {"anyOf": [{"type": "string", "format": "email"}]})
+    # keywords beside a $ref to an anyOf: merged with its target
+    schema = {"definitions": {"p": either}, "type": "object",
+              "properties": {"t": {"$ref": "#/definitions/p", "enum": ["key", "sas"]}}}
+    assert rewritten(schema)["properties"]["t"] == {"enum": ["key", "sas"]}
 
 
 def test_not_of_a_type_is_its_complement():

@@ -245,3 +245,18 @@ def test_siblings_that_assert_nothing_are_dropped_where_the_others_cannot_be_mer
     node = rewritten(schema)["$defs"]["node"]
     assert "additionalProperties" not in node and node["type"] == "object" and "anyOf" in node
 
+
+def test_a_class_holding_a_quote_beside_other_characters_loses_it_flagged_narrowing():
+    printable = r'^[ !"#$%&\'()*+,\-./0-9:;<=>?@A-Z\[\\\]\^_`a-z{\|}]+$'
+    schema = {"type": "object", "properties": {"id": {"type": "string", "pattern": printable,
+                                                      "minLength": 30, "maxLength": 30}}}
+    assert sorted(f.keyword for f in find_unsupported(schema)) == ["maxLength", "minLength", "pattern"]
+    result = rewrite(schema)
+    # the quote and the backslash leave the class, then the lengths fold into the pattern
+    assert result.schema["properties"]["id"] == {
+        "type": "string", "pattern": r"^[ !#$%&\'()*+,\-./0-9:;<=>?@A-Z\[\]\^_`a-z{\|}]{30}$"}
+    assert result.narrowed == ["class-without-quotes at /properties/id"]
+    assert find_unsupported(result.schema) == []
+    # under not, narrowing the pattern would widen the schema: left for the checker
+    negated = {"type": "string", "not": {"type": "string", "pattern": r'^[a"]$'}}
+    assert rewritten(negated)["not"]["pattern"] == r'^[a"]$'
