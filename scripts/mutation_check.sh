@@ -4,9 +4,11 @@
 #   scripts/mutation_check.sh REF TEST_FILE...
 #
 # Exports REF (a commit, or "worktree" for the files as they are) into a scratch folder, mutates
-# engine/worker/sampler.py, block_pool.py, kv_cache_manager.py and scheduler.py with mutmut, and runs only
-# the given test files against a fixed 1-in-5 sample of the mutants (every 5th per file, in name
-# order) with one worker, so a run takes about 10-15 minutes on a loaded 2-core machine.
+# engine/worker/sampler.py, engine/kv_cache/block_pool.py, engine/kv_cache/manager.py and
+# engine/sched/scheduler.py with mutmut (in a REF from before the engine's sub-packages: engine/sampler.py,
+# block_pool.py, kv_cache_manager.py and scheduler.py), and runs only the given test files against a
+# fixed 1-in-5 sample of the mutants (every 5th per file, in name order) with one worker, so a run
+# takes about 10-15 minutes on a loaded 2-core machine.
 # With ONLY=FILE, only the mutants named in FILE (one a line) run, e.g. the survivors of an earlier
 # run re-checked after adding tests (a test added never lets a killed mutant live again).
 # mutmut lives in its own virtual environment (MUTMUT_VENV), never in .venv; it sees .venv's
@@ -37,9 +39,23 @@ else
     git -C "$repo" archive "$ref" | tar -C "$scratch" -xf -
 fi
 cd "$scratch"
+# each file where REF has it: the sub-package layout, or the flat engine/ of older commits
+sources=()
+for candidates in "engine/worker/sampler.py engine/sampler.py" \
+        "engine/kv_cache/block_pool.py engine/block_pool.py" \
+        "engine/kv_cache/manager.py engine/kv_cache_manager.py" \
+        "engine/sched/scheduler.py engine/scheduler.py"; do
+    found=
+    for path in $candidates; do
+        [ -f "$path" ] && { found=$path; break; }
+    done
+    [ -n "$found" ] || { echo "none of $candidates in $ref" >&2; exit 2; }
+    sources+=("$found")
+done
+block_pool_module=$(echo "${sources[1]%.py}" | tr / .)
 {
     printf '[mutmut]\nsource_paths=\n'
-    printf '    engine/%s\n' sampler.py block_pool.py kv_cache_manager.py scheduler.py
+    printf '    %s\n' "${sources[@]}"
     printf 'also_copy=\n'
     printf '    %s\n' engine grammar service bench tests
     # a mutant that makes a test loop is stopped at 5x the clean run's time (mutmut's default is 15x)
@@ -52,11 +68,11 @@ cd "$scratch"
 # the child deadlocks on its first parallel op and the mutant counts as a timeout (a false kill)
 export OMP_WAIT_POLICY=PASSIVE OMP_NUM_THREADS=1 MKL_NUM_THREADS=1
 # the first run writes every mutant (and its name) and checks one; then the sample runs
-nice -n 10 "$venv/bin/mutmut" run --max-children 1 engine.kv_cache.block_pool.x_hash_block__mutmut_1 > mutmut-run.log 2>&1
+nice -n 10 "$venv/bin/mutmut" run --max-children 1 "$block_pool_module.x_hash_block__mutmut_1" > mutmut-run.log 2>&1
 "$venv/bin/python" - <<'EOF_PY' > mutant-sample.txt
 import glob, json, re
 names = []
-for meta in sorted(glob.glob("mutants/engine/*.py.meta")):
+for meta in sorted(glob.glob("mutants/engine/**/*.py.meta", recursive=True)):
     keys = list(json.load(open(meta))["exit_code_by_key"])
     keys.sort(key=lambda k: (re.sub(r"__mutmut_\d+$", "", k), int(k.rsplit("_", 1)[1])))
     names += keys[::5]
@@ -74,16 +90,16 @@ from mutmut.stats import status_by_exit_code
 sample = set(open("mutant-sample.txt").read().split())
 KILLED = {"killed", "timeout", "segfault"}  # the tests noticed
 totals = {}
-for meta in sorted(glob.glob("mutants/engine/*.py.meta")):
+for meta in sorted(glob.glob("mutants/engine/**/*.py.meta", recursive=True)):
     codes = json.load(open(meta))["exit_code_by_key"]
     statuses = [status_by_exit_code[codes[k]] for k in codes if k in sample]
     counts = {"killed": sum(s in KILLED for s in statuses), "all": len(statuses)}
     for s in ("timeout", "survived", "no tests", "suspicious", "not checked"):
         counts[s] = statuses.count(s)
-    totals[meta.split("/")[-1][:-5]] = counts
+    totals[meta.removeprefix("mutants/").removesuffix(".meta")] = counts
 totals["all"] = {key: sum(c[key] for c in list(totals.values())) for key in next(iter(totals.values()))}
 for name, c in totals.items():
-    print(f"{name:20s} killed {c['killed']:4d} / {c['all']:4d} = {100 * c['killed'] / max(c['all'], 1):5.1f}%  "
+    print(f"{name:30s} killed {c['killed']:4d} / {c['all']:4d} = {100 * c['killed'] / max(c['all'], 1):5.1f}%  "
           f"(timeouts {c['timeout']}) survived {c['survived']}, no test {c['no tests']}, suspicious {c['suspicious']}, "
           f"not checked {c['not checked']}")
 EOF_PY

@@ -78,10 +78,12 @@ def llm_fp32(model_dir):
 
 @pytest.fixture(scope="session")
 def default_server(model_dir):
-    """One live `formwork serve` with the default test settings (tests/live_server.py), shared by
-    the test modules that need no settings of their own: each start loads and warms the model."""
-    from live_server import LiveServer
-    live = LiveServer(startup_timeout_s=900)  # a shared machine may be building the CPU kernels
+    """One live `formwork serve` with the default test settings (tests/live_server.py: 16 running and
+    16 waiting at most, which the queue tests fill), shared by the test modules that need no settings
+    of their own: each start loads and warms the model. A module leaves it idle, as it found it."""
+    from live_server import MAX_NUM_SEQS, MAX_QUEUE_LEN, LiveServer
+    live = LiveServer("--max-num-seqs", str(MAX_NUM_SEQS), "--max-queue-len", str(MAX_QUEUE_LEN),
+                      startup_timeout_s=900)  # a shared machine may be building the CPU kernels
     yield live
     assert live.stop() == 0, live.log()
 

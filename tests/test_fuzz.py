@@ -29,10 +29,8 @@ REGRESSION_TIMEOUT_S = 60.0  # the bomb's own deadline: an answer past it is a h
 
 
 @pytest.fixture(scope="module")
-def server():
-    live = LiveServer("--max-num-seqs", "16", "--max-queue-len", "16")
-    yield live
-    assert live.stop() == 0, live.log()
+def server(default_server):
+    return default_server
 
 
 def engine_check(server: LiveServer, pid: int):

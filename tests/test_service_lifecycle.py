@@ -1,5 +1,5 @@
 """The server's lifecycle with the real model: engine-process death, self-healing, quarantine and
-SIGTERM (a server per test)."""
+SIGTERM (a server per test, but the two self-healing tests share one that restarts its engine)."""
 from __future__ import annotations
 
 import json
@@ -98,44 +98,49 @@ def test_sigterm_finishes_in_flight_requests_within_the_grace_period_then_exits_
     server.stop()
 
 
-def test_a_killed_engine_is_restarted_and_serves_again():
-    server = LiveServer()
-    try:
-        old_pid, killed, to_unavailable_s = kill_engine_under(server, chat("Write a long story.", max_tokens=200))
-        assert wait_health(server, NOT_SERVING) == NOT_SERVING
-        refused = error_of(server.stub.Generate, chat("hi"), timeout=5)
-        assert refused.code() == grpc.StatusCode.UNAVAILABLE, refused
-        assert wait_health(server, SERVING) == SERVING, server.log()
-        to_serving_s = time.monotonic() - killed
-        response = server.stub.Generate(chat("Give a person in JSON.", max_tokens=48, temperature=0,
-                                             constraint={"json_schema": PERSON_SCHEMA}), timeout=60)
-        assert response.finish_reason == pb.FINISH_REASON_STOP and {"name", "age"} <= set(json.loads(response.text))
-        info = server.model_info()
-        assert info.num_engine_restarts == 1 and "killed by signal 9" in info.last_engine_crash
-        assert server.engine_pid != old_pid
-        load = server.wait_idle()
-        assert load.num_free_kv_blocks == load.num_total_kv_blocks and load.num_in_flight == 0
-        print(f"engine kill: UNAVAILABLE after {to_unavailable_s:.2f} s, SERVING again after {to_serving_s:.1f} s")
-    finally:
-        assert server.stop(timeout_s=30) == 0, server.log()
-
-
-def test_a_constraint_in_flight_at_two_engine_deaths_is_quarantined():
+@pytest.fixture(scope="module")
+def healing_server():
+    """Restarts its engine after a short backoff; each test counts the restarts it caused."""
     server = LiveServer("--engine-restart-backoff", "0.1")
+    yield server
+    assert server.stop(timeout_s=30) == 0, server.log()
+
+
+def test_a_killed_engine_is_restarted_and_serves_again(healing_server):
+    server = healing_server
+    restarts_before = server.model_info().num_engine_restarts
+    old_pid, killed, to_unavailable_s = kill_engine_under(server, chat("Write a long story.", max_tokens=200))
+    assert wait_health(server, NOT_SERVING) == NOT_SERVING
+    refused = error_of(server.stub.Generate, chat("hi"), timeout=5)
+    assert refused.code() == grpc.StatusCode.UNAVAILABLE, refused
+    assert wait_health(server, SERVING) == SERVING, server.log()
+    to_serving_s = time.monotonic() - killed
+    response = server.stub.Generate(chat("Give a person in JSON.", max_tokens=48, temperature=0,
+                                         constraint={"json_schema": PERSON_SCHEMA}), timeout=60)
+    assert response.finish_reason == pb.FINISH_REASON_STOP and {"name", "age"} <= set(json.loads(response.text))
+    info = server.model_info()
+    assert info.num_engine_restarts == restarts_before + 1 and "killed by signal 9" in info.last_engine_crash
+    assert server.engine_pid != old_pid
+    load = server.wait_idle()
+    assert load.num_free_kv_blocks == load.num_total_kv_blocks and load.num_in_flight == 0
+    print(f"engine kill: UNAVAILABLE after {to_unavailable_s:.2f} s, SERVING again after {to_serving_s:.1f} s")
+
+
+def test_a_constraint_in_flight_at_two_engine_deaths_is_quarantined(healing_server):
+    server = healing_server
+    before = server.model_info()
     poison = {"regex": "[a-z ]{50,400}"}
-    try:
-        for attempt in range(2):
-            kill_engine_under(server, chat(f"Write letters, try {attempt}.", max_tokens=200, constraint=poison))
-            assert wait_health(server, SERVING) == SERVING, server.log()
-        refused = error_of(server.stub.Generate, chat("A different prompt.", max_tokens=8, constraint=poison),
-                           timeout=10)
-        assert refused.code() == grpc.StatusCode.UNAVAILABLE
-        assert refused.details().startswith("constraint.regex: quarantined for another "), refused.details()
-        other = server.stub.Generate(chat("Say a word.", max_tokens=8, constraint={"regex": "[a-z]{1,20}"}),
-                                     timeout=60)
-        assert other.finish_reason in (pb.FINISH_REASON_STOP, pb.FINISH_REASON_LENGTH) and other.text
-        info = server.model_info()
-        assert info.num_engine_restarts == 2 and info.num_quarantined_constraints == 1
-        assert "quarantined for 600 s" in server.log()
-    finally:
-        assert server.stop(timeout_s=30) == 0, server.log()
+    for attempt in range(2):
+        kill_engine_under(server, chat(f"Write letters, try {attempt}.", max_tokens=200, constraint=poison))
+        assert wait_health(server, SERVING) == SERVING, server.log()
+    refused = error_of(server.stub.Generate, chat("A different prompt.", max_tokens=8, constraint=poison),
+                       timeout=10)
+    assert refused.code() == grpc.StatusCode.UNAVAILABLE
+    assert refused.details().startswith("constraint.regex: quarantined for another "), refused.details()
+    other = server.stub.Generate(chat("Say a word.", max_tokens=8, constraint={"regex": "[a-z]{1,20}"}),
+                                 timeout=60)
+    assert other.finish_reason in (pb.FINISH_REASON_STOP, pb.FINISH_REASON_LENGTH) and other.text
+    info = server.model_info()
+    assert info.num_engine_restarts == before.num_engine_restarts + 2
+    assert info.num_quarantined_constraints == before.num_quarantined_constraints + 1
+    assert "quarantined for 600 s" in server.log()

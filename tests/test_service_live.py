@@ -1,4 +1,4 @@
-"""The Generation API on loopback with the real model (one server for the module, small max_tokens)."""
+"""The Generation API on loopback with the real model (the shared `default_server`, small max_tokens)."""
 from __future__ import annotations
 
 import json
@@ -9,17 +9,15 @@ import jsonschema
 import pytest
 from google.protobuf import json_format
 
-from live_server import MAX_NUM_SEQS, MAX_QUEUE_LEN, PERSON_SCHEMA, LiveServer, chat, error_of, field_violations
+from live_server import PERSON_SCHEMA, chat, error_of, field_violations
 from service._gen.formwork.v1 import generation_pb2 as pb
 
 pytestmark = pytest.mark.slow
 
 
 @pytest.fixture(scope="module")
-def server():
-    live = LiveServer("--max-num-seqs", str(MAX_NUM_SEQS), "--max-queue-len", str(MAX_QUEUE_LEN))
-    yield live
-    assert live.stop() == 0, live.log()
+def server(default_server):
+    return default_server
 
 
 # ---- generation -------------------------------------------------------------------------------

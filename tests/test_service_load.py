@@ -1,7 +1,8 @@
 """Load on loopback with the real model: 32 concurrent streams, a full queue, mass cancellation.
 
-A server of its own (one per module): these tests abort many running requests at once, which is
-what exposes the engine-bug regression test at the end.
+On the shared `default_server` (16 running and 16 waiting at most): these tests abort many
+running requests at once, which is what exposes the engine-bug regression test at the end; each
+waits until the server is idle again.
 """
 from __future__ import annotations
 
@@ -13,17 +14,15 @@ import grpc
 import jsonschema
 import pytest
 
-from live_server import MAX_NUM_SEQS, MAX_QUEUE_LEN, PERSON_SCHEMA, LiveServer, chat, error_of
+from live_server import MAX_NUM_SEQS, MAX_QUEUE_LEN, PERSON_SCHEMA, chat, error_of
 from service._gen.formwork.v1 import generation_pb2 as pb
 
 pytestmark = pytest.mark.slow
 
 
 @pytest.fixture(scope="module")
-def server():
-    live = LiveServer("--max-num-seqs", str(MAX_NUM_SEQS), "--max-queue-len", str(MAX_QUEUE_LEN))
-    yield live
-    assert live.stop() == 0, live.log()
+def server(default_server):
+    return default_server
 
 
 def test_32_concurrent_streams_complete_with_schema_valid_outputs(server):
