@@ -98,32 +98,43 @@ def _escape(pattern: str, i: int) -> tuple[str | None, int]:
 def _class(pattern: str, start: int) -> tuple[str, int] | None:
     """The class at `start` rewritten, and the index after it; None if it is unreadable, holds the
     quote or the backslash beside other members, or has a range that starts or ends with one."""
+    read = _class_members(pattern, start)
+    if read is None:
+        return None
+    negated, members, end = read
+    named = [text for text, special in members if special]
+    if negated or not named:  # a negated class excludes them, and xgrammar leaves them out anyway
+        return pattern[start:end], end
+    if len(named) < len(members):
+        return None  # measured: xgrammar drops the escapes from an alternation beside the class
+    return "(" + "|".join(_ESCAPED[c] for c in dict.fromkeys(named)) + ")", end
+
+
+def _class_members(pattern: str, start: int) -> tuple[bool, list[tuple[str, bool]], int] | None:
+    """(negated, its members, the index after it) of the class at `start`: each member's text (a
+    range as "a-z") and whether it is the quote or the backslash (named as the character itself);
+    None if unreadable or a range starts or ends with one of those two."""
     i = start + 1
     negated = pattern.startswith("^", i)
     i += negated
-    members, named = 0, []  # how many other items; the quote and backslash it holds
+    members: list[tuple[str, bool]] = []
     while True:
         item = _class_item(pattern, i)
         if item is None:
             return None
         text, code, i = item
         if text == "]":
-            break
+            return negated, members, i
         if pattern.startswith("-", i) and not pattern.startswith("-]", i):
             end = _class_item(pattern, i + 1)
             if end is None or {code, end[1]} & _SPECIAL_CODES:
                 return None
+            members.append((f"{text}-{end[0]}", False))
             i = end[2]
-            members += 1
         elif code in _SPECIAL_CODES:
-            named.append(chr(code))
+            members.append((chr(code), True))
         else:
-            members += 1
-    if negated or not named:  # a negated class excludes them, and xgrammar leaves them out anyway
-        return pattern[start:i], i
-    if members:
-        return None  # measured: xgrammar drops the escapes from an alternation beside the class
-    return "(" + "|".join(_ESCAPED[c] for c in dict.fromkeys(named)) + ")", i
+            members.append((text, False))
 
 
 def _class_item(pattern: str, i: int) -> tuple[str, int | None, int] | None:
@@ -173,30 +184,13 @@ def classes_without_escapes(pattern: str) -> str | None:
 def _class_without_escapes(pattern: str, start: int) -> tuple[str, int] | None:
     """The class at `start` without its quote and backslash members if it has others, and the
     index after it; None if unreadable or a range ends in one of them."""
-    i = start + 1
-    negated = pattern.startswith("^", i)
-    i += negated
-    kept: list[str] = []
-    dropped = False
-    while True:
-        item = _class_item(pattern, i)
-        if item is None:
-            return None
-        text, code, i = item
-        if text == "]":
-            break
-        if pattern.startswith("-", i) and not pattern.startswith("-]", i):
-            end = _class_item(pattern, i + 1)
-            if end is None or {code, end[1]} & _SPECIAL_CODES:
-                return None
-            kept.append(f"{text}-{end[0]}")
-            i = end[2]
-        elif code in _SPECIAL_CODES:
-            dropped = True
-        else:
-            kept.append(text)
-    if negated or not dropped or not kept:
-        return pattern[start:i], i
+    read = _class_members(pattern, start)
+    if read is None:
+        return None
+    negated, members, end = read
+    kept = [text for text, special in members if not special]
+    if negated or len(kept) == len(members) or not kept:
+        return pattern[start:end], end
     if kept[0].startswith("^"):
         kept[0] = "\\" + kept[0]  # not a negation once it comes first
-    return "[" + "".join(kept) + "]", i
+    return "[" + "".join(kept) + "]", end
