@@ -6,8 +6,9 @@ query; shapes: the default model's (9 query heads over 3 kv heads of 64) and the
 over 2, of 128). For each, the best of --repeats timings (the machine is shared: interference only
 adds time) in ms a layer and GFLOP/s (2 D FLOPs per key and query head for q.k, 2 D for p.v).
 --threads sets torch's thread count first (the kernels' helpers are that many minus one): 1 shows
-whether a case gains from the second core at all. With --prefill N, also the engine's whole prefill of an N-token prompt (bf16, default model, prefix
-cache off, best of --repeats) beside 30 layers of the kernel on the same chunks: attention's share.
+whether a case gains from the second core at all. With --prefill N, also the engine's whole
+prefill of an N-token prompt (bf16, default model, prefix cache off, best of --repeats) beside 30
+layers of the kernel on the same chunks: attention's share.
 Set OMP_WAIT_POLICY=PASSIVE as the engine runs.
 """
 from __future__ import annotations

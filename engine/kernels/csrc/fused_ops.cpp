@@ -24,8 +24,6 @@ using formwork::to_float;
 // rows per thread: a decode batch (<= a few hundred rows of a few thousand values) stays on one thread
 constexpr int64_t kRowGrain = 256;
 
-// 16 floats as one value: GCC lowers the arithmetic to whatever vectors the target has, lane by
-// lane, and never re-vectorizes (or re-splits) a loop over it
 // fn(begin, end) over [0, rows) in pieces of kRowGrain rows, split across the kernels' helpers
 template <typename Fn>
 void for_row_chunks(int64_t rows, const Fn& fn) {
@@ -34,6 +32,8 @@ void for_row_chunks(int64_t rows, const Fn& fn) {
   });
 }
 
+// 16 floats as one value: GCC lowers the arithmetic to whatever vectors the target has, lane by
+// lane, and never re-vectorizes (or re-splits) a loop over it
 typedef float Lanes __attribute__((vector_size(64)));
 constexpr int kLanes = 16;
 
