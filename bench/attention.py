@@ -5,8 +5,10 @@ earlier chunks in the cache), and --decode-batches requests of --context tokens 
 query; shapes: the default model's (9 query heads over 3 kv heads of 64) and the 1.5B model's (12
 over 2, of 128). For each, the best of --repeats timings (the machine is shared: interference only
 adds time) in ms a layer and GFLOP/s (2 D FLOPs per key and query head for q.k, 2 D for p.v).
-With --prefill N, also the engine's whole prefill of an N-token prompt (bf16, default model, prefix
-cache off, best of --repeats) beside 30 layers of the kernel on the same chunks: attention's share.
+--threads sets torch's thread count first (the kernels' helpers are that many minus one): 1 shows
+whether a case gains from the second core at all. With --prefill N, also the engine's whole
+prefill of an N-token prompt (bf16, default model, prefix cache off, best of --repeats) beside 30
+layers of the kernel on the same chunks: attention's share.
 Set OMP_WAIT_POLICY=PASSIVE as the engine runs.
 """
 from __future__ import annotations
@@ -84,7 +86,12 @@ def main() -> int:
     parser.add_argument("--context", type=int, default=160, help="tokens of each decoding request")
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--prefill", type=int, default=0, help="also time the engine's prefill of this many tokens")
+    parser.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
     args = parser.parse_args()
+    if args.threads < 0:
+        raise SystemExit(f"--threads: 0 (torch's default) or a positive count, got {args.threads}")
+    if args.threads:
+        torch.set_num_threads(args.threads)  # before the kernels' pool is sized from it
     from engine.kernels.loader import load_cpu_kernels
     kernels = load_cpu_kernels()
     if kernels is None:

@@ -2,15 +2,19 @@
 // rotary embedding in place. In torch each of these is several ops, and with OMP_WAIT_POLICY=PASSIVE
 // every op over more than 32K elements wakes the sleeping OpenMP threads (about 50 us a wake on this
 // VM, measured), which at 64 decodes cost more than the arithmetic. Here a decode batch runs on the
-// calling thread; only prompt-sized inputs are split across threads. Math is fp32 for every dtype.
+// calling thread; only prompt-sized inputs are split across threads, on the same helpers as the GEMM
+// and the attention (worker_pool.h), so that a prefill's kernels share one set of threads instead of
+// two pools taking turns on the cores. Math is fp32 for every dtype.
 #include <torch/extension.h>
-#include <ATen/Parallel.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <vector>
 
 #include "conversions.h"
+#include "worker_pool.h"
 
 namespace {
 
@@ -19,6 +23,14 @@ using formwork::to_float;
 
 // rows per thread: a decode batch (<= a few hundred rows of a few thousand values) stays on one thread
 constexpr int64_t kRowGrain = 256;
+
+// fn(begin, end) over [0, rows) in pieces of kRowGrain rows, split across the kernels' helpers
+template <typename Fn>
+void for_row_chunks(int64_t rows, const Fn& fn) {
+  formwork::parallel_chunks((rows + kRowGrain - 1) / kRowGrain, [&](int64_t chunk) {
+    fn(chunk * kRowGrain, std::min(rows, (chunk + 1) * kRowGrain));
+  });
+}
 
 // 16 floats as one value: GCC lowers the arithmetic to whatever vectors the target has, lane by
 // lane, and never re-vectorizes (or re-splits) a loop over it
@@ -75,7 +87,7 @@ torch::Tensor add_rms_norm(torch::Tensor residual, c10::optional<torch::Tensor> 
     const int64_t add_stride = delta ? delta->stride(0) : 0;
     const scalar_t* w = weight.data_ptr<scalar_t>();
     scalar_t* o = out.data_ptr<scalar_t>();
-    at::parallel_for(0, rows, kRowGrain, [&](int64_t begin, int64_t end) {
+    for_row_chunks(rows, [&](int64_t begin, int64_t end) {
       std::vector<float> row_buffer(hidden);
       float* __restrict row = row_buffer.data();
       for (int64_t r = begin; r < end; ++r) {
@@ -106,7 +118,7 @@ torch::Tensor silu_and_mul(torch::Tensor gate_up) {
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, gate_up.scalar_type(), "silu_and_mul", [&] {
     const scalar_t* in = gate_up.data_ptr<scalar_t>();
     scalar_t* o = out.data_ptr<scalar_t>();
-    at::parallel_for(0, rows, kRowGrain, [&](int64_t begin, int64_t end) {
+    for_row_chunks(rows, [&](int64_t begin, int64_t end) {
       for (int64_t r = begin; r < end; ++r) {
         const scalar_t* __restrict gate = in + r * in_stride;
         const scalar_t* __restrict up = gate + inter;
@@ -135,7 +147,7 @@ void rotary_(torch::Tensor qkv, torch::Tensor cos, torch::Tensor sin, int64_t nu
     scalar_t* x = qkv.data_ptr<scalar_t>();
     const scalar_t* c = cos.data_ptr<scalar_t>();
     const scalar_t* s = sin.data_ptr<scalar_t>();
-    at::parallel_for(0, rows, kRowGrain, [&](int64_t begin, int64_t end) {
+    for_row_chunks(rows, [&](int64_t begin, int64_t end) {
       for (int64_t r = begin; r < end; ++r) {
         const scalar_t* cr = c + r * head_dim;
         const scalar_t* sr = s + r * head_dim;
