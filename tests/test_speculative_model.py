@@ -12,6 +12,7 @@ import pytest
 
 from bench.workloads import extraction_prompt, load_json_extraction
 from engine.sampling_params import SamplingParams
+from engine.sched.step_cost import StepCostModel
 from grammar.constraint import Constraint
 
 pytestmark = pytest.mark.slow
@@ -22,6 +23,17 @@ FREE = [[{"role": "user", "content": "Tell me about owls."}],
         [{"role": "user", "content": "Write a short poem about bread."}],
         "The list of the planets, in order from the sun: Mercury, Venus, Earth,",
         COPY]
+
+
+@pytest.fixture(autouse=True)
+def drafts_at_full_length(llm_fp32, monkeypatch):
+    """How long a draft is, is priced from the step times the machine measures as it runs
+    (engine/sched/speculation.py: tests/test_speculative_scheduling.py checks the pricing), so on a
+    loaded machine a short copy may draft nothing and its exactness check would check nothing.
+    Unmeasured, every match drafts at full length: the most drafting, the strictest check."""
+    speculator = llm_fp32.engine.scheduler.speculator
+    monkeypatch.setattr(speculator, "step_cost", StepCostModel())
+    monkeypatch.setattr(speculator, "observe_step", lambda num_tokens, seconds: None)
 
 
 def both(llm, prompts, **params):
@@ -62,9 +74,7 @@ def test_free_text_outputs_are_identical_with_drafts(llm_fp32):
     assert [o.token_ids for o in on] == [o.token_ids for o in off]
     copy_off, copy_on = off[-1], on[-1]
     assert "4.2 million euros" in copy_on.text
-    # the copied sentence is drafted and accepted; how long the drafts are is priced from the step
-    # times this machine measures as it runs (engine/sched/speculation.py), so not fixed here
-    assert copy_on.num_accepted_draft_tokens >= 1
+    assert copy_on.num_accepted_draft_tokens >= 8  # the copied sentence is drafted and accepted
     assert copy_on.num_forward_passes < copy_off.num_forward_passes
     assert_all_blocks_free(llm_fp32)
 
