@@ -29,7 +29,7 @@ $(STAMP): pyproject.toml clients/python/pyproject.toml Makefile
 	$(PIP) install -e '.[dev,deploy]'
 	# the Python client: its own package (only grpcio, protobuf, googleapis-common-protos)
 	$(PIP) install -e clients/python
-	# the CPU kernels (engine/kernels/csrc), built once into $$FORMWORK_CACHE/kernels/<cpu features + sources>; engines fall back to torch without them
+	# the CPU kernels (engine/kernels/csrc), built once into $$FORMWORK_CACHE/kernels/<cpu features + flags + torch + sources> (shared by every clone); engines fall back to torch without them
 	$(PY) -c 'from engine.kernels.loader import load_cpu_kernels as k; print("CPU kernels:", "built" if k() else "NOT built (torch path)")'
 	touch $(STAMP)
 
