@@ -268,7 +268,7 @@ class Scheduler:
         num_rows = 0
         for req_id, num_new in plan.num_scheduled_tokens.items():
             request = self.requests[req_id]
-            num_draft = len(plan.spec_token_ids.get(req_id, ())) if plan.spec_token_ids else 0
+            num_draft = len(plan.spec_token_ids.get(req_id, ()))
             if request.grammar is not None and request.num_computed_tokens + num_new - num_draft == request.num_tokens:
                 rows[req_id] = num_rows
                 num_rows += 1 + num_draft

@@ -171,14 +171,13 @@ class ModelRunner:
             return ModelRunnerOutput(parked.req_ids, {})
         # one logits row per position: each request's next token, then one after each draft token
         num_rows = [1 + n for n in parked.num_draft_tokens]
-        row_req_ids = ([r for r, n in zip(parked.sampling_req_ids, num_rows) for _ in range(n)] if parked.drafts
-                       else parked.sampling_req_ids)
+        row_req_ids = [r for r, n in zip(parked.sampling_req_ids, num_rows) for _ in range(n)]
         bitmask = bitmask_rows = None
         if grammar_output is not None:
             first = grammar_output.structured_output_request_ids
-            rows = ((first[r] + i if r in first else -1 for r, n in zip(parked.sampling_req_ids, num_rows)
-                     for i in range(n)) if parked.drafts else (first.get(r, -1) for r in row_req_ids))
-            bitmask_rows = np.fromiter(rows, dtype=np.int64, count=len(row_req_ids))
+            bitmask_rows = np.fromiter(
+                (first[r] + i if r in first else -1 for r, n in zip(parked.sampling_req_ids, num_rows)
+                 for i in range(n)), dtype=np.int64, count=len(row_req_ids))
             bitmask = grammar_output.grammar_bitmask
         meta = self._sampling_metadata(row_req_ids)
         out = self.sampler(parked.logits, meta, bitmask, bitmask_rows)
