@@ -23,7 +23,7 @@ from grammar.low_priority import run_at_low_priority
 from grammar.matcher_cursor import CharTokens
 from grammar.tool_calls import ToolCalls
 from grammar.xgrammar_backend.conversion import (check_repeats, choice_ebnf, convert_spec, unsupported_error,
-                                                 warning_keywords)
+                                                 warning_keywords, with_native_repeats)
 from grammar.xgrammar_backend.matcher import XGrammarCompiled, XGrammarGrammar
 
 if TYPE_CHECKING:
@@ -296,7 +296,7 @@ class XGrammarBackend(GrammarBackend):
             findings.append(finding)
             if constraint.strict:
                 raise unsupported_error([finding])
-        return grammar, [str(f) for f in findings] + notes
+        return with_native_repeats(grammar), [str(f) for f in findings] + notes
 
     @staticmethod
     def _json_to_grammar(schema_text: str, whitespace: str) -> xgr.Grammar:
