@@ -7,7 +7,7 @@ import re
 
 import xgrammar as xgr
 
-from grammar import output_bounds, regex_repeats, schema_check
+from grammar import decimal_numbers, output_bounds, regex_repeats, schema_check
 from grammar.backend import GrammarError
 from grammar.log_capture import capture_native_log, strip_native_prefix
 
@@ -42,6 +42,15 @@ def with_native_repeats(grammar: xgr.Grammar) -> xgr.Grammar:
         logger.warning("repeats not made native (%s); the grammar is compiled as xgrammar wrote it",
                        strip_native_prefix(str(e)))
         return grammar
+
+
+def with_decimal_numbers(grammar: xgr.Grammar, rules: dict[str, str]) -> xgr.Grammar | None:
+    """`grammar` with the number rules of grammar/decimal_numbers.py in place of their markers;
+    None where xgrammar wrote a marker so that it cannot be replaced."""
+    if not rules:
+        return grammar
+    text = decimal_numbers.substitute(str(grammar), rules)
+    return None if text is None else xgr.Grammar.from_ebnf(text)
 
 
 def check_repeats(what: str, pattern: str, max_count: int) -> None:
