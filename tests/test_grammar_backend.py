@@ -165,3 +165,25 @@ def test_a_pattern_naming_a_quote_or_backslash_it_cannot_rewrite_is_refused_and_
 def test_patterns_that_only_contain_a_quote_in_a_wide_class_stay_enforced():
     compiled = make_backend().compile(make_constraint(spec={"type": "string", "pattern": "^[ -~]{2}$"}))
     assert accepts(compiled, '"ab"') and not accepts(compiled, '"abc"')
+
+
+def test_a_large_grammar_builds_its_masks_on_first_use_and_enforces_the_same_language():
+    import random
+
+    from grammar.xgrammar_backend.backend import DYNAMIC_MIN_RULES
+
+    # declared names beside open additionalProperties: xgrammar writes a rule per node of their trie
+    rng = random.Random(0)
+    names = ["".join(rng.choice("abcdefghijklmnopqrstuvwxyz") for _ in range(10)) for _ in range(40)]
+    schema = {"type": "object", "properties": {name: {"type": "integer"} for name in names},
+              "additionalProperties": True}
+    backend = make_backend()
+    constraint = make_constraint(spec=schema, strict=True)
+    grammar, _ = backend._json_grammar(constraint)
+    assert str(grammar).count(" ::= ") >= DYNAMIC_MIN_RULES
+    compiled = backend.compile(constraint)
+    first, last = names[0], names[-1]
+    assert accepts(compiled, f'{{"{first}":1,"other":"x"}}')
+    assert accepts(compiled, f'{{"{first[:4]}":"a prefix of a declared name","{first}x":[]}}')
+    assert not accepts(compiled, f'{{"{first}":"a declared name with a string"}}')
+    assert not accepts(compiled, f'{{"other":"x","{last}":1.5}}')
