@@ -23,8 +23,8 @@ from grammar.log_capture import capture_native_log, strip_native_prefix
 from grammar.low_priority import run_at_low_priority
 from grammar.matcher_cursor import CharTokens
 from grammar.tool_calls import ToolCalls
-from grammar.xgrammar_backend.conversion import (check_repeats, choice_ebnf, convert_spec, unsupported_error,
-                                                 warning_keywords, with_decimal_numbers, with_native_repeats)
+from grammar.xgrammar_backend.conversion import (builds_masks_lazily, check_repeats, choice_ebnf, convert_spec,
+                                                 unsupported_error, warning_keywords, with_decimal_numbers)
 from grammar.xgrammar_backend.matcher import XGrammarCompiled, XGrammarGrammar
 
 if TYPE_CHECKING:
@@ -42,12 +42,6 @@ _WHITESPACE_OPTIONS: dict[str, dict[str, Any]] = {
 _PROBE_TOKENS = 8  # tokens the compile-time fill probe walks
 _MIN_OUTPUT_SEARCH_TOKENS = 4096  # the longest shortest output the compile-time search looks for
 _ONE_OF_WARNING = "oneOf with overlapping"
-# A grammar of this many rules builds its token masks when a matcher first needs them: xgrammar
-# computes one per rule position, and an object with declared properties beside open
-# additionalProperties writes a rule per node of a trie of the names (sp_0: 5,590 rules, 17 s
-# eager, 0.2 s dynamic, then 10-25 ms for each state's first fill). Smaller grammars compile
-# eagerly, so their fills stay microseconds from the first step.
-DYNAMIC_MIN_RULES = 256
 
 
 class XGrammarBackend(GrammarBackend):
@@ -74,8 +68,8 @@ class XGrammarBackend(GrammarBackend):
         self.tokenizer_info = xgr.TokenizerInfo.from_huggingface(self.tokenizer, vocab_size=vocab_size)
         self.stop_token_ids = list(self.tokenizer_info.stop_token_ids)
         self._compiler = xgr.GrammarCompiler(self.tokenizer_info, max_threads=num_threads, cache_enabled=False)
-        self._dynamic_compiler = xgr.GrammarCompiler(self.tokenizer_info, max_threads=num_threads,
-                                                     cache_enabled=False, enable_dynamic_compilation=True)
+        self._lazy_compiler = xgr.GrammarCompiler(self.tokenizer_info, max_threads=num_threads,
+                                                  cache_enabled=False, enable_dynamic_compilation=True)
         # a tokenizer that prepends a space to every encoded text cannot encode mid-output text
         prefix_space = self.tokenizer_info.add_prefix_space
         self.forced_text = ForcedTextTokenizer(self.tokenizer, enabled=not prefix_space)
@@ -93,7 +87,7 @@ class XGrammarBackend(GrammarBackend):
         if kind == "tool_calls" or constraint.think_end:
             grammar = self._structural_grammar(constraint, grammar, not_enforced)
         bounds = self._check_bounds(kind, grammar)
-        compiler = self._dynamic_compiler if str(grammar).count(" ::= ") >= DYNAMIC_MIN_RULES else self._compiler
+        compiler = self._lazy_compiler if builds_masks_lazily(str(grammar)) else self._compiler
         try:
             compiled = compiler.compile_grammar(grammar)
         except Exception as e:  # xgrammar raises RuntimeError/ValueError with a C++ prefix
@@ -314,7 +308,7 @@ class XGrammarBackend(GrammarBackend):
         with_numbers = with_decimal_numbers(grammar, numbers)
         if with_numbers is None:
             return self._json_grammar(constraint, decimals=False)
-        return with_native_repeats(with_numbers), [str(f) for f in findings] + notes
+        return with_numbers, [str(f) for f in findings] + notes
 
     @staticmethod
     def _json_to_grammar(schema_text: str, whitespace: str) -> xgr.Grammar:

@@ -2,16 +2,13 @@
 GrammarErrors or not-enforced entries, choices as EBNF, repeat counts checked first."""
 from __future__ import annotations
 
-import logging
 import re
 
 import xgrammar as xgr
 
-from grammar import decimal_numbers, output_bounds, regex_repeats, schema_check
+from grammar import decimal_numbers, output_bounds, schema_check
 from grammar.backend import GrammarError
 from grammar.log_capture import capture_native_log, strip_native_prefix
-
-logger = logging.getLogger(__name__)
 
 
 def convert_spec(kind: str, strict: bool, not_enforced: list[str], convert, spec: str) -> xgr.Grammar:
@@ -29,19 +26,31 @@ def convert_spec(kind: str, strict: bool, not_enforced: list[str], convert, spec
     return grammar
 
 
-def with_native_repeats(grammar: xgr.Grammar) -> xgr.Grammar:
-    """`grammar` with its Regex terminals' large counted repeats as EBNF repetitions
-    (grammar/regex_repeats.py): the same language, compiled in a fraction of the time."""
-    text = str(grammar)
-    rewritten = regex_repeats.with_native_repeats(text)
-    if rewritten == text:
-        return grammar
-    try:
-        return xgr.Grammar.from_ebnf(rewritten)
-    except Exception as e:  # the original grammar is still right, only slower to compile
-        logger.warning("repeats not made native (%s); the grammar is compiled as xgrammar wrote it",
-                       strip_native_prefix(str(e)))
-        return grammar
+# A grammar of this many rules builds its token masks when a matcher first needs them: xgrammar
+# computes one per rule position, and an object with declared properties beside open
+# additionalProperties writes a rule per node of a trie of the names (sp_0: 5,590 rules, 17 s
+# eager, 0.2 s lazy). So does one whose Regex terminal repeats a group many times: xgrammar's
+# automaton holds a copy of the group per count (`(?:\S+\s+){0,99}`: 2.1 s eager, 0.01 s lazy).
+# Measured, the price is each state's first fill (10-50 ms, at most 0.65 s for sp_0's largest),
+# once per compiled grammar; smaller grammars compile eagerly, so their fills stay microseconds.
+# (Written as an EBNF repetition instead, that pattern compiled in 15 ms but every fill took
+# 25-40 ms, against 0.04 ms.)
+LAZY_MIN_RULES = 256
+LAZY_MIN_GROUP_COUNT = 8
+_REGEX_TERMINAL = re.compile(r'Regex\("((?:[^"\\]|\\.)*)"')
+_GROUP_COUNT = re.compile(r"\)\{(\d+)(?:,\s*(\d*))?\}")
+
+
+def builds_masks_lazily(grammar_text: str) -> bool:
+    """Whether a grammar (xgrammar's printing of it) is compiled with its token masks built on
+    first use rather than all at once (see LAZY_MIN_RULES)."""
+    if grammar_text.count(" ::= ") >= LAZY_MIN_RULES:
+        return True
+    for terminal in _REGEX_TERMINAL.finditer(grammar_text):
+        for count in _GROUP_COUNT.finditer(terminal.group(1)):
+            if any(len(d) > 6 or int(d) >= LAZY_MIN_GROUP_COUNT for d in count.groups() if d):
+                return True
+    return False
 
 
 def with_decimal_numbers(grammar: xgr.Grammar, rules: dict[str, str]) -> xgr.Grammar | None:
