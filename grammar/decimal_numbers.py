@@ -73,7 +73,7 @@ def mark(schema: Any) -> tuple[Any, dict[str, str]]:
     nullable one by an anyOf of the marker and null), and marker literal -> EBNF for
     `substitute`. The input is not modified."""
     rules: dict[str, str] = {}
-    refs_narrowable = not _refers_from_non_monotone(schema, "", True)
+    refs_narrowable = not _refers_from_non_monotone(schema, True)
 
     def visit(node: Any, monotone: bool) -> Any:
         if not isinstance(node, dict):
@@ -119,7 +119,7 @@ def _marked(node: dict, rules: dict[str, str]) -> Any:
     return {"anyOf": [{"const": marker}, {"type": "null"}]} if nullable else {"const": marker}
 
 
-def _refers_from_non_monotone(node: Any, pointer: str, monotone: bool) -> bool:
+def _refers_from_non_monotone(node: Any, monotone: bool) -> bool:
     """Whether a `$ref` sits where narrowing what it refers to could widen the schema."""
     if not isinstance(node, dict):
         return False
@@ -129,8 +129,7 @@ def _refers_from_non_monotone(node: Any, pointer: str, monotone: bool) -> bool:
     children += [(node[key], key) for key in _SINGLES if isinstance(node.get(key), dict)]
     children += [(sub, key) for key in _LISTS if isinstance(node.get(key), list) for sub in node[key]]
     children += [(node["propertyNames"], "propertyNames")] if isinstance(node.get("propertyNames"), dict) else []
-    return any(_refers_from_non_monotone(sub, pointer, monotone and key not in _NON_MONOTONE)
-               for sub, key in children)
+    return any(_refers_from_non_monotone(sub, monotone and key not in _NON_MONOTONE) for sub, key in children)
 
 
 def _is_zero(value: Any) -> bool:

@@ -31,7 +31,7 @@ def convert_spec(kind: str, strict: bool, not_enforced: list[str], convert, spec
 # additionalProperties writes a rule per node of a trie of the names (sp_0: 5,590 rules, 17 s
 # eager, 0.2 s lazy). So does one whose Regex terminal repeats a group many times: xgrammar's
 # automaton holds a copy of the group per count (`(?:\S+\s+){0,99}`: 2.1 s eager, 0.01 s lazy).
-# Measured, the price is each state's first fill (10-50 ms, at most 0.65 s for sp_0's largest),
+# Measured, the price is each state's first fill (10-50 ms, at most 0.8 s for sp_0's largest),
 # once per compiled grammar; smaller grammars compile eagerly, so their fills stay microseconds.
 # (Written as an EBNF repetition instead, that pattern compiled in 15 ms but every fill took
 # 25-40 ms, against 0.04 ms.)
