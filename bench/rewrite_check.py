@@ -2,7 +2,8 @@
 
 For every schema of the JSONSchemaBench sample (`--data` for another copy) that
 grammar.schema_rewrite changes (or with a pattern naming a quote or a backslash, which xgrammar
-gets in its JSON-text form), instances are drawn from the compiled grammar of the rewritten
+gets in its JSON-text form, or a number the backend gives a rule of its own,
+grammar/decimal_numbers.py), instances are drawn from the compiled grammar of the rewritten
 schema (random walks through its matcher, biased towards closing strings and objects), then
 mutated (keys dropped and added, values swapped for other types, lengths changed, a quote or a
 backslash added). Each is validated with jsonschema against the original and the rewritten
@@ -19,14 +20,18 @@ from __future__ import annotations
 
 import copy
 import json
+import math
 import random
 import re
 from collections import Counter
 from dataclasses import dataclass, field
+from decimal import Decimal
+from fractions import Fraction
 from typing import Any
 
 from bench.coverage import load_schemas
 from bench.datasets import SUBSETS
+from grammar import decimal_numbers
 from grammar.regex_pieces import regex_pieces
 
 
@@ -46,7 +51,9 @@ class CheckResult:
 
 def validator(schema: Any):
     """jsonschema's validator for the schema's draft, with ECMA-262's "$" (the end, not also
-    before a final line break as in Python's re), which is what JSON Schema means."""
+    before a final line break as in Python's re), which is what JSON Schema means, and
+    `multipleOf` on the numbers' decimal text (JSON Schema's mathematical multiple: jsonschema's
+    float division finds 0.07 no multiple of 0.01)."""
     import jsonschema
     cls = jsonschema.validators.validator_for(schema, default=jsonschema.Draft202012Validator)
 
@@ -54,7 +61,19 @@ def validator(schema: Any):
         if validator.is_type(instance, "string") and not re.search(ecma_dollar(pattern), instance):
             yield jsonschema.ValidationError(f"{instance!r} does not match {pattern!r}")
 
-    return jsonschema.validators.extend(cls, {"pattern": pattern})(schema)
+    def multiple_of(validator, multiple, instance, schema):
+        if validator.is_type(instance, "number") and not is_multiple(instance, multiple):
+            yield jsonschema.ValidationError(f"{instance!r} is not a multiple of {multiple!r}")
+
+    return jsonschema.validators.extend(cls, {"pattern": pattern, "multipleOf": multiple_of})(schema)
+
+
+def is_multiple(value: int | float, multiple: int | float) -> bool:
+    """Whether `value` is a whole multiple of `multiple`, both read as the decimals they print as."""
+    if not math.isfinite(value):
+        return False
+    quotient = Fraction(Decimal(repr(value))) / Fraction(Decimal(repr(multiple)))
+    return quotient.denominator == 1
 
 
 def ecma_dollar(pattern: str) -> str:
@@ -180,7 +199,7 @@ def check_schema(backend, sampler: GrammarSampler, sid: str, schema: Any, result
     except GrammarError as e:
         result.unverifiable[f"rewrite refused: {str(e)[:50]}"] += 1
         return
-    if rewritten.schema == schema and not _spells_escapes(schema):
+    if rewritten.schema == schema and not _spells_escapes(schema) and not decimal_numbers.mark(schema)[1]:
         return
     result.num_rewritten += 1
     result.rules.update(rewritten.rules)

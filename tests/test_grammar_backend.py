@@ -165,3 +165,53 @@ def test_a_pattern_naming_a_quote_or_backslash_it_cannot_rewrite_is_refused_and_
 def test_patterns_that_only_contain_a_quote_in_a_wide_class_stay_enforced():
     compiled = make_backend().compile(make_constraint(spec={"type": "string", "pattern": "^[ -~]{2}$"}))
     assert accepts(compiled, '"ab"') and not accepts(compiled, '"abc"')
+
+
+@pytest.mark.parametrize("text, lazy", [
+    ('root ::= Regex("^(\\?:\\\\S+\\\\s+){0,99}\\\\S+$", json_string=true)\n', True),
+    ('root ::= Regex("^((\\?:\\\\S+\\\\s+){0,7}\\\\S+){0,1}$", json_string=true)\n', False),
+    ('root ::= Regex("^(ab){8,}$", json_string=true)\n', True),
+    ('root ::= Regex("^[a-z]{1,255}$", json_string=true)\n', False),  # a class: one state per count is cheap
+    ('root ::= ("a" b){0, 99}\nb ::= "b"\n', False),  # xgrammar's own EBNF repetition
+    ("".join(f"r{i} ::= \"x\"\n" for i in range(256)), True),
+    ("".join(f"r{i} ::= \"x\"\n" for i in range(255)), False),
+])
+def test_large_grammars_and_regex_terminals_with_large_group_counts_build_masks_lazily(text, lazy):
+    from grammar.xgrammar_backend.conversion import builds_masks_lazily
+
+    assert builds_masks_lazily(text) is lazy
+
+
+def test_a_grammar_of_many_rules_compiles_lazily_and_enforces_the_same_language():
+    import random
+
+    from grammar.xgrammar_backend.conversion import LAZY_MIN_RULES
+
+    # declared names beside open additionalProperties: xgrammar writes a rule per node of their trie
+    rng = random.Random(0)
+    names = ["".join(rng.choice("abcdefghijklmnopqrstuvwxyz") for _ in range(10)) for _ in range(40)]
+    schema = {"type": "object", "properties": {name: {"type": "integer"} for name in names},
+              "additionalProperties": True}
+    backend = make_backend()
+    constraint = make_constraint(spec=schema, strict=True)
+    grammar, _ = backend._json_grammar(constraint)
+    assert str(grammar).count(" ::= ") >= LAZY_MIN_RULES
+    compiled = backend.compile(constraint)
+    first, last = names[0], names[-1]
+    assert accepts(compiled, f'{{"{first}":1,"other":"x"}}')
+    assert accepts(compiled, f'{{"{first[:4]}":"a prefix of a declared name","{first}x":[]}}')
+    assert not accepts(compiled, f'{{"{first}":"a declared name with a string"}}')
+    assert not accepts(compiled, f'{{"other":"x","{last}":1.5}}')
+
+
+def test_a_word_count_pattern_compiles_lazily_and_counts_words_exactly():
+    from grammar.xgrammar_backend.conversion import builds_masks_lazily
+
+    schema = {"type": "string", "pattern": r"^(?:\S+\s+){0,99}\S+$"}
+    backend = make_backend()
+    constraint = make_constraint(spec=schema, strict=True)
+    assert builds_masks_lazily(str(backend._json_grammar(constraint)[0]))
+    compiled = backend.compile(constraint)
+    assert accepts(compiled, json.dumps(" ".join(["word"] * 100)))
+    assert not accepts(compiled, json.dumps(" ".join(["word"] * 101)))
+    assert not accepts(compiled, json.dumps("two words "))

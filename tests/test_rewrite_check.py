@@ -7,7 +7,7 @@ import random
 import pytest
 
 from bench.datasets import TEST_SUITE_DIR
-from bench.rewrite_check import ecma_dollar, mutations, validator
+from bench.rewrite_check import ecma_dollar, is_multiple, mutations, validator
 from grammar.backend import GrammarError
 from grammar.schema_rewrite import rewrite
 
@@ -64,3 +64,11 @@ def test_dollar_is_the_end_of_the_string_as_in_ecma_262():
     assert ecma_dollar("^a$[$]") == "^a\\Z[$]"
     v = validator({"type": "string", "pattern": "^ab$"})
     assert v.is_valid("ab") and not v.is_valid("ab\n")
+
+
+def test_multiple_of_is_judged_on_the_decimal_text_not_by_float_division():
+    assert 0.07 / 0.01 != 7  # why: jsonschema's own check calls 0.07 no multiple of 0.01
+    assert is_multiple(0.07, 0.01) and is_multiple(12.34, 0.01) and is_multiple(3, 0.01) and is_multiple(1e20, 0.01)
+    assert not is_multiple(0.075, 0.01) and not is_multiple(7, 2) and not is_multiple(float("inf"), 0.01)
+    assert validator({"multipleOf": 0.01}).is_valid(0.07)
+    assert not validator({"multipleOf": 0.01}).is_valid(0.071)

@@ -12,7 +12,8 @@ import numpy as np
 import torch
 import xgrammar as xgr
 
-from grammar import lark_grammar, output_bounds, schema_check, schema_rewrite, schema_values, structural_tags
+from grammar import (decimal_numbers, lark_grammar, output_bounds, schema_check, schema_rewrite, schema_values,
+                     structural_tags)
 from grammar.backend import BOUNDED_JSON_WHITESPACE, CompiledGrammar, GrammarBackend, GrammarError
 from grammar.closing_hints import closing_hints
 from grammar.closing_search import ALPHABET
@@ -22,8 +23,8 @@ from grammar.log_capture import capture_native_log, strip_native_prefix
 from grammar.low_priority import run_at_low_priority
 from grammar.matcher_cursor import CharTokens
 from grammar.tool_calls import ToolCalls
-from grammar.xgrammar_backend.conversion import (check_repeats, choice_ebnf, convert_spec, unsupported_error,
-                                                 warning_keywords)
+from grammar.xgrammar_backend.conversion import (builds_masks_lazily, check_repeats, choice_ebnf, convert_spec,
+                                                 unsupported_error, warning_keywords, with_decimal_numbers)
 from grammar.xgrammar_backend.matcher import XGrammarCompiled, XGrammarGrammar
 
 if TYPE_CHECKING:
@@ -67,6 +68,8 @@ class XGrammarBackend(GrammarBackend):
         self.tokenizer_info = xgr.TokenizerInfo.from_huggingface(self.tokenizer, vocab_size=vocab_size)
         self.stop_token_ids = list(self.tokenizer_info.stop_token_ids)
         self._compiler = xgr.GrammarCompiler(self.tokenizer_info, max_threads=num_threads, cache_enabled=False)
+        self._lazy_compiler = xgr.GrammarCompiler(self.tokenizer_info, max_threads=num_threads,
+                                                  cache_enabled=False, enable_dynamic_compilation=True)
         # a tokenizer that prepends a space to every encoded text cannot encode mid-output text
         prefix_space = self.tokenizer_info.add_prefix_space
         self.forced_text = ForcedTextTokenizer(self.tokenizer, enabled=not prefix_space)
@@ -84,8 +87,9 @@ class XGrammarBackend(GrammarBackend):
         if kind == "tool_calls" or constraint.think_end:
             grammar = self._structural_grammar(constraint, grammar, not_enforced)
         bounds = self._check_bounds(kind, grammar)
+        compiler = self._lazy_compiler if builds_masks_lazily(str(grammar)) else self._compiler
         try:
-            compiled = self._compiler.compile_grammar(grammar)
+            compiled = compiler.compile_grammar(grammar)
         except Exception as e:  # xgrammar raises RuntimeError/ValueError with a C++ prefix
             raise GrammarError(f"{kind} does not compile: {strip_native_prefix(str(e))}") from None
         result = XGrammarCompiled(compiled, kind, not_enforced, jump_forward_safe=bounds.exact,
@@ -275,7 +279,10 @@ class XGrammarBackend(GrammarBackend):
 
     # -- JSON -------------------------------------------------------------------------------
 
-    def _json_grammar(self, constraint: Constraint) -> tuple[xgr.Grammar, list[str]]:
+    def _json_grammar(self, constraint: Constraint, decimals: bool = True) -> tuple[xgr.Grammar, list[str]]:
+        """`decimals`: numbers with a multipleOf of 10^-k get a rule of their own
+        (grammar/decimal_numbers.py); without it they are reported as findings."""
+        numbers: dict[str, str] = {}
         if constraint.kind == "json_object":
             schema: Any = {"type": "object"}
             findings: list[schema_check.Finding] = []
@@ -286,6 +293,8 @@ class XGrammarBackend(GrammarBackend):
             schema_values.check_keyword_values(parsed, self.config.max_repeat_count)
             rewritten = schema_rewrite.rewrite(parsed)
             schema, notes = rewritten.schema, rewritten.notes
+            if decimals:
+                schema, numbers = decimal_numbers.mark(schema)
             findings = schema_check.find_unsupported(schema)
         if constraint.strict and findings:
             raise unsupported_error(findings)
@@ -296,7 +305,10 @@ class XGrammarBackend(GrammarBackend):
             findings.append(finding)
             if constraint.strict:
                 raise unsupported_error([finding])
-        return grammar, [str(f) for f in findings] + notes
+        with_numbers = with_decimal_numbers(grammar, numbers)
+        if with_numbers is None:
+            return self._json_grammar(constraint, decimals=False)
+        return with_numbers, [str(f) for f in findings] + notes
 
     @staticmethod
     def _json_to_grammar(schema_text: str, whitespace: str) -> xgr.Grammar:

@@ -6,7 +6,7 @@ import re
 
 import xgrammar as xgr
 
-from grammar import output_bounds, schema_check
+from grammar import decimal_numbers, output_bounds, schema_check
 from grammar.backend import GrammarError
 from grammar.log_capture import capture_native_log, strip_native_prefix
 
@@ -24,6 +24,42 @@ def convert_spec(kind: str, strict: bool, not_enforced: list[str], convert, spec
             raise GrammarError(f"{kind} is not fully enforceable: {line}")
         not_enforced.append(f"{kind}: {line}")
     return grammar
+
+
+# A grammar of this many rules builds its token masks when a matcher first needs them: xgrammar
+# computes one per rule position, and an object with declared properties beside open
+# additionalProperties writes a rule per node of a trie of the names (sp_0: 5,590 rules, 17 s
+# eager, 0.2 s lazy). So does one whose Regex terminal repeats a group many times: xgrammar's
+# automaton holds a copy of the group per count (`(?:\S+\s+){0,99}`: 2.1 s eager, 0.01 s lazy).
+# Measured, the price is each state's first fill (10-50 ms, at most 0.8 s for sp_0's largest),
+# once per compiled grammar; smaller grammars compile eagerly, so their fills stay microseconds.
+# (Written as an EBNF repetition instead, that pattern compiled in 15 ms but every fill took
+# 25-40 ms, against 0.04 ms.)
+LAZY_MIN_RULES = 256
+LAZY_MIN_GROUP_COUNT = 8
+_REGEX_TERMINAL = re.compile(r'Regex\("((?:[^"\\]|\\.)*)"')
+_GROUP_COUNT = re.compile(r"\)\{(\d+)(?:,\s*(\d*))?\}")
+
+
+def builds_masks_lazily(grammar_text: str) -> bool:
+    """Whether a grammar (xgrammar's printing of it) is compiled with its token masks built on
+    first use rather than all at once (see LAZY_MIN_RULES)."""
+    if grammar_text.count(" ::= ") >= LAZY_MIN_RULES:
+        return True
+    for terminal in _REGEX_TERMINAL.finditer(grammar_text):
+        for count in _GROUP_COUNT.finditer(terminal.group(1)):
+            if any(len(d) > 6 or int(d) >= LAZY_MIN_GROUP_COUNT for d in count.groups() if d):
+                return True
+    return False
+
+
+def with_decimal_numbers(grammar: xgr.Grammar, rules: dict[str, str]) -> xgr.Grammar | None:
+    """`grammar` with the number rules of grammar/decimal_numbers.py in place of their markers;
+    None where xgrammar wrote a marker so that it cannot be replaced."""
+    if not rules:
+        return grammar
+    text = decimal_numbers.substitute(str(grammar), rules)
+    return None if text is None else xgr.Grammar.from_ebnf(text)
 
 
 def check_repeats(what: str, pattern: str, max_count: int) -> None:
