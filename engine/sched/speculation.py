@@ -202,7 +202,8 @@ class Speculator:
     def _move_anchors(self, request: Request, num_accepted_tokens: int) -> None:
         """The output copied the prompt up to the end of the accepted draft tokens: both anchors
         (prompt tokens, prompt bytes) move there, whichever drafter read the draft."""
-        prompt_text = request.prompt_text
+        text_drafter = self.text_drafter
+        prompt_text = text_drafter.prompt_text(request) if text_drafter is not None else None
         if request.draft_text_ends:
             request.text_anchor = request.draft_text_ends[num_accepted_tokens - 1]
             if prompt_text is not None:

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import bisect
 import itertools
+from array import array
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
@@ -31,7 +32,7 @@ class PromptText:
 
     __slots__ = ("data", "token_ends")
 
-    def __init__(self, data: bytes, token_ends: list[int]) -> None:
+    def __init__(self, data: bytes, token_ends: Sequence[int]) -> None:
         self.data = data
         self.token_ends = token_ends  # token i's bytes are data[token_ends[i - 1]:token_ends[i]]
 
@@ -39,7 +40,7 @@ class PromptText:
     def of(cls, token_ids: Sequence[int], token_bytes: Sequence[bytes]) -> PromptText:
         num_vocab = len(token_bytes)
         pieces = [token_bytes[t] if 0 <= t < num_vocab else b"" for t in token_ids]
-        return cls(b"".join(pieces), list(itertools.accumulate(map(len, pieces))))
+        return cls(b"".join(pieces), array("q", itertools.accumulate(map(len, pieces))))
 
     def byte_end(self, num_tokens: int) -> int:
         """Where the prompt's first `num_tokens` tokens end in its bytes."""
