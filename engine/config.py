@@ -63,11 +63,12 @@ class HostMemoryConfig:
 class SpeculativeConfig:
     """Speculative decoding with drafts looked up in the request's own text (engine/sched/speculation.py).
 
-    Each step a request may get a draft of up to `num_speculative_tokens` tokens: the prompt text
-    that followed its last few bytes, tokenized, or the tokens that followed an earlier occurrence
-    of its last n tokens (n from `max_ngram` down to `min_ngram`), cut where its grammar rejects one. The forward pass verifies the draft. How many
-    of those tokens it drafts is priced each step: the tokens the draft is expected to give
-    (acceptance rates measured as it runs) against what its rows add to the step's measured time.
+    Each step a request may get a draft of up to `num_speculative_tokens` tokens: the tokens that
+    followed an earlier occurrence of its last n tokens (n from `max_ngram` down to `min_ngram`),
+    or the prompt text that followed its last few bytes, tokenized; cut where its grammar rejects
+    one. The forward pass verifies the draft. How many of those tokens it drafts is priced each
+    step: the tokens the draft is expected to give (acceptance rates measured as it runs) against
+    what its rows add to the step's measured time.
     """
 
     enabled: bool = False  # engine default; a request may switch it off (or on)

@@ -198,7 +198,6 @@ class Speculator:
         request.num_rejected_drafts += 1
         request.draft_pause_steps = min(1 << min(request.num_rejected_drafts - 1, 5), MAX_PAUSE_STEPS)
 
-
     def _move_anchors(self, request: Request, num_accepted_tokens: int) -> None:
         """The output copied the prompt up to the end of the accepted draft tokens: both anchors
         (prompt tokens, prompt bytes) move there, whichever drafter read the draft."""

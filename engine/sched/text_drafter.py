@@ -4,7 +4,8 @@ Token lookup (engine/sched/ngram_drafter.py) misses a copied span whose tokens d
 prompt's: `"Ann Lee"` in the output is `"`, `Ann`, ` Lee` where the prompt had ` Ann`, ` Lee`, so
 the output's `Ann` never occurs in the prompt's tokens. Text has no such seam: the output's last few
 bytes are looked up in the prompt's bytes, and the prompt text after the match is tokenized as the
-next tokens. Only whole tokens whose bytes begin that text are kept: the encoding is checked against
+next tokens; a string value just begun (`"An`, too short for that) is looked up at the start of a
+word. Only whole tokens whose bytes begin that text are kept: the encoding is checked against
 the text's bytes (a normalizer may change it), its last token is dropped when the text was cut
 short (it may be the start of a longer word), and a text that starts or would end inside a UTF-8
 character is trimmed to whole characters.
@@ -114,7 +115,7 @@ class TextDrafter:
             begin = _find_ending_after(text, tail[-num_bytes:], anchor)
             if begin >= 0:
                 return TextMatch(num_bytes, begin)
-        quote = tail.rfind(b'"', len(tail) - self.min_match_bytes)
+        quote = tail.rfind(b'"', max(len(tail) - self.min_match_bytes, 0))
         word = tail[quote + 1:] if quote >= 0 else b""
         if word and word.isalnum():
             begin = _find_ending_after(text, word, anchor, word_start=True)

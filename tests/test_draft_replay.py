@@ -1,0 +1,25 @@
+"""bench/draft_replay.py's walk: the engine's drafter over a recorded answer, counted by hand."""
+from __future__ import annotations
+
+from bench.draft_replay import Answer, replay, step_cost_c1
+from engine.config import SpeculativeConfig
+from engine.sched.speculation import Speculator
+
+# the answer copies 10 11 12 13 14 from the prompt, then the grammar forces 7 7 after 14, then 2 ends it
+PROMPT = [3, 4, 10, 11, 12, 13, 14, 5, 6]
+ANSWER = Answer(PROMPT, [], [(10, []), (11, []), (12, []), (13, []), (14, [7, 7]), (8, []), (2, [])])
+
+
+def test_without_drafts_every_model_token_is_a_pass():
+    counts = replay([ANSWER], None, step_cost_c1())
+    assert (counts.num_output_tokens, counts.num_forward_passes, counts.num_draft_tokens) == (9, 7, 0)
+
+
+def test_a_copy_is_drafted_up_to_the_token_before_forced_text_and_kept():
+    speculator = Speculator(SpeculativeConfig(enabled=True, draft_by_text=False))
+    counts = replay([ANSWER], speculator, step_cost_c1())
+    # pass 1: the prompt (10); pass 2: draft 11 12 13 (cut before 14, which forces 7 7), all kept,
+    # and 14 after them; pass 3: draft 7 (what followed the first 7), rejected, and 8; pass 4: 2
+    # (never drafted: it ends the answer)
+    assert (counts.num_draft_tokens, counts.num_accepted_tokens, counts.num_forward_passes) == (4, 3, 4)
+    assert counts.step_s < replay([ANSWER], None, step_cost_c1()).step_s
