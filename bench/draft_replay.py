@@ -8,12 +8,15 @@ the draft is cut before forced text (the grammar cuts it there too), the answer'
 how much of it is kept, and the walk moves on by that plus one. No timing is involved but the step
 costs the pricing reads (`STEP_COST_C1`, a served c=1 run's), so the figures are exact counts:
 forward passes per output token, drafted and accepted tokens, and the CPU time of the lookups.
+Two oracles bound what drafting could give: perfect drafts, and the answer's next tokens as far
+as their text occurs in the prompt.
 """
 from __future__ import annotations
 
 import argparse
 import json
 import time
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 
 from bench.workloads import extraction_prompt, load_json_extraction
@@ -81,7 +84,30 @@ class ReplayCounts:
                 f"lookup {1e6 * self.lookup_s / max(self.num_lookups, 1):.0f} us/call  est. {speedup}")
 
 
-def replay(answers: list[Answer], speculator: Speculator | None, cost: StepCostModel) -> ReplayCounts:
+# a drafter that reads the answer: (the request, the answer's next model tokens up to forced text) -> draft
+Oracle = Callable[[Request, list[int]], list[int]]
+
+
+def perfect_drafts(request: Request, next_token_ids: list[int]) -> list[int]:
+    return next_token_ids
+
+
+def copy_oracle(token_bytes: Sequence[bytes]) -> Oracle:
+    """Drafts the answer's next tokens as far as their text occurs somewhere in the prompt: the
+    bound of any prompt lookup that always picked the right occurrence."""
+    def draft(request: Request, next_token_ids: list[int]) -> list[int]:
+        prompt = b"".join(token_bytes[t] for t in request.prompt_token_ids)
+        num_tokens = 0
+        while (num_tokens < len(next_token_ids)
+               and b"".join(token_bytes[t] for t in next_token_ids[:num_tokens + 1]) in prompt):
+            num_tokens += 1
+        return next_token_ids[:num_tokens]
+    return draft
+
+
+def replay(answers: list[Answer], speculator: Speculator | None, cost: StepCostModel,
+           oracle: Oracle | None = None, max_draft_tokens: int = 8) -> ReplayCounts:
+    """`speculator` drafts (None: nobody drafts), or `oracle` with drafts of at most `max_draft_tokens`."""
     counts = ReplayCounts()
     for index, answer in enumerate(answers):
         request = Request(f"replay-{index}", answer.prompt_token_ids,
@@ -99,7 +125,9 @@ def replay(answers: list[Answer], speculator: Speculator | None, cost: StepCostM
             while end < len(steps) - 1 and not steps[end][1]:
                 end += 1
             draft = []
-            if speculator is not None:
+            if oracle is not None:
+                draft = oracle(request, [token_id for token_id, _ in steps[at:min(end, at + max_draft_tokens)]])
+            elif speculator is not None:
                 speculator.begin_step(1)
                 start = time.thread_time()
                 draft = speculator.propose(request, 1 << 20, 1, stop_at_forced=False)[:end - at]
@@ -108,8 +136,9 @@ def replay(answers: list[Answer], speculator: Speculator | None, cost: StepCostM
             num_kept = 0
             while num_kept < len(draft) and draft[num_kept] == steps[at + num_kept][0]:
                 num_kept += 1
-            if draft:
+            if draft and speculator is not None:
                 speculator.record(request, len(draft), num_kept)
+            if draft:
                 counts.num_draft_tokens += len(draft)
                 counts.num_accepted_tokens += num_kept
             counts.num_forward_passes += 1
@@ -152,6 +181,8 @@ def main(argv: list[str] | None = None) -> int:
             if priced:
                 speculator.step_cost = cost
             print(replay(answers, speculator, cost).row(f"{name}{', priced' if priced else ''}", plain))
+    print(replay(answers, None, cost, perfect_drafts).row("perfect drafts", plain))
+    print(replay(answers, None, cost, copy_oracle(backend.token_bytes)).row("copy oracle", plain))
     llm.shutdown()
     return 0
 
