@@ -23,6 +23,9 @@ def add_engine_args(parser: argparse.ArgumentParser) -> None:
                         "(a request may switch it off or on; default: %(default)s)")
     g.add_argument("--num-speculative-tokens", type=int, default=SpeculativeConfig.num_speculative_tokens,
                    help="draft tokens per request and step, at most (default: %(default)s)")
+    g.add_argument("--draft-by-text", action=argparse.BooleanOptionalAction, default=SpeculativeConfig.draft_by_text,
+                   help="speculation also looks the output's last bytes up in the prompt's text, for copies "
+                        "whose tokens differ from the prompt's (default: %(default)s)")
     g.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's)")
     g.add_argument("--device", default="cpu")
     g.add_argument("--dtype", choices=["auto", "float32", "bfloat16", "float16"], default="auto",
@@ -86,5 +89,6 @@ def engine_config_from_args(args: argparse.Namespace):
             onednn_primitive_cache_capacity=None if args.onednn_cache_capacity < 0 else args.onednn_cache_capacity,
             trim_interval_s=args.heap_trim_interval),
         speculative=SpeculativeConfig(enabled=args.speculative_ngram,
-                                      num_speculative_tokens=args.num_speculative_tokens),
+                                      num_speculative_tokens=args.num_speculative_tokens,
+                                      draft_by_text=args.draft_by_text),
     )

@@ -64,10 +64,11 @@ class SpeculativeConfig:
     """Speculative decoding with drafts looked up in the request's own text (engine/sched/speculation.py).
 
     Each step a request may get a draft of up to `num_speculative_tokens` tokens: the tokens that
-    followed the last earlier occurrence of its last n tokens (n from `max_ngram` down to
-    `min_ngram`), cut where its grammar rejects one. The forward pass verifies the draft. How many
-    of those tokens it drafts is priced each step: the tokens the draft is expected to give
-    (acceptance rates measured as it runs) against what its rows add to the step's measured time.
+    followed an earlier occurrence of its last n tokens (n from `max_ngram` down to `min_ngram`),
+    or the prompt text that followed its last few bytes, tokenized; cut where its grammar rejects
+    one. The forward pass verifies the draft. How many of those tokens it drafts is priced each
+    step: the tokens the draft is expected to give (acceptance rates measured as it runs) against
+    what its rows add to the step's measured time.
     """
 
     enabled: bool = False  # engine default; a request may switch it off (or on)
@@ -76,6 +77,11 @@ class SpeculativeConfig:
     max_ngram: int = 3
     # a copy goes on from where the last draft was read while this many last tokens agree with it
     copy_check_tokens: int = 1
+    # draft by text too: the output's last bytes (`max_text_match` down to `min_text_match`) looked
+    # up in the prompt's text, which finds copies whose tokens differ from the prompt's
+    draft_by_text: bool = True
+    min_text_match: int = 3
+    max_text_match: int = 24
     # drafting stops while more requests than this run: a large batch is compute-bound, and
     # verifying drafts costs there what it saves (served json-extraction, quiet: 1.22x at 8
     # running, 0.90x at 16)
@@ -88,6 +94,9 @@ class SpeculativeConfig:
             raise ValueError(f"need 1 <= min_ngram <= max_ngram, got {self.min_ngram} and {self.max_ngram}")
         if self.copy_check_tokens < 1:
             raise ValueError(f"copy_check_tokens must be >= 1, got {self.copy_check_tokens}")
+        if not 1 <= self.min_text_match <= self.max_text_match:
+            raise ValueError(f"need 1 <= min_text_match <= max_text_match, got {self.min_text_match} "
+                             f"and {self.max_text_match}")
         if self.max_num_running < 0:
             raise ValueError(f"max_num_running must be >= 0, got {self.max_num_running}")
 

@@ -8,7 +8,7 @@ from abc import ABC, abstractmethod
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from collections.abc import Sequence
+    from collections.abc import Callable, Sequence
 
     import torch
 
@@ -92,6 +92,12 @@ class GrammarBackend(ABC):
 
     # each token id's bytes, for the runaway guard (grammar/runaway.py); None: not known, no guard
     token_bytes: Sequence[bytes] | None = None
+
+    def text_encoder(self) -> Callable[[str], list[int]] | None:
+        """The tokenizer's plain encoding of a text (no special tokens added), for text that
+        continues an output; None when the backend has none, or the tokenizer cannot encode text
+        in the middle of an output (one that prepends a space to every text)."""
+        return None
 
     @abstractmethod
     def compile(self, constraint: Constraint) -> CompiledGrammar:

@@ -30,6 +30,7 @@ def test_server_flags():
     config = engine_config("--speculative-ngram", "--num-speculative-tokens", "5").speculative
     assert config.enabled and config.num_speculative_tokens == 5
     assert not engine_config("--no-speculative-ngram").speculative.enabled
+    assert engine_config().speculative.draft_by_text and not engine_config("--no-draft-by-text").speculative.draft_by_text
 
 
 def test_the_request_switch_over_grpc():

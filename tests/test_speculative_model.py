@@ -12,6 +12,7 @@ import pytest
 
 from bench.workloads import extraction_prompt, load_json_extraction
 from engine.sampling_params import SamplingParams
+from engine.sched.speculation import TEXT_MATCHED
 from engine.sched.step_cost import StepCostModel
 from grammar.constraint import Constraint
 
@@ -67,6 +68,8 @@ def test_json_extraction_outputs_are_identical_with_drafts(llm_fp32):
     assert all(o.num_cached_tokens > 0 for o in on)  # prefix caching
     assert sum(o.num_forward_passes for o in on) < sum(o.num_forward_passes for o in off)
     assert_all_blocks_free(llm_fp32)
+    # some drafts were read from the prompt's text, and the outputs above are the same with them
+    assert llm_fp32.engine.scheduler.speculator.acceptance[TEXT_MATCHED].tried > 0
 
 
 def test_free_text_outputs_are_identical_with_drafts(llm_fp32):

@@ -12,6 +12,7 @@ from engine.sched.acceptance_rate import AcceptanceRate
 if TYPE_CHECKING:
     from collections.abc import Sequence
 
+    from engine.sched.text_drafter import PromptText
     from grammar.backend import Grammar
     from grammar.early_closing import EarlyClosing
 
@@ -90,10 +91,13 @@ class Request:
         self.num_rejected_drafts = 0  # drafts in a row rejected at their first token
         self.draft_pause_steps = 0  # steps left before it drafts again
         self.draft_acceptance = AcceptanceRate()  # of its recent drafts: how long the next one is
-        self.draft_ngram = 0  # the n-gram length its last draft followed (COPY_CONTINUED: a copy went on)
+        self.draft_ngram = 0  # its last draft's acceptance key: the n-gram length it followed, or a COPY_/TEXT_ key
         self.copy_offset = 0  # its last draft's source: this many tokens behind its end (< 0; 0: none)
         self.draft_begin = 0  # where in its tokens its last draft was read
         self.copy_anchor = 0  # the prompt token after the last one its output copied (accepted drafts)
+        self.prompt_text: PromptText | None = None  # its prompt's bytes, joined when it first drafts by text
+        self.text_anchor = 0  # the prompt byte after the last one its output copied (accepted drafts)
+        self.draft_text_ends: list[int] = []  # its last draft read from text: each token's end in the prompt
 
         # timings (monotonic seconds) and counters reported to clients
         self.first_scheduled_time: float | None = None

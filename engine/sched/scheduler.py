@@ -67,7 +67,8 @@ class Scheduler:
         self.kv_cache_manager = KVCacheManager(num_blocks, cache_config.block_size,
                                                cache_config.enable_prefix_caching)
         self.structured_output_manager = structured_output_manager
-        self.speculator = Speculator(speculative_config or SpeculativeConfig())
+        self.speculator = Speculator(speculative_config or SpeculativeConfig(),
+                                     structured_output_manager.backend if structured_output_manager else None)
         self.output_appender = OutputAppender(max_model_len, structured_output_manager, self._finish)
         self.requests: dict[str, Request] = {}
         # both sorted by (priority, arrival_time): the last running request is the one to preempt

@@ -8,15 +8,20 @@ distribution. Requests with penalties do not draft (a penalty at a draft positio
 count the draft tokens before it), nor do seeded sampled requests (a seed gives the same tokens
 whatever else runs, and drafting depends on what else runs).
 
-Where a draft is read: a copy that is still going on (the text's last token is the one before
-where its previous draft was read, that many tokens back) goes on from there; otherwise the
-tokens after the latest earlier occurrence of the text's last n tokens. A span being copied is
-the likeliest source of what comes next, and the latest occurrence of a short n-gram is often
-somewhere else (a key of the schema, the output itself). For the same reason a fresh match is
-taken, among its occurrences, from the prompt at or after where the output last copied from
-(extraction reads its text in order), and the latest occurrence only when there is none there.
-Continued copies keep an acceptance rate of their own (`COPY_CONTINUED`), so they are priced
-apart from fresh matches.
+Where a draft is read: a copy that is still going on goes on from there, by tokens (the text's
+last token is the one before where its previous draft was read, that many tokens back) or by text
+(the output's last bytes end in the prompt's text just after where the output last copied to);
+otherwise the tokens after an earlier occurrence of the text's last n tokens; when there is none,
+the prompt text after an occurrence of the output's last bytes, tokenized
+(engine/sched/text_drafter.py: it finds the copies whose tokens differ from the prompt's, `"Ann`
+where the prompt has ` Ann`). A span being copied is the likeliest source of what comes next,
+and the latest occurrence of a short n-gram is often somewhere else (a key of the schema, the
+output itself). For the same reason a fresh match is taken, among its occurrences, from the
+prompt at or after where the output last copied from (extraction reads its text in order), and
+the latest occurrence only when there is none there. Continued copies keep acceptance rates of
+their own (`COPY_CONTINUED`, `TEXT_CONTINUED`), so they are priced apart from fresh matches.
+Replayed over greedy json-extraction answers (bench/draft_replay.py), the token lookup finds most
+of what is accepted; text adds the few percent the tokens cannot reach (docs/benchmarks.md).
 
 The draft is cut (engine/sched/ngram_drafter.py) so that every kept draft token is one the
 engine could have sampled in a step of its own: at the first token the grammar rejects, before a
@@ -25,7 +30,7 @@ text, which jump-forward appends instead of the model's tokens.
 
 How long a draft is, is a bet priced per step. Each draft token is accepted with the request's
 acceptance rate (measured on its recent drafts, starting from the rate of all recent drafts that
-followed an n-gram match of the same length, or continued a copy) given the ones
+followed an n-gram match of the same length, a text match, or continued a copy) given the ones
 before it were, so k tokens are worth a(1 + a + ... + a^(k-1)) tokens; they cost
 what k more rows add to the step (engine/sched/step_cost.py, measured). The speculator picks the
 k that gives the step the most tokens per second, counting the rows and tokens already planned
@@ -36,27 +41,39 @@ every row costs its share it drafts nothing. A request whose drafts are all reje
 """
 from __future__ import annotations
 
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from engine.sched.acceptance_rate import AcceptanceRate
 from engine.sched.ngram_drafter import continued_copy, cut_by_grammar, find_ngram_match
 from engine.sched.step_cost import StepCostModel
+from engine.sched.text_drafter import TextDrafter, TextMatch
 
 if TYPE_CHECKING:
     from engine.config import SpeculativeConfig
     from engine.sched.request import Request
+    from grammar.backend import GrammarBackend
 
 MAX_PAUSE_STEPS = 32
-COPY_CONTINUED = 0  # the acceptance key of drafts that continue a copy (n-gram lengths are >= 1)
+# acceptance keys besides the n-gram lengths (>= 1): drafts that continue a token copy, that
+# continue a text copy, and fresh text matches
+COPY_CONTINUED = 0
+TEXT_CONTINUED = -1
+TEXT_MATCHED = -2
+_TEXT_STEP_BYTES = 24  # a text match ending this close after where the output last copied to goes on copying
 _FIRST_ACCEPTANCE = 0.5  # the prior rate before any draft was verified
 _GLOBAL_DECAY = 0.98  # the rates of all requests' drafts remember about the last 50
 
 
 class Speculator:
-    def __init__(self, config: SpeculativeConfig) -> None:
+    def __init__(self, config: SpeculativeConfig, backend: GrammarBackend | None = None) -> None:
+        """`backend`: the grammar backend, whose vocabulary bytes and tokenizer draft by text
+        (None, or a backend that cannot encode text mid-output: drafts by tokens only)."""
         self.config = config
+        self.text_drafter = _text_drafter(config, backend)
         self.step_cost = StepCostModel()
-        # n-gram length -> rate of every request's drafts after such a match: a request's prior
+        # acceptance key (n-gram length, or a COPY_/TEXT_ key above) -> rate of every request's
+        # drafts found that way: a request's prior
         self.acceptance: dict[int, AcceptanceRate] = {}
         self._num_rows = 0  # rows (tokens) planned for this step so far
         self._num_yield = 0.0  # tokens this step is expected to give, so far
@@ -88,40 +105,63 @@ class Speculator:
         if request.draft_pause_steps:
             request.draft_pause_steps -= 1
             return []
-        tokens = request.all_token_ids
-        ngram, begin = self.find_source(request)
-        if begin < 0:
+        source = self.find_source(request, min(max_tokens, config.num_speculative_tokens))
+        if source is None:
             return []
-        draft = tokens[begin:begin + min(max_tokens, config.num_speculative_tokens)]
-        rate = request.draft_acceptance.rate(self._acceptance(ngram).rate(_FIRST_ACCEPTANCE))
-        num_wanted = self.draft_length(rate, len(draft))
+        rate = request.draft_acceptance.rate(self._acceptance(source.key).rate(_FIRST_ACCEPTANCE))
+        num_wanted = self.draft_length(rate, len(source.token_ids))
         if not num_wanted:
             request.draft_acceptance.add(0, 0)  # its old outcomes fade: it tries again later
             return []
-        draft = draft[:num_wanted]
+        draft = source.token_ids[:num_wanted]
         if request.grammar is not None:
             draft = cut_by_grammar(request.grammar, draft, stop_before_forced=stop_at_forced)
         if draft:
-            request.draft_ngram = ngram
-            request.copy_offset = begin - len(tokens)
-            request.draft_begin = begin
+            request.draft_ngram = source.key
+            request.copy_offset = source.begin - request.num_tokens if source.begin >= 0 else 0
+            request.draft_begin = source.begin
+            request.draft_text_ends = source.text_ends
             self._num_rows += len(draft)
             self._num_yield += _expected_tokens(rate, len(draft))
         return draft
 
-    def find_source(self, request: Request) -> tuple[int, int]:
-        """(n-gram length or COPY_CONTINUED, index of the first draft token in the request's
-        tokens); (0, -1) when nothing matches. A copy that is still going on (its last tokens are
-        the ones before where its previous draft was read) is continued from there; else an
-        n-gram match, preferring the prompt from where the output last copied on."""
+    def find_source(self, request: Request, max_tokens: int) -> DraftSource | None:
+        """Where the next draft is read: a copy that is still going on, by tokens (its last tokens
+        are the ones before where its previous draft was read) or by text (the output's end
+        matches the prompt's text just after where it last copied to); else an n-gram match of
+        its last tokens in the prompt and output; else a match of its last bytes in the prompt's
+        text (engine/sched/text_drafter.py), which finds copies whose tokens differ from the
+        prompt's. None when nothing matches."""
         config = self.config
         tokens = request.all_token_ids
         if request.copy_offset:
             begin = continued_copy(tokens, request.copy_offset, config.copy_check_tokens)
             if begin >= 0:
-                return COPY_CONTINUED, begin
-        return find_ngram_match(tokens, config.min_ngram, config.max_ngram, request.copy_anchor,
-                                request.num_prompt_tokens)
+                return DraftSource(COPY_CONTINUED, tokens[begin:begin + max_tokens], begin)
+        text_drafter = self.text_drafter
+        if text_drafter is not None and request.text_anchor:
+            match = text_drafter.find_continued(request, request.text_anchor, _TEXT_STEP_BYTES)
+            source = self._text_source(request, match, TEXT_CONTINUED, max_tokens)
+            if source is not None:
+                return source
+        ngram, begin = find_ngram_match(tokens, config.min_ngram, config.max_ngram, request.copy_anchor,
+                                        request.num_prompt_tokens)
+        if begin >= 0:
+            return DraftSource(ngram, tokens[begin:begin + max_tokens], begin)
+        if text_drafter is not None:
+            match = text_drafter.find(request, request.text_anchor)
+            return self._text_source(request, match, TEXT_MATCHED, max_tokens)
+        return None
+
+    def _text_source(self, request: Request, match: TextMatch | None, key: int,
+                     max_tokens: int) -> DraftSource | None:
+        """The draft read from the prompt's text at `match` (None: no match, or no whole token there)."""
+        if match is None or self.text_drafter is None:
+            return None
+        token_ids, ends = self.text_drafter.draft_at(request, match.begin, max_tokens)
+        if not token_ids:
+            return None
+        return DraftSource(key, token_ids, text_ends=[match.begin + end for end in ends])
 
     def _acceptance(self, ngram: int) -> AcceptanceRate:
         rate = self.acceptance.get(ngram)
@@ -151,13 +191,45 @@ class Speculator:
         request.num_accepted_draft_tokens += num_accepted_tokens
         request.draft_acceptance.add(num_draft_tokens, num_accepted_tokens)
         self._acceptance(request.draft_ngram).add(num_draft_tokens, num_accepted_tokens)
-        if num_accepted_tokens and request.draft_begin < request.num_prompt_tokens:
-            request.copy_anchor = request.draft_begin + num_accepted_tokens  # copied up to here
         if num_accepted_tokens:
+            self._move_anchors(request, num_accepted_tokens)
             request.num_rejected_drafts = 0
             return
         request.num_rejected_drafts += 1
         request.draft_pause_steps = min(1 << min(request.num_rejected_drafts - 1, 5), MAX_PAUSE_STEPS)
+
+    def _move_anchors(self, request: Request, num_accepted_tokens: int) -> None:
+        """The output copied the prompt up to the end of the accepted draft tokens: both anchors
+        (prompt tokens, prompt bytes) move there, whichever drafter read the draft."""
+        text_drafter = self.text_drafter
+        prompt_text = text_drafter.prompt_text(request) if text_drafter is not None else None
+        if request.draft_text_ends:
+            request.text_anchor = request.draft_text_ends[num_accepted_tokens - 1]
+            if prompt_text is not None:
+                request.copy_anchor = prompt_text.num_tokens_within(request.text_anchor)
+        elif request.draft_begin < request.num_prompt_tokens:
+            request.copy_anchor = request.draft_begin + num_accepted_tokens
+            if prompt_text is not None:
+                request.text_anchor = prompt_text.byte_end(min(request.copy_anchor, request.num_prompt_tokens))
+
+
+@dataclass(frozen=True)
+class DraftSource:
+    """A draft found for a request, before it is priced and cut by the grammar."""
+
+    key: int  # the acceptance rate it is priced by: n-gram length, COPY_CONTINUED or a TEXT_ key
+    token_ids: list[int]
+    begin: int = -1  # where in the request's tokens it was read (-1: from the prompt's text)
+    text_ends: list[int] = field(default_factory=list)  # read from text: each token's end in the prompt's bytes
+
+
+def _text_drafter(config: SpeculativeConfig, backend: GrammarBackend | None) -> TextDrafter | None:
+    if not config.draft_by_text or backend is None or backend.token_bytes is None:
+        return None
+    encode = backend.text_encoder()
+    if encode is None:
+        return None
+    return TextDrafter(backend.token_bytes, encode, config.min_text_match, config.max_text_match)
 
 
 def _expected_tokens(rate: float, num_draft_tokens: int) -> float:

@@ -28,6 +28,8 @@ from grammar.xgrammar_backend.conversion import (builds_masks_lazily, check_repe
 from grammar.xgrammar_backend.matcher import XGrammarCompiled, XGrammarGrammar
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
+
     from grammar.config import GrammarConfig
 
 logger = logging.getLogger(__name__)
@@ -136,6 +138,15 @@ class XGrammarBackend(GrammarBackend):
             raise TypeError(f"expected a grammar compiled by XGrammarBackend, got {type(compiled).__name__}")
         return XGrammarGrammar(compiled, self.forced_text, self.stop_token_ids, self.vocab_size,
                                self.config.max_forced_bytes, self.char_tokens, self.token_bytes)
+
+    def text_encoder(self) -> Callable[[str], list[int]] | None:
+        if not self.forced_text.enabled:
+            return None
+        fast = getattr(self.tokenizer, "backend_tokenizer", None)
+        if fast is None:
+            return self.forced_text.encode
+        # the Rust tokenizer itself: half the time of the Python wrapper's encode, the same ids
+        return lambda text: fast.encode(text, add_special_tokens=False).ids
 
     def _single_char_tokens(self) -> dict[str, int]:
         """The closing search's characters that the vocabulary has as tokens of their own."""
