@@ -1,6 +1,13 @@
 // formwork::parallel_chunks (worker_pool.h): a job is published as a ticket (generation, open);
 // a helper joins by counting itself in, then checking that the ticket is still the one it saw;
 // the caller, its own chunks done, closes the ticket and waits only for helpers that joined.
+//
+// A helper must not share the caller's CPU: Linux wakes a sleeping thread on the waker's CPU when
+// the other CPUs are busy (on a 2-CPU machine, with anything else running there), and leaves it
+// there, so that the helper's chunks only time-slice the caller's; prefills ran at one thread's
+// speed for as long as it lasted (measured: the helper on the caller's CPU in ~100% of its joins
+// in slow runs, 0% in fast ones). So a helper notes the CPU it ran its last job on, and a caller
+// that finds one on its own CPU moves it off (its affinity: the process's CPUs but the caller's).
 #include "worker_pool.h"
 
 #include <ATen/Parallel.h>
@@ -14,6 +21,10 @@
 #include <string>
 #include <thread>
 #include <vector>
+
+#include <sched.h>
+#include <sys/syscall.h>
+#include <unistd.h>
 #if defined(__x86_64__)
 #include <immintrin.h>
 #endif
@@ -32,12 +43,18 @@ inline void spin_pause() {
 
 class Pool {
  public:
-  explicit Pool(int num_helpers) {
-    for (int i = 0; i < num_helpers; ++i) helpers_.emplace_back([this] { serve(); });
+  explicit Pool(int num_helpers) : places_(num_helpers) {
+    if (sched_getaffinity(0, sizeof allowed_, &allowed_) != 0) CPU_ZERO(&allowed_);
+    for (int i = 0; i < num_helpers; ++i) helpers_.emplace_back([this, i] { serve(places_[i]); });
     for (auto& t : helpers_) t.detach();  // they live as long as the process
   }
 
   bool has_helpers() const { return !helpers_.empty(); }
+
+  PoolStats stats() const {
+    return {jobs_.load(), joined_jobs_.load(), chunks_.load(), helper_chunks_.load(), wakeups_.load(),
+            same_cpu_.load(), moves_.load()};
+  }
 
   void run(int64_t num_chunks, const std::function<void(int64_t)>& fn) {
     std::unique_lock<std::mutex> caller(caller_mutex_, std::try_to_lock);
@@ -47,6 +64,11 @@ class Pool {
     }
     job_ = &fn;
     num_chunks_ = num_chunks;
+    const int cpu = sched_getcpu();
+    caller_cpu_.store(cpu, std::memory_order_relaxed);
+    helper_joined_.store(false, std::memory_order_relaxed);
+    for (Place& place : places_)
+      if (place.cpu.load(std::memory_order_relaxed) == cpu) move_off(place, cpu);
     next_.store(0, std::memory_order_relaxed);
     const uint64_t ticket = ticket_.load(std::memory_order_relaxed) + 2 | 1;  // next generation, open
     {
@@ -57,14 +79,38 @@ class Pool {
     work();
     ticket_.store(ticket & ~uint64_t{1}, std::memory_order_seq_cst);  // closed: no one joins any more
     while (joined_.load(std::memory_order_seq_cst) != 0) spin_pause();
+    jobs_.fetch_add(1, std::memory_order_relaxed);
+    chunks_.fetch_add(num_chunks, std::memory_order_relaxed);
+    if (helper_joined_.load(std::memory_order_relaxed)) joined_jobs_.fetch_add(1, std::memory_order_relaxed);
   }
 
  private:
-  void work() {
-    for (int64_t c; (c = next_.fetch_add(1, std::memory_order_relaxed)) < num_chunks_;) (*job_)(c);
+  // where a helper is: its thread id, and the CPU it ran its last chunks on (-1: none yet)
+  struct Place {
+    std::atomic<pid_t> tid{0};
+    std::atomic<int> cpu{-1};
+  };
+
+  // the helper's affinity: the CPUs the process had at the pool's start but `cpu`, the caller's
+  // (none left: it stays where it is)
+  void move_off(Place& place, int cpu) {
+    cpu_set_t others = allowed_;
+    CPU_CLR(cpu, &others);
+    const pid_t tid = place.tid.load(std::memory_order_relaxed);
+    if (tid == 0 || CPU_COUNT(&others) == 0) return;
+    if (sched_setaffinity(tid, sizeof others, &others) == 0) moves_.fetch_add(1, std::memory_order_relaxed);
+    place.cpu.store(-1, std::memory_order_relaxed);  // moved (or unmovable): not tried again before it runs
   }
 
-  void serve() {
+  // the chunks this thread ran
+  int64_t work() {
+    int64_t done = 0;
+    for (int64_t c; (c = next_.fetch_add(1, std::memory_order_relaxed)) < num_chunks_; ++done) (*job_)(c);
+    return done;
+  }
+
+  void serve(Place& place) {
+    place.tid.store(static_cast<pid_t>(syscall(SYS_gettid)), std::memory_order_relaxed);
     uint64_t seen = 0;
     for (;;) {
       const auto deadline = std::chrono::steady_clock::now() + kSpin;
@@ -76,17 +122,29 @@ class Pool {
             const uint64_t t = ticket_.load(std::memory_order_acquire);
             return t != seen && (t & 1);
           });
+          wakeups_.fetch_add(1, std::memory_order_relaxed);
         }
         spin_pause();
       }
       seen = ticket;
       joined_.fetch_add(1, std::memory_order_seq_cst);
-      if (ticket_.load(std::memory_order_seq_cst) == ticket) work();  // else: closed before we joined
+      if (ticket_.load(std::memory_order_seq_cst) == ticket) {  // else: closed before we joined
+        const int64_t done = work();
+        if (done > 0) {
+          const int cpu = sched_getcpu();
+          place.cpu.store(cpu, std::memory_order_relaxed);
+          helper_joined_.store(true, std::memory_order_relaxed);
+          helper_chunks_.fetch_add(done, std::memory_order_relaxed);
+          if (cpu == caller_cpu_.load(std::memory_order_relaxed)) same_cpu_.fetch_add(1, std::memory_order_relaxed);
+        }
+      }
       joined_.fetch_sub(1, std::memory_order_seq_cst);
     }
   }
 
   std::vector<std::thread> helpers_;
+  std::vector<Place> places_;
+  cpu_set_t allowed_;
   std::mutex caller_mutex_, sleep_mutex_;
   std::condition_variable wake_;
   std::atomic<uint64_t> ticket_{0};  // generation * 2 + open
@@ -94,6 +152,11 @@ class Pool {
   std::atomic<int64_t> next_{0};
   const std::function<void(int64_t)>* job_ = nullptr;
   int64_t num_chunks_ = 0;
+  // what pool_stats() reports
+  std::atomic<int> caller_cpu_{-1};
+  std::atomic<bool> helper_joined_{false};
+  std::atomic<int64_t> jobs_{0}, joined_jobs_{0}, chunks_{0}, helper_chunks_{0}, wakeups_{0}, same_cpu_{0},
+      moves_{0};
 };
 
 Pool& pool() {
@@ -102,6 +165,8 @@ Pool& pool() {
 }
 
 }  // namespace
+
+PoolStats pool_stats() { return pool().stats(); }
 
 void parallel_chunks(int64_t num_chunks, const std::function<void(int64_t)>& fn) {
   static const bool use_openmp = [] {
