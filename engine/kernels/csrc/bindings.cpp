@@ -39,9 +39,9 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
     const formwork::PoolStats s = formwork::pool_stats();
     return py::dict(py::arg("jobs") = s.jobs, py::arg("joined_jobs") = s.joined_jobs, py::arg("chunks") = s.chunks,
                     py::arg("helper_chunks") = s.helper_chunks, py::arg("wakeups") = s.wakeups,
-                    py::arg("same_cpu") = s.same_cpu, py::arg("moves") = s.moves);
+                    py::arg("same_cpu") = s.same_cpu);
   }, "the kernels' worker pool since start: jobs run with helpers, those a helper joined, chunks, chunks "
-     "helpers ran, helper wake-ups from sleep, helper joins on the caller's CPU, helpers moved off it");
+     "helpers ran, helper wake-ups from sleep, helper joins on the caller's CPU");
   m.def("gemm_isa", &gemm_isa, "the GEMM's instruction set in this build: avx512_bf16 or portable");
   m.def("gemm_inner_loop_gflops", &gemm_inner_loop_gflops,
         "GFLOP/s of the GEMM's register tile over L1-resident operands on every thread, repeats tiles each");

@@ -2,12 +2,10 @@
 // a helper joins by counting itself in, then checking that the ticket is still the one it saw;
 // the caller, its own chunks done, closes the ticket and waits only for helpers that joined.
 //
-// A helper must not share the caller's CPU: Linux wakes a sleeping thread on the waker's CPU when
-// the other CPUs are busy (on a 2-CPU machine, with anything else running there), and leaves it
-// there, so that the helper's chunks only time-slice the caller's; prefills ran at one thread's
-// speed for as long as it lasted (measured: the helper on the caller's CPU in ~100% of its joins
-// in slow runs, 0% in fast ones). So a helper notes the CPU it ran its last job on, and a caller
-// that finds one on its own CPU moves it off (its affinity: the process's CPUs but the caller's).
+// Helpers are not bound to CPUs: when the other CPUs are busy, Linux wakes a helper on the caller's
+// CPU, where its chunks only time-slice the caller's (pool_stats' same_cpu counts those joins);
+// bound to another CPU instead it waited there for a time slice while the caller spun for the
+// chunk it held, which was slower still (docs/benchmarks.md, "Prefill GEMMs").
 #include "worker_pool.h"
 
 #include <ATen/Parallel.h>
@@ -23,8 +21,6 @@
 #include <vector>
 
 #include <sched.h>
-#include <sys/syscall.h>
-#include <unistd.h>
 #if defined(__x86_64__)
 #include <immintrin.h>
 #endif
@@ -43,9 +39,8 @@ inline void spin_pause() {
 
 class Pool {
  public:
-  explicit Pool(int num_helpers) : places_(num_helpers) {
-    if (sched_getaffinity(0, sizeof allowed_, &allowed_) != 0) CPU_ZERO(&allowed_);
-    for (int i = 0; i < num_helpers; ++i) helpers_.emplace_back([this, i] { serve(places_[i]); });
+  explicit Pool(int num_helpers) {
+    for (int i = 0; i < num_helpers; ++i) helpers_.emplace_back([this] { serve(); });
     for (auto& t : helpers_) t.detach();  // they live as long as the process
   }
 
@@ -53,7 +48,7 @@ class Pool {
 
   PoolStats stats() const {
     return {jobs_.load(), joined_jobs_.load(), chunks_.load(), helper_chunks_.load(), wakeups_.load(),
-            same_cpu_.load(), moves_.load()};
+            same_cpu_.load()};
   }
 
   void run(int64_t num_chunks, const std::function<void(int64_t)>& fn) {
@@ -64,11 +59,8 @@ class Pool {
     }
     job_ = &fn;
     num_chunks_ = num_chunks;
-    const int cpu = sched_getcpu();
-    caller_cpu_.store(cpu, std::memory_order_relaxed);
+    caller_cpu_.store(sched_getcpu(), std::memory_order_relaxed);
     helper_joined_.store(false, std::memory_order_relaxed);
-    for (Place& place : places_)
-      if (place.cpu.load(std::memory_order_relaxed) == cpu) move_off(place, cpu);
     next_.store(0, std::memory_order_relaxed);
     const uint64_t ticket = ticket_.load(std::memory_order_relaxed) + 2 | 1;  // next generation, open
     {
@@ -85,23 +77,6 @@ class Pool {
   }
 
  private:
-  // where a helper is: its thread id, and the CPU it ran its last chunks on (-1: none yet)
-  struct Place {
-    std::atomic<pid_t> tid{0};
-    std::atomic<int> cpu{-1};
-  };
-
-  // the helper's affinity: the CPUs the process had at the pool's start but `cpu`, the caller's
-  // (none left: it stays where it is)
-  void move_off(Place& place, int cpu) {
-    cpu_set_t others = allowed_;
-    CPU_CLR(cpu, &others);
-    const pid_t tid = place.tid.load(std::memory_order_relaxed);
-    if (tid == 0 || CPU_COUNT(&others) == 0) return;
-    if (sched_setaffinity(tid, sizeof others, &others) == 0) moves_.fetch_add(1, std::memory_order_relaxed);
-    place.cpu.store(-1, std::memory_order_relaxed);  // moved (or unmovable): not tried again before it runs
-  }
-
   // the chunks this thread ran
   int64_t work() {
     int64_t done = 0;
@@ -109,8 +84,7 @@ class Pool {
     return done;
   }
 
-  void serve(Place& place) {
-    place.tid.store(static_cast<pid_t>(syscall(SYS_gettid)), std::memory_order_relaxed);
+  void serve() {
     uint64_t seen = 0;
     for (;;) {
       const auto deadline = std::chrono::steady_clock::now() + kSpin;
@@ -131,11 +105,10 @@ class Pool {
       if (ticket_.load(std::memory_order_seq_cst) == ticket) {  // else: closed before we joined
         const int64_t done = work();
         if (done > 0) {
-          const int cpu = sched_getcpu();
-          place.cpu.store(cpu, std::memory_order_relaxed);
           helper_joined_.store(true, std::memory_order_relaxed);
           helper_chunks_.fetch_add(done, std::memory_order_relaxed);
-          if (cpu == caller_cpu_.load(std::memory_order_relaxed)) same_cpu_.fetch_add(1, std::memory_order_relaxed);
+          if (sched_getcpu() == caller_cpu_.load(std::memory_order_relaxed))
+            same_cpu_.fetch_add(1, std::memory_order_relaxed);
         }
       }
       joined_.fetch_sub(1, std::memory_order_seq_cst);
@@ -143,8 +116,6 @@ class Pool {
   }
 
   std::vector<std::thread> helpers_;
-  std::vector<Place> places_;
-  cpu_set_t allowed_;
   std::mutex caller_mutex_, sleep_mutex_;
   std::condition_variable wake_;
   std::atomic<uint64_t> ticket_{0};  // generation * 2 + open
@@ -155,8 +126,7 @@ class Pool {
   // what pool_stats() reports
   std::atomic<int> caller_cpu_{-1};
   std::atomic<bool> helper_joined_{false};
-  std::atomic<int64_t> jobs_{0}, joined_jobs_{0}, chunks_{0}, helper_chunks_{0}, wakeups_{0}, same_cpu_{0},
-      moves_{0};
+  std::atomic<int64_t> jobs_{0}, joined_jobs_{0}, chunks_{0}, helper_chunks_{0}, wakeups_{0}, same_cpu_{0};
 };
 
 Pool& pool() {
