@@ -42,12 +42,13 @@ def paged_calls(kernels, heads: int, kv_heads: int, head_dim: int, requests: lis
     (but for its first `shared_blocks` before the one it writes, the same for all); and the FLOPs."""
     gen = torch.Generator().manual_seed(seed)
     lengths = [c + n for c, n in requests]
-    own = [-(-n // BLOCK_SIZE) - min(shared_blocks, (n - 1) // BLOCK_SIZE) for n in lengths]  # the last written
+    shared = [min(shared_blocks, (n - 1) // BLOCK_SIZE) for n in lengths]  # never the block a step writes
+    own = [-(-n // BLOCK_SIZE) - s for n, s in zip(lengths, shared)]
     num_blocks = shared_blocks + sum(own) + 1
     cache = torch.randn(2, num_blocks, BLOCK_SIZE, kv_heads, head_dim, generator=gen).bfloat16()
     free = torch.randperm(num_blocks, generator=gen).tolist()
     prefix = [free.pop() for _ in range(shared_blocks)]
-    rows = [prefix[:-(-n // BLOCK_SIZE) - m] + [free.pop() for _ in range(m)] for n, m in zip(lengths, own)]
+    rows = [prefix[:s] + [free.pop() for _ in range(m)] for s, m in zip(shared, own)]
     width = max(len(r) for r in rows)
     table = torch.tensor([r + [0] * (width - len(r)) for r in rows], dtype=torch.int32)
     calls, flops, queries = [], 0, []  # queries: (request, position) pending
