@@ -5,6 +5,10 @@ earlier chunks in the cache), and --decode-batches requests of --context tokens 
 query; shapes: the default model's (9 query heads over 3 kv heads of 64) and the 1.5B model's (12
 over 2, of 128). For each, the best of --repeats timings (the machine is shared: interference only
 adds time) in ms a layer and GFLOP/s (2 D FLOPs per key and query head for q.k, 2 D for p.v).
+--layers N gives every layer its own cache (N of them, called in turn, as the engine's layers are):
+with N = 30 a batch of decodes reads its K/V from memory, not from the L3 cache one layer's fits in.
+--shared-prefix T puts the decoding requests' first T tokens (whole blocks) in the same physical
+blocks, as the prefix cache does for a common system prompt.
 --threads sets torch's thread count first (the kernels' helpers are that many minus one): 1 shows
 whether a case gains from the second core at all. With --prefill N, also the engine's whole
 prefill of an N-token prompt (bf16, default model, prefix cache off, best of --repeats) beside 30
@@ -31,16 +35,20 @@ def best_seconds(fn, repeats: int) -> float:
     return best
 
 
-def paged_calls(kernels, heads: int, kv_heads: int, head_dim: int, requests: list[tuple[int, int]], budget: int):
+def paged_calls(kernels, heads: int, kv_heads: int, head_dim: int, requests: list[tuple[int, int]], budget: int,
+                shared_blocks: int = 0, seed: int = 0):
     """The calls (closures) of one layer's steps attending `requests` (cached tokens, new tokens) in
-    steps of at most `budget` queries, over a bf16 cache where each request owns scattered blocks;
-    and the FLOPs they do."""
-    gen = torch.Generator().manual_seed(0)
+    steps of at most `budget` queries, over a bf16 cache where each request owns scattered blocks
+    (but for its first `shared_blocks` before the one it writes, the same for all); and the FLOPs."""
+    gen = torch.Generator().manual_seed(seed)
     lengths = [c + n for c, n in requests]
-    num_blocks = sum(-(-n // BLOCK_SIZE) for n in lengths) + 1
+    shared = [min(shared_blocks, (n - 1) // BLOCK_SIZE) for n in lengths]  # never the block a step writes
+    own = [-(-n // BLOCK_SIZE) - s for n, s in zip(lengths, shared)]
+    num_blocks = shared_blocks + sum(own) + 1
     cache = torch.randn(2, num_blocks, BLOCK_SIZE, kv_heads, head_dim, generator=gen).bfloat16()
     free = torch.randperm(num_blocks, generator=gen).tolist()
-    rows = [[free.pop() for _ in range(-(-n // BLOCK_SIZE))] for n in lengths]
+    prefix = [free.pop() for _ in range(shared_blocks)]
+    rows = [prefix[:s] + [free.pop() for _ in range(m)] for s, m in zip(shared, own)]
     width = max(len(r) for r in rows)
     table = torch.tensor([r + [0] * (width - len(r)) for r in rows], dtype=torch.int32)
     calls, flops, queries = [], 0, []  # queries: (request, position) pending
@@ -84,10 +92,14 @@ def main() -> int:
     parser.add_argument("--budget", type=int, default=512, help="queries a step (the scheduler's token budget)")
     parser.add_argument("--decode-batches", default="1,64")
     parser.add_argument("--context", type=int, default=160, help="tokens of each decoding request")
+    parser.add_argument("--shared-prefix", type=int, default=0, help="tokens the decoding requests share")
+    parser.add_argument("--layers", type=int, default=1, help="caches, one a layer, called in turn")
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--prefill", type=int, default=0, help="also time the engine's prefill of this many tokens")
     parser.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
     args = parser.parse_args()
+    if args.layers < 1 or args.shared_prefix < 0:
+        raise SystemExit(f"--layers: 1 or more, --shared-prefix: 0 or more, got {args.layers}, {args.shared_prefix}")
     if args.threads < 0:
         raise SystemExit(f"--threads: 0 (torch's default) or a positive count, got {args.threads}")
     if args.threads:
@@ -97,17 +109,20 @@ def main() -> int:
     if kernels is None:
         raise SystemExit("the CPU kernels did not build here")
     isa = getattr(kernels, "paged_attention_isa", lambda: "avx512_bf16")()  # older builds: the vector kernel
-    print(f"paged attention, bf16 ({isa}), {torch.get_num_threads()} threads; best of {args.repeats}")
+    print(f"paged attention, bf16 ({isa}), {torch.get_num_threads()} threads; {args.layers} layers' caches, "
+          f"decodes sharing {args.shared_prefix // BLOCK_SIZE * BLOCK_SIZE} tokens; best of {args.repeats}")
     print(f"{'shape':>6} {'case':>22} {'ms a layer':>11} {'GFLOP/s':>8}")
     for name in args.shapes.split(","):
         heads, kv_heads, head_dim = SHAPES[name]
-        cases = [(f"prompt {n} (budget {args.budget})", [(0, n)], args.budget)
+        cases = [(f"prompt {n} (budget {args.budget})", [(0, n)], args.budget, 0)
                  for n in (int(x) for x in args.prompt_lengths.split(","))]
-        cases += [(f"decode {b} x {args.context}", [(args.context - 1, 1)] * b, b)
+        cases += [(f"decode {b} x {args.context}", [(args.context - 1, 1)] * b, b, args.shared_prefix // BLOCK_SIZE)
                   for b in (int(x) for x in args.decode_batches.split(","))]
-        for case, requests, budget in cases:
-            calls, flops = paged_calls(kernels, heads, kv_heads, head_dim, requests, budget)
-            seconds = best_seconds(lambda: [call() for call in calls], args.repeats)
+        for case, requests, budget, shared in cases:
+            layers = [paged_calls(kernels, heads, kv_heads, head_dim, requests, budget, shared, seed)
+                      for seed in range(args.layers)]
+            calls, flops = [c for layer_calls, _ in layers for c in layer_calls], layers[0][1]
+            seconds = best_seconds(lambda: [call() for call in calls], args.repeats) / args.layers
             print(f"{name:>6} {case:>22} {seconds * 1e3:11.2f} {flops / seconds / 1e9:8.1f}")
     if args.prefill:
         heads, kv_heads, head_dim = SHAPES["135m"]

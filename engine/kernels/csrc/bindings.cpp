@@ -3,6 +3,8 @@
 
 #include <string>
 
+#include "worker_pool.h"
+
 void paged_attention(torch::Tensor out, torch::Tensor q, torch::Tensor k, torch::Tensor v, torch::Tensor kv_cache,
                      torch::Tensor slot_mapping, torch::Tensor query_ids, torch::Tensor block_table,
                      torch::Tensor seq_lens, double scale, int64_t sliding_window, double softcap);
@@ -33,6 +35,13 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         py::arg("residual"), py::arg("delta"), py::arg("weight"), py::arg("eps"));
   m.def("silu_and_mul", &silu_and_mul, "silu(gate) * up over [n, 2I] (gate, then up)");
   m.def("rotary_", &rotary_, "rotary embedding of the first num_rotated heads of each row, in place");
+  m.def("pool_stats", [] {
+    const formwork::PoolStats s = formwork::pool_stats();
+    return py::dict(py::arg("jobs") = s.jobs, py::arg("joined_jobs") = s.joined_jobs, py::arg("chunks") = s.chunks,
+                    py::arg("helper_chunks") = s.helper_chunks, py::arg("wakeups") = s.wakeups,
+                    py::arg("same_cpu") = s.same_cpu);
+  }, "the kernels' worker pool since start: jobs run with helpers, those a helper joined, chunks, chunks "
+     "helpers ran, helper wake-ups from sleep, helper joins on the caller's CPU");
   m.def("gemm_isa", &gemm_isa, "the GEMM's instruction set in this build: avx512_bf16 or portable");
   m.def("gemm_inner_loop_gflops", &gemm_inner_loop_gflops,
         "GFLOP/s of the GEMM's register tile over L1-resident operands on every thread, repeats tiles each");

@@ -1,6 +1,11 @@
 // formwork::parallel_chunks (worker_pool.h): a job is published as a ticket (generation, open);
 // a helper joins by counting itself in, then checking that the ticket is still the one it saw;
 // the caller, its own chunks done, closes the ticket and waits only for helpers that joined.
+//
+// Helpers are not bound to CPUs: when the other CPUs are busy, Linux wakes a helper on the caller's
+// CPU, where its chunks only time-slice the caller's (pool_stats' same_cpu counts those joins);
+// bound to another CPU instead it waited there for a time slice while the caller spun for the
+// chunk it held, which was slower still (docs/benchmarks.md, "Prefill GEMMs").
 #include "worker_pool.h"
 
 #include <ATen/Parallel.h>
@@ -14,6 +19,8 @@
 #include <string>
 #include <thread>
 #include <vector>
+
+#include <sched.h>
 #if defined(__x86_64__)
 #include <immintrin.h>
 #endif
@@ -39,6 +46,11 @@ class Pool {
 
   bool has_helpers() const { return !helpers_.empty(); }
 
+  PoolStats stats() const {
+    return {jobs_.load(), joined_jobs_.load(), chunks_.load(), helper_chunks_.load(), wakeups_.load(),
+            same_cpu_.load()};
+  }
+
   void run(int64_t num_chunks, const std::function<void(int64_t)>& fn) {
     std::unique_lock<std::mutex> caller(caller_mutex_, std::try_to_lock);
     if (!caller.owns_lock()) {  // another thread's job is running: do this one alone
@@ -47,6 +59,8 @@ class Pool {
     }
     job_ = &fn;
     num_chunks_ = num_chunks;
+    caller_cpu_.store(sched_getcpu(), std::memory_order_relaxed);
+    helper_joined_.store(false, std::memory_order_relaxed);
     next_.store(0, std::memory_order_relaxed);
     const uint64_t ticket = ticket_.load(std::memory_order_relaxed) + 2 | 1;  // next generation, open
     {
@@ -57,11 +71,17 @@ class Pool {
     work();
     ticket_.store(ticket & ~uint64_t{1}, std::memory_order_seq_cst);  // closed: no one joins any more
     while (joined_.load(std::memory_order_seq_cst) != 0) spin_pause();
+    jobs_.fetch_add(1, std::memory_order_relaxed);
+    chunks_.fetch_add(num_chunks, std::memory_order_relaxed);
+    if (helper_joined_.load(std::memory_order_relaxed)) joined_jobs_.fetch_add(1, std::memory_order_relaxed);
   }
 
  private:
-  void work() {
-    for (int64_t c; (c = next_.fetch_add(1, std::memory_order_relaxed)) < num_chunks_;) (*job_)(c);
+  // the chunks this thread ran
+  int64_t work() {
+    int64_t done = 0;
+    for (int64_t c; (c = next_.fetch_add(1, std::memory_order_relaxed)) < num_chunks_; ++done) (*job_)(c);
+    return done;
   }
 
   void serve() {
@@ -76,12 +96,21 @@ class Pool {
             const uint64_t t = ticket_.load(std::memory_order_acquire);
             return t != seen && (t & 1);
           });
+          wakeups_.fetch_add(1, std::memory_order_relaxed);
         }
         spin_pause();
       }
       seen = ticket;
       joined_.fetch_add(1, std::memory_order_seq_cst);
-      if (ticket_.load(std::memory_order_seq_cst) == ticket) work();  // else: closed before we joined
+      if (ticket_.load(std::memory_order_seq_cst) == ticket) {  // else: closed before we joined
+        const int64_t done = work();
+        if (done > 0) {
+          helper_joined_.store(true, std::memory_order_relaxed);
+          helper_chunks_.fetch_add(done, std::memory_order_relaxed);
+          if (sched_getcpu() == caller_cpu_.load(std::memory_order_relaxed))
+            same_cpu_.fetch_add(1, std::memory_order_relaxed);
+        }
+      }
       joined_.fetch_sub(1, std::memory_order_seq_cst);
     }
   }
@@ -94,6 +123,10 @@ class Pool {
   std::atomic<int64_t> next_{0};
   const std::function<void(int64_t)>* job_ = nullptr;
   int64_t num_chunks_ = 0;
+  // what pool_stats() reports
+  std::atomic<int> caller_cpu_{-1};
+  std::atomic<bool> helper_joined_{false};
+  std::atomic<int64_t> jobs_{0}, joined_jobs_{0}, chunks_{0}, helper_chunks_{0}, wakeups_{0}, same_cpu_{0};
 };
 
 Pool& pool() {
@@ -102,6 +135,8 @@ Pool& pool() {
 }
 
 }  // namespace
+
+PoolStats pool_stats() { return pool().stats(); }
 
 void parallel_chunks(int64_t num_chunks, const std::function<void(int64_t)>& fn) {
   static const bool use_openmp = [] {

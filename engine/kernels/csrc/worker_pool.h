@@ -19,4 +19,13 @@ namespace formwork {
 // FORMWORK_CPU_POOL=openmp splits the chunks with at::parallel_for instead (to compare).
 void parallel_chunks(int64_t num_chunks, const std::function<void(int64_t)>& fn);
 
+// Counts since the process started, to see whether the helpers take part: jobs the pool ran with
+// helpers, those a helper ran a chunk of, their chunks, the chunks helpers ran, a helper's wake-ups
+// from sleep, and helper joins that ran on the CPU the caller was on when it published the job
+// (there they only time-slice the caller: no faster than one thread).
+struct PoolStats {
+  int64_t jobs, joined_jobs, chunks, helper_chunks, wakeups, same_cpu;
+};
+PoolStats pool_stats();
+
 }  // namespace formwork
