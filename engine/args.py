@@ -51,6 +51,9 @@ def add_engine_args(parser: argparse.ArgumentParser) -> None:
                    help="largest count of a regex quantifier {m,n} (default: %(default)s)")
     b.add_argument("--max-fill-ms", type=float, default=defaults.max_fill_ms,
                    help="CPU milliseconds one request's bitmask fill may take (default: %(default)s)")
+    b.add_argument("--lazy-fill-budget-ms", type=float, default=defaults.lazy_fill_budget_ms,
+                   help="CPU milliseconds a grammar that builds its token masks on first use may spend in "
+                        "fills over --max-fill-ms in one request (default: %(default)s)")
     memory = HostMemoryConfig()
     h = parser.add_argument_group("host memory (the engine's heap: docs/reliability.md, \"Soak\")")
     h.add_argument("--malloc-mmap-threshold", type=int, default=memory.malloc_mmap_threshold_bytes or 0,
@@ -81,7 +84,8 @@ def engine_config_from_args(args: argparse.Namespace):
         grammar=GrammarConfig(jump_forward=not args.no_jump_forward, close_early=not args.no_close_early,
                               compile_timeout_s=args.compile_timeout,
                               max_schema_depth=args.max_schema_depth, max_forced_bytes=args.max_forced_bytes,
-                              max_repeat_count=args.max_repeat_count, max_fill_ms=args.max_fill_ms),
+                              max_repeat_count=args.max_repeat_count, max_fill_ms=args.max_fill_ms,
+                              lazy_fill_budget_ms=args.lazy_fill_budget_ms),
         cuda=CudaConfig(gpu_memory_utilization=args.gpu_memory_utilization, enforce_eager=args.enforce_eager,
                         attention_backend=args.attention_backend),
         host_memory=HostMemoryConfig(

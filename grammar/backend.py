@@ -35,6 +35,9 @@ class CompiledGrammar(ABC):
     # tokens of the shortest output found when compiling (Grammar.closing_token_ids from the
     # start, with a larger search budget); None: not known
     min_output_tokens: int | None = None
+    # its token masks are built on first use: a state's first fill builds its mask (tens of ms,
+    # up to ~1 s), later fills of that state take microseconds (GrammarConfig.lazy_fill_budget_ms)
+    lazy_masks: bool = False
 
     @property
     @abstractmethod
@@ -46,6 +49,7 @@ class Grammar(ABC):
     """Per-request matcher state. Not thread-safe: one engine thread drives it."""
 
     not_enforced: list[str] = []
+    lazy_masks: bool = False  # its compiled grammar's (CompiledGrammar.lazy_masks)
 
     @abstractmethod
     def fill_bitmask(self, bitmask: torch.Tensor, row: int) -> None:

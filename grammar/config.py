@@ -25,6 +25,11 @@ class GrammarConfig:
     # time, the others in every step; a request past it ends with an error. Most fills take
     # 0.01-1.5 ms, but a Lark grammar with %ignore takes 60 ms at every gap, so not lower
     max_fill_ms: float = 100.0
+    # a grammar that builds its token masks on first use (grammar/xgrammar_backend/conversion.py)
+    # fills a state slowly once, building its mask (10-50 ms, 0.65 s measured for one state of a
+    # 5,590-rule grammar): its fills over max_fill_ms may add up to this much CPU time in one
+    # request (and in the compile's walk) before it ends with the same error
+    lazy_fill_budget_ms: float = 2000.0
     # close a constrained output before it runs out of tokens, and the JSON kinds' runaway loops
     # (grammar/early_closing.py); engine default, a request may switch it off (or on)
     close_early: bool = True
@@ -36,5 +41,6 @@ class GrammarConfig:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
         if self.max_repeat_count >= 1 << 31:
             raise ValueError(f"max_repeat_count must be below 2**31, got {self.max_repeat_count}")
-        if not self.max_fill_ms > 0:
-            raise ValueError(f"max_fill_ms must be > 0, got {self.max_fill_ms}")
+        for name in ("max_fill_ms", "lazy_fill_budget_ms"):
+            if not getattr(self, name) > 0:
+                raise ValueError(f"{name} must be > 0, got {getattr(self, name)}")

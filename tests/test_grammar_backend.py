@@ -215,3 +215,15 @@ def test_a_word_count_pattern_compiles_lazily_and_counts_words_exactly():
     assert accepts(compiled, json.dumps(" ".join(["word"] * 100)))
     assert not accepts(compiled, json.dumps(" ".join(["word"] * 101)))
     assert not accepts(compiled, json.dumps("two words "))
+
+
+def test_a_lazily_built_grammar_is_marked_so_for_its_slow_first_fills():
+    from grammar.xgrammar_backend.conversion import builds_masks_lazily
+
+    backend = make_backend()
+    lazy = make_constraint(spec={"type": "string", "pattern": r"^(?:\S+\s+){0,99}\S+$"}, strict=True)
+    assert builds_masks_lazily(str(backend._json_grammar(lazy)[0]))
+    compiled = backend.compile(lazy)
+    assert compiled.lazy_masks and backend.make_grammar(compiled).lazy_masks
+    eager = backend.compile(make_constraint(spec={"type": "string"}, strict=True))
+    assert not eager.lazy_masks and not backend.make_grammar(eager).lazy_masks

@@ -130,6 +130,26 @@ def test_a_fill_over_max_fill_ms_ends_its_request():
     assert "max_fill_ms" in outputs[slow.request_id].error and outputs[slow.request_id].constraint_error
 
 
+class _SlowLazyFill(_SlowFill):
+    lazy_masks = True  # a state's first fill builds its mask: slow fills count against a budget
+
+
+@pytest.mark.parametrize("budget_ms, ends_in_error", [(60_000.0, False), (0.001, True)])
+def test_a_lazy_grammar_s_slow_fills_run_within_its_budget(budget_ms, ends_in_error):
+    backend = _Backend()
+    backend.make_grammar = lambda compiled: _SlowLazyFill()
+    manager = StructuredOutputManager(backend, GrammarConfig(max_fill_ms=0.001, lazy_fill_budget_ms=budget_ms))
+    scheduler = make_scheduler(structured_output_manager=manager)
+    slow = make_request(num_tokens=5, max_tokens=4, constraint=Constraint(kind="regex", spec="a+"))
+    scheduler.add_request(slow)
+    wait_compiled(manager)
+    outputs = run_until_done(scheduler, [slow])
+    if ends_in_error:
+        assert "lazy_fill_budget_ms" in outputs[slow.request_id].error
+    else:
+        assert slow.status == RequestStatus.FINISHED_LENGTH_CAPPED and slow.slow_fills.spent_ms > 0
+
+
 def test_bitmask_row_of_a_failed_fill_allows_nothing():
     backend = _FailingBackend("fill")
     manager = StructuredOutputManager(backend, GrammarConfig())

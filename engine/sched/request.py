@@ -15,6 +15,7 @@ if TYPE_CHECKING:
     from engine.sched.text_drafter import PromptText
     from grammar.backend import Grammar
     from grammar.early_closing import EarlyClosing
+    from grammar.slow_fills import SlowFills
 
 
 class RequestStatus(enum.IntEnum):
@@ -79,6 +80,7 @@ class Request:
 
         # structured output
         self.grammar: Grammar | None = None
+        self.slow_fills: SlowFills | None = None  # its fills over max_fill_ms, from the first one
         self.num_forced_tokens_pending = 0  # jump-forward tokens appended, not yet sent to the runner
         self.grammar_cache_hit = False  # its compiled grammar was in the compile cache on arrival
         self.num_forced_tokens = 0  # all jump-forward (and closing) tokens of this request

@@ -17,6 +17,7 @@ from grammar.compiler import GrammarCompiler
 from grammar.config import GrammarConfig
 from grammar.early_closing import EarlyClosing
 from grammar.runaway import RunawayGuard
+from grammar.slow_fills import SlowFills
 
 if TYPE_CHECKING:
     import torch
@@ -118,8 +119,12 @@ class StructuredOutputManager:
                 continue
             fill_ms = (time.thread_time() - start) * 1000 / (1 + len(draft))
             if fill_ms > limit_ms:
-                failed[request.request_id] = (f"one bitmask fill of this constraint took {fill_ms:.0f} ms, over "
-                                              f"this server's max_fill_ms limit of {limit_ms:g}; simplify it")
+                slow_fills = request.slow_fills
+                if slow_fills is None:
+                    slow_fills = request.slow_fills = SlowFills(self.config, request.grammar.lazy_masks)
+                if not slow_fills.allows(fill_ms):
+                    failed[request.request_id] = (f"one bitmask fill of this constraint took {fill_ms:.0f} ms, "
+                                                  f"over {slow_fills.limit_text()}; simplify it")
         return GrammarOutput({r.request_id: row for r, row in requests_and_rows}, bitmask, failed)
 
     def wait_for_any(self, timeout_s: float) -> None:

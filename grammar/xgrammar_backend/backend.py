@@ -22,6 +22,7 @@ from grammar.jump_forward import ForcedTextTokenizer
 from grammar.log_capture import capture_native_log, strip_native_prefix
 from grammar.low_priority import run_at_low_priority
 from grammar.matcher_cursor import CharTokens
+from grammar.slow_fills import SlowFills
 from grammar.tool_calls import ToolCalls
 from grammar.xgrammar_backend.conversion import (builds_masks_lazily, check_repeats, choice_ebnf, convert_spec,
                                                  unsupported_error, warning_keywords, with_decimal_numbers)
@@ -89,14 +90,16 @@ class XGrammarBackend(GrammarBackend):
         if kind == "tool_calls" or constraint.think_end:
             grammar = self._structural_grammar(constraint, grammar, not_enforced)
         bounds = self._check_bounds(kind, grammar)
-        compiler = self._lazy_compiler if builds_masks_lazily(str(grammar)) else self._compiler
+        lazy_masks = builds_masks_lazily(str(grammar))
+        compiler = self._lazy_compiler if lazy_masks else self._compiler
         try:
             compiled = compiler.compile_grammar(grammar)
         except Exception as e:  # xgrammar raises RuntimeError/ValueError with a C++ prefix
             raise GrammarError(f"{kind} does not compile: {strip_native_prefix(str(e))}") from None
         result = XGrammarCompiled(compiled, kind, not_enforced, jump_forward_safe=bounds.exact,
                                   closing_hints=closing_hints(constraint),
-                                  json_output=kind in ("json_schema", "json_object") and not constraint.think_end)
+                                  json_output=kind in ("json_schema", "json_object") and not constraint.think_end,
+                                  lazy_masks=lazy_masks)
         self._warm_up(result)
         result.min_output_tokens = self._min_output_tokens(result)
         return result
@@ -205,7 +208,7 @@ class XGrammarBackend(GrammarBackend):
         run_at_low_priority(self._probe_fills, compiled)
 
     def _probe_fills(self, compiled: XGrammarCompiled) -> None:
-        limit_ms = self.config.max_fill_ms
+        slow_fills = SlowFills(self.config, compiled.lazy_masks)
         rng = random.Random(0)
         stop_ids = set(self.stop_token_ids)
         try:
@@ -216,10 +219,10 @@ class XGrammarBackend(GrammarBackend):
                 start = time.thread_time()
                 matcher.fill_next_token_bitmask(bitmask, 0)
                 fill_ms = (time.thread_time() - start) * 1000
-                if fill_ms > limit_ms:
+                if not slow_fills.allows(fill_ms):
                     raise GrammarError(f"{compiled.kind}: one bitmask fill takes {fill_ms:.0f} ms (after {num_tokens} "
-                                       f"tokens), over this server's max_fill_ms limit of {limit_ms:g}; simplify the "
-                                       "constraint (ambiguous repeats such as (\\w+ ?){1,50} are the usual cause)")
+                                       f"tokens), over {slow_fills.limit_text()}; simplify the constraint "
+                                       "(ambiguous repeats such as (\\w+ ?){1,50} are the usual cause)")
                 bits = np.unpackbits(bitmask.numpy().view(np.uint8)[0], bitorder="little")[:self.vocab_size]
                 allowed = [t for t in np.flatnonzero(bits).tolist() if t not in stop_ids]
                 if not allowed or not matcher.accept_token(rng.choice(allowed)):

@@ -31,8 +31,9 @@ class XGrammarCompiled(CompiledGrammar):
 
     def __init__(self, compiled: xgr.CompiledGrammar, kind: str, not_enforced: list[str],
                  jump_forward_safe: bool = True, closing_hints: list[str] | None = None,
-                 json_output: bool = False) -> None:
+                 json_output: bool = False, lazy_masks: bool = False) -> None:
         self.compiled = compiled
+        self.lazy_masks = lazy_masks
         self.kind = kind
         self.not_enforced = list(not_enforced)
         self.jump_forward_safe = jump_forward_safe
@@ -53,6 +54,7 @@ class XGrammarGrammar(Grammar):
                  char_tokens: CharTokens | None = None, token_bytes: Sequence[bytes] | None = None) -> None:
         """`token_bytes`: each token id's bytes, to check that a JSON output's closing parses."""
         self._matcher = xgr.GrammarMatcher(compiled.compiled)
+        self.lazy_masks = compiled.lazy_masks
         self._char_tokens = char_tokens
         self._jump_forward_safe = compiled.jump_forward_safe
         self._closing_hints = compiled.closing_hints
