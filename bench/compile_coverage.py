@@ -9,13 +9,11 @@ tokenizer, its defaults (an unimplemented keyword is an error). Neither generate
 from __future__ import annotations
 
 import json
-import multiprocessing
 import os
-import time
 from collections import Counter, defaultdict
 from dataclasses import dataclass, field
 
-from bench.coverage import rejection_reason
+from bench.compile_process import CompileProcess
 
 
 @dataclass
@@ -35,72 +33,6 @@ class CompileTally:
         return 1000 * ordered[min(len(ordered) - 1, int(q * len(ordered)))]
 
 
-def _compile_worker(connection, model_dir: str, vocab_size: int, config) -> None:
-    """A child process: compiles each schema text it is sent, answers (ok, reason)."""
-    from grammar.backend import GrammarError
-    from grammar.constraint import Constraint
-    from grammar.schema_check import check_limits
-    from grammar.xgrammar_backend import XGrammarBackend
-
-    backend = XGrammarBackend(model_dir, vocab_size)
-    backend.compile(Constraint(kind="json_schema", spec='{"type": "integer"}'))  # first-compile costs, not a schema's
-    connection.send("ready")
-    while (spec := connection.recv()) is not None:
-        constraint = Constraint(kind="json_schema", spec=spec, strict=True)
-        try:
-            check_limits(constraint, config.max_spec_bytes, config.max_schema_depth)
-            backend.compile(constraint)
-            connection.send((True, ""))
-        except GrammarError as e:
-            connection.send((False, rejection_reason(str(e))))
-
-
-class _CompileProcess:
-    """xgrammar cannot stop a compile once started: a schema past the time limit is refused and its
-    process killed, so it costs the limit and no more (GrammarCompiler's thread would run on). A
-    spare process starts beside the one in use, so a kill does not wait for a tokenizer to load."""
-
-    def __init__(self, model_dir: str, vocab_size: int, config) -> None:
-        self._args = (model_dir, vocab_size, config)
-        self._current = None
-        self._spare = self._spawn()
-
-    def _spawn(self):
-        context = multiprocessing.get_context("spawn")
-        connection, child = context.Pipe()
-        process = context.Process(target=_compile_worker, args=(child, *self._args), daemon=True)
-        process.start()
-        return process, connection
-
-    def compile(self, spec: str, timeout_s: float) -> tuple[bool, str, float]:
-        """(compiled, why not, seconds); the seconds leave out starting a process."""
-        if self._current is None:
-            self._current, self._spare = self._spare, self._spawn()
-            if self._current[1].recv() != "ready":
-                raise RuntimeError("the compile process did not start")
-        connection = self._current[1]
-        started = time.perf_counter()
-        connection.send(spec)
-        if connection.poll(timeout_s):
-            ok, reason = connection.recv()
-            return ok, reason, time.perf_counter() - started
-        seconds = time.perf_counter() - started
-        self._kill(self._current)
-        self._current = None
-        return False, "compile time limit", seconds
-
-    @staticmethod
-    def _kill(pair) -> None:
-        pair[0].kill()
-        pair[0].join()
-
-    def close(self) -> None:
-        for pair in (self._current, self._spare):
-            if pair is not None:
-                self._kill(pair)
-        self._current = self._spare = None
-
-
 def compile_formwork(schemas: list[tuple[str, str, dict]], engine_config,
                      records_path: str | None = None) -> dict[str, CompileTally]:
     """Strict-mode compiles, one schema after another in a child process. With `records_path`, one
@@ -113,7 +45,7 @@ def compile_formwork(schemas: list[tuple[str, str, dict]], engine_config,
     model = resolve_model(engine_config.model if engine_config is not None else None)
     config = engine_config.grammar if engine_config is not None else GrammarConfig()
     done = _read_records(records_path)
-    process = _CompileProcess(str(model), transformers.AutoConfig.from_pretrained(model).vocab_size, config)
+    process = CompileProcess(str(model), transformers.AutoConfig.from_pretrained(model).vocab_size, config)
     tallies: dict[str, CompileTally] = defaultdict(CompileTally)
     records = open(records_path, "a", encoding="utf-8") if records_path else None
     try:

@@ -5,9 +5,10 @@ every request's blocks into a padded copy, then reads it again in SDPA; the kern
 blocks where they are. The decoder's elementwise steps (residual + RMSNorm, SiLU-and-multiply,
 rotary) are fused, so a decode batch wakes no OpenMP threads for them; the bf16 matmuls read one
 packed copy of each weight (gemm.cpp). The module is built with torch's extension tooling (a C++
-compiler and ninja) into $FORMWORK_CACHE/kernels/<cpu features + flags + torch + sources> the first time
-an engine starts (about 45 s on 2 cores; `make setup` does it), then loads in a fraction of a
-second, from any clone or environment with the same sources and torch. Where it cannot be built, the engine says why once and uses torch ops.
+compiler and ninja) into $FORMWORK_CACHE/kernels/<cpu features + flags + torch + sources> the
+first time an engine starts (about 45 s on 2 cores; `make setup` does it), then loads in a
+fraction of a second, from any clone or environment with the same sources and torch. Where it
+cannot be built, the engine says why once and uses torch ops.
 
 FORMWORK_CPU_ISA=avx2 builds for AVX2 and FMA only (`-march=x86-64-v3`, its own build folder): the
 kernels a CPU without AVX-512 runs, so that they can be tested on one that has it.

@@ -156,7 +156,7 @@ class Speculator:
     def _text_source(self, request: Request, match: TextMatch | None, key: int,
                      max_tokens: int) -> DraftSource | None:
         """The draft read from the prompt's text at `match` (None: no match, or no whole token there)."""
-        if match is None or self.text_drafter is None:
+        if match is None:
             return None
         token_ids, ends = self.text_drafter.draft_at(request, match.begin, max_tokens)
         if not token_ids:
