@@ -13,7 +13,8 @@ from bench.roofline import measure_bandwidth_gbs, measure_gemm_peak_gflops
 
 def run_formwork(llm, prompts, max_tokens: int) -> tuple[float, int]:
     from engine.sampling_params import SamplingParams
-    params = SamplingParams(max_tokens=max_tokens, temperature=0, ignore_eos=True)
+    # no drafts: a story repeated to fill max_tokens would be drafted as no real answer is
+    params = SamplingParams(max_tokens=max_tokens, temperature=0, ignore_eos=True, speculative=False)
     start = time.perf_counter()
     outputs = llm.generate(prompts, params)
     elapsed = time.perf_counter() - start
@@ -30,7 +31,7 @@ def decode_step_times(llm, batch_sizes: tuple[int, ...] = DECODE_BATCH_SIZES, ma
     from engine.sampling_params import SamplingParams
     engine = llm.engine
     story = "Tell me a long story about a lighthouse keeper, a storm and a lost ship. " * 8  # ~130 tokens
-    params = SamplingParams(max_tokens=max_tokens, temperature=0, ignore_eos=True)
+    params = SamplingParams(max_tokens=max_tokens, temperature=0, ignore_eos=True, speculative=False)
     times = {}
     for b in (b for b in batch_sizes if b <= engine.config.scheduler.max_num_seqs):
         prompts = [{"prompt_token_ids": llm.tokenizer.encode(f"{i}: {story}")} for i in range(b)]

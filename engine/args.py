@@ -20,7 +20,7 @@ def add_engine_args(parser: argparse.ArgumentParser) -> None:
                    help="engine default for closing constrained outputs before max_tokens and on runaway loops")
     g.add_argument("--speculative-ngram", action=argparse.BooleanOptionalAction, default=SpeculativeConfig.enabled,
                    help="engine default for speculative decoding with drafts from the prompt and output "
-                        "(a request may switch it off or on; default: %(default)s)")
+                        "(a request may switch it off or on; default: on for CPU, off on CUDA)")
     g.add_argument("--num-speculative-tokens", type=int, default=SpeculativeConfig.num_speculative_tokens,
                    help="draft tokens per request and step, at most (default: %(default)s)")
     g.add_argument("--draft-by-text", action=argparse.BooleanOptionalAction, default=SpeculativeConfig.draft_by_text,

@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from grammar.config import GrammarConfig
@@ -71,7 +71,10 @@ class SpeculativeConfig:
     what its rows add to the step's measured time.
     """
 
-    enabled: bool = False  # engine default; a request may switch it off (or on)
+    # engine default; a request may switch it off (or on). None: on for CPU engines, where it was
+    # measured to pay (and greedy outputs are token for token the same: the kernels' bf16 rows are
+    # batch-invariant), off on CUDA, where draft steps replay no CUDA graph and nothing was measured
+    enabled: bool | None = None
     num_speculative_tokens: int = 8  # draft tokens per request and step, at most
     min_ngram: int = 1
     max_ngram: int = 3
@@ -146,6 +149,13 @@ class EngineConfig:
             raise ValueError(f"dtype must be auto, float32, bfloat16 or float16, got {self.dtype!r}")
         if self.max_model_len is not None and self.max_model_len < 2:
             raise ValueError(f"max_model_len must be >= 2, got {self.max_model_len}")
+
+    @property
+    def resolved_speculative(self) -> SpeculativeConfig:
+        """speculative, with enabled None resolved by device."""
+        if self.speculative.enabled is not None:
+            return self.speculative
+        return replace(self.speculative, enabled=not self.device.startswith("cuda"))
 
     @property
     def torch_dtype(self) -> str:

@@ -74,7 +74,8 @@ def test_greedy_tokens_and_logits_match_transformers(family):
     name, hf_model, llm = family
     runner = llm.engine.runner
     recorder = runner.sample_tokens = LogitsRecorder(runner)
-    params = SamplingParams(max_tokens=NUM_STEPS, temperature=0, ignore_eos=True)
+    # one logits row a step to compare: no draft rows (tests/test_speculative_model.py checks drafts)
+    params = SamplingParams(max_tokens=NUM_STEPS, temperature=0, ignore_eos=True, speculative=False)
     first, batch = prompts()
     try:
         outputs = llm.generate([{"prompt_token_ids": first}], params)

@@ -4,6 +4,7 @@ the HTTP extension. No model (the tokenizer only)."""
 from __future__ import annotations
 
 import argparse
+from dataclasses import replace
 
 import pytest
 from google.protobuf import json_format
@@ -26,7 +27,10 @@ def engine_config(*argv):
 
 
 def test_server_flags():
-    assert not engine_config().speculative.enabled
+    default = engine_config()  # on for CPU, off on CUDA (unmeasured there), unless a flag says
+    assert default.speculative.enabled is None and default.resolved_speculative.enabled
+    assert not replace(default, device="cuda").resolved_speculative.enabled
+    assert replace(engine_config("--speculative-ngram"), device="cuda").resolved_speculative.enabled
     config = engine_config("--speculative-ngram", "--num-speculative-tokens", "5").speculative
     assert config.enabled and config.num_speculative_tokens == 5
     assert not engine_config("--no-speculative-ngram").speculative.enabled

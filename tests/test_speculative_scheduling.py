@@ -211,6 +211,30 @@ def test_requests_with_penalties_or_seeds_do_not_draft_and_a_request_can_opt_out
     assert not make(enabled=False).speculator.enabled_for(make_request())
 
 
+def test_a_think_budget_is_never_drafted_through():
+    """xgrammar enforces a token budget where a bitmask is filled: accepting tokens without fills (as a
+    draft is cut) takes them past the budget, which verification (a fill per position) then rejects."""
+    from grammar_factories import encode, make_backend
+    backend = make_backend()
+    constraint = Constraint("json_schema", '{"type": "object"}', think_end="</think>", think_budget=6)
+    compiled = backend.compile(constraint)
+    thinking = encode("The Eiffel Tower is in Paris, France. It is tall.")
+    assert len(thinking) > 7
+    unfilled = backend.make_grammar(compiled)
+    assert unfilled.accept_tokens(thinking)  # no fills: the budget does not hold
+    filled, bitmask = backend.make_grammar(compiled), backend.allocate_bitmask(1)
+    accepted = 0
+    for token_id in thinking:
+        filled.fill_bitmask(bitmask, 0)
+        if not filled.accept_tokens([token_id]):
+            break
+        accepted += 1
+    assert accepted == 6  # filled before each token: the budget's end marker is forced
+    speculator = make(k=4).speculator
+    assert not speculator.enabled_for(make_request(constraint=constraint))
+    assert speculator.enabled_for(make_request(constraint=Constraint("json_schema", '{"type": "object"}')))
+
+
 def test_large_batches_do_not_draft():
     scheduler = make(k=4, max_num_running=1)
     asked = []  # a step too large to draft does not even look for one

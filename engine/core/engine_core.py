@@ -65,7 +65,7 @@ class EngineCore:
         self.step_timings: list[StepTiming] | None = None  # set to [] to collect
         self.step_stats = StepStatsCollector() if config.collect_stats else None  # for the front end's metrics
         self.scheduler = Scheduler(config.scheduler, config.cache, self.runner.num_blocks, self.max_model_len,
-                                   self.structured_output_manager, config.speculative)
+                                   self.structured_output_manager, config.resolved_speculative)
         self.heap_trimmer = HeapTrimmer(config.host_memory.trim_interval_s)
 
     # ---- requests ----------------------------------------------------------------------

@@ -81,8 +81,11 @@ class Speculator:
     def enabled_for(self, request: Request) -> bool:
         params = request.sampling_params
         wanted = self.config.enabled if params.speculative is None else params.speculative
-        return (wanted and (params.greedy or params.seed is None) and params.repetition_penalty == 1.0
-                and not params.frequency_penalty and not params.presence_penalty)
+        # a think budget is a token budget in xgrammar's matcher, which accepts tokens past it unless
+        # a bitmask was filled before each: a draft cut without fills would not be the one verified
+        think_budget = params.constraint is not None and params.constraint.think_budget > 0
+        return (wanted and not think_budget and (params.greedy or params.seed is None)
+                and params.repetition_penalty == 1.0 and not params.frequency_penalty and not params.presence_penalty)
 
     def begin_step(self, num_running: int) -> bool:
         """A new plan: each running request computes about one token and gives about one. False
