@@ -27,12 +27,13 @@ FREE = [[{"role": "user", "content": "Tell me about owls."}],
 
 
 @pytest.fixture(autouse=True)
-def drafts_at_full_length(llm_fp32, monkeypatch):
+def drafts_at_full_length(request, monkeypatch):
     """How long a draft is, is priced from the step times the machine measures as it runs
     (engine/sched/speculation.py: tests/test_speculative_scheduling.py checks the pricing), so on a
     loaded machine a short copy may draft nothing and its exactness check would check nothing.
     Unmeasured, every match drafts at full length: the most drafting, the strictest check."""
-    speculator = llm_fp32.engine.scheduler.speculator
+    llm = request.getfixturevalue("llm" if "llm" in request.fixturenames else "llm_fp32")
+    speculator = llm.engine.scheduler.speculator
     monkeypatch.setattr(speculator, "step_cost", StepCostModel())
     monkeypatch.setattr(speculator, "observe_step", lambda num_tokens, seconds: None)
 
@@ -107,3 +108,20 @@ def test_closing_early_under_a_small_budget_is_the_same_with_drafts(llm_fp32):
     assert [o.token_ids for o in outputs[True]] == [o.token_ids for o in outputs[False]]
     assert [o.closed_early for o in outputs[True]] == [o.closed_early for o in outputs[False]]
     assert_all_blocks_free(llm_fp32)
+
+
+def test_bf16_outputs_are_identical_with_drafts(llm):
+    """The default dtype: the kernels' bf16 rows do not depend on how many rows a step verifies, so
+    drafting is on by default on CPU and changes no greedy token (two requests at a time: drafting
+    is on at low concurrency)."""
+    items = load_json_extraction()[12:16]
+    prompts = [extraction_prompt(item) for item in items]
+    outputs = {}
+    for speculative in (False, True):
+        params = [SamplingParams(temperature=0, max_tokens=96, speculative=speculative,
+                                 constraint=Constraint(kind="json_schema", spec=json.dumps(item["schema"])))
+                  for item in items]
+        outputs[speculative] = [o for i in (0, 2) for o in llm.generate(prompts[i:i + 2], params[i:i + 2])]
+    assert [o.token_ids for o in outputs[True]] == [o.token_ids for o in outputs[False]]
+    assert sum(o.num_accepted_draft_tokens for o in outputs[True]) > 0
+    assert_all_blocks_free(llm)
