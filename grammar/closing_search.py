@@ -19,7 +19,8 @@ A grammar whose token masks are built on first use pays for each state's first f
 to a second) the first time the search, or the request, reaches it; later fills of the state take
 microseconds. Such fills are not the search's own work: given a `FirstFillBudget`, the search
 counts a call over FIRST_FILL_S against that budget instead of its CPU limit, while the budget
-lasts, so a closing through states nobody has reached yet is still found.
+lasts (and up to MAX_FIRST_FILLS_S in one search), so a closing through states nobody has
+reached yet is still found.
 
 Library-free: the matcher sits behind `TextCursor`.
 """
@@ -38,6 +39,9 @@ _STRUCTURE_ORDER = '}]",01-.:{[tfn'
 _CLOSERS = '"}]'  # what ends a string or a container
 # a cursor call this slow builds a lazily compiled state's mask (a warm fill takes ~10-50 µs)
 FIRST_FILL_S = 0.001
+# one search waits at most this long for first fills (the step, everyone's, waits with it); the
+# states it built stay built, so the next search goes further
+MAX_FIRST_FILLS_S = 0.5
 # the rest of printable ASCII, for patterns and grammars that need other characters
 _TAIL = ("2345678bcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ9_@+/#$%&'()*;<=>?!^`|~\\"
          "\n\t")
@@ -73,11 +77,12 @@ class FirstFillBudget(Protocol):
 class _Clock:
     """The search's CPU limit, less the first fills that `first_fills` pays for."""
 
-    __slots__ = ("deadline", "first_fills")
+    __slots__ = ("deadline", "first_fills", "excused_s")
 
     def __init__(self, max_cpu_s: float, first_fills: FirstFillBudget | None) -> None:
         self.deadline = time.thread_time() + max_cpu_s
         self.first_fills = first_fills
+        self.excused_s = 0.0
 
     def expired(self) -> bool:
         return time.thread_time() > self.deadline
@@ -85,8 +90,10 @@ class _Clock:
     def excuse(self, elapsed_s: float) -> None:
         """A cursor call took `elapsed_s`: if it was a first fill the budget pays for, move the
         deadline by as much."""
-        if elapsed_s > FIRST_FILL_S and self.first_fills is not None and self.first_fills.spend(elapsed_s * 1000):
+        if (elapsed_s > FIRST_FILL_S and self.first_fills is not None and self.excused_s < MAX_FIRST_FILLS_S
+                and self.first_fills.spend(elapsed_s * 1000)):
             self.deadline += elapsed_s
+            self.excused_s += elapsed_s
 
 
 class _TimedCursor:

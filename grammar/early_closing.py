@@ -9,7 +9,8 @@ validates, and says it was closed.
 
 The closing is searched for only when it may matter: after each search, the next one waits until
 the budget has used up half of its lead over the longest closing seen so far, so a long output
-costs a handful of searches, and the last stretch (twice that closing) one per step. A search
+costs a handful of searches, and the last stretch (twice that closing) one per step, unless the
+grammar is compiled lazily (there each search pays first fills: it keeps halving). A search
 that finds nothing is retried the same way, halving the lead that is left, so the last tries
 still come before the budget falls below that closing. The longest
 closing seen, not the current one, decides when to close: inside a repeated array item the
@@ -114,5 +115,8 @@ class EarlyClosing:
     def _schedule(self, num_closing_tokens: int, num_remaining: int) -> None:
         due = num_closing_tokens + _MARGIN
         lead = num_remaining - due
-        # within twice the closing of the end: every step (the closing may grow from one to the next)
-        self._check_at = num_remaining if lead <= due else due + lead // 2
+        # within twice the closing of the end: every step (the closing may grow from one to the
+        # next) — but in a lazily compiled grammar each search meets states of its own to build
+        # (tens of ms each time), so there the lead keeps halving, which nears every step at the end
+        every_step = lead <= due and self._first_fills is None
+        self._check_at = num_remaining if every_step else due + lead // 2

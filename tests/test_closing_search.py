@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import time
 
+from grammar import closing_search
 from grammar.backend import Grammar
 from grammar.closing_search import find_closing
 from grammar.config import GrammarConfig
@@ -125,3 +126,32 @@ def test_a_failed_search_is_retried_while_the_longest_closing_seen_still_fits():
     # both misses were retried before the budget fell to the closing (halving the budget left
     # would have searched at 200, 100 and 50)
     assert grammar.searched_at[2] > 103 and grammar.searched_at[1] > grammar.searched_at[2]
+
+
+def test_one_search_waits_for_first_fills_only_so_long(monkeypatch):
+    monkeypatch.setattr(closing_search, "MAX_FIRST_FILLS_S", 0.03)  # ten first fills
+    budget = _budget(2000.0)
+    cursor = LazyCursor()
+    assert find_closing(cursor, 64, max_cpu_s=0.02, first_fills=budget) is None
+    assert budget.spent_ms < 60.0  # the request's budget is kept for the next search
+    # which goes on from the states this one built
+    assert find_closing(cursor, 64, max_cpu_s=0.02, first_fills=budget) == CLOSING
+
+
+def _close_down_from(closing: EarlyClosing, num_budget_tokens: int) -> tuple[list[int], str, int] | None:
+    for num_remaining in range(num_budget_tokens, 0, -1):
+        found = closing.check([1], num_remaining)
+        if found is not None:
+            return found[0], found[1], num_remaining
+    return None
+
+
+def test_a_lazily_compiled_grammar_searches_a_few_times_in_the_last_stretch_not_every_step():
+    eager, lazy = FlakyGrammar(num_tokens=100, num_failures=0), FlakyGrammar(num_tokens=100, num_failures=0)
+    for grammar, first_fills in ((eager, None), (lazy, _budget(2000.0))):
+        closing = EarlyClosing(grammar, first_fills=first_fills)
+        closing.check_minimum(200, min_output_tokens=100)
+        found = _close_down_from(closing, 200)
+        assert found is not None and found[1] == "budget" and found[2] >= 100
+    assert len(eager.searched_at) > 90  # every step within twice the closing of the end
+    assert len(lazy.searched_at) < 12  # each search pays first fills: the lead halves instead
