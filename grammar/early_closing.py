@@ -12,9 +12,9 @@ the budget has used up half of its lead over the longest closing seen so far, so
 costs a handful of searches, and the last stretch (twice that closing) one per step, unless the
 grammar is compiled lazily (there each search pays first fills: it keeps halving). A search
 that finds nothing is retried the same way, halving the lead that is left, so the last tries
-still come before the budget falls below that closing. The longest
-closing seen, not the current one, decides when to close: inside a repeated array item the
-closing is short, at the start of the next item it is the whole item again. An output that
+still come before the budget falls below that closing. The longest closing seen, not the current
+one, decides when to close: inside a repeated array item the closing is short, at the start of
+the next item it is the whole item again. An output that
 finishes before the closing acts is exactly what it would be without it: nothing here changes the
 bitmask or the sampled tokens.
 """

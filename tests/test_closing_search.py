@@ -13,7 +13,7 @@ from grammar.early_closing import EarlyClosing
 from grammar.slow_fills import SlowFills
 
 CLOSING = '","a":"","b":"","c":"","d":""}'  # 30 characters, one state each
-FIRST_FILL_S = 0.003
+FIRST_FILL_COST_S = 0.003
 
 
 def _burn(seconds: float) -> None:
@@ -23,7 +23,7 @@ def _burn(seconds: float) -> None:
 
 
 class LazyCursor:
-    """Accepts exactly CLOSING; the first allowed_chars() at each point burns FIRST_FILL_S of CPU
+    """Accepts exactly CLOSING; the first allowed_chars() at each point burns FIRST_FILL_COST_S of CPU
     (building that state's mask), later ones are free."""
 
     def __init__(self) -> None:
@@ -35,7 +35,7 @@ class LazyCursor:
         at = len(self.text)
         if at not in self.built:
             self.built.add(at)
-            _burn(FIRST_FILL_S)
+            _burn(FIRST_FILL_COST_S)
         return CLOSING[at] if at < len(CLOSING) else ""
 
     def push(self, text: str) -> bool:
@@ -70,7 +70,7 @@ def test_a_first_fill_budget_pays_for_them_and_the_closing_is_found():
     cursor, budget = LazyCursor(), _budget(2000.0)
     assert find_closing(cursor, 64, max_cpu_s=0.02, first_fills=budget) == CLOSING
     assert cursor.text == ""
-    assert budget.spent_ms >= len(CLOSING) * FIRST_FILL_S * 1000  # every first fill counted there
+    assert budget.spent_ms >= len(CLOSING) * FIRST_FILL_COST_S * 1000  # every first fill counted there
 
 
 def test_the_first_fill_budget_is_a_bound_too():
@@ -105,24 +105,37 @@ class FlakyGrammar(Grammar):
             return None
         return [7] * self.num_tokens
 
-    def fill_bitmask(self, bitmask, row): ...
-    def accept_tokens(self, token_ids): return True
-    def rollback(self, num_tokens): ...
-    def is_terminated(self): return False
-    def jump_forward_token_ids(self): return []
+    def fill_bitmask(self, bitmask, row):
+        raise NotImplementedError  # the closing's schedule alone is under test
+
+    def accept_tokens(self, token_ids):
+        return True
+
+    def rollback(self, num_tokens):
+        pass
+
+    def is_terminated(self):
+        return False
+
+    def jump_forward_token_ids(self):
+        return []
+
+
+def _close_down_from(closing: EarlyClosing, num_budget_tokens: int) -> tuple[list[int], str, int] | None:
+    """Step the budget down one token at a time: (the closing, why, the budget left) once it closes."""
+    for num_remaining in range(num_budget_tokens, 0, -1):
+        found = closing.check([1], num_remaining)
+        if found is not None:
+            return found[0], found[1], num_remaining
+    return None
 
 
 def test_a_failed_search_is_retried_while_the_longest_closing_seen_still_fits():
     grammar = FlakyGrammar(num_tokens=100, num_failures=2)
     closing = EarlyClosing(grammar)
     closing.check_minimum(200, min_output_tokens=100)
-    found = None
-    for num_remaining in range(200, 0, -1):
-        found = closing.check([1], num_remaining)
-        if found is not None:
-            break
-    assert found is not None and found[1] == "budget" and len(found[0]) == 100
-    assert num_remaining >= 100
+    found = _close_down_from(closing, 200)
+    assert found is not None and found[1] == "budget" and len(found[0]) == 100 and found[2] >= 100
     # both misses were retried before the budget fell to the closing (halving the budget left
     # would have searched at 200, 100 and 50)
     assert grammar.searched_at[2] > 103 and grammar.searched_at[1] > grammar.searched_at[2]
@@ -136,14 +149,6 @@ def test_one_search_waits_for_first_fills_only_so_long(monkeypatch):
     assert budget.spent_ms < 60.0  # the request's budget is kept for the next search
     # which goes on from the states this one built
     assert find_closing(cursor, 64, max_cpu_s=0.02, first_fills=budget) == CLOSING
-
-
-def _close_down_from(closing: EarlyClosing, num_budget_tokens: int) -> tuple[list[int], str, int] | None:
-    for num_remaining in range(num_budget_tokens, 0, -1):
-        found = closing.check([1], num_remaining)
-        if found is not None:
-            return found[0], found[1], num_remaining
-    return None
 
 
 def test_a_lazily_compiled_grammar_searches_a_few_times_in_the_last_stretch_not_every_step():
