@@ -73,7 +73,8 @@ def _schema_hints(schema: Any) -> list[str]:
         pattern = node.get("pattern")
         if isinstance(pattern, str):
             hints += [json.dumps(suffix, ensure_ascii=False)[1:-1] + '"' for suffix in regex_suffixes(pattern)]
-        example = FORMAT_EXAMPLES.get(node.get("format"))
+        fmt = node.get("format")
+        example = FORMAT_EXAMPLES.get(fmt) if isinstance(fmt, str) else None
         if example is not None:
             hints += [example[i:] + '"' for i in range(len(example))]
     return hints
