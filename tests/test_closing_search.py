@@ -5,8 +5,9 @@ from __future__ import annotations
 
 import time
 
+from grammar_fakes import AnyTokenGrammar
+
 from grammar import closing_search
-from grammar.backend import Grammar
 from grammar.closing_search import find_closing
 from grammar.config import GrammarConfig
 from grammar.early_closing import EarlyClosing
@@ -91,7 +92,7 @@ def test_once_its_states_are_built_the_plain_budget_finds_the_closing():
     assert find_closing(cursor, 64, max_cpu_s=0.02) == CLOSING
 
 
-class FlakyGrammar(Grammar):
+class FlakyGrammar(AnyTokenGrammar):
     """A closing of `num_tokens` tokens that the first `num_failures` searches do not find."""
 
     def __init__(self, num_tokens: int, num_failures: int) -> None:
@@ -104,21 +105,6 @@ class FlakyGrammar(Grammar):
         if len(self.searched_at) <= self.num_failures or max_tokens < self.num_tokens:
             return None
         return [7] * self.num_tokens
-
-    def fill_bitmask(self, bitmask, row):
-        raise NotImplementedError  # the closing's schedule alone is under test
-
-    def accept_tokens(self, token_ids):
-        return True
-
-    def rollback(self, num_tokens):
-        pass
-
-    def is_terminated(self):
-        return False
-
-    def jump_forward_token_ids(self):
-        return []
 
 
 def _close_down_from(closing: EarlyClosing, num_budget_tokens: int) -> tuple[list[int], str, int] | None:

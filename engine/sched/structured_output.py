@@ -80,7 +80,7 @@ class StructuredOutputManager:
         json_kind = constraint is not None and constraint.kind in _JSON_KINDS
         guard = RunawayGuard(token_bytes) if json_kind and token_bytes is not None else None
         # a lazily compiled grammar's closing may run through states whose masks nobody built yet
-        first_fills = SlowFills(self.config, True) if request.grammar.lazy_masks else None
+        first_fills = SlowFills(self.config, lazy_masks=True) if request.grammar.lazy_masks else None
         return EarlyClosing(request.grammar, guard, first_fills)
 
     def is_compiling(self, request_id: str) -> bool:
