@@ -12,6 +12,7 @@ if TYPE_CHECKING:
 
     import torch
 
+    from grammar.closing_search import FirstFillBudget
     from grammar.constraint import Constraint
 
 
@@ -83,11 +84,12 @@ class Grammar(ABC):
         text with what follows.
         """
 
-    def closing_token_ids(self, max_tokens: int) -> list[int] | None:
+    def closing_token_ids(self, max_tokens: int, first_fills: FirstFillBudget | None = None) -> list[int] | None:
         """Tokens that complete the output from here, at most `max_tokens` of them: the text that
         closes what is open (a string, required properties with minimal values, the containers),
         then a stop token unless nothing may follow it anyway. Not accepted: the matcher is as
-        it was. None when no closing is found within `max_tokens` (or the backend cannot tell)."""
+        it was. None when no closing is found within `max_tokens` (or the backend cannot tell).
+        `first_fills`: pays for the search's waits on lazily built masks (closing_search.py)."""
         return None
 
 

@@ -3,7 +3,9 @@
 The closing search (grammar/closing_search.py) finds a closing a character at a time; where the
 way out is a particular word it needs these: the ways to finish each regex the constraint holds
 (a JSON-Schema `pattern`, as the escaped end of a JSON string with its closing quote; a regex
-constraint's own pattern), a grammar's quoted literals, and a think section's end marker. Each
+constraint's own pattern), the ways to finish a short value of a string `format` that the
+search cannot spell a character at a time, a grammar's quoted literals, and a think section's
+end marker. Each
 hint is only a candidate: the matcher decides where, if anywhere, it fits. Library-free.
 """
 from __future__ import annotations
@@ -18,6 +20,10 @@ from grammar.regex_suffixes import regex_suffixes
 from grammar.tool_calls import ToolCalls
 
 MAX_HINTS = 256  # over all of a constraint's patterns, shortest first
+# a short value of each string format whose closing the character search did not find (measured
+# from `"` and from `"a`: an email needs its `@` and a domain, an IPv6 address its `::`); the
+# other formats xgrammar enforces close without help
+FORMAT_EXAMPLES = {"email": "a@a", "ipv6": "::"}
 # a double-quoted literal of an EBNF or Lark grammar
 _LITERAL = re.compile(r'"((?:[^"\\\n]|\\.)+)"')
 
@@ -58,10 +64,17 @@ def _parsed(spec: str) -> Any:
 
 
 def _schema_hints(schema: Any) -> list[str]:
-    """The end of each `pattern` string, as JSON text: escaped, then the closing quote."""
+    """The end of each `pattern` string, and of each FORMAT_EXAMPLES value, as JSON text: escaped,
+    then the closing quote."""
     hints: list[str] = []
     for _, node, _ in schema_check.iter_subschemas(schema):
-        pattern = node.get("pattern") if isinstance(node, dict) else None
+        if not isinstance(node, dict):
+            continue
+        pattern = node.get("pattern")
         if isinstance(pattern, str):
             hints += [json.dumps(suffix, ensure_ascii=False)[1:-1] + '"' for suffix in regex_suffixes(pattern)]
+        fmt = node.get("format")
+        example = FORMAT_EXAMPLES.get(fmt) if isinstance(fmt, str) else None
+        if example is not None:
+            hints += [example[i:] + '"' for i in range(len(example))]
     return hints

@@ -15,6 +15,13 @@ are tried first where the search starts and one step after it, wherever it enter
 after it leaves one (`([a-z]+ )+the end\\.` after a space) — each one kept only if the matcher accepts it there and it
 leads somewhere new.
 
+A grammar whose token masks are built on first use pays for each state's first fill (a few ms
+to a second) the first time the search, or the request, reaches it; later fills of the state take
+microseconds. Such fills are not the search's own work: given a `FirstFillBudget`, the search
+counts a call over FIRST_FILL_S against that budget instead of its CPU limit, while the budget
+lasts (and up to MAX_FIRST_FILLS_S in one search), so a closing through states nobody has
+reached yet is still found.
+
 Library-free: the matcher sits behind `TextCursor`.
 """
 from __future__ import annotations
@@ -30,6 +37,11 @@ if TYPE_CHECKING:
 _FREE_TEXT_ORDER = '"a}],0 1-.:'
 _STRUCTURE_ORDER = '}]",01-.:{[tfn'
 _CLOSERS = '"}]'  # what ends a string or a container
+# a cursor call this slow builds a lazily compiled state's mask (a warm fill takes ~10-50 µs)
+FIRST_FILL_S = 0.001
+# one search waits at most this long for first fills (the step, everyone's, waits with it); the
+# states it built stay built, so the next search goes further
+MAX_FIRST_FILLS_S = 0.5
 # the rest of printable ASCII, for patterns and grammars that need other characters
 _TAIL = ("2345678bcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ9_@+/#$%&'()*;<=>?!^`|~\\"
          "\n\t")
@@ -53,6 +65,60 @@ class TextCursor(Protocol):
 
     def is_complete(self) -> bool:
         """The text so far is a complete output (the grammar may or may not allow more)."""
+
+
+class FirstFillBudget(Protocol):
+    """CPU time a request may spend waiting for first fills (grammar/slow_fills.py's SlowFills)."""
+
+    def spend(self, fill_ms: float) -> bool:
+        """Count `fill_ms`; False once the budget is spent."""
+
+
+class _Clock:
+    """The search's CPU limit, less the first fills that `first_fills` pays for."""
+
+    __slots__ = ("deadline", "first_fills", "excused_s")
+
+    def __init__(self, max_cpu_s: float, first_fills: FirstFillBudget | None) -> None:
+        self.deadline = time.thread_time() + max_cpu_s
+        self.first_fills = first_fills
+        self.excused_s = 0.0
+
+    def expired(self) -> bool:
+        return time.thread_time() > self.deadline
+
+    def excuse(self, elapsed_s: float) -> None:
+        """A cursor call took `elapsed_s`: if it was a first fill the budget pays for, move the
+        deadline by as much."""
+        if (elapsed_s > FIRST_FILL_S and self.first_fills is not None and self.excused_s < MAX_FIRST_FILLS_S
+                and self.first_fills.spend(elapsed_s * 1000)):
+            self.deadline += elapsed_s
+            self.excused_s += elapsed_s
+
+
+class _TimedCursor:
+    """`cursor` with its mask-building calls (allowed_chars, forced_text) timed by `clock`."""
+
+    __slots__ = ("_cursor", "_clock", "push", "pop", "is_complete")
+
+    def __init__(self, cursor: TextCursor, clock: _Clock) -> None:
+        self._cursor = cursor
+        self._clock = clock
+        self.push = cursor.push
+        self.pop = cursor.pop
+        self.is_complete = cursor.is_complete
+
+    def allowed_chars(self) -> str:
+        start = time.thread_time()
+        allowed = self._cursor.allowed_chars()
+        self._clock.excuse(time.thread_time() - start)
+        return allowed
+
+    def forced_text(self) -> str:
+        start = time.thread_time()
+        forced = self._cursor.forced_text()
+        self._clock.excuse(time.thread_time() - start)
+        return forced
 
 
 def _ordered(allowed: str) -> list[str]:
@@ -129,11 +195,13 @@ def _loop_candidates(cursor: TextCursor, allowed: str, hints: list[str]) -> list
 
 
 def find_closing(cursor: TextCursor, max_chars: int, max_nodes: int = 1000, max_cpu_s: float = 0.02,
-                 hints: Sequence[str] = ()) -> str | None:
+                 hints: Sequence[str] = (), first_fills: FirstFillBudget | None = None) -> str | None:
     """Text that makes the output complete, at most `max_chars` long, or None if the search
     finds none within `max_nodes` visited points and `max_cpu_s` of this thread's CPU time (a
     grammar whose bitmask fill is slow gets few points). The cursor is left as it was.
     `hints`: words that may lead out of a loop, shortest first (see the module doc).
+    `first_fills`: pays for the cursor calls over FIRST_FILL_S, which then do not count against
+    `max_cpu_s` (None: every call counts).
 
     A loop (a character that leads back to where it started) goes round at most 32 times in a
     first pass, so that a way out of it is tried early (unless nothing but an escape leads out of
@@ -141,16 +209,17 @@ def find_closing(cursor: TextCursor, max_chars: int, max_nodes: int = 1000, max_
     Cost: one allowed_chars() per visited point plus a push and a pop per tried candidate; a
     JSON closing typically visits a few points per character it writes.
     """
-    deadline = time.thread_time() + max_cpu_s
+    clock = _Clock(max_cpu_s, first_fills)
+    timed = _TimedCursor(cursor, clock) if first_fills is not None else cursor
     for max_loop_run in (32, max_chars):
-        found, num_visited = _search(cursor, max_chars, max_nodes, deadline, max_loop_run, hints)
+        found, num_visited = _search(timed, max_chars, max_nodes, clock, max_loop_run, hints)
         if found is not None or num_visited > max_nodes:
             return found
         max_nodes -= num_visited
     return None
 
 
-def _search(cursor: TextCursor, max_chars: int, max_nodes: int, deadline: float,
+def _search(cursor: TextCursor, max_chars: int, max_nodes: int, clock: _Clock,
             max_loop_run: int, hints: Sequence[str]) -> tuple[str | None, int]:
     texts: list[str] = []  # the text of each push on the current path, in order
     nodes: list[_Node] = []
@@ -168,7 +237,7 @@ def _search(cursor: TextCursor, max_chars: int, max_nodes: int, deadline: float,
             nodes.append(_Node([], num_steps))
             return True
         num_visited += 1
-        if time.thread_time() > deadline:
+        if clock.expired():
             num_visited = max_nodes + 1  # out of time: unwind
         if length >= max_chars or num_visited > max_nodes:
             nodes.append(_Node([], num_steps))

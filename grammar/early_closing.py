@@ -9,9 +9,12 @@ validates, and says it was closed.
 
 The closing is searched for only when it may matter: after each search, the next one waits until
 the budget has used up half of its lead over the longest closing seen so far, so a long output
-costs a handful of searches, and the last stretch (twice that closing) one per step. The longest
-closing seen, not the current one, decides when to close: inside a repeated array item the
-closing is short, at the start of the next item it is the whole item again. An output that
+costs a handful of searches, and the last stretch (twice that closing) one per step, unless the
+grammar is compiled lazily (there each search pays first fills: it keeps halving). A search
+that finds nothing is retried the same way, halving the lead that is left, so the last tries
+still come before the budget falls below that closing. The longest closing seen, not the current
+one, decides when to close: inside a repeated array item the closing is short, at the start of
+the next item it is the whole item again. An output that
 finishes before the closing acts is exactly what it would be without it: nothing here changes the
 bitmask or the sampled tokens.
 """
@@ -27,6 +30,7 @@ if TYPE_CHECKING:
 
     from grammar.backend import Grammar
     from grammar.runaway import RunawayGuard
+    from grammar.slow_fills import SlowFills
 
 logger = logging.getLogger(__name__)
 
@@ -40,9 +44,13 @@ _MINIMUM_SEARCH_TOKENS = 4096
 class EarlyClosing:
     """Budget-aware closing and the runaway guard for one request. Driven by the engine thread."""
 
-    def __init__(self, grammar: Grammar, guard: RunawayGuard | None = None) -> None:
+    def __init__(self, grammar: Grammar, guard: RunawayGuard | None = None,
+                 first_fills: SlowFills | None = None) -> None:
+        """`first_fills`: what the searches may spend waiting for a lazily compiled grammar's first
+        fills, beyond their own CPU limit (see grammar/closing_search.py); None: nothing."""
         self._grammar = grammar
         self._guard = guard
+        self._first_fills = first_fills
         self._check_at = 0  # search again once the remaining budget is at or below this
         self._max_closing = 0  # tokens of the longest closing found so far
         self._broken = False  # a search raised: no more closing for this request
@@ -81,10 +89,13 @@ class EarlyClosing:
         closing = self._closing(num_remaining)
         if closing is None:
             # nothing fits (or the search gave up): back off, and let a loop run on rather than
-            # searching again at every token
+            # searching again at every token; but look again before the budget falls below the
+            # longest closing seen, while one may still fit
             if self._guard is not None:
                 self._guard.reset_repetition()
-            self._check_at = min(self._check_at, num_remaining // 2)
+            lead = num_remaining - (self._max_closing + _MARGIN)
+            retry_at = num_remaining - (lead + 1) // 2 if lead > _MARGIN else num_remaining // 2
+            self._check_at = min(self._check_at, retry_at)
             return None
         self._max_closing = max(self._max_closing, len(closing))
         if reason is None and self._max_closing + _MARGIN < num_remaining:
@@ -95,7 +106,7 @@ class EarlyClosing:
     def _closing(self, max_tokens: int) -> list[int] | None:
         """The grammar's closing; a search that raises only costs this request its closing."""
         try:
-            return self._grammar.closing_token_ids(max_tokens)
+            return self._grammar.closing_token_ids(max_tokens, self._first_fills)
         except Exception as e:  # e.g. MemoryError in the matcher: the output goes on unclosed
             logger.warning("closing search failed: %s: %s", type(e).__name__, e)
             self._broken = True
@@ -104,5 +115,8 @@ class EarlyClosing:
     def _schedule(self, num_closing_tokens: int, num_remaining: int) -> None:
         due = num_closing_tokens + _MARGIN
         lead = num_remaining - due
-        # within twice the closing of the end: every step (the closing may grow from one to the next)
-        self._check_at = num_remaining if lead <= due else due + lead // 2
+        # within twice the closing of the end: every step (the closing may grow from one to the
+        # next) — but in a lazily compiled grammar each search meets states of its own to build
+        # (tens of ms each time), so there the lead keeps halving, which nears every step at the end
+        every_step = lead <= due and self._first_fills is None
+        self._check_at = num_remaining if every_step else due + lead // 2

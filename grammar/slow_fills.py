@@ -4,6 +4,8 @@ A fill that slow ends the request (a grammar whose every fill takes that long wo
 every step of everyone's), except in a grammar whose token masks are built on first use: there a
 state's first fill builds its mask and the state's later fills take microseconds, so its slow
 fills may add up to `lazy_fill_budget_ms` of CPU time. The same rule judges the compile's walk.
+The closing search (grammar/closing_search.py) keeps an account of its own for the first fills it
+meets, so that searching never costs the request its decoding budget.
 """
 from __future__ import annotations
 
@@ -24,6 +26,12 @@ class SlowFills:
         """Count a fill that took `fill_ms` of CPU; False once the slow ones pass the budget."""
         if fill_ms <= self.limit_ms:
             return True
+        self.spent_ms += fill_ms
+        return self.spent_ms <= self.budget_ms
+
+    def spend(self, fill_ms: float) -> bool:
+        """Count a first fill of any length (a FirstFillBudget for the closing search); False once
+        the budget is spent, and always for an eagerly compiled grammar."""
         self.spent_ms += fill_ms
         return self.spent_ms <= self.budget_ms
 

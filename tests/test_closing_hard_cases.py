@@ -39,6 +39,10 @@ SCHEMAS = [
     ("enum of long strings", _required({"verdict": {"enum": [
         "the application was approved after a second review",
         "the application was rejected after a second review"]}}), '{"verdict":"the application'),
+    # formats whose value needs a particular character: the `@` and a domain, the `::`
+    ("email format", _required({"emails": {"type": "array", "minItems": 1, "items": {
+        "type": "string", "format": "email"}}}), '{"emails":["ada.lovelace'),
+    ("ipv6 format", _required({"address": {"type": "string", "format": "ipv6"}}), '{"address":"'),
 ]
 # (kind, spec, a prefix, the regex the output must match)
 OTHER_KINDS = [

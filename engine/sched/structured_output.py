@@ -79,7 +79,9 @@ class StructuredOutputManager:
         constraint = request.sampling_params.constraint
         json_kind = constraint is not None and constraint.kind in _JSON_KINDS
         guard = RunawayGuard(token_bytes) if json_kind and token_bytes is not None else None
-        return EarlyClosing(request.grammar, guard)
+        # a lazily compiled grammar's closing may run through states whose masks nobody built yet
+        first_fills = SlowFills(self.config, lazy_masks=True) if request.grammar.lazy_masks else None
+        return EarlyClosing(request.grammar, guard, first_fills)
 
     def is_compiling(self, request_id: str) -> bool:
         """True while the request's grammar compile is running (or queued); False once it is done,

@@ -18,6 +18,8 @@ from grammar.matcher_cursor import CharTokens, MatcherCursor
 if TYPE_CHECKING:
     from collections.abc import Sequence
 
+    from grammar.closing_search import FirstFillBudget
+
 
 class XGrammarCompiled(CompiledGrammar):
     """A compiled xgrammar grammar plus what it does not enforce. Immutable, shareable.
@@ -139,15 +141,16 @@ class XGrammarGrammar(Grammar):
         self.rollback(len(ids) - num_stable)
         return ids[:num_stable]
 
-    def closing_token_ids(self, max_tokens: int, max_nodes: int = 1000, max_cpu_s: float = 0.02) -> list[int] | None:
+    def closing_token_ids(self, max_tokens: int, first_fills: FirstFillBudget | None = None, max_nodes: int = 1000,
+                          max_cpu_s: float = 0.02) -> list[int] | None:
         """The closing text comes from grammar/closing_search.py on this matcher (`max_nodes`,
-        `max_cpu_s`: its budget); its tokens are the model tokenizer's (checked at the seam like
+        `max_cpu_s`, `first_fills`: its budget); its tokens are the model tokenizer's (checked at the seam like
         jump-forward, else its plain encoding), validated by accepting them and rolling them back."""
         if self._char_tokens is None or max_tokens < 1 or self._matcher.is_terminated():
             return None
         cursor = MatcherCursor(self._matcher, self._scratch_row(), self._char_tokens, self._jump_forward_safe)
         text = find_closing(cursor, min(4 * max_tokens + 16, self._max_forced_bytes), max_nodes, max_cpu_s,
-                            self._closing_hints)
+                            self._closing_hints, first_fills)
         if text is None:
             return None
         ids = (self._forced_text.encode_after(self._token_ids, text) or self._forced_text.encode(text)) if text else []
