@@ -96,15 +96,21 @@ def test_stop_string_and_logprobs_are_the_same_with_drafts(llm_fp32):
     assert_all_blocks_free(llm_fp32)
 
 
-def test_closing_early_under_a_small_budget_is_the_same_with_drafts(llm_fp32):
-    items = load_json_extraction()[:6]
+def extraction_both_ways(llm, items, max_tokens: int, at_a_time: int) -> dict[bool, list]:
+    """{speculative: the outputs}: the items' constrained greedy answers, `at_a_time` requests at once."""
     prompts = [extraction_prompt(item) for item in items]
     outputs = {}
     for speculative in (False, True):
-        params = [SamplingParams(temperature=0, max_tokens=40, speculative=speculative,
+        params = [SamplingParams(temperature=0, max_tokens=max_tokens, speculative=speculative,
                                  constraint=Constraint(kind="json_schema", spec=json.dumps(item["schema"])))
                   for item in items]
-        outputs[speculative] = llm_fp32.generate(prompts, params)
+        outputs[speculative] = [o for i in range(0, len(items), at_a_time)
+                                for o in llm.generate(prompts[i:i + at_a_time], params[i:i + at_a_time])]
+    return outputs
+
+
+def test_closing_early_under_a_small_budget_is_the_same_with_drafts(llm_fp32):
+    outputs = extraction_both_ways(llm_fp32, load_json_extraction()[:6], max_tokens=40, at_a_time=6)
     assert [o.token_ids for o in outputs[True]] == [o.token_ids for o in outputs[False]]
     assert [o.closed_early for o in outputs[True]] == [o.closed_early for o in outputs[False]]
     assert_all_blocks_free(llm_fp32)
@@ -114,14 +120,7 @@ def test_bf16_outputs_are_identical_with_drafts(llm):
     """The default dtype: the kernels' bf16 rows do not depend on how many rows a step verifies, so
     drafting is on by default on CPU and changes no greedy token (two requests at a time: drafting
     is on at low concurrency)."""
-    items = load_json_extraction()[12:16]
-    prompts = [extraction_prompt(item) for item in items]
-    outputs = {}
-    for speculative in (False, True):
-        params = [SamplingParams(temperature=0, max_tokens=96, speculative=speculative,
-                                 constraint=Constraint(kind="json_schema", spec=json.dumps(item["schema"])))
-                  for item in items]
-        outputs[speculative] = [o for i in (0, 2) for o in llm.generate(prompts[i:i + 2], params[i:i + 2])]
+    outputs = extraction_both_ways(llm, load_json_extraction()[12:16], max_tokens=96, at_a_time=2)
     assert [o.token_ids for o in outputs[True]] == [o.token_ids for o in outputs[False]]
     assert sum(o.num_accepted_draft_tokens for o in outputs[True]) > 0
     assert_all_blocks_free(llm)
