@@ -4,12 +4,12 @@
 //
 // A query's output is the same bits in a run of any length as alone: every value it gets goes
 // through one fixed sequence of instructions that reads only its own q, its keys and its position.
-// - Keys are scored in chunks of 16 at absolute positions (16c .. 16c + 15). A chunk's K rows are
-//   transposed once into a tile of bf16 pairs (lane i of tile[p]: dims 2p, 2p + 1 of key i). Where
-//   AMX is (scores_on_amx, one choice per process) the tile is the B operand of D/32 `tdpbf16ps`
-//   whose A rows are query heads, each C row its own; else a query head's 16 scores are one
-//   accumulator through D/2 `vdpbf16ps`, lane by lane. Lanes never mix, so the chunk's other keys
-//   (before the window, after the query) and the tile's other rows do not matter.
+// - Keys are scored in chunks of 16 at absolute positions (16c .. 16c + 15). Where AMX is
+//   (scores_on_amx, one choice per process) a key's score is one C element of D/32 `tdpbf16ps`,
+//   the same bits with the keys as A or B operand (paged_attention_amx.h). Else a chunk's K rows
+//   are transposed once into a tile of bf16 pairs (lane i of tile[p]: dims 2p, 2p + 1 of key i)
+//   and a query head's 16 scores are one accumulator through D/2 `vdpbf16ps`, lane by lane. Lanes
+//   never mix, so the chunk's other keys (before the window, after the query) do not matter.
 // - The softmax is one function of the query head's row of whole chunks; lanes that are not its
 //   keys hold kPadScore and weigh exactly 0.
 // - Values are added key by key in position order, each query its own keys only.
@@ -259,7 +259,9 @@ void attend_run(const Step<Bf16>& st, Run run, int64_t kv_head, bool amx, std::v
   // the scoring's own: the keys' A tiles' work, or transposed chunks (and with AMX the run's q rows
   // [num * G to a whole tile][D] and a C tile)
   const int64_t row_stride = max_chunks * kKeys, tile_floats = kPairs * kKeys;
-  const bool by_key_tiles = amx && st.block_size % kKeys == 0;
+  // keys as A tiles save the K transpose only while the run's heads fill one B tile: more take a
+  // C tile's transpose each (the same bits either way)
+  const bool by_key_tiles = amx && st.block_size % kKeys == 0 && num * G <= 16;
   const int64_t q_floats = amx ? (num * G + 15) / 16 * 16 * D / 2 : 0, c_floats = amx ? 16 * kKeys : 0;
   const int64_t work_floats = by_key_tiles ? key_tile_work_floats<D>()
                                            : kTileChunks * tile_floats + q_floats + c_floats;
