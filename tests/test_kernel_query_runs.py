@@ -105,3 +105,71 @@ def test_the_vector_path_of_a_machine_with_amx(kernels):
                             timeout=1800)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-2000:]
     assert " passed" in result.stdout
+
+
+def decode_inputs(gen, lengths, heads, kv_heads, head_dim, block_size, fill=None):
+    """One decode per length over a cache of block_size blocks holding each request's keys (the
+    same values whatever the block size: drawn by position), every other row `fill` if given;
+    the step's k/v are the last keys again."""
+    keys = [request_tokens(gen, n, heads, kv_heads, head_dim, torch.bfloat16) for n in lengths]
+    num_blocks = sum(-(-n // block_size) for n in lengths) + 4
+    table = scattered_blocks(gen, num_blocks, lengths, block_size)
+    cache = torch.randn(2, num_blocks, block_size, kv_heads, head_dim, generator=gen).bfloat16()
+    if fill is not None:
+        cache.fill_(fill)
+    rows = cache.view(2, -1, kv_heads, head_dim)
+    for i, (n, (_, k, v)) in enumerate(zip(lengths, keys)):
+        slots = slots_of(table[i], range(n), block_size)
+        rows[0, slots], rows[1, slots] = k, v
+    q = torch.stack([qi[-1] for qi, _, _ in keys])
+    k, v = torch.stack([ki[-1] for _, ki, _ in keys]), torch.stack([vi[-1] for _, _, vi in keys])
+    slot_mapping = torch.stack([slots_of(table[i], [n - 1], block_size)[0] for i, n in enumerate(lengths)])
+    return q, k, v, cache, slot_mapping, table, torch.tensor(lengths, dtype=torch.int32)
+
+
+DECODE_LENGTHS = [1, 15, 16, 17, 40, 333, 700]
+
+
+@pytest.mark.parametrize("head_dim,group,kv_heads", [(64, 3, 3), (128, 6, 2), (64, 1, 2), (64, 8, 1)])
+@pytest.mark.parametrize("sliding_window,softcap", [(0, 0.0), (37, 20.0)])
+def test_every_block_size_gives_a_decode_the_same_bits(kernels, head_dim, group, kv_heads, sliding_window, softcap):
+    """Blocks of 16 or 32 keys (where AMX scores a chunk's K rows straight from the cache) and of 8 or
+    24 (chunks transposed first): the same bits for the same keys, alone or all in one call."""
+    heads = group * kv_heads
+    outputs = {}
+    for block_size in (8, 16, 24, 32):
+        gen = torch.Generator().manual_seed(head_dim + group)  # the same q, k, v for every layout
+        q, k, v, cache, slot_mapping, table, seq_lens = decode_inputs(gen, DECODE_LENGTHS, heads, kv_heads, head_dim,
+                                                                      block_size)
+        batch = torch.zeros(q.shape, dtype=torch.bfloat16)
+        kernels.paged_attention(batch, q, k, v, cache, slot_mapping, torch.arange(len(DECODE_LENGTHS)), table,
+                                seq_lens, head_dim ** -0.5, sliding_window, softcap)
+        for i in range(len(DECODE_LENGTHS)):
+            alone = torch.zeros(q.shape, dtype=torch.bfloat16)
+            kernels.paged_attention(alone, q, k, v, cache, slot_mapping, torch.tensor([i]), table[i:i + 1],
+                                    seq_lens[i:i + 1], head_dim ** -0.5, sliding_window, softcap)
+            assert torch.equal(alone[i], batch[i]), f"block size {block_size}: decode {i} alone differs"
+        outputs[block_size] = batch
+        expected = paged_reference(q, cache, table, seq_lens, sliding_window, softcap)
+        torch.testing.assert_close(batch.double(), expected, atol=2e-2, rtol=2e-2)
+    for block_size in (16, 24, 32):
+        assert torch.equal(outputs[block_size], outputs[8]), f"block size {block_size} differs from 8"
+
+
+@pytest.mark.parametrize("fill", [float("nan"), float("inf")])
+@pytest.mark.parametrize("sliding_window", [0, 37])
+def test_cache_rows_that_are_not_a_querys_keys_never_reach_it(kernels, fill, sliding_window):
+    """Every row of the cache but the requests' keys NaN or infinite (freed, never written): the
+    outputs are the same bits as over a cache of finite rows."""
+    heads, kv_heads, head_dim, block_size = 9, 3, 64, 16
+    outputs = []
+    for rows in (None, fill):
+        gen = torch.Generator().manual_seed(5)
+        q, k, v, cache, slot_mapping, table, seq_lens = decode_inputs(gen, DECODE_LENGTHS, heads, kv_heads, head_dim,
+                                                                      block_size, rows)
+        out = torch.zeros(q.shape, dtype=torch.bfloat16)
+        kernels.paged_attention(out, q, k, v, cache, slot_mapping, torch.arange(len(DECODE_LENGTHS)), table, seq_lens,
+                                head_dim ** -0.5, sliding_window)
+        outputs.append(out)
+    assert torch.isfinite(outputs[1]).all()
+    assert torch.equal(outputs[0], outputs[1])

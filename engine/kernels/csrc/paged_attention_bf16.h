@@ -4,12 +4,12 @@
 //
 // A query's output is the same bits in a run of any length as alone: every value it gets goes
 // through one fixed sequence of instructions that reads only its own q, its keys and its position.
-// - Keys are scored in chunks of 16 at absolute positions (16c .. 16c + 15). A chunk's K rows are
-//   transposed once into a tile of bf16 pairs (lane i of tile[p]: dims 2p, 2p + 1 of key i). Where
-//   AMX is (scores_on_amx, one choice per process) the tile is the B operand of D/32 `tdpbf16ps`
-//   whose A rows are query heads, each C row its own; else a query head's 16 scores are one
-//   accumulator through D/2 `vdpbf16ps`, lane by lane. Lanes never mix, so the chunk's other keys
-//   (before the window, after the query) and the tile's other rows do not matter.
+// - Keys are scored in chunks of 16 at absolute positions (16c .. 16c + 15). Where AMX is
+//   (scores_on_amx, one choice per process) a key's score is one C element of D/32 `tdpbf16ps`,
+//   the same bits with the keys as A or B operand (paged_attention_amx.h). Else a chunk's K rows
+//   are transposed once into a tile of bf16 pairs (lane i of tile[p]: dims 2p, 2p + 1 of key i)
+//   and a query head's 16 scores are one accumulator through D/2 `vdpbf16ps`, lane by lane. Lanes
+//   never mix, so the chunk's other keys (before the window, after the query) do not matter.
 // - The softmax is one function of the query head's row of whole chunks; lanes that are not its
 //   keys hold kPadScore and weigh exactly 0.
 // - Values are added key by key in position order, each query its own keys only.
@@ -29,12 +29,10 @@
 
 #include "conversions.h"
 #include "gemm.h"
+#include "paged_attention_amx.h"
 #include "paged_attention_step.h"
+#include "transpose16.h"
 #include "worker_pool.h"
-
-#if defined(__AMX_TILE__) && defined(__AMX_BF16__)
-#define FORMWORK_ATTENTION_AMX 1
-#endif
 
 namespace formwork::paged {
 
@@ -61,33 +59,6 @@ inline std::vector<Run> query_runs(const Step<Bf16>& st, int64_t max_run) {
       runs.push_back({i, i + 1});
   }
   return runs;
-}
-
-// 16 rows of 16 32-bit words -> their 16 columns, in place (column j: word j of row i in lane i)
-inline void transpose16(__m512 r[16]) {
-  __m512 t[16];
-  for (int i = 0; i < 8; ++i) {  // per 128-bit lane: words 0, 1 and 2, 3 of rows 2i, 2i + 1 interleaved
-    t[2 * i] = _mm512_unpacklo_ps(r[2 * i], r[2 * i + 1]);
-    t[2 * i + 1] = _mm512_unpackhi_ps(r[2 * i], r[2 * i + 1]);
-  }
-  for (int i = 0; i < 4; ++i) {  // r[4i + k], 128-bit lane l: word 4l + k of rows 4i .. 4i + 3
-    r[4 * i] = _mm512_shuffle_ps(t[4 * i], t[4 * i + 2], _MM_SHUFFLE(1, 0, 1, 0));
-    r[4 * i + 1] = _mm512_shuffle_ps(t[4 * i], t[4 * i + 2], _MM_SHUFFLE(3, 2, 3, 2));
-    r[4 * i + 2] = _mm512_shuffle_ps(t[4 * i + 1], t[4 * i + 3], _MM_SHUFFLE(1, 0, 1, 0));
-    r[4 * i + 3] = _mm512_shuffle_ps(t[4 * i + 1], t[4 * i + 3], _MM_SHUFFLE(3, 2, 3, 2));
-  }
-  for (int k = 0; k < 4; ++k) {  // t[k]: words k, 8 + k of rows 0-3 and 4-7; t[4 + k]: words 4 + k, 12 + k
-    t[k] = _mm512_shuffle_f32x4(r[k], r[4 + k], 0x88);
-    t[4 + k] = _mm512_shuffle_f32x4(r[k], r[4 + k], 0xdd);
-    t[8 + k] = _mm512_shuffle_f32x4(r[8 + k], r[12 + k], 0x88);
-    t[12 + k] = _mm512_shuffle_f32x4(r[8 + k], r[12 + k], 0xdd);
-  }
-  for (int k = 0; k < 4; ++k) {
-    r[k] = _mm512_shuffle_f32x4(t[k], t[8 + k], 0x88);
-    r[4 + k] = _mm512_shuffle_f32x4(t[4 + k], t[12 + k], 0x88);
-    r[8 + k] = _mm512_shuffle_f32x4(t[k], t[8 + k], 0xdd);
-    r[12 + k] = _mm512_shuffle_f32x4(t[4 + k], t[12 + k], 0xdd);
-  }
 }
 
 // The K rows of one chunk (rows[i]: key i's D values) as D/2 vectors of bf16 pairs: lane i of
@@ -149,47 +120,6 @@ void score_slots_upto(const ScoreSlot* slots, int m, int64_t row_stride, float s
     if (m < M) return score_slots_upto<D, G, M - 1>(slots, m, row_stride, scale);
   }
   score_slots<D, G, M>(slots, row_stride, scale);
-}
-
-#if defined(FORMWORK_ATTENTION_AMX)
-// every tile used 16 rows x 64 bytes (the tile configuration is per-thread state: each item loads it)
-inline void configure_attention_tiles() {
-  struct alignas(64) {
-    uint8_t palette_id = 1, start_row = 0, reserved[14] = {};
-    uint16_t colsb[16] = {64, 64, 64};
-    uint8_t rows[16] = {16, 16, 16};
-  } config;
-  _tile_loadconfig(&config);
-}
-
-// c (16 query heads x 16 keys, fp32) = q_rows (16 query heads of D values, D apart) . a chunk's tile
-// (transpose_chunk), in D/32 steps of one tdpbf16ps: one query head's scores are its row alone
-template <int D>
-void score_tile_amx(const Bf16* q_rows, const float* tile, float* c) {
-  asm volatile("" ::: "memory");  // tileloadd's asm names no memory: the q rows and tiles must be stored first
-  _tile_zero(0);
-  for (int j = 0; j < D / 32; ++j) {
-    _tile_loadd(1, q_rows + 32 * j, D * sizeof(Bf16));
-    _tile_loadd(2, tile + 16 * kKeys * j, kKeys * sizeof(float));
-    _tile_dpbf16ps(0, 1, 2);
-  }
-  _tile_stored(0, c, kKeys * sizeof(float));
-}
-#endif
-
-// Whether q.k goes to AMX tiles: where the build and the OS allow them, unless
-// FORMWORK_CPU_ATTENTION_AMX=0 (to test the vector path on such a machine). Decided once per
-// process, so that every query of it takes the same path.
-inline bool scores_on_amx() {
-#if defined(FORMWORK_ATTENTION_AMX)
-  static const bool amx = [] {
-    const char* env = std::getenv("FORMWORK_CPU_ATTENTION_AMX");
-    return !(env != nullptr && std::strcmp(env, "0") == 0) && formwork::gemm::amx_ready();
-  }();
-  return amx;
-#else
-  return false;
-#endif
 }
 
 // e^x for x <= 0 to about 1 ulp (Cephes' polynomial of x - n ln 2, times 2^n); exactly 0 below -87,
@@ -300,12 +230,6 @@ constexpr int value_lanes(int lanes, int group) {
   return group * lanes <= kAccumulators || lanes == 1 ? lanes : value_lanes(lanes / 2, group);
 }
 
-// the lanes [lo, hi) of 16, as a mask (lo, hi clamped to 0 .. 16)
-inline __mmask16 lanes_between(int64_t lo, int64_t hi) {
-  lo = std::clamp<int64_t>(lo, 0, kKeys), hi = std::clamp<int64_t>(hi, 0, kKeys);
-  return static_cast<__mmask16>(((1u << hi) - 1) & ~((1u << lo) - 1));
-}
-
 // One run of queries at one kv head: scores (on AMX tiles when amx), softmax, values. buffer is the
 // thread's to reuse.
 template <int D, int G>
@@ -331,17 +255,28 @@ void attend_run(const Step<Bf16>& st, Run run, int64_t kv_head, bool amx, std::v
     lo = std::min(lo, first[r]);
     if (end[r] > hi) hi = end[r], longest = run.begin + r;
   }
-  // score rows [num][G][row_stride] (query r's from its first chunk on), tiles, 1 / sums [num][G]
+  // score rows [num][G][row_stride] (query r's from its first chunk on), 1 / sums [num][G], then
+  // the scoring's own: the keys' A tiles' work, or transposed chunks (and with AMX the run's q rows
+  // [num * G to a whole tile][D] and a C tile)
   const int64_t row_stride = max_chunks * kKeys, tile_floats = kPairs * kKeys;
-  // with AMX also the run's q rows [num * G to a whole tile][D] and a C tile
+  // keys as A tiles save the K transpose only while the run's heads fill one B tile: more take a
+  // C tile's transpose each (the same bits either way)
+  const bool by_key_tiles = amx && st.block_size % kKeys == 0 && num * G <= 16;
   const int64_t q_floats = amx ? (num * G + 15) / 16 * 16 * D / 2 : 0, c_floats = amx ? 16 * kKeys : 0;
-  float* scores = aligned_floats(buffer, num * G * row_stride + kTileChunks * tile_floats + q_floats + c_floats
-                                             + num * G);
-  float* tiles = scores + num * G * row_stride;
+  const int64_t work_floats = by_key_tiles ? key_tile_work_floats<D>()
+                                           : kTileChunks * tile_floats + q_floats + c_floats;
+  const int64_t sums_floats = (num * G + 15) / 16 * 16;  // keeps the work 64-byte aligned
+  float* scores = aligned_floats(buffer, num * G * row_stride + sums_floats + work_floats);
+  float* inv_sums = scores + num * G * row_stride;
+#if defined(FORMWORK_ATTENTION_AMX)
+  if (by_key_tiles)
+    score_run_by_key_tiles<D, G>(st, kv_head, num, q, first, end, chunk0, longest, scores, row_stride,
+                                 inv_sums + sums_floats);
+#endif
+  float* tiles = inv_sums + sums_floats;
   auto* q_rows = reinterpret_cast<Bf16*>(tiles + kTileChunks * tile_floats);
   float* c_tile = tiles + kTileChunks * tile_floats + q_floats;
-  float* inv_sums = c_tile + c_floats;
-  if (amx) {
+  if (amx && !by_key_tiles) {
     std::memset(static_cast<void*>(q_rows), 0, q_floats * sizeof(float));
     for (int64_t r = 0; r < num; ++r) std::memcpy(static_cast<void*>(q_rows + r * G * D), q[r], G * D * sizeof(Bf16));
 #if defined(FORMWORK_ATTENTION_AMX)
@@ -349,48 +284,50 @@ void attend_run(const Step<Bf16>& st, Run run, int64_t kv_head, bool amx, std::v
 #endif
   }
 
-  // pass 1: scores, a tile of K chunks at a time
-  KeyRows<Bf16> keys(st, st.k_cache, longest, kv_head, lo / kKeys * kKeys);
-  const int64_t end_chunk = (hi + kKeys - 1) / kKeys;
-  ScoreSlot slots[kScoreSlots];
-  for (int64_t c0 = lo / kKeys; c0 < end_chunk; c0 += kTileChunks) {
-    const int64_t c1 = std::min<int64_t>(end_chunk, c0 + kTileChunks);
-    for (int64_t c = c0; c < c1; ++c) {
-      const Bf16* rows[kKeys];
-      for (int i = 0; i < kKeys; ++i) rows[i] = c * kKeys + i < hi ? keys.next() : zero_row;
-      transpose_chunk<D>(rows, tiles + (c - c0) * tile_floats);
-    }
+  // pass 1 without key tiles: scores, a tile of transposed K chunks at a time
+  if (!by_key_tiles) {
+    KeyRows<Bf16> keys(st, st.k_cache, longest, kv_head, lo / kKeys * kKeys);
+    const int64_t end_chunk = (hi + kKeys - 1) / kKeys;
+    ScoreSlot slots[kScoreSlots];
+    for (int64_t c0 = lo / kKeys; c0 < end_chunk; c0 += kTileChunks) {
+      const int64_t c1 = std::min<int64_t>(end_chunk, c0 + kTileChunks);
+      for (int64_t c = c0; c < c1; ++c) {
+        const Bf16* rows[kKeys];
+        for (int i = 0; i < kKeys; ++i) rows[i] = c * kKeys + i < hi ? keys.next() : zero_row;
+        transpose_chunk<D>(rows, tiles + (c - c0) * tile_floats);
+      }
 #if defined(FORMWORK_ATTENTION_AMX)
-    if (amx) {
-      const __m512 pad = _mm512_set1_ps(kPadScore), scale = _mm512_set1_ps(st.scale);
-      for (int64_t a0 = 0; a0 < num * G; a0 += 16) {  // 16 query heads a tile: queries a0 / G ..
-        const int64_t r0 = a0 / G, r1 = std::min(num, (a0 + 16 + G - 1) / G);
-        for (int64_t c = c0; c < c1; ++c) {
-          bool wanted = false;
-          for (int64_t r = r0; r < r1; ++r) wanted |= c >= chunk0[r] && c * kKeys < end[r];
-          if (!wanted) continue;
-          score_tile_amx<D>(q_rows + a0 * D, tiles + (c - c0) * tile_floats, c_tile);
-          for (int64_t a = a0; a < std::min(num * G, a0 + 16); ++a) {
-            const int64_t r = a / G;
-            if (c < chunk0[r] || c * kKeys >= end[r]) continue;
-            const __m512 row = _mm512_mul_ps(_mm512_load_ps(c_tile + (a - a0) * kKeys), scale);
-            _mm512_store_ps(scores + a * row_stride + (c - chunk0[r]) * kKeys,
-                            _mm512_mask_blend_ps(lanes_between(first[r] - c * kKeys, end[r] - c * kKeys), pad, row));
+      if (amx) {
+        const __m512 pad = _mm512_set1_ps(kPadScore), scale = _mm512_set1_ps(st.scale);
+        for (int64_t a0 = 0; a0 < num * G; a0 += 16) {  // 16 query heads a tile: queries a0 / G ..
+          const int64_t r0 = a0 / G, r1 = std::min(num, (a0 + 16 + G - 1) / G);
+          for (int64_t c = c0; c < c1; ++c) {
+            bool wanted = false;
+            for (int64_t r = r0; r < r1; ++r) wanted |= c >= chunk0[r] && c * kKeys < end[r];
+            if (!wanted) continue;
+            score_tile_amx<D>(q_rows + a0 * D, tiles + (c - c0) * tile_floats, c_tile);
+            for (int64_t a = a0; a < std::min(num * G, a0 + 16); ++a) {
+              const int64_t r = a / G;
+              if (c < chunk0[r] || c * kKeys >= end[r]) continue;
+              const __m512 row = _mm512_mul_ps(_mm512_load_ps(c_tile + (a - a0) * kKeys), scale);
+              _mm512_store_ps(scores + a * row_stride + (c - chunk0[r]) * kKeys,
+                              _mm512_mask_blend_ps(lanes_between(first[r] - c * kKeys, end[r] - c * kKeys), pad, row));
+            }
           }
         }
+        continue;
       }
-      continue;
-    }
 #endif
-    int count = 0;
-    for (int64_t c = c0; c < c1; ++c)
-      for (int64_t r = 0; r < num; ++r) {
-        if (c < chunk0[r] || c * kKeys >= end[r]) continue;
-        slots[count++] = {tiles + (c - c0) * tile_floats, q[r], scores + r * G * row_stride + (c - chunk0[r]) * kKeys,
-                          lanes_between(first[r] - c * kKeys, end[r] - c * kKeys)};
-        if (count == kScoreSlots) score_slots<D, G, kScoreSlots>(slots, row_stride, st.scale), count = 0;
-      }
-    if (count > 0) score_slots_upto<D, G, kScoreSlots>(slots, count, row_stride, st.scale);
+      int count = 0;
+      for (int64_t c = c0; c < c1; ++c)
+        for (int64_t r = 0; r < num; ++r) {
+          if (c < chunk0[r] || c * kKeys >= end[r]) continue;
+          slots[count++] = {tiles + (c - c0) * tile_floats, q[r], scores + r * G * row_stride + (c - chunk0[r]) * kKeys,
+                            lanes_between(first[r] - c * kKeys, end[r] - c * kKeys)};
+          if (count == kScoreSlots) score_slots<D, G, kScoreSlots>(slots, row_stride, st.scale), count = 0;
+        }
+      if (count > 0) score_slots_upto<D, G, kScoreSlots>(slots, count, row_stride, st.scale);
+    }
   }
   for (int64_t r = 0; r < num; ++r)
     for (int h = 0; h < G; ++h)

@@ -8,6 +8,9 @@
 #include <algorithm>
 #include <cstdint>
 #include <vector>
+#if defined(__AVX512F__)
+#include <immintrin.h>
+#endif
 
 namespace formwork::paged {
 
@@ -17,6 +20,14 @@ constexpr float kPadScore = -1e30f;
 
 // n scores padded to whole blocks: the row stride of a query's score rows
 inline int64_t padded_keys(int64_t n) { return (n + kKeys - 1) / kKeys * kKeys; }
+
+#if defined(__AVX512F__)
+// the lanes [lo, hi) of 16, as a mask (lo, hi clamped to 0 .. 16)
+inline __mmask16 lanes_between(int64_t lo, int64_t hi) {
+  lo = std::clamp<int64_t>(lo, 0, kKeys), hi = std::clamp<int64_t>(hi, 0, kKeys);
+  return static_cast<__mmask16>(((1u << hi) - 1) & ~((1u << lo) - 1));
+}
+#endif
 
 // a thread's buffer of at least n floats, 64-byte aligned (it only grows: no refill per item)
 inline float* aligned_floats(std::vector<float>& buffer, int64_t n) {
