@@ -43,7 +43,9 @@ class CompiledGrammar(ABC):
     @property
     @abstractmethod
     def num_bytes(self) -> int:
-        """Approximate memory held, for the byte-bounded cache."""
+        """Approximate memory held, for the byte-bounded cache. With lazy_masks it grows as
+        requests build masks (towards the eager grammar's size): the cache counts it again on
+        each hit."""
 
 
 class Grammar(ABC):

@@ -130,6 +130,8 @@ class GrammarCompiler:
             if entry is not None:
                 self._cache.move_to_end(key)
                 self.num_hits += 1
+                if isinstance(entry[0], CompiledGrammar) and entry[0].lazy_masks:
+                    self._store(key, constraint, entry[0])  # counted again: its masks grew in use
                 return _done(entry[0]), True
             future = self._in_flight.get(key)
             if future is not None:

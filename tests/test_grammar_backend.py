@@ -227,3 +227,11 @@ def test_a_lazily_built_grammar_is_marked_so_for_its_slow_first_fills():
     assert compiled.lazy_masks and backend.make_grammar(compiled).lazy_masks
     eager = backend.compile(make_constraint(spec={"type": "string"}, strict=True))
     assert not eager.lazy_masks and not backend.make_grammar(eager).lazy_masks
+    # the masks a request builds are held by the compiled grammar: its size grows (the cache
+    # counts it again on each hit)
+    compiled_bytes = compiled.num_bytes
+    grammar, bitmask = backend.make_grammar(compiled), backend.allocate_bitmask(1)
+    for token_id in encode(json.dumps(" ".join(["word"] * 12))):
+        grammar.fill_bitmask(bitmask, 0)
+        assert grammar.accept_tokens([token_id])
+    assert compiled.num_bytes > compiled_bytes

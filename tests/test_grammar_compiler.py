@@ -153,6 +153,21 @@ def test_a_grammar_larger_than_the_cache_is_returned_but_not_kept():
     assert not compiler.compile_sync(regex("size:5000"))[2]
 
 
+def test_a_lazily_built_grammar_is_counted_again_on_each_hit_as_its_masks_grow():
+    compiler, _ = make_compiler(cache_bytes=1000)
+    key_bytes = len("size:100")
+    lazy, _, _ = compiler.compile_sync(regex("size:100"))
+    lazy.lazy_masks = True
+    compiler.compile_sync(regex("size:300"))
+    assert compiler.cache_bytes == 100 + 300 + 2 * key_bytes
+    lazy._num_bytes = 600  # requests built masks
+    assert compiler.compile_sync(regex("size:100"))[2]  # a hit: counted again
+    assert compiler.cache_bytes == 600 + 300 + 2 * key_bytes
+    lazy._num_bytes = 800  # now over the budget beside size:300, the least recently used
+    assert compiler.compile_sync(regex("size:100"))[2]
+    assert compiler.num_cached == 1 and compiler.cache_bytes == 800 + key_bytes
+
+
 def test_concurrent_submits_from_many_threads_compile_once():
     compiler, backend = make_compiler(FakeBackend(delay_s=0.05), num_compile_threads=2)
     results: list[object] = []

@@ -45,6 +45,8 @@ class XGrammarCompiled(CompiledGrammar):
 
     @property
     def num_bytes(self) -> int:
+        if self.lazy_masks:  # the masks built so far count too (reading it takes ~1 us)
+            return self.compiled.memory_size_bytes + 256
         return self._num_bytes
 
 
