@@ -24,10 +24,7 @@ class SlowFills:
 
     def allows(self, fill_ms: float) -> bool:
         """Count a fill that took `fill_ms` of CPU; False once the slow ones pass the budget."""
-        if fill_ms <= self.limit_ms:
-            return True
-        self.spent_ms += fill_ms
-        return self.spent_ms <= self.budget_ms
+        return fill_ms <= self.limit_ms or self.spend(fill_ms)
 
     def spend(self, fill_ms: float) -> bool:
         """Count a first fill of any length (a FirstFillBudget for the closing search); False once
