@@ -84,10 +84,13 @@ def run_until_done(scheduler, requests, max_steps=20):
         if all(r.is_finished for r in requests):
             break
         so = scheduler.schedule()
-        scheduler.get_grammar_bitmask(so)
-        for output in sample(scheduler, so):
+        # as the engine step: fills of lazily compiled grammars are put in place after the forward
+        scheduler.finish_grammar_bitmask(scheduler.get_grammar_bitmask(so))
+        for output in sample(scheduler, so):  # a request whose fill still runs has no token to sample
             if output.finish_reason is not None:
                 outputs[output.request_id] = output
+        if so.is_empty and scheduler.num_waiting_for_fill:
+            scheduler.structured_output_manager.wait_for_any(10)
     return outputs
 
 

@@ -124,7 +124,7 @@ class EngineCore:
         if scheduler_output.is_empty:
             if scheduler_output.finished_req_ids or scheduler_output.preempted_req_ids:
                 self.executor.execute_model(scheduler_output)  # nothing to run, but the runner frees their rows
-            if self.scheduler.num_waiting_for_grammar:  # idle on the compile, not in a spin
+            if self.scheduler.num_waiting_for_grammar or self.scheduler.num_waiting_for_fill:  # idle, not in a spin
                 self.structured_output_manager.wait_for_any(0.005)
             return self.scheduler.update_from_output(scheduler_output, None)
         t0 = time.perf_counter()
@@ -132,6 +132,7 @@ class EngineCore:
         grammar_output = self.scheduler.get_grammar_bitmask(scheduler_output)  # overlaps the forward
         t1 = time.perf_counter()
         model_output = future.result()
+        self.scheduler.finish_grammar_bitmask(grammar_output)  # the rows filled off this thread
         t2 = time.perf_counter()
         if model_output is None:
             model_output = self.executor.sample_tokens(grammar_output)

@@ -160,10 +160,11 @@ class Scheduler:
         running requests were preempted to make room."""
         preempted = False
         index = 0
+        lazy_fills = self.structured_output_manager.lazy_fills if self.structured_output_manager is not None else None
         while index < len(self.running) and plan.token_budget > 0:
             request = self.running[index]
             num_new = min(request.num_tokens - request.num_computed_tokens, plan.token_budget)
-            if num_new <= 0:
+            if num_new <= 0 or (lazy_fills is not None and lazy_fills.in_flight(request.request_id)):
                 index += 1
                 continue
             draft = self._draft(request, num_new, plan.token_budget - num_new) if plan.may_draft else []
@@ -321,6 +322,25 @@ class Scheduler:
         for req_id, error in grammar_output.failed.items():  # its sampled token will be dropped
             self._fail_grammar(self.requests[req_id], error)
         return grammar_output
+
+    def finish_grammar_bitmask(self, grammar_output: GrammarOutput | None) -> None:
+        """After the forward: the rows filled off the engine thread, in place. A request whose fill
+        is still running skips this sample: its last token is computed again once its row is ready
+        (it is not scheduled before), and the KV of that position is rewritten with the same values."""
+        if grammar_output is None or self.structured_output_manager is None:
+            return
+        for req_id, error in self.structured_output_manager.finish_bitmask(grammar_output, self.requests).items():
+            self._fail_grammar(self.requests[req_id], error)
+        for req_id in grammar_output.deferred:
+            request = self.requests.get(req_id)
+            if request is not None:
+                request.num_computed_tokens -= 1
+
+    @property
+    def num_waiting_for_fill(self) -> int:
+        """Running requests held back while their grammar builds a state's mask off the engine thread."""
+        manager = self.structured_output_manager
+        return manager.lazy_fills.num_in_flight if manager is not None else 0
 
     def _fail_grammar(self, request: Request, error: str) -> None:
         """End a request whose grammar work failed or ran past a limit; only this request."""

@@ -65,6 +65,11 @@ class GrammarOutput:
     grammar_bitmask: torch.Tensor  # int32 [num_rows, ceil(vocab_size / 32)], 1 bit = allowed
     # req_id -> why its fill failed or ran past max_fill_ms; the scheduler ends these requests
     failed: dict[str, str] = field(default_factory=dict)
+    # requests whose row is filled off the engine thread (a lazily compiled grammar): in place
+    # once StructuredOutputManager.finish_bitmask has run, after the forward
+    lazy_req_ids: list[str] = field(default_factory=list)
+    # of those, the ones whose fill was still running then: they skip this step's sample
+    deferred: set[str] = field(default_factory=set)
 
 
 @dataclass

@@ -10,6 +10,7 @@ import time
 from concurrent.futures import Future
 from typing import TYPE_CHECKING
 
+from engine.sched.lazy_fills import LazyFills
 from engine.sched.request import Request
 from engine.sched.scheduler_output import GrammarOutput
 from grammar.backend import CompiledGrammar, Grammar, GrammarBackend, GrammarError
@@ -35,6 +36,7 @@ class StructuredOutputManager:
         self.compiler = GrammarCompiler(backend, config)
         self._futures: dict[str, Future[CompiledGrammar]] = {}
         self._bitmask = backend.allocate_bitmask(0)
+        self.lazy_fills = LazyFills(backend)
 
     def grammar_init(self, request: Request) -> None:
         """Start compiling (or take the cached grammar) for a new constrained request."""
@@ -91,6 +93,7 @@ class StructuredOutputManager:
 
     def forget(self, request_id: str) -> None:
         self._futures.pop(request_id, None)
+        self.lazy_fills.forget(request_id)
 
     def jump_forward_enabled(self, request: Request) -> bool:
         constraint = request.sampling_params.constraint
@@ -102,16 +105,23 @@ class StructuredOutputManager:
                      drafts: dict[str, list[int]] | None = None) -> GrammarOutput:
         """Fill each request's row; a request with a draft (`drafts`: req_id -> its draft tokens)
         fills 1 + len(draft) rows from its row on: the matcher is advanced through the draft for
-        the rows after the first and rolled back afterwards."""
+        the rows after the first and rolled back afterwards. A lazily compiled grammar's single
+        row is filled on the LazyFills pool instead: `finish_bitmask` puts it in place."""
         drafts = drafts or {}
         num_rows = max((row + 1 + len(drafts.get(r.request_id, ())) for r, row in requests_and_rows), default=0)
         if self._bitmask.shape[0] < num_rows:
             self._bitmask = self.backend.allocate_bitmask(max(num_rows, 2 * self._bitmask.shape[0]))
         bitmask = self._bitmask[:num_rows]
         failed: dict[str, str] = {}
-        limit_ms = self.config.max_fill_ms
+        lazy: list[str] = []
         for request, row in requests_and_rows:
             draft = drafts.get(request.request_id, [])
+            if request.grammar.lazy_masks:
+                if not draft:
+                    self.lazy_fills.start(request.request_id, request.grammar)
+                    lazy.append(request.request_id)
+                    continue
+                self.lazy_fills.forget(request.request_id)  # a row filled earlier: the draft moves on from it
             start = time.thread_time()  # CPU time: a preempted thread is not the grammar's fault
             try:
                 _fill_rows(request.grammar, bitmask, row, draft)
@@ -119,25 +129,56 @@ class StructuredOutputManager:
                 bitmask[row:row + 1 + len(draft)] = 0
                 failed[request.request_id] = grammar_failure("filling its bitmask", e)
                 continue
-            fill_ms = (time.thread_time() - start) * 1000 / (1 + len(draft))
-            if fill_ms > limit_ms:
-                slow_fills = request.slow_fills
-                if slow_fills is None:
-                    slow_fills = request.slow_fills = SlowFills(self.config, request.grammar.lazy_masks)
-                if not slow_fills.allows(fill_ms):
-                    failed[request.request_id] = (f"one bitmask fill of this constraint took {fill_ms:.0f} ms, "
-                                                  f"over {slow_fills.limit_text()}; simplify it")
-        return GrammarOutput({r.request_id: row for r, row in requests_and_rows}, bitmask, failed)
+            error = self._slow_fill_error(request, (time.thread_time() - start) * 1000 / (1 + len(draft)))
+            if error is not None:
+                failed[request.request_id] = error
+        return GrammarOutput({r.request_id: row for r, row in requests_and_rows}, bitmask, failed, lazy)
+
+    def finish_bitmask(self, grammar_output: GrammarOutput, requests: dict[str, Request]) -> dict[str, str]:
+        """After the forward: the rows filled on the LazyFills pool, into the step's bitmask. A fill
+        still running is `grammar_output.deferred` (its request skips this sample). Returns the
+        requests whose fill failed or was too slow (req_id -> why), as fill_bitmask's `failed`."""
+        if not grammar_output.lazy_req_ids:
+            return {}
+        rows = grammar_output.structured_output_request_ids
+        done_ms, errors, deferred = self.lazy_fills.collect(grammar_output.lazy_req_ids,
+                                                            grammar_output.grammar_bitmask, rows)
+        failed: dict[str, str] = {}
+        for req_id, error in errors.items():
+            grammar_output.grammar_bitmask[rows[req_id]] = 0
+            failed[req_id] = grammar_failure("filling its bitmask", error)
+        for req_id, fill_ms in done_ms.items():
+            message = self._slow_fill_error(requests[req_id], fill_ms)
+            if message is not None:
+                failed[req_id] = message
+        grammar_output.failed.update(failed)
+        grammar_output.deferred = deferred
+        return failed
+
+    def _slow_fill_error(self, request: Request, fill_ms: float) -> str | None:
+        """Why the request ends if a fill of `fill_ms` (CPU) is one slow fill too many, else None."""
+        if fill_ms <= self.config.max_fill_ms:
+            return None
+        slow_fills = request.slow_fills
+        if slow_fills is None:
+            slow_fills = request.slow_fills = SlowFills(self.config, request.grammar.lazy_masks)
+        if slow_fills.allows(fill_ms):
+            return None
+        return f"one bitmask fill of this constraint took {fill_ms:.0f} ms, over {slow_fills.limit_text()}; simplify it"
 
     def wait_for_any(self, timeout_s: float) -> None:
-        """Block up to `timeout_s` until some compile finishes (the core idles here, not in a spin)."""
+        """Block up to `timeout_s` until some compile, or some lazily compiled grammar's fill,
+        finishes (the core idles here, not in a spin)."""
         from concurrent.futures import FIRST_COMPLETED, wait
         pending = [f for f in self._futures.values() if not f.done()]
         if pending:
             wait(pending, timeout=timeout_s, return_when=FIRST_COMPLETED)
+        elif self.lazy_fills.num_in_flight:
+            self.lazy_fills.wait_for_any(timeout_s)
 
     def shutdown(self) -> None:
         self.compiler.shutdown()
+        self.lazy_fills.shutdown()
 
 
 def _fill_rows(grammar: Grammar, bitmask: torch.Tensor, row: int, draft: list[int]) -> None:

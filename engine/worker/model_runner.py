@@ -35,6 +35,18 @@ class _ParkedLogits:
     logits: torch.Tensor  # [sum(1 + num_draft_tokens), vocab]
 
 
+def _without(parked: _ParkedLogits, req_ids: set[str]) -> _ParkedLogits:
+    """The parked logits less the rows of `req_ids` (they do not sample this step)."""
+    keep, rows, start = [], [], 0
+    for req_id, num_draft in zip(parked.sampling_req_ids, parked.num_draft_tokens):
+        if req_id not in req_ids:
+            keep.append((req_id, num_draft))
+            rows.extend(range(start, start + 1 + num_draft))
+        start += 1 + num_draft
+    logits = parked.logits[torch.tensor(rows, dtype=torch.long, device=parked.logits.device)]
+    return _ParkedLogits(parked.req_ids, [r for r, _ in keep], [n for _, n in keep], parked.drafts, logits)
+
+
 @contextlib.contextmanager
 def _no_weight_init():
     """Layers built without their random initialisation: the weights are read in afterwards, and
@@ -167,6 +179,8 @@ class ModelRunner:
         parked, self._parked = self._parked, None
         if parked is None:
             raise RuntimeError("sample_tokens called without a preceding execute_model")
+        if grammar_output is not None and grammar_output.deferred:  # their rows are not ready: no sample
+            parked = _without(parked, grammar_output.deferred)
         if not parked.sampling_req_ids:
             return ModelRunnerOutput(parked.req_ids, {})
         # one logits row per position: each request's next token, then one after each draft token
