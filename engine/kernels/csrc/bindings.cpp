@@ -19,9 +19,11 @@ torch::Tensor pack_weight(torch::Tensor weight);
 torch::Tensor gemm(torch::Tensor x, torch::Tensor packed, int64_t n, c10::optional<torch::Tensor> bias,
                    bool fp32_out);
 
+// The compute calls let go of the GIL: the engine thread fills grammar bitmasks (Python around
+// xgrammar) while the forward pass runs on the forward thread.
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   namespace py = pybind11;
-  m.def("paged_attention", &paged_attention,
+  m.def("paged_attention", &paged_attention, py::call_guard<py::gil_scoped_release>(),
         "writes this step's K/V into the paged cache, then attends the listed queries over it, into out "
         "(sliding_window 0: every key; softcap 0: none)",
         py::arg("out"), py::arg("q"), py::arg("k"), py::arg("v"), py::arg("kv_cache"), py::arg("slot_mapping"),
@@ -31,10 +33,13 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.attr("paged_attention_features") = py::make_tuple("sliding_window", "softcap");
   m.def("paged_attention_isa", &paged_attention_isa,
         "what scores bf16 queries of head_dim 64/128: amx_bf16, avx512_bf16 or generic (fp32 vectors)");
-  m.def("add_rms_norm", &add_rms_norm, "residual += delta (if given); returns rms_norm(residual) * weight",
+  m.def("add_rms_norm", &add_rms_norm, py::call_guard<py::gil_scoped_release>(),
+        "residual += delta (if given); returns rms_norm(residual) * weight",
         py::arg("residual"), py::arg("delta"), py::arg("weight"), py::arg("eps"));
-  m.def("silu_and_mul", &silu_and_mul, "silu(gate) * up over [n, 2I] (gate, then up)");
-  m.def("rotary_", &rotary_, "rotary embedding of the first num_rotated heads of each row, in place");
+  m.def("silu_and_mul", &silu_and_mul, py::call_guard<py::gil_scoped_release>(),
+        "silu(gate) * up over [n, 2I] (gate, then up)");
+  m.def("rotary_", &rotary_, py::call_guard<py::gil_scoped_release>(),
+        "rotary embedding of the first num_rotated heads of each row, in place");
   m.def("pool_stats", [] {
     const formwork::PoolStats s = formwork::pool_stats();
     return py::dict(py::arg("jobs") = s.jobs, py::arg("joined_jobs") = s.joined_jobs, py::arg("chunks") = s.chunks,
@@ -46,7 +51,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("gemm_inner_loop_gflops", &gemm_inner_loop_gflops,
         "GFLOP/s of the GEMM's register tile over L1-resident operands on every thread, repeats tiles each");
   m.def("pack_weight", &pack_weight, "[N, K] bf16 -> the blocked layout gemm reads (the only copy kept)");
-  m.def("gemm", &gemm, "x [M, K] bf16 @ W.T (+ bias) from pack_weight: [M, N] bf16, fp32 sums "
+  m.def("gemm", &gemm, py::call_guard<py::gil_scoped_release>(),
+        "x [M, K] bf16 @ W.T (+ bias) from pack_weight: [M, N] bf16, fp32 sums "
         "(fp32_out: the sums unrounded, [M, N] float)",
         py::arg("x"), py::arg("packed"), py::arg("n"), py::arg("bias") = py::none(), py::arg("fp32_out") = false);
 }
