@@ -63,16 +63,21 @@ def _step(scheduler):
     return so, grammar_output
 
 
-def test_a_state_being_built_holds_back_only_its_own_request():
-    gate = threading.Event()
+def _scheduler_with(gate: threading.Event, *requests):
     backend = _Backend(gate)
     manager = StructuredOutputManager(backend, GrammarConfig())
     scheduler = make_scheduler(structured_output_manager=manager)
+    for request in requests:
+        scheduler.add_request(request)
+    wait_compiled(manager)
+    return backend, manager, scheduler
+
+
+def test_a_state_being_built_holds_back_only_its_own_request():
+    gate = threading.Event()
     lazy = make_request(num_tokens=5, max_tokens=3, constraint=LAZY)
     plain = make_request(num_tokens=5, max_tokens=3)
-    scheduler.add_request(lazy)
-    scheduler.add_request(plain)
-    wait_compiled(manager)
+    backend, manager, scheduler = _scheduler_with(gate, lazy, plain)
     try:
         so, grammar_output = _step(scheduler)  # both prefill and would sample: the lazy row is not ready
         assert set(so.num_scheduled_tokens) == {lazy.request_id, plain.request_id}
@@ -103,12 +108,8 @@ def test_a_state_being_built_holds_back_only_its_own_request():
 
 def test_an_aborted_request_s_running_fill_finishes_unseen():
     gate = threading.Event()
-    backend = _Backend(gate)
-    manager = StructuredOutputManager(backend, GrammarConfig())
-    scheduler = make_scheduler(structured_output_manager=manager)
     lazy = make_request(num_tokens=5, max_tokens=3, constraint=LAZY)
-    scheduler.add_request(lazy)
-    wait_compiled(manager)
+    _, manager, scheduler = _scheduler_with(gate, lazy)
     _step(scheduler)
     scheduler.abort_requests([lazy.request_id])
     gate.set()
