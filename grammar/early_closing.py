@@ -11,8 +11,9 @@ The closing is searched for only when it may matter: after each search, the next
 the budget has used up half of its lead over the longest closing seen so far, so a long output
 costs a handful of searches, and the last stretch (twice that closing) one check per step, unless
 the grammar is compiled lazily (there each search pays first fills: it keeps halving). A check
-first tries the closing the last search found from where the output now stands
-(Grammar.completes: accept, look, roll back, no bitmask fill); while it still completes the
+first tries the closing the last search found, and then its ends (the output may have gone its
+way for a few tokens: the string closed, the next key forced), from where the output now stands
+(Grammar.completes: accept, look, roll back, no bitmask fill); while one still completes the
 output — the rest of one long string — the shortest closing is no longer than it and there is
 nothing to search for, until it is time to close: then the search runs, and that earlier closing
 is the fallback if it misses or finds a longer one. A search that finds nothing is retried the
@@ -92,13 +93,13 @@ class EarlyClosing:
         reason = self._guard.update(new_token_ids) if self._guard is not None else None
         if reason is None and num_remaining > self._check_at:
             return None
-        last = self._last_closing
         due = reason is not None or self._max_closing + _MARGIN >= num_remaining
-        if not due and self._completes(last):
+        if not due and self._last_still_closes():
             # the shortest closing is no longer than that one now (give or take the seam's
             # retokenization, which _MARGIN covers): the longest seen stands, no search needed
             self._schedule(self._max_closing, num_remaining)
             return None
+        last = self._last_closing
         closing = None if self._broken else self._closing(num_remaining)
         if (due and last is not None and (closing is None or len(last) < len(closing))
                 and len(last) <= num_remaining and self._completes(last, strict=True)):
@@ -121,6 +122,17 @@ class EarlyClosing:
             self._schedule(self._max_closing, num_remaining)
             return None
         return closing, reason or "budget"
+
+    def _last_still_closes(self) -> bool:
+        """The last closing found, or its end, still completes the output from here; the part that
+        does is kept as the last closing. Its end: the output may have gone the closing's way for a
+        few tokens (the string closed, the next required key forced)."""
+        last = self._last_closing
+        for start in range(len(last) if last is not None else 0):
+            if self._completes(last[start:]):
+                self._last_closing = last[start:]
+                return True
+        return False
 
     def _completes(self, closing: list[int] | None, strict: bool = False) -> bool:
         """`closing`, found earlier, still completes the output from here (Grammar.completes)."""

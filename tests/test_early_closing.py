@@ -233,6 +233,21 @@ def test_an_earlier_closing_is_checked_from_where_the_matcher_stands():
     assert not grammar.completes(closing)  # nothing can follow a finished output
 
 
+def test_the_end_of_an_earlier_closing_serves_once_the_output_went_its_way():
+    grammar = CountedSearches(make_grammar(spec=COMPANY))
+    closing = EarlyClosing(grammar)
+    closing.check_minimum(22)  # the closing from the start: '{"company":"","id":0}'
+    assert grammar.num_searches == 1
+    script_ids = encode('{"company":"acme inc","id":')
+    for num_written, token_id in enumerate(script_ids, 1):  # within twice the closing: checked every step
+        assert grammar.accept_tokens([token_id])
+        assert closing.check([token_id], 22 - num_written) is None
+    # the key, the string, the next key: each time an end of that first closing still completed it
+    assert grammar.num_searches == 1
+    found = closing.check([], 11)
+    assert found is not None and decode(found[0]).startswith("0}")
+
+
 # ---- the runaway guard --------------------------------------------------------------------------
 
 LOOPS = [
