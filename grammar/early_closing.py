@@ -20,8 +20,8 @@ is the fallback if it misses or finds a longer one. A search that finds nothing 
 same way, halving the lead that is left, so the last tries still come before the budget falls
 below that closing. The longest closing seen, not the current one, decides when to close: inside
 a repeated array item the closing is short, at the start of the next item it is the whole item
-again. An output that finishes before the closing acts is exactly what it would be without it: nothing here changes the
-bitmask or the sampled tokens.
+again. An output that finishes before the closing acts is exactly what it would be without it:
+nothing here changes the bitmask or the sampled tokens.
 """
 from __future__ import annotations
 
