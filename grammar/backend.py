@@ -94,6 +94,13 @@ class Grammar(ABC):
         `first_fills`: pays for the search's waits on lazily built masks (closing_search.py)."""
         return None
 
+    def completes(self, token_ids: list[int], strict: bool = False) -> bool:
+        """Whether `token_ids`, a closing found earlier, still complete the output from here: the
+        grammar accepts them and the output is complete after them (a stop token may still be
+        needed). `strict`: also all that closing_token_ids checks of its answer, so that they can
+        be appended as they are. Changes nothing. False when the backend cannot tell."""
+        return False
+
 
 class GrammarBackend(ABC):
     """Compiles constraints for one tokenizer. `compile` is blocking and thread-safe."""

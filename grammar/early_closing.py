@@ -9,14 +9,19 @@ validates, and says it was closed.
 
 The closing is searched for only when it may matter: after each search, the next one waits until
 the budget has used up half of its lead over the longest closing seen so far, so a long output
-costs a handful of searches, and the last stretch (twice that closing) one per step, unless the
-grammar is compiled lazily (there each search pays first fills: it keeps halving). A search
-that finds nothing is retried the same way, halving the lead that is left, so the last tries
-still come before the budget falls below that closing. The longest closing seen, not the current
-one, decides when to close: inside a repeated array item the closing is short, at the start of
-the next item it is the whole item again. An output that
-finishes before the closing acts is exactly what it would be without it: nothing here changes the
-bitmask or the sampled tokens.
+costs a handful of searches, and the last stretch (twice that closing) one check per step, unless
+the grammar is compiled lazily (there each search pays first fills: it keeps halving). A check
+first tries the closing the last search found, and then its ends (the output may have gone its
+way for a few tokens: the string closed, the next key forced), from where the output now stands
+(Grammar.completes: accept, look, roll back, no bitmask fill); while one still completes the
+output — the rest of one long string — the shortest closing is no longer than it and there is
+nothing to search for, until it is time to close: then the search runs, and that earlier closing
+is the fallback if it misses or finds a longer one. A search that finds nothing is retried the
+same way, halving the lead that is left, so the last tries still come before the budget falls
+below that closing. The longest closing seen, not the current one, decides when to close: inside
+a repeated array item the closing is short, at the start of the next item it is the whole item
+again. An output that finishes before the closing acts is exactly what it would be without it:
+nothing here changes the bitmask or the sampled tokens.
 """
 from __future__ import annotations
 
@@ -53,6 +58,7 @@ class EarlyClosing:
         self._first_fills = first_fills
         self._check_at = 0  # search again once the remaining budget is at or below this
         self._max_closing = 0  # tokens of the longest closing found so far
+        self._last_closing: list[int] | None = None  # the closing the last search found
         self._broken = False  # a search raised: no more closing for this request
 
     def check_minimum(self, num_budget_tokens: int, by_context: bool = False,
@@ -68,6 +74,7 @@ class EarlyClosing:
                 self._check_at = num_budget_tokens  # unknown: look again at the first token
                 return
             needed = len(closing)
+            self._last_closing = closing
         if needed > num_budget_tokens:
             if by_context:
                 raise GrammarError(f"only {num_budget_tokens} tokens of context are left after the prompt, but the "
@@ -86,7 +93,20 @@ class EarlyClosing:
         reason = self._guard.update(new_token_ids) if self._guard is not None else None
         if reason is None and num_remaining > self._check_at:
             return None
-        closing = self._closing(num_remaining)
+        due = reason is not None or self._max_closing + _MARGIN >= num_remaining
+        if not due and self._last_still_closes():
+            # the shortest closing is no longer than that one now (give or take the seam's
+            # retokenization, which _MARGIN covers): the longest seen stands, no search needed
+            self._schedule(self._max_closing, num_remaining)
+            return None
+        last = self._last_closing
+        closing = None if self._broken else self._closing(num_remaining)
+        if (due and last is not None and (closing is None or len(last) < len(closing))
+                and len(last) <= num_remaining and self._completes(last, strict=True)):
+            closing = last  # the search missed it, or found a longer one: it is still valid
+        if self._broken:
+            return None
+        self._last_closing = closing
         if closing is None:
             # nothing fits (or the search gave up): back off, and let a loop run on rather than
             # searching again at every token; but look again before the budget falls below the
@@ -102,6 +122,28 @@ class EarlyClosing:
             self._schedule(self._max_closing, num_remaining)
             return None
         return closing, reason or "budget"
+
+    def _last_still_closes(self) -> bool:
+        """The last closing found, or its end, still completes the output from here; the part that
+        does is kept as the last closing. Its end: the output may have gone the closing's way for a
+        few tokens (the string closed, the next required key forced)."""
+        last = self._last_closing
+        for start in range(len(last) if last is not None else 0):
+            if self._completes(last[start:]):
+                self._last_closing = last[start:]
+                return True
+        return False
+
+    def _completes(self, closing: list[int] | None, strict: bool = False) -> bool:
+        """`closing`, found earlier, still completes the output from here (Grammar.completes)."""
+        if closing is None or self._broken:
+            return False
+        try:
+            return self._grammar.completes(closing, strict)
+        except Exception as e:  # as with a search: only this request's closing is lost
+            logger.warning("closing check failed: %s: %s", type(e).__name__, e)
+            self._broken = True
+            return False
 
     def _closing(self, max_tokens: int) -> list[int] | None:
         """The grammar's closing; a search that raises only costs this request its closing."""

@@ -17,14 +17,20 @@ This module is tokenizer logic only; the matcher side lives in grammar/xgrammar_
 """
 from __future__ import annotations
 
+from functools import lru_cache
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
 
+# last tokens whose text and encoding are kept (a step's forced runs and closings mostly follow
+# the same few: a quote, a colon, a comma)
+_SEAM_CACHE_SIZE = 4096
+
 
 class ForcedTextTokenizer:
-    """Encodes forced text for one tokenizer. Stateless after construction; thread-safe."""
+    """Encodes forced text for one tokenizer. Stateless after construction but for a cache of
+    seam tokens; thread-safe."""
 
     def __init__(self, tokenizer: PreTrainedTokenizerBase, *, enabled: bool = True) -> None:
         """`enabled=False` makes every method force nothing (tokenizers that prepend a space to
@@ -32,6 +38,12 @@ class ForcedTextTokenizer:
         self._tokenizer = tokenizer
         backend = getattr(tokenizer, "backend_tokenizer", None)
         self._pre_tokenizer = getattr(backend, "pre_tokenizer", None)
+        # the Rust tokenizer itself, where there is one: the same ids and text as the transformers
+        # wrapper, which costs a few times as much per call (its decode may also clean up spaces:
+        # then the wrapper decodes)
+        self._fast = backend
+        self._fast_decode = backend is not None and not getattr(tokenizer, "clean_up_tokenization_spaces", False)
+        self._seam = lru_cache(maxsize=_SEAM_CACHE_SIZE)(self._seam_uncached)
         self.enabled = enabled
 
     def encode_after(self, context_ids: list[int], text: str) -> list[int]:
@@ -43,13 +55,13 @@ class ForcedTextTokenizer:
         if not self.enabled or not text:
             return []
         ids = self._encode(text)
-        if self._tokenizer.decode(ids) != text:  # a normalizer or special-token split changed it
+        if self._decode(ids) != text:  # a normalizer or special-token split changed it
             return []
         if context_ids:
-            previous = self._tokenizer.decode(context_ids[-1:])
+            previous, previous_ids = self._seam(context_ids[-1])
             if "\ufffd" in previous:  # the last token ends inside a UTF-8 character
                 return []
-            if self._encode(previous + text) != self._encode(previous) + ids:
+            if self._encode(previous + text) != previous_ids + ids:
                 return []
         return ids
 
@@ -69,5 +81,17 @@ class ForcedTextTokenizer:
         """The plain encoding of `text`, seams unchecked ([] when disabled)."""
         return self._encode(text) if self.enabled else []
 
+    def _seam_uncached(self, token_id: int) -> tuple[str, list[int]]:
+        """A last context token's text and that text's encoding."""
+        previous = self._decode([token_id])
+        return previous, self._encode(previous)
+
     def _encode(self, text: str) -> list[int]:
+        if self._fast is not None:
+            return self._fast.encode(text, add_special_tokens=False).ids
         return self._tokenizer.encode(text, add_special_tokens=False)
+
+    def _decode(self, ids: list[int]) -> str:
+        if self._fast_decode:
+            return self._fast.decode(ids, skip_special_tokens=False)
+        return self._tokenizer.decode(ids)

@@ -146,3 +146,32 @@ def test_a_lazily_compiled_grammar_searches_a_few_times_in_the_last_stretch_not_
         assert found is not None and found[1] == "budget" and found[2] >= 100
     assert len(eager.searched_at) > 90  # every step within twice the closing of the end
     assert len(lazy.searched_at) < 12  # each search pays first fills: the lead halves instead
+
+
+class OnceFoundGrammar(AnyTokenGrammar):
+    """Its first search finds a closing of `num_tokens`, later ones nothing (out of time), while
+    that closing keeps completing the output."""
+
+    def __init__(self, num_tokens: int) -> None:
+        self.num_tokens = num_tokens
+        self.searched_at: list[int] = []
+        self.strict_checks = 0
+
+    def closing_token_ids(self, max_tokens, first_fills=None):
+        self.searched_at.append(max_tokens)
+        return [7] * self.num_tokens if len(self.searched_at) == 1 else None
+
+    def completes(self, token_ids, strict=False):
+        self.strict_checks += strict
+        return token_ids == [7] * self.num_tokens
+
+
+def test_a_closing_that_still_completes_the_output_is_kept_when_the_last_search_misses():
+    grammar = OnceFoundGrammar(num_tokens=10)
+    closing = EarlyClosing(grammar)
+    closing.check_minimum(200)
+    found = _close_down_from(closing, 200)
+    # no search until it is time to close (the first closing holds), then one that finds nothing:
+    # the first closing, checked in full, is appended
+    assert found == ([7] * 10, "budget", 13)
+    assert grammar.searched_at == [4096, 13] and grammar.strict_checks == 1

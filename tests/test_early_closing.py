@@ -10,7 +10,7 @@ import jsonschema
 import pytest
 from grammar_factories import allowed_ids, decode, encode, make_backend, make_constraint
 
-from grammar.backend import GrammarError
+from grammar.backend import Grammar, GrammarError
 from grammar.early_closing import EarlyClosing
 from grammar.runaway import RunawayGuard
 
@@ -141,6 +141,111 @@ def test_budget_closing_acts_only_near_the_end():
     found = closing.check([], len(grammar.closing_token_ids(64)) + 2)
     assert found is not None and found[1] == "budget"
     assert grammar.accept_tokens(found[0]) and grammar.is_terminated()
+
+
+class CountedSearches(Grammar):
+    """A real grammar whose closing searches are counted. `recheck=False` hides its cheap check of
+    an earlier closing (Grammar.completes), as a backend without one would: every check searches."""
+
+    def __init__(self, grammar, recheck: bool = True) -> None:
+        self.grammar = grammar
+        self.recheck = recheck
+        self.num_searches = 0
+
+    def fill_bitmask(self, bitmask, row):
+        self.grammar.fill_bitmask(bitmask, row)
+
+    def accept_tokens(self, token_ids):
+        return self.grammar.accept_tokens(token_ids)
+
+    def rollback(self, num_tokens):
+        self.grammar.rollback(num_tokens)
+
+    def is_terminated(self):
+        return self.grammar.is_terminated()
+
+    def jump_forward_token_ids(self):
+        return self.grammar.jump_forward_token_ids()
+
+    def closing_token_ids(self, max_tokens, first_fills=None):
+        self.num_searches += 1
+        return self.grammar.closing_token_ids(max_tokens, first_fills)
+
+    def completes(self, token_ids, strict=False):
+        return self.recheck and self.grammar.completes(token_ids, strict)
+
+
+def close_while_writing(schema: dict, script: str, max_tokens: int, recheck: bool):
+    """Write `script` a token at a time under a budget of `max_tokens`, checking the closing after
+    each: (tokens written when it closed, the closing text, searches made)."""
+    grammar = CountedSearches(make_grammar(spec=schema), recheck)
+    closing = EarlyClosing(grammar)
+    closing.check_minimum(max_tokens)
+    script_ids = encode(script)
+    for num_written, token_id in enumerate(script_ids, 1):
+        assert grammar.accept_tokens([token_id])
+        found = closing.check([token_id], max_tokens - num_written)
+        if found is not None:
+            assert found[1] == "budget" and num_written + len(found[0]) <= max_tokens
+            assert grammar.accept_tokens(found[0]) and grammar.is_terminated()
+            stop_ids = set(make_backend().stop_token_ids)
+            text = decode(script_ids[:num_written] + [t for t in found[0] if t not in stop_ids])
+            jsonschema.validate(json.loads(text), schema)
+            return num_written, text, grammar.num_searches
+    raise AssertionError("never closed")
+
+
+COMPANY_NAME = '{"company":"' + " ".join(f"word{i}" for i in range(60))
+REPORT = {"type": "object", "properties": {
+    "summary": {"type": "string"}, "tags": {"type": "array", "items": {"type": "string"}, "minItems": 1},
+    "score": {"type": "integer"}, "source": {"type": "object", "properties": {"url": {"type": "string"}},
+                                             "required": ["url"]}},
+    "required": ["summary", "tags", "score", "source"]}
+REPORT_SCRIPT = '{"summary":"' + " ".join(f"word{i}" for i in range(80))
+RANGE_ITEMS = '{"ranges":[' + ",".join(f'{{"max":{i * 7},"min":{i}}}' for i in range(40))
+
+
+@pytest.mark.parametrize("schema, script, max_tokens", [(COMPANY, COMPANY_NAME, 90), (REPORT, REPORT_SCRIPT, 120),
+                                                        (RANGES, RANGE_ITEMS, 120)])
+def test_a_closing_that_still_completes_the_output_saves_the_search(schema, script, max_tokens):
+    searched = close_while_writing(schema, script, max_tokens, recheck=False)
+    rechecked = close_while_writing(schema, script, max_tokens, recheck=True)
+    assert rechecked[:2] == searched[:2]  # closed at the same token, with the same text
+    # without the recheck, every step of the last stretch searches; with it, only the steps where
+    # the output left the last closing behind (here a new item of the array), and the last one
+    assert rechecked[2] <= searched[2]
+    if schema is not RANGES:  # inside one string the first closing holds to the end
+        assert searched[2] > 10 and rechecked[2] <= 3
+
+
+def test_an_earlier_closing_is_checked_from_where_the_matcher_stands():
+    grammar = make_grammar(spec=COMPANY)
+    assert grammar.accept_tokens(encode('{"company":"acme'))
+    closing = grammar.closing_token_ids(64)
+    before = allowed_ids(grammar)
+    assert grammar.accept_tokens(encode(" widgets inc"))
+    assert grammar.completes(closing) and grammar.completes(closing, strict=True)
+    grammar.rollback(len(encode(" widgets inc")))
+    assert allowed_ids(grammar) == before  # nothing changed
+    assert grammar.accept_tokens(encode('","id":'))
+    assert not grammar.completes(closing) and not grammar.completes(closing, strict=True)
+    assert grammar.accept_tokens(encode("42}")) and grammar.is_terminated()
+    assert not grammar.completes(closing)  # nothing can follow a finished output
+
+
+def test_the_end_of_an_earlier_closing_serves_once_the_output_went_its_way():
+    grammar = CountedSearches(make_grammar(spec=COMPANY))
+    closing = EarlyClosing(grammar)
+    closing.check_minimum(22)  # the closing from the start: '{"company":"","id":0}'
+    assert grammar.num_searches == 1
+    script_ids = encode('{"company":"acme inc","id":')
+    for num_written, token_id in enumerate(script_ids, 1):  # within twice the closing: checked every step
+        assert grammar.accept_tokens([token_id])
+        assert closing.check([token_id], 22 - num_written) is None
+    # the key, the string, the next key: each time an end of that first closing still completed it
+    assert grammar.num_searches == 1
+    found = closing.check([], 11)
+    assert found is not None and decode(found[0]).startswith("0}")
 
 
 # ---- the runaway guard --------------------------------------------------------------------------

@@ -10,7 +10,9 @@ from bench.coverage import SUBSETS, load_schemas, run_coverage
 from bench.workloads import extraction_prompt, load_json_extraction
 from engine.protocol import FinishReason
 from engine.sampling_params import SamplingParams
+from grammar.backend import Grammar
 from grammar.constraint import Constraint
+from grammar.xgrammar_backend.matcher import XGrammarGrammar
 
 
 # Snowplow's first schemas take over a minute to compile here; JsonSchemaStore's first has a string
@@ -41,11 +43,35 @@ def _extract(llm, items: list[dict], max_tokens: int):
     return llm.generate([extraction_prompt(item) for item in items], params)
 
 
-def test_json_extraction_answers_always_complete(llm):
+def _count_searches(monkeypatch) -> list[int]:
+    """Record each closing search a step makes (the compile's own, with a larger budget, aside)."""
+    searched: list[int] = []
+    search = XGrammarGrammar.closing_token_ids
+
+    def counted(self, max_tokens, first_fills=None, **budget):
+        if not budget:
+            searched.append(max_tokens)
+        return search(self, max_tokens, first_fills, **budget)
+
+    monkeypatch.setattr(XGrammarGrammar, "closing_token_ids", counted)
+    return searched
+
+
+def test_json_extraction_answers_always_complete(llm, monkeypatch):
     items = load_json_extraction()[:8]
-    for item, out in zip(items, _extract(llm, items, max_tokens=64)):  # 64: below what most answers need
+    searched = _count_searches(monkeypatch)
+    with monkeypatch.context() as without_recheck:  # every check in the last stretch searches
+        without_recheck.setattr(XGrammarGrammar, "completes", Grammar.completes)
+        searching = _extract(llm, items, max_tokens=64)
+    num_searching = len(searched)
+    outs = _extract(llm, items, max_tokens=64)  # 64: below what most answers need
+    for item, out in zip(items, outs):
         assert out.finish_reason == FinishReason.STOP, (item["id"], out.text)
         jsonschema.validate(json.loads(out.text), item["schema"])
+    # rechecking the last closing found closes at the same points, with fewer searches
+    assert [(o.text, o.closed_early) for o in outs] == [(o.text, o.closed_early) for o in searching]
+    assert sum(bool(o.closed_early) for o in outs) >= 4
+    assert len(searched) - num_searching < num_searching * 2 / 3
 
 
 @pytest.mark.slow

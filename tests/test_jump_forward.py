@@ -135,3 +135,36 @@ def test_forced_text_off_forces_nothing():
     assert forced_text_tokenizer().encode_after(encode("x"), text) != []
     off = forced_text_tokenizer(enabled=False)
     assert off.encode_after([], text) == [] and off.encode_after(encode("x"), text) == []
+
+
+class _WrapperOnly:
+    """The transformers tokenizer without its Rust object: ForcedTextTokenizer then encodes and
+    decodes through the transformers wrapper."""
+
+    def __init__(self, tokenizer) -> None:
+        self.encode = tokenizer.encode
+        self.decode = tokenizer.decode
+
+
+FORCED_TEXTS = ['{"name":"', '","age":', "}", '":[', "],", ' "city": "', '{\n  "id": ', "null", "true}", "-0.5e10",
+                "1234567890", "  ", " \t\n", "Zürich", "日本語のテキスト", "🙂 ok", "\\u00e9\\n", "<|im_end|>",
+                "a  b   c", "ÅÄÖ\"}", "x" * 40]
+
+
+def test_the_rust_tokenizer_gives_the_wrappers_ids_and_seam_decisions():
+    from grammar.jump_forward import ForcedTextTokenizer
+    tokenizer = make_backend().tokenizer
+    fast, wrapper = ForcedTextTokenizer(tokenizer), ForcedTextTokenizer(_WrapperOnly(tokenizer))
+    contexts = [[]] + [encode(text)[-1:] for text in FORCED_TEXTS + ["{", '"', ":", "é", "🦜"]]
+    contexts.append(encode("🦜")[:1])  # a token that ends inside a UTF-8 character
+    num_forced = 0
+    for text in FORCED_TEXTS:
+        assert fast.encode(text) == wrapper.encode(text) == encode(text)
+        for context in contexts:
+            ids = fast.encode_after(context, text)
+            assert ids == wrapper.encode_after(context, text), (context, text)
+            num_forced += bool(ids)
+    assert num_forced > len(FORCED_TEXTS) * len(contexts) // 3  # most seams are boundaries: real work
+    # the seam token's text and encoding are cached: asking again gives the same answers
+    assert [fast.encode_after(c, '","age":') for c in contexts] == [
+        wrapper.encode_after(c, '","age":') for c in contexts]

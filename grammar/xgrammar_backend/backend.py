@@ -143,13 +143,7 @@ class XGrammarBackend(GrammarBackend):
                                self.config.max_forced_bytes, self.char_tokens, self.token_bytes)
 
     def text_encoder(self) -> Callable[[str], list[int]] | None:
-        if not self.forced_text.enabled:
-            return None
-        fast = getattr(self.tokenizer, "backend_tokenizer", None)
-        if fast is None:
-            return self.forced_text.encode
-        # the Rust tokenizer itself: half the time of the Python wrapper's encode, the same ids
-        return lambda text: fast.encode(text, add_special_tokens=False).ids
+        return self.forced_text.encode if self.forced_text.enabled else None
 
     def _single_char_tokens(self) -> dict[str, int]:
         """The closing search's characters that the vocabulary has as tokens of their own."""
