@@ -4,10 +4,12 @@ A grammar whose token masks are built on first use (CompiledGrammar.lazy_masks) 
 has seen in microseconds, but a state nobody has reached yet takes 10 ms to a second to build.
 Filled on the engine thread, such a fill holds the step, and with it every running request's next
 token. Here each of those requests' rows is filled on a small pool instead (xgrammar releases the
-GIL while it fills), beside the forward pass. After the forward, the step waits a little for the
-fills still running (`collect`); a fill that is still building then is left to finish on its own:
-its request skips this step's sample (its last token is computed again later) and is not
-scheduled again until the row is ready, while everyone else's tokens go out on time.
+GIL while it fills), beside the forward pass, in Linux's idle scheduling class (as the compile's
+fill probe, grammar/low_priority.py): a state being built takes the CPU the forward leaves, not the
+core one of the forward's threads waits for at every kernel. After the forward, the step waits a
+little for the fills still running (`collect`); a fill that is still building then is left to
+finish on its own: its request skips this step's sample (its last token is computed again later)
+and is not scheduled again until the row is ready, while everyone else's tokens go out on time.
 
 A request's matcher is used by one thread at a time: while its fill is in flight the engine thread
 neither schedules the request nor drafts for it, and the fill leaves the matcher where it was.
@@ -18,6 +20,8 @@ import time
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
+
+from grammar.low_priority import lower_current_thread_priority
 
 if TYPE_CHECKING:
     import torch
@@ -41,7 +45,8 @@ class LazyFills:
 
     def __init__(self, backend: GrammarBackend) -> None:
         self._backend = backend
-        self._pool = ThreadPoolExecutor(max_workers=_NUM_THREADS, thread_name_prefix="formwork-lazy-fill")
+        self._pool = ThreadPoolExecutor(max_workers=_NUM_THREADS, thread_name_prefix="formwork-lazy-fill",
+                                        initializer=lower_current_thread_priority)
         self._fills: dict[str, LazyFill] = {}  # req_id -> a fill not taken yet (running or done)
 
     def in_flight(self, req_id: str) -> bool:
