@@ -46,7 +46,9 @@ def fp32_reference(x, weight, bias):
 # (rows, K, N): rows 1-256 around every tile edge (8 rows), K odd and not a multiple of anything,
 # N in whole and partial blocks and panels (16 and 48 columns), SmolLM2's own shapes
 GEMM_SHAPES = [(m, 96, 208) for m in (*range(1, 18), 23, 31, 32, 33, 63, 64, 65, 100, 127, 128, 129, 255, 256)] + [
-    (1, 77, 200), (9, 77, 49), (3, 1, 16), (40, 1536, 96), (64, 576, 960), (5, 130, 17), (300, 33, 50), (2, 576, 3072)]
+    (1, 77, 200), (9, 77, 49), (3, 1, 16), (40, 1536, 96), (64, 576, 960), (5, 130, 17), (300, 33, 50), (2, 576, 3072),
+    # prompt chunks: several row ranges (x read in place where K is whole tiles), panels cut short
+    (512, 576, 208), (513, 96, 200), (600, 1536, 50), (599, 77, 130), (456, 64, 17)]
 
 
 @pytest.mark.parametrize("rows,k,n", GEMM_SHAPES)
@@ -114,6 +116,29 @@ def test_a_row_does_not_depend_on_the_rows_beside_it(kernels, k, n):
             for start in {0, 300 - rows, (300 - rows) // 3}:
                 together = kernels.gemm(x[start:start + rows], packed, n, b)
                 assert torch.equal(together, alone[start:start + rows]), f"{rows} rows from row {start}"
+
+
+@pytest.mark.parametrize("k,n", [(576, 960), (1536, 240), (96, 200)])
+def test_a_row_keeps_its_bits_in_prompt_sized_batches(kernels, k, n):
+    """Bit for bit, a row alone and in batches of up to 600 rows at any offset (rows split into
+    ranges and read in place, 16 at a time, or from the padded copy of a last partial tile), its
+    x rows contiguous or strided: the sums over K run in one order whatever the batch."""
+    gen = torch.Generator().manual_seed(k * n)
+    weight = torch.randn(n, k, generator=gen).bfloat16()
+    bias = torch.randn(n, generator=gen).bfloat16()
+    packed = kernels.pack_weight(weight)
+    wide = torch.randn(700, k + 40, generator=gen).bfloat16()
+    x = wide[:, 8:8 + k].contiguous()
+    alone = torch.cat([kernels.gemm(x[i:i + 1], packed, n, bias) for i in range(700)])
+    for rows, start in [(64, 0), (64, 5), (128, 17), (200, 3), (512, 0), (512, 100), (513, 1), (600, 99), (700, 0)]:
+        assert torch.equal(kernels.gemm(x[start:start + rows], packed, n, bias), alone[start:start + rows]), \
+            f"{rows} rows from row {start}"
+        strided = wide[start:start + rows, 8:8 + k]
+        assert strided.stride(0) == k + 40
+        assert torch.equal(kernels.gemm(strided, packed, n, bias), alone[start:start + rows]), \
+            f"{rows} strided rows from row {start}"
+    fp32 = kernels.gemm(x[:600], packed, n, bias, fp32_out=True)
+    assert torch.equal(fp32, torch.cat([kernels.gemm(x[i:i + 1], packed, n, bias, fp32_out=True) for i in range(600)]))
 
 
 def test_gemm_rejects_what_it_cannot_take(kernels):
