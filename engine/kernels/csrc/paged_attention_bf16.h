@@ -12,7 +12,9 @@
 //   never mix, so the chunk's other keys (before the window, after the query) do not matter.
 // - The softmax is one function of the query head's row of whole chunks; lanes that are not its
 //   keys hold kPadScore and weigh exactly 0.
-// - Values are added key by key in position order, each query its own keys only.
+// - With AMX the weights are rounded to bf16 and the values added on tiles, 32 keys a step at
+//   absolute positions (paged_attention_amx_values.h); else in fp32, key by key in position order,
+//   each query its own keys only.
 // How many queries or chunks go side by side (to fill the registers) changes none of these sequences.
 #pragma once
 #if defined(__AVX512BF16__)
@@ -41,7 +43,7 @@ namespace formwork::paged {
 using Bf16 = c10::BFloat16;
 
 constexpr int kAccumulators = 24;  // of the 32 vector registers; the others hold K, V and q operands
-constexpr int kRunHeads = 48;  // query heads of a run: it transposes each K chunk once for all of them
+constexpr int kRunHeads = 192;  // query heads of a run: it transposes each K chunk and packs V once for all of them
 
 // listed queries [begin, end) that share one block-table row: the same request's keys
 struct Run {
@@ -230,7 +232,7 @@ void attend_run(const Step<Bf16>& st, Run run, int64_t kv_head, bool amx, std::v
   const int64_t value_base = lo / kValueKeys * kValueKeys;
   const int64_t value_keys = (hi + kValueKeys - 1) / kValueKeys * kValueKeys - value_base;
   const int64_t weight_floats = amx ? sums_floats * value_keys / 2 : 0;
-  const int64_t value_floats = amx ? weight_floats + packed_value_floats<D>(value_keys) + 4 * 256 : 0;
+  const int64_t value_floats = amx ? weight_floats + add_values_work_floats<D>(value_keys) : 0;
   float* scores = aligned_floats(buffer, num * G * row_stride + sums_floats + work_floats + value_floats);
   float* inv_sums = scores + num * G * row_stride;
 #if defined(FORMWORK_ATTENTION_AMX)
@@ -297,8 +299,6 @@ void attend_run(const Step<Bf16>& st, Run run, int64_t kv_head, bool amx, std::v
 #if defined(FORMWORK_ATTENTION_AMX)
   if (amx) {  // pass 2 on AMX tiles: bf16 weights, the values packed once for the run
     auto* weights = reinterpret_cast<uint16_t*>(inv_sums + sums_floats + work_floats);
-    auto* packed = weights + 2 * weight_floats;
-    float* c = reinterpret_cast<float*>(packed) + packed_value_floats<D>(value_keys);
     int64_t from[kMaxRun], to[kMaxRun];  // each query's weights, counted from value_base
     Bf16* rows_out[kMaxRun];
     for (int64_t r = 0; r < num; ++r) {
@@ -314,9 +314,8 @@ void attend_run(const Step<Bf16>& st, Run run, int64_t kv_head, bool amx, std::v
                                                    w + lead);
       }
     }
-    pack_values<D>(st, longest, kv_head, value_base, value_base + value_keys, lo, hi, packed);
-    configure_attention_tiles();
-    add_values_amx<D, G>(num * G, weights, value_keys, from, to, packed, inv_sums, rows_out, c);
+    add_values_amx<D, G>(st, longest, kv_head, num * G, weights, value_keys, value_base, lo, hi, from, to, inv_sums,
+                         rows_out, inv_sums + sums_floats + work_floats + weight_floats);
     return;
   }
 #endif
