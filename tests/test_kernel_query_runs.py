@@ -173,3 +173,49 @@ def test_cache_rows_that_are_not_a_querys_keys_never_reach_it(kernels, fill, sli
         outputs.append(out)
     assert torch.isfinite(outputs[1]).all()
     assert torch.equal(outputs[0], outputs[1])
+
+
+@pytest.mark.parametrize("sliding_window", [0, 100])
+def test_a_prompt_chunk_query_is_the_same_bits_as_its_decode(kernels, sliding_window):
+    """A 512-query chunk of a prompt after 88 cached tokens, in one call beside two decodes, over a
+    cache whose other rows are NaN: every query's row is the bits of that query decoded alone, for
+    blocks of 8, 16, 24 and 32 keys alike, and close to float64."""
+    heads, kv_heads, head_dim, cached, chunk = 9, 3, 64, 88, 512
+    lengths = [cached + chunk, 333, 41]
+    gen = torch.Generator().manual_seed(22)
+    tokens = [request_tokens(gen, n, heads, kv_heads, head_dim, torch.bfloat16) for n in lengths]
+    outputs = {}
+    for block_size in (8, 16, 24, 32):
+        table = scattered_blocks(torch.Generator().manual_seed(block_size), sum(-(-n // block_size) for n in lengths)
+                                 + 4, lengths, block_size)
+        cache = torch.full((2, table.max() + 1, block_size, kv_heads, head_dim), float("nan"), dtype=torch.bfloat16)
+        rows = cache.view(2, -1, kv_heads, head_dim)
+        for i, (n, (_, k, v)) in enumerate(zip(lengths, tokens)):
+            written = n - chunk if i == 0 else n - 1  # the step writes the chunk's and the decodes' own rows
+            slots = slots_of(table[i], range(written), block_size)
+            rows[0, slots], rows[1, slots] = k[:written], v[:written]
+        positions = [(0, p) for p in range(cached, cached + chunk)] + [(1, lengths[1] - 1), (2, lengths[2] - 1)]
+        q = torch.stack([tokens[i][0][p] for i, p in positions])
+        k = torch.stack([tokens[i][1][p] for i, p in positions])
+        v = torch.stack([tokens[i][2][p] for i, p in positions])
+        slot_mapping = torch.cat([slots_of(table[i], [p], block_size) for i, p in positions])
+        block_table = table[torch.tensor([i for i, _ in positions])].contiguous()
+        seq_lens = torch.tensor([p + 1 for _, p in positions], dtype=torch.int32)
+
+        def attend(query_ids):
+            out = torch.zeros(q.shape, dtype=torch.bfloat16)
+            ids = torch.tensor(query_ids)
+            kernels.paged_attention(out, q, k, v, cache, slot_mapping, ids, block_table[ids].contiguous(),
+                                    seq_lens[ids], head_dim ** -0.5, sliding_window)
+            return out
+
+        batch = attend(list(range(len(positions))))
+        assert torch.isfinite(batch).all()
+        for j in range(len(positions)):
+            assert torch.equal(attend([j])[j], batch[j]), f"block size {block_size}: query {j} alone differs"
+        outputs[block_size] = batch
+        if block_size == 16:
+            expected = paged_reference(q, cache, block_table, seq_lens, sliding_window)
+            torch.testing.assert_close(batch.double(), expected, atol=2e-2, rtol=2e-2)
+    for block_size in (16, 24, 32):
+        assert torch.equal(outputs[block_size], outputs[8]), f"block size {block_size} differs from 8"
