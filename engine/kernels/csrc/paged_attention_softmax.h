@@ -33,9 +33,12 @@ inline __m512 exp_nonpositive(__m512 x) {
   return _mm512_maskz_mov_ps(normal, _mm512_scalef_ps(p, n));
 }
 
-// The row's scores capped to softcap * tanh(s / softcap) in place when softcap > 0 (its non-keys,
-// kPadScore, left as they are); returns their maximum in every lane. Exact: no order to depend on.
-inline __m512 cap_and_max(float* __restrict row, int64_t n, float softcap) {
+// One query head's row of num_chunks whole chunks of scores (its non-keys kPadScore), capped first
+// to softcap * tanh(s / softcap) when softcap > 0, into the softmax's unnormalized weights
+// e^(s - max) in place; returns 1 / their sum. One compiled function for every row (never inlined
+// into differently scheduled copies): its results depend on the row alone.
+__attribute__((noinline)) inline float softmax_weights(float* __restrict row, int64_t num_chunks, float softcap) {
+  const int64_t n = num_chunks * kKeys;
   if (softcap > 0.f) {
     const float inv = 1.f / softcap;
     for (int64_t t = 0; t < n; ++t)
@@ -43,16 +46,7 @@ inline __m512 cap_and_max(float* __restrict row, int64_t n, float softcap) {
   }
   __m512 max = _mm512_set1_ps(kPadScore);
   for (int64_t t = 0; t < n; t += kKeys) max = _mm512_max_ps(max, _mm512_load_ps(row + t));
-  return _mm512_set1_ps(_mm512_reduce_max_ps(max));
-}
-
-// One query head's row of num_chunks whole chunks of scores (its non-keys kPadScore), capped first
-// to softcap * tanh(s / softcap) when softcap > 0, into the softmax's unnormalized weights
-// e^(s - max) in place; returns 1 / their sum. One compiled function for every row (never inlined
-// into differently scheduled copies): its results depend on the row alone.
-__attribute__((noinline)) inline float softmax_weights(float* __restrict row, int64_t num_chunks, float softcap) {
-  const int64_t n = num_chunks * kKeys;
-  const __m512 top = cap_and_max(row, n, softcap);
+  const __m512 top = _mm512_set1_ps(_mm512_reduce_max_ps(max));
   __m512 sum = _mm512_setzero_ps();
   for (int64_t t = 0; t < n; t += kKeys) {
     const __m512 e = exp_nonpositive(_mm512_sub_ps(_mm512_load_ps(row + t), top));
@@ -85,7 +79,14 @@ inline __m512 exp_for_bf16(__m512 x) {
 __attribute__((noinline)) inline float softmax_weights_bf16(float* __restrict row, int64_t num_chunks, float softcap,
                                                             uint16_t* __restrict weights) {
   const int64_t n = num_chunks * kKeys;
-  const __m512 top = cap_and_max(row, n, softcap);
+  if (softcap > 0.f) {
+    const float inv = 1.f / softcap;
+    for (int64_t t = 0; t < n; ++t)
+      if (row[t] > kPadScore) row[t] = softcap * std::tanh(row[t] * inv);
+  }
+  __m512 max = _mm512_set1_ps(kPadScore);
+  for (int64_t t = 0; t < n; t += kKeys) max = _mm512_max_ps(max, _mm512_load_ps(row + t));
+  const __m512 top = _mm512_set1_ps(_mm512_reduce_max_ps(max));
   __m512 sum = _mm512_setzero_ps();
   for (int64_t t = 0; t < n; t += kKeys) {
     const __m256i e = (__m256i)_mm512_cvtneps_pbh(exp_for_bf16(_mm512_sub_ps(_mm512_load_ps(row + t), top)));
