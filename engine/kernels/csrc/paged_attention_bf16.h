@@ -12,9 +12,7 @@
 //   never mix, so the chunk's other keys (before the window, after the query) do not matter.
 // - The softmax is one function of the query head's row of whole chunks; lanes that are not its
 //   keys hold kPadScore and weigh exactly 0.
-// - With AMX the weights are rounded to bf16 and the values added on tiles, 32 keys a step at
-//   absolute positions (paged_attention_amx_values.h); else in fp32, key by key in position order,
-//   each query its own keys only.
+// - Values are added key by key in position order, each query its own keys only.
 // How many queries or chunks go side by side (to fill the registers) changes none of these sequences.
 #pragma once
 #if defined(__AVX512BF16__)
@@ -32,8 +30,6 @@
 #include "conversions.h"
 #include "gemm.h"
 #include "paged_attention_amx.h"
-#include "paged_attention_amx_values.h"
-#include "paged_attention_softmax.h"
 #include "paged_attention_step.h"
 #include "transpose16.h"
 #include "worker_pool.h"
@@ -43,7 +39,7 @@ namespace formwork::paged {
 using Bf16 = c10::BFloat16;
 
 constexpr int kAccumulators = 24;  // of the 32 vector registers; the others hold K, V and q operands
-constexpr int kRunHeads = 192;  // query heads of a run: it transposes each K chunk and packs V once for all of them
+constexpr int kRunHeads = 48;  // query heads of a run: it transposes each K chunk once for all of them
 
 // listed queries [begin, end) that share one block-table row: the same request's keys
 struct Run {
@@ -124,6 +120,49 @@ void score_slots_upto(const ScoreSlot* slots, int m, int64_t row_stride, float s
     if (m < M) return score_slots_upto<D, G, M - 1>(slots, m, row_stride, scale);
   }
   score_slots<D, G, M>(slots, row_stride, scale);
+}
+
+// e^x for x <= 0 to about 1 ulp (Cephes' polynomial of x - n ln 2, times 2^n); exactly 0 below -87,
+// where e^x leaves the normal floats (so padding scores weigh nothing)
+inline __m512 exp_nonpositive(__m512 x) {
+  const __m512 lowest = _mm512_set1_ps(-87.f);
+  const __mmask16 normal = _mm512_cmp_ps_mask(x, lowest, _CMP_GT_OQ);
+  x = _mm512_max_ps(x, lowest);
+  const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
+                                        _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693359375f), x);  // ln 2 in two parts: r is exact
+  r = _mm512_fnmadd_ps(n, _mm512_set1_ps(-2.12194440e-4f), r);
+  __m512 p = _mm512_set1_ps(1.9875691500e-4f);
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.3981999507e-3f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(8.3334519073e-3f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(4.1665795894e-2f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.6666665459e-1f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(5.0000001201e-1f));
+  p = _mm512_fmadd_ps(p, _mm512_mul_ps(r, r), _mm512_add_ps(r, _mm512_set1_ps(1.f)));
+  return _mm512_maskz_mov_ps(normal, _mm512_scalef_ps(p, n));
+}
+
+// One query head's row of num_chunks whole chunks of scores (its non-keys kPadScore), capped first
+// to softcap * tanh(s / softcap) when softcap > 0, into the softmax's unnormalized weights
+// e^(s - max) in place; returns 1 / their sum. One compiled function for every row (never inlined
+// into differently scheduled copies): its results depend on the row alone.
+__attribute__((noinline)) inline float softmax_weights(float* __restrict row, int64_t num_chunks, float softcap) {
+  const int64_t n = num_chunks * kKeys;
+  if (softcap > 0.f) {
+    const float inv = 1.f / softcap;
+    for (int64_t t = 0; t < n; ++t)
+      if (row[t] > kPadScore) row[t] = softcap * std::tanh(row[t] * inv);
+  }
+  __m512 max = _mm512_set1_ps(kPadScore);
+  for (int64_t t = 0; t < n; t += kKeys) max = _mm512_max_ps(max, _mm512_load_ps(row + t));
+  const __m512 top = _mm512_set1_ps(_mm512_reduce_max_ps(max));
+  __m512 sum = _mm512_setzero_ps();
+  for (int64_t t = 0; t < n; t += kKeys) {
+    const __m512 e = exp_nonpositive(_mm512_sub_ps(_mm512_load_ps(row + t), top));
+    _mm512_store_ps(row + t, e);
+    sum = _mm512_add_ps(sum, e);
+  }
+  return 1.f / _mm512_reduce_add_ps(sum);
 }
 
 // One query's part in the weighted sum of the values.
@@ -227,13 +266,7 @@ void attend_run(const Step<Bf16>& st, Run run, int64_t kv_head, bool amx, std::v
   const int64_t work_floats = by_key_tiles ? key_tile_work_floats<D>()
                                            : kTileChunks * tile_floats + q_floats + c_floats;
   const int64_t sums_floats = (num * G + 15) / 16 * 16;  // keeps the work 64-byte aligned
-  // with AMX, the value pass's: bf16 weights [num * G to a whole tile][value_keys] by position from
-  // value_base, the packed values, 4 C tiles
-  const int64_t value_base = lo / kValueKeys * kValueKeys;
-  const int64_t value_keys = (hi + kValueKeys - 1) / kValueKeys * kValueKeys - value_base;
-  const int64_t weight_floats = amx ? sums_floats * value_keys / 2 : 0;
-  const int64_t value_floats = amx ? weight_floats + add_values_work_floats<D>(value_keys) : 0;
-  float* scores = aligned_floats(buffer, num * G * row_stride + sums_floats + work_floats + value_floats);
+  float* scores = aligned_floats(buffer, num * G * row_stride + sums_floats + work_floats);
   float* inv_sums = scores + num * G * row_stride;
 #if defined(FORMWORK_ATTENTION_AMX)
   if (by_key_tiles)
@@ -296,29 +329,6 @@ void attend_run(const Step<Bf16>& st, Run run, int64_t kv_head, bool amx, std::v
       if (count > 0) score_slots_upto<D, G, kScoreSlots>(slots, count, row_stride, st.scale);
     }
   }
-#if defined(FORMWORK_ATTENTION_AMX)
-  if (amx) {  // pass 2 on AMX tiles: bf16 weights, the values packed once for the run
-    auto* weights = reinterpret_cast<uint16_t*>(inv_sums + sums_floats + work_floats);
-    int64_t from[kMaxRun], to[kMaxRun];  // each query's weights, counted from value_base
-    Bf16* rows_out[kMaxRun];
-    for (int64_t r = 0; r < num; ++r) {
-      from[r] = chunk0[r] * kKeys - value_base, to[r] = end[r] - value_base;
-      rows_out[r] = st.out + st.query_ids[run.begin + r] * st.out_stride + kv_head * G * D;
-      const int64_t num_chunks = (end[r] + kKeys - 1) / kKeys - chunk0[r];
-      for (int h = 0; h < G; ++h) {
-        uint16_t* w = weights + (r * G + h) * value_keys;
-        const int64_t lead = from[r], filled = lead + num_chunks * kKeys;
-        std::memset(static_cast<void*>(w), 0, lead * sizeof(uint16_t));
-        std::memset(static_cast<void*>(w + filled), 0, (value_keys - filled) * sizeof(uint16_t));
-        inv_sums[r * G + h] = softmax_weights_bf16(scores + (r * G + h) * row_stride, num_chunks, st.softcap,
-                                                   w + lead);
-      }
-    }
-    add_values_amx<D, G>(st, longest, kv_head, num * G, weights, value_keys, value_base, lo, hi, from, to, inv_sums,
-                         rows_out, inv_sums + sums_floats + work_floats + weight_floats);
-    return;
-  }
-#endif
   for (int64_t r = 0; r < num; ++r)
     for (int h = 0; h < G; ++h)
       inv_sums[r * G + h] = softmax_weights(scores + (r * G + h) * row_stride,
