@@ -93,7 +93,7 @@ def test_a_state_being_built_holds_back_only_its_own_request():
         assert plain.num_output_tokens == 2 and lazy.num_output_tokens == 0
     finally:
         gate.set()
-    manager.lazy_fills.wait_for_any(10)
+    manager.wait_for_any(10)
     assert scheduler.num_waiting_for_fill == 0
     so, grammar_output = _step(scheduler)  # the finished row is used: no second fill of that state
     assert so.num_scheduled_tokens[lazy.request_id] == 1 and not grammar_output.deferred

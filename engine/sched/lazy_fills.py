@@ -17,7 +17,7 @@ neither schedules the request nor drafts for it, and the fill leaves the matcher
 from __future__ import annotations
 
 import time
-from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
+from concurrent.futures import Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -87,15 +87,13 @@ class LazyFills:
             done_ms[req_id] = fill.future.result()
         return done_ms, failed, deferred
 
-    def wait_for_any(self, timeout_s: float) -> None:
-        """Block up to `timeout_s` until some running fill finishes (an idle engine waits here)."""
-        running = [f.future for f in self._fills.values() if not f.future.done()]
-        if running:
-            wait(running, timeout=timeout_s, return_when=FIRST_COMPLETED)
+    def running(self) -> list[Future[float]]:
+        """The fills still running (an idle engine waits on them)."""
+        return [f.future for f in self._fills.values() if not f.future.done()]
 
     @property
     def num_in_flight(self) -> int:
-        return sum(not f.future.done() for f in self._fills.values())
+        return len(self.running())
 
     def forget(self, req_id: str) -> None:
         """The request is gone: a fill still running finishes unseen."""

@@ -170,11 +170,9 @@ class StructuredOutputManager:
         """Block up to `timeout_s` until some compile, or some lazily compiled grammar's fill,
         finishes (the core idles here, not in a spin)."""
         from concurrent.futures import FIRST_COMPLETED, wait
-        pending = [f for f in self._futures.values() if not f.done()]
+        pending = [f for f in self._futures.values() if not f.done()] + self.lazy_fills.running()
         if pending:
             wait(pending, timeout=timeout_s, return_when=FIRST_COMPLETED)
-        elif self.lazy_fills.num_in_flight:
-            self.lazy_fills.wait_for_any(timeout_s)
 
     def shutdown(self) -> None:
         self.compiler.shutdown()
