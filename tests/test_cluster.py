@@ -130,8 +130,11 @@ def test_sigkill_loses_only_the_in_flight_requests_of_that_replica(cluster, stub
     assert len(alive) == 2
     victim = cluster.replicas[alive[0]]
     request = pb.GenerateRequest(prompt="Count to fifty:", max_tokens=48, temperature=0, ignore_eos=True)
+    # the streams run long, so that they are still under way when the victim dies
+    long_request = pb.GenerateRequest(prompt="Count to fifty:", max_tokens=160, temperature=0, ignore_eos=True)
     outcomes: list[tuple[str, str]] = []  # (status, replica or "")
     lock = threading.Lock()
+    killed_at = [float("inf")]
 
     def one(_: int) -> None:
         try:
@@ -143,12 +146,13 @@ def test_sigkill_loses_only_the_in_flight_requests_of_that_replica(cluster, stub
             outcomes.append(outcome)
 
     def streamed(_: int) -> None:
-        stream = stub.GenerateStream(request, timeout=CALL_TIMEOUT_S)
+        stream = stub.GenerateStream(long_request, timeout=CALL_TIMEOUT_S)
         try:
             next(stream)  # under way: output has been sent
             replica = dict(stream.initial_metadata())[REPLICA_HEADER]
             list(stream)
-            outcome = ("OK", replica)
+            # a stream that ended before the kill was not cut by it
+            outcome = ("OK" if time.monotonic() > killed_at[0] else "OK before the kill", replica)
         except grpc.RpcError as e:
             replica = dict(stream.initial_metadata() or ()).get(REPLICA_HEADER, "")
             outcome = (str(from_rpc_error(e)), replica)  # as both clients report it
@@ -162,6 +166,7 @@ def test_sigkill_loses_only_the_in_flight_requests_of_that_replica(cluster, stub
         while replica_load(cluster, alive[0]).num_running == 0 and time.monotonic() < deadline:
             time.sleep(0.2)
         time.sleep(1.0)  # streams have sent output
+        killed_at[0] = time.monotonic()
         os.killpg(victim.process.pid, signal.SIGKILL)  # the server and its engine process
         for future in futures:
             future.result()
@@ -173,7 +178,8 @@ def test_sigkill_loses_only_the_in_flight_requests_of_that_replica(cluster, stub
     # a stream cut after its first output cannot be answered with a status any more: Envoy resets
     # it (gRPC alone says INTERNAL "Stream removed (RST_STREAM (Received RST_STREAM with error code
     # 2))"), and the clients report UNAVAILABLE; it ends at once, never hangs
-    cut = [status for status, replica in stream_outcomes if replica == victim.address]
+    cut = [status for status, replica in stream_outcomes
+           if replica == victim.address and status != "OK before the kill"]
     assert all(status.startswith("UNAVAILABLE") for status in cut), stream_outcomes
     # after the kill, every request succeeds on the survivor
     after = [generate(stub, pb.GenerateRequest(prompt="Hi", max_tokens=2)) for _ in range(4)]
