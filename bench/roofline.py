@@ -26,8 +26,9 @@ def measure_bandwidth_gbs(num_bytes: int = 1 << 29, repeats: int = 5) -> float:
 
 def measure_gemm_peak_gflops(repeats: int = 5, tiles: int = 20000) -> float | None:
     """The bf16 GEMM's inner loop alone, that of its batch kernel (AMX tiles where the CPU has them,
-    else the AVX-512 BF16 register tile; over L1-resident operands, on every torch thread): the best
-    of `repeats` runs of `tiles` tiles per thread. None without the CPU kernels."""
+    else the AVX-512 BF16 register tile walking 64 rows down an L2-resident weight panel; on every
+    thread of the kernels' pool): the best of `repeats` runs of `tiles` tiles per thread. None
+    without the CPU kernels."""
     from engine.kernels.loader import load_cpu_kernels
     kernels = load_cpu_kernels()
     if kernels is None:

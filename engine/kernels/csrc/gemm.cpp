@@ -187,22 +187,23 @@ void multiply(const Operands& op) {
 
 }  // namespace
 
-// GFLOP/s of the inner loop alone, on every thread of the pool: the 8 x 3 register tile over an
-// L1-resident x and weight panel, `repeats` times per thread (the peak the figures compare against)
+// GFLOP/s of the inner loop alone, on every thread of the pool: what a unit of `multiply` does once
+// its operands are near, the 8 x 3 register tile walking 64 rows of x down one panel of the weight,
+// at the default model's K (576: x 72 KiB, the panel 54 KiB, both in L2), `repeats` tiles per
+// thread (the peak the figures compare against)
 double gemm_inner_loop_gflops(int64_t repeats) {
   if (formwork::gemm::amx_ready()) return formwork::gemm::amx_inner_loop_gflops(repeats);  // the batches' kernel
-  constexpr int64_t k = 256;  // x: 8 x 256 bf16 = 4 KiB; the panel: 3 x 128 pairs x 64 B = 24 KiB
-  const int64_t threads = at::get_num_threads();
+  constexpr int64_t k = 576, rows = 64;
+  const int64_t threads = at::get_num_threads(), walks = std::max<int64_t>(1, repeats / (rows / kTileRows));
   const auto start = std::chrono::steady_clock::now();
-  at::parallel_for(0, threads, 1, [&](int64_t begin, int64_t end) {
-    for (int64_t t = begin; t < end; ++t) {
-      std::vector<uint16_t> x(kTileRows * k, 0x3F80), w(kPanel * k * kBlock, 0x3F80), y(kTileRows * kPanel * kBlock);
-      const Operands op{x.data(), k, kTileRows, k, w.data(), nullptr, y.data(), kPanel * kBlock};
-      for (int64_t r = 0; r < repeats; ++r) tile<kTileRows, kPanel>(op, 0, 0);
-    }
+  formwork::parallel_chunks(threads, [&](int64_t) {
+    std::vector<uint16_t> x(rows * k, 0x3F80), w(kPanel * k * kBlock, 0x3F80), y(rows * kPanel * kBlock);
+    const Operands op{x.data(), k, rows, k, w.data(), nullptr, y.data(), kPanel * kBlock};
+    for (int64_t r = 0; r < walks; ++r)
+      for (int64_t m0 = 0; m0 < rows; m0 += kTileRows) tile<kTileRows, kPanel>(op, m0, 0);
   });
   const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-  return 2.0 * kTileRows * kPanel * kBlock * k * repeats * threads / seconds / 1e9;
+  return 2.0 * rows * kPanel * kBlock * k * walks * threads / seconds / 1e9;
 }
 
 std::string gemm_isa() {
