@@ -86,6 +86,10 @@ def test_requests_without_a_key_spread_across_replicas(cluster, stub):
 
 
 def test_same_constraint_key_lands_on_one_replica_and_compiles_once(cluster, stub):
+    # the key's ring must hold all three replicas in every Envoy worker before the calls: a replica
+    # admitted in between moves the key (Envoy's admin shows health at once, its workers a moment later)
+    cluster.wait_healthy(3, timeout_s=30)
+    time.sleep(1.0)
     before = [replica_load(cluster, i) for i in range(3)]
     constraint = regex(f"affinity-{time.time_ns()}-[0-9]{{2}}")  # new to every replica's cache
     request = pb.GenerateRequest(prompt="Write the code:", max_tokens=48, temperature=0, constraint=constraint)
