@@ -81,6 +81,12 @@ class AttentionBackend(ABC):
         """
         raise NotImplementedError(f"{type(self).__name__} cannot build decode metadata from device tensors")
 
+    def kernel_arguments(self, metadata: object, options: AttentionOptions, head_dim: int) -> tuple | None:
+        """Where one call of the CPU kernels' paged attention does all of `forward` for this step and
+        layer: its arguments after the cache (slot_mapping, query_ids, block_table, seq_lens, scale),
+        for a caller that makes that call itself (the kernels' fused decoder layer); else None."""
+        return None
+
     def kv_cache_dtype(self, model_dtype: torch.dtype) -> torch.dtype:
         """The cache's dtype for a model computing in model_dtype; forward receives q/k/v in model_dtype."""
         return model_dtype

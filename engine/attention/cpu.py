@@ -89,6 +89,13 @@ class CpuAttentionBackend(AttentionBackend):
         return CpuAttentionMetadata(inputs.slot_mapping, bs, decode_token_ids, decode_block_table, decode_seq_lens,
                                     decode_mask, chunks)
 
+    def kernel_arguments(self, metadata: CpuAttentionMetadata, options: AttentionOptions,
+                         head_dim: int) -> tuple | None:
+        m = metadata
+        if self.kernels is None or options.sliding_window or options.softcap or m.chunks:
+            return None
+        return m.slot_mapping, m.decode_token_ids, m.decode_block_table, m.decode_seq_lens, options.scale_for(head_dim)
+
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kv_cache: torch.Tensor,
                 metadata: CpuAttentionMetadata, options: AttentionOptions = DEFAULT_OPTIONS) -> torch.Tensor:
         m = metadata

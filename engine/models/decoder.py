@@ -135,6 +135,7 @@ class DecoderLayer(nn.Module):
         if features.qk_norm:
             self.q_norm = nn.RMSNorm(self.head_dim, eps=self.eps)
             self.k_norm = nn.RMSNorm(self.head_dim, eps=self.eps)
+        self.fused_kernels = None  # see use_fused_kernels
 
     def forward(self, hidden: torch.Tensor, residual: torch.Tensor | None, cos_sin: tuple[torch.Tensor, torch.Tensor],
                 kv_cache: torch.Tensor, attn_backend: AttentionBackend,
@@ -146,6 +147,16 @@ class DecoderLayer(nn.Module):
         num_tokens = hidden.shape[0]
         if residual is None:
             residual, hidden = hidden, None
+        attention = self.fused_kernels and cos_sin[0].shape[-1] == self.head_dim and attn_backend.kernel_arguments(
+            attn_metadata, self.attention_options, self.head_dim)
+        if attention:
+            slot_mapping, query_ids, block_table, seq_lens, scale = attention
+            return self.fused_kernels.decoder_layer(
+                residual, hidden, self.input_layernorm.weight, self.post_attention_layernorm.weight, self.eps,
+                self.qkv_proj.packed_weight, self.qkv_proj.bias, self.num_heads, self.num_kv_heads, self.head_dim,
+                *cos_sin, kv_cache, slot_mapping, query_ids, block_table, seq_lens, scale,
+                self.o_proj.packed_weight, self.o_proj.bias, self.gate_up_proj.packed_weight, self.intermediate_size,
+                self.down_proj.packed_weight), residual
         x = ops.add_rms_norm(residual, hidden, self.input_layernorm.weight, self.eps)
         qkv = self.qkv_proj(x)
         q_size, kv_size, _ = self.qkv_sizes
@@ -166,6 +177,19 @@ class DecoderLayer(nn.Module):
         x = ops.add_rms_norm(residual, attn, self.pre_feedforward_layernorm.weight, self.eps)
         mlp = self.down_proj(gated_activation(self.gate_up_proj(x), self.features.activation))
         return ops.add_rms_norm(mlp, None, self.post_feedforward_layernorm.weight, self.eps), residual
+
+    def use_fused_kernels(self) -> bool:
+        """After packing: where this layer is Llama's (no q/k norms, no sandwich norms, SwiGLU) and every
+        projection is packed for the CPU kernels, its steps go through their `decoder_layer`, one
+        call, whenever the attention backend's kernel does the layer's attention alone (else, and
+        for a partial rotary, the ops below one by one: the same kernels, the same bits)."""
+        features = self.features
+        projections = (self.qkv_proj, self.o_proj, self.gate_up_proj, self.down_proj)
+        if (features.qk_norm or features.sandwich_norms or features.activation != "silu"
+                or not all(isinstance(p, PackedLinear) and p.shares_rows for p in projections)):
+            return False
+        self.fused_kernels = self.qkv_proj.kernels
+        return True
 
     def _norm_heads_(self, heads: torch.Tensor, num_heads: int, weight: torch.Tensor) -> None:
         """RMSNorm over each head_dim slice of [n, num_heads * head_dim], in place."""
@@ -199,6 +223,8 @@ class DecoderForCausalLM(nn.Module):
         """bf16 on CPU: the matmul weights packed once for the CPU GEMM (engine/kernels/cpu_linear.py); elsewhere
         nothing changes. Call after load_weights. Returns how many weights were packed."""
         count = pack_linears(self.layers)
+        for layer in self.layers:
+            layer.use_fused_kernels()
         if count:
             head = self.packed_lm_head = pack_linear(self.lm_head_weight)
             count += head is not None

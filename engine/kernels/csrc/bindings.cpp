@@ -3,21 +3,8 @@
 
 #include <string>
 
+#include "ops.h"
 #include "worker_pool.h"
-
-void paged_attention(torch::Tensor out, torch::Tensor q, torch::Tensor k, torch::Tensor v, torch::Tensor kv_cache,
-                     torch::Tensor slot_mapping, torch::Tensor query_ids, torch::Tensor block_table,
-                     torch::Tensor seq_lens, double scale, int64_t sliding_window, double softcap);
-torch::Tensor add_rms_norm(torch::Tensor residual, c10::optional<torch::Tensor> delta, torch::Tensor weight,
-                           double eps);
-torch::Tensor silu_and_mul(torch::Tensor gate_up);
-void rotary_(torch::Tensor qkv, torch::Tensor cos, torch::Tensor sin, int64_t num_rotated, int64_t head_dim);
-std::string paged_attention_isa();
-std::string gemm_isa();
-double gemm_inner_loop_gflops(int64_t repeats);
-torch::Tensor pack_weight(torch::Tensor weight);
-torch::Tensor gemm(torch::Tensor x, torch::Tensor packed, int64_t n, c10::optional<torch::Tensor> bias,
-                   bool fp32_out);
 
 // The compute calls let go of the GIL: the engine thread fills grammar bitmasks (Python around
 // xgrammar) while the forward pass runs on the forward thread.
@@ -47,9 +34,17 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
                     py::arg("same_cpu") = s.same_cpu);
   }, "the kernels' worker pool since start: jobs run with helpers, those a helper joined, chunks, chunks "
      "helpers ran, helper wake-ups from sleep, helper joins on the caller's CPU");
+  m.def("decoder_layer", &decoder_layer, py::call_guard<py::gil_scoped_release>(),
+        "residual += hidden (if given), then a Llama-style layer (RMSNorm, QKV, rotary, paged attention, o, "
+        "RMSNorm, SwiGLU) through these kernels; returns its output (the residual is updated in place)",
+        py::arg("residual"), py::arg("hidden"), py::arg("input_norm"), py::arg("post_attention_norm"), py::arg("eps"),
+        py::arg("qkv_packed"), py::arg("qkv_bias"), py::arg("num_heads"), py::arg("num_kv_heads"), py::arg("head_dim"),
+        py::arg("cos"), py::arg("sin"), py::arg("kv_cache"), py::arg("slot_mapping"), py::arg("query_ids"),
+        py::arg("block_table"), py::arg("seq_lens"), py::arg("scale"), py::arg("o_packed"), py::arg("o_bias"),
+        py::arg("gate_up_packed"), py::arg("intermediate_size"), py::arg("down_packed"));
   m.def("gemm_isa", &gemm_isa, "the GEMM's instruction set in this build: avx512_bf16 or portable");
   m.def("gemm_inner_loop_gflops", &gemm_inner_loop_gflops,
-        "GFLOP/s of the GEMM's register tile over L1-resident operands on every thread, repeats tiles each");
+        "GFLOP/s of the GEMM's register tile walking an L2-resident weight panel on every pool thread, repeats tiles each");
   m.def("pack_weight", &pack_weight, "[N, K] bf16 -> the blocked layout gemm reads (the only copy kept)");
   m.def("gemm", &gemm, py::call_guard<py::gil_scoped_release>(),
         "x [M, K] bf16 @ W.T (+ bias) from pack_weight: [M, N] bf16, fp32 sums "

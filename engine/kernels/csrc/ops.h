@@ -1,0 +1,27 @@
+// The kernels' entry points, as bindings.cpp exposes them and decoder_layer.cpp composes them.
+#pragma once
+#include <torch/extension.h>
+
+#include <string>
+
+void paged_attention(torch::Tensor out, torch::Tensor q, torch::Tensor k, torch::Tensor v, torch::Tensor kv_cache,
+                     torch::Tensor slot_mapping, torch::Tensor query_ids, torch::Tensor block_table,
+                     torch::Tensor seq_lens, double scale, int64_t sliding_window, double softcap);
+torch::Tensor add_rms_norm(torch::Tensor residual, c10::optional<torch::Tensor> delta, torch::Tensor weight,
+                           double eps);
+torch::Tensor silu_and_mul(torch::Tensor gate_up);
+void rotary_(torch::Tensor qkv, torch::Tensor cos, torch::Tensor sin, int64_t num_rotated, int64_t head_dim);
+std::string paged_attention_isa();
+std::string gemm_isa();
+double gemm_inner_loop_gflops(int64_t repeats);
+torch::Tensor pack_weight(torch::Tensor weight);
+torch::Tensor gemm(torch::Tensor x, torch::Tensor packed, int64_t n, c10::optional<torch::Tensor> bias,
+                   bool fp32_out);
+torch::Tensor decoder_layer(torch::Tensor residual, c10::optional<torch::Tensor> hidden, torch::Tensor input_norm,
+                            torch::Tensor post_attention_norm, double eps, torch::Tensor qkv_packed,
+                            c10::optional<torch::Tensor> qkv_bias, int64_t num_heads, int64_t num_kv_heads,
+                            int64_t head_dim, torch::Tensor cos, torch::Tensor sin, torch::Tensor kv_cache,
+                            torch::Tensor slot_mapping, torch::Tensor query_ids, torch::Tensor block_table,
+                            torch::Tensor seq_lens, double scale, torch::Tensor o_packed,
+                            c10::optional<torch::Tensor> o_bias, torch::Tensor gate_up_packed,
+                            int64_t intermediate_size, torch::Tensor down_packed);
