@@ -1,0 +1,118 @@
+"""`python -m bench.forward_split`: where a decode step's forward goes, op by op.
+
+--batch B requests decode --steps tokens each after ~130-token prompts (their prefill not counted);
+the linears (by shape), the paged attention, the fused elementwise ops and the rest of the forward
+are timed in the engine, in ms a step, with the linears' GFLOP/s against the GEMM's inner-loop peak
+measured in the same process. Layers that run as one kernel call (`DecoderLayer.use_fused_kernels`)
+are split back into their ops for the timing: the same kernels, so the split adds up to a step of
+the unfused path; the fused step's median is printed beside it. Set OMP_WAIT_POLICY=PASSIVE as the
+engine runs.
+"""
+from __future__ import annotations
+
+import argparse
+import collections
+import statistics
+import time
+
+
+def _timed(owner, name: str, key, totals: dict, active: list[bool]) -> None:
+    """Wraps owner.name so that, while active[0], its wall time adds to totals[key(args)]."""
+    inner = getattr(owner, name)
+
+    def wrapper(*args, **kwargs):
+        if not active[0]:
+            return inner(*args, **kwargs)
+        start = time.perf_counter()
+        result = inner(*args, **kwargs)
+        totals[key(args)] += time.perf_counter() - start
+        return result
+
+    setattr(owner, name, wrapper)
+
+
+def _decode_step_ms(llm, prompts, steps: int) -> float:
+    """Median engine step (ms) with every request decoding one token."""
+    from engine.sampling_params import SamplingParams
+    engine = llm.engine
+    engine.step_timings = []
+    llm.generate(prompts, SamplingParams(max_tokens=steps + 1, temperature=0, ignore_eos=True, speculative=False))
+    timings, engine.step_timings = engine.step_timings, None
+    return 1e3 * statistics.median(t.total_s for t in timings if t.num_tokens == t.num_reqs == len(prompts))
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--batch", type=int, default=64)
+    parser.add_argument("--steps", type=int, default=40)
+    args = parser.parse_args()
+
+    from bench.roofline import measure_gemm_peak_gflops
+    from engine.attention.cpu import CpuAttentionBackend
+    from engine.config import EngineConfig, SchedulerConfig
+    from engine.kernels import decoder_ops
+    from engine.kernels.cpu_linear import PackedLinear
+    from engine.llm import LLM
+
+    totals: dict[str, float] = collections.defaultdict(float)
+    flops: dict[str, float] = collections.defaultdict(float)
+    active = [False]
+    _timed(PackedLinear, "forward", lambda a: f"linear {a[0].out_features}x{a[0].in_features}", totals, active)
+    _timed(CpuAttentionBackend, "forward", lambda a: "paged attention", totals, active)
+    for op in ("add_rms_norm", "silu_and_mul", "rotary_"):
+        _timed(decoder_ops, op, lambda a, op=op: op, totals, active)
+    count_flops = PackedLinear.forward
+
+    def counting(self, x, *rest, **kwargs):
+        if active[0]:
+            flops[f"linear {self.out_features}x{self.in_features}"] += 2.0 * x.shape[0] * self.in_features * self.out_features
+        return count_flops(self, x, *rest, **kwargs)
+
+    PackedLinear.forward = counting
+
+    llm = LLM(config=EngineConfig(scheduler=SchedulerConfig(max_num_seqs=max(args.batch, 1))))
+    story = "Tell me a long story about a lighthouse keeper, a storm and a lost ship. " * 8  # ~130 tokens
+    prompts = [{"prompt_token_ids": llm.tokenizer.encode(f"{i}: {story}")} for i in range(args.batch)]
+    fused_ms = _decode_step_ms(llm, prompts, args.steps)  # also caches the prompts
+    model = llm.engine.runner.model
+    fused = [layer.fused_kernels for layer in model.layers]
+    for layer in model.layers:
+        layer.fused_kernels = None
+    forward = type(model).forward
+    forward_s, num_forwards = [0.0], [0]
+
+    def timed_forward(self, input_ids, *a, **kw):
+        active[0] = input_ids.shape[0] == args.batch  # decode steps only, not the prompts' last rows
+        start = time.perf_counter()
+        result = forward(self, input_ids, *a, **kw)
+        if active[0]:
+            forward_s[0] += time.perf_counter() - start
+            num_forwards[0] += 1
+        active[0] = False
+        return result
+
+    type(model).forward = timed_forward
+    step_ms = _decode_step_ms(llm, prompts, args.steps)
+    type(model).forward = forward
+    for layer, kernels in zip(model.layers, fused):
+        layer.fused_kernels = kernels
+    peak = measure_gemm_peak_gflops()
+    llm.shutdown()
+
+    n = max(1, num_forwards[0])
+    print(f"batch {args.batch}: decode step median {step_ms:.1f} ms op by op, {fused_ms:.1f} ms with the fused "
+          f"layers ({sum(k is not None for k in fused)} of {len(fused)}); forward {1e3 * forward_s[0] / n:.1f} ms "
+          f"a step over {n}; GEMM inner-loop peak {peak or 0:.0f} GFLOP/s")
+    linear_s = sum(v for k, v in totals.items() if k.startswith("linear"))
+    for key, seconds in sorted(totals.items(), key=lambda kv: -kv[1]):
+        rate = f"  {flops[key] / seconds / 1e9:6.1f} GFLOP/s" if key in flops else ""
+        print(f"  {key:22s} {1e3 * seconds / n:7.2f} ms{rate}")
+    print(f"  {'rest of the forward':22s} {1e3 * (forward_s[0] - sum(totals.values())) / n:7.2f} ms")
+    if linear_s and peak:
+        rate = sum(flops.values()) / linear_s / 1e9
+        print(f"  linears {1e3 * linear_s / n:.1f} ms: {rate:.1f} GFLOP/s = {100 * rate / peak:.1f} % of the peak")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
