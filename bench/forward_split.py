@@ -16,8 +16,9 @@ import statistics
 import time
 
 
-def _timed(owner, name: str, key, totals: dict, active: list[bool]) -> None:
-    """Wraps owner.name so that, while active[0], its wall time adds to totals[key(args)]."""
+def _timed(owner, name: str, key, totals: dict, active: list[bool], flops=None, flop_totals=None) -> None:
+    """Wraps owner.name so that, while active[0], its wall time adds to totals[key(args)] (and
+    flops(args) to flop_totals[key(args)])."""
     inner = getattr(owner, name)
 
     def wrapper(*args, **kwargs):
@@ -26,6 +27,8 @@ def _timed(owner, name: str, key, totals: dict, active: list[bool]) -> None:
         start = time.perf_counter()
         result = inner(*args, **kwargs)
         totals[key(args)] += time.perf_counter() - start
+        if flops is not None:
+            flop_totals[key(args)] += flops(args)
         return result
 
     setattr(owner, name, wrapper)
@@ -57,18 +60,11 @@ def main() -> int:
     totals: dict[str, float] = collections.defaultdict(float)
     flops: dict[str, float] = collections.defaultdict(float)
     active = [False]
-    _timed(PackedLinear, "forward", lambda a: f"linear {a[0].out_features}x{a[0].in_features}", totals, active)
+    _timed(PackedLinear, "forward", lambda a: f"linear {a[0].out_features}x{a[0].in_features}", totals, active,
+           lambda a: 2.0 * a[1].shape[0] * a[0].in_features * a[0].out_features, flops)
     _timed(CpuAttentionBackend, "forward", lambda a: "paged attention", totals, active)
     for op in ("add_rms_norm", "silu_and_mul", "rotary_"):
         _timed(decoder_ops, op, lambda a, op=op: op, totals, active)
-    count_flops = PackedLinear.forward
-
-    def counting(self, x, *rest, **kwargs):
-        if active[0]:
-            flops[f"linear {self.out_features}x{self.in_features}"] += 2.0 * x.shape[0] * self.in_features * self.out_features
-        return count_flops(self, x, *rest, **kwargs)
-
-    PackedLinear.forward = counting
 
     llm = LLM(config=EngineConfig(scheduler=SchedulerConfig(max_num_seqs=max(args.batch, 1))))
     story = "Tell me a long story about a lighthouse keeper, a storm and a lost ship. " * 8  # ~130 tokens

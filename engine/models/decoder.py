@@ -147,8 +147,8 @@ class DecoderLayer(nn.Module):
         num_tokens = hidden.shape[0]
         if residual is None:
             residual, hidden = hidden, None
-        attention = self.fused_kernels and cos_sin[0].shape[-1] == self.head_dim and attn_backend.kernel_arguments(
-            attn_metadata, self.attention_options, self.head_dim)
+        attention = self.fused_kernels and attn_backend.kernel_arguments(attn_metadata, self.attention_options,
+                                                                         self.head_dim)
         if attention:
             slot_mapping, query_ids, block_table, seq_lens, scale = attention
             return self.fused_kernels.decoder_layer(
@@ -178,18 +178,18 @@ class DecoderLayer(nn.Module):
         mlp = self.down_proj(gated_activation(self.gate_up_proj(x), self.features.activation))
         return ops.add_rms_norm(mlp, None, self.post_feedforward_layernorm.weight, self.eps), residual
 
-    def use_fused_kernels(self) -> bool:
-        """After packing: where this layer is Llama's (no q/k norms, no sandwich norms, SwiGLU) and every
-        projection is packed for the CPU kernels, its steps go through their `decoder_layer`, one
-        call, whenever the attention backend's kernel does the layer's attention alone (else, and
-        for a partial rotary, the ops below one by one: the same kernels, the same bits)."""
+    def use_fused_kernels(self) -> None:
+        """After packing: where this layer is Llama's (no q/k norms, no sandwich norms, SwiGLU, the whole
+        head rotated) and every projection is packed for the CPU kernels, its steps go through their
+        `decoder_layer`, one call, whenever the attention backend's kernel does the layer's attention
+        alone (else the ops below one by one: the same kernels, the same bits)."""
         features = self.features
         projections = (self.qkv_proj, self.o_proj, self.gate_up_proj, self.down_proj)
         if (features.qk_norm or features.sandwich_norms or features.activation != "silu"
+                or features.ropes[self.rope_key].rotary_dim != self.head_dim
                 or not all(isinstance(p, PackedLinear) and p.shares_rows for p in projections)):
-            return False
+            return
         self.fused_kernels = self.qkv_proj.kernels
-        return True
 
     def _norm_heads_(self, heads: torch.Tensor, num_heads: int, weight: torch.Tensor) -> None:
         """RMSNorm over each head_dim slice of [n, num_heads * head_dim], in place."""
