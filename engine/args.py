@@ -57,14 +57,14 @@ def add_engine_args(parser: argparse.ArgumentParser) -> None:
     memory = HostMemoryConfig()
     h = parser.add_argument_group("host memory (the engine's heap: docs/reliability.md, \"Soak\")")
     h.add_argument("--malloc-mmap-threshold", type=int, default=memory.malloc_mmap_threshold_bytes or 0,
-                   help="bytes: larger blocks get their own mapping, returned to the kernel when freed; "
-                        "0: glibc's dynamic threshold (default: %(default)s)")
+                   help="bytes: larger blocks get their own mapping, returned to the kernel when freed "
+                        "and faulted in afresh when allocated; 0: glibc's dynamic threshold (default: %(default)s)")
     h.add_argument("--onednn-cache-capacity", type=int, default=memory.onednn_primitive_cache_capacity,
                    help="oneDNN primitives kept, one per matmul shape; -1: oneDNN's default, 1024 "
                         "(default: %(default)s)")
     h.add_argument("--heap-trim-interval", type=float, default=memory.trim_interval_s,
-                   help="seconds of steps between two hand-backs of the free heap to the kernel; 0: never "
-                        "(default: %(default)s)")
+                   help="seconds of steps between two hand-backs of the free heap to the kernel (and one "
+                        "whenever the engine goes idle); 0: never (default: %(default)s)")
 
 
 def engine_config_from_args(args: argparse.Namespace):

@@ -42,11 +42,13 @@ class HostMemoryConfig:
     (engine/core/host_memory.py; measured in docs/reliability.md, "Soak")."""
 
     # glibc: blocks of at least this many bytes get their own mapping, handed back to the kernel
-    # when freed; None: glibc's dynamic threshold (it rises to the largest block freed, up to 32 MiB)
-    malloc_mmap_threshold_bytes: int | None = 1 << 20
+    # when freed (and faulted in afresh when allocated); None: glibc's dynamic threshold (it rises
+    # to the largest block freed, up to 32 MiB)
+    malloc_mmap_threshold_bytes: int | None = 32 << 20
     # oneDNN: compiled primitives kept (one per matmul shape); None: oneDNN's default, 1,024
     onednn_primitive_cache_capacity: int | None = 128
-    # hand the heap's free pages back to the kernel after this many seconds of steps; 0: never
+    # hand the heap's free pages back to the kernel after this many seconds of steps, and when the
+    # engine goes idle; 0: never
     trim_interval_s: float = 10.0
 
     def __post_init__(self) -> None:

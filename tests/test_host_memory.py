@@ -50,6 +50,23 @@ def test_the_heap_is_trimmed_once_per_interval_and_never_with_zero():
     assert trimmer.num_trims == 1
 
 
+def test_the_heap_is_trimmed_once_when_the_engine_goes_idle_after_steps():
+    trimmer = HeapTrimmer(60.0)
+    trimmer.on_idle()
+    assert trimmer.num_trims == 0  # no step since it started: nothing to hand back
+    trimmer.maybe_trim()
+    trimmer.on_idle()
+    trimmer.on_idle()  # still idle: the heap was trimmed already
+    assert trimmer.num_trims == 1
+    trimmer.maybe_trim()
+    trimmer.on_idle()
+    assert trimmer.num_trims == 2
+    never = HeapTrimmer(0.0)
+    never.maybe_trim()
+    never.on_idle()
+    assert never.num_trims == 0
+
+
 def engine_rss_rows(model_dir, *options: str) -> list[dict]:
     result = subprocess.run([sys.executable, "-m", "bench.engine_rss", "--model", str(model_dir), *options],
                             cwd=REPO_ROOT, capture_output=True, text=True, timeout=1800,

@@ -116,6 +116,10 @@ class EngineCore:
     def has_unfinished_requests(self) -> bool:
         return self.scheduler.has_unfinished_requests()
 
+    def on_idle(self) -> None:
+        """The caller found nothing left to run and has delivered the last outputs."""
+        self.heap_trimmer.on_idle()
+
     # ---- the loop ----------------------------------------------------------------------
 
     def step(self) -> list[EngineCoreOutput]:
