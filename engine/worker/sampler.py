@@ -67,10 +67,13 @@ class Sampler:
             dead_end_rows = masked[~bitmask.any(dim=1).numpy()]
         if meta.all_greedy and not meta.penalties:
             # fast path: argmax, and over only the allowed ids where a grammar applies (logits untouched)
-            token_ids = _argmax(logits)
-            if len(masked):
-                # .to: the logits may be on CUDA; a no-op on the CPU
-                token_ids[torch.from_numpy(masked).to(token_ids.device)] = masked_argmax(logits, bitmask, masked)
+            if len(masked) == n:  # every row constrained: no plain argmax to overwrite
+                token_ids = masked_argmax(logits, bitmask, masked)
+            else:
+                token_ids = _argmax(logits)
+                if len(masked):
+                    # .to: the logits may be on CUDA; a no-op on the CPU
+                    token_ids[torch.from_numpy(masked).to(token_ids.device)] = masked_argmax(logits, bitmask, masked)
         else:
             if len(masked):
                 apply_bitmask(logits, bitmask, masked)
