@@ -10,7 +10,7 @@ So the thresholds are fixed, smaller primitive caches bound the compiled kernels
 heap's free pages are handed back now and then while the engine is busy and whenever it goes
 idle. The mmap threshold is high on purpose: every block above it is a fresh mapping whose pages
 the kernel zeroes on first touch, and a step's activations and logits are such blocks every step
-(a 1 MiB threshold cost 1.8-2.7 M page faults and ~17 % of a batch-64 run's time here). Below it
+(a 1 MiB threshold cost 1.8-2.9 M page faults and 17-20 % of a batch-64 run's time here). Below it
 they are reused from the heap, which the trims keep from holding more than the steps need. None
 changes a result, only where memory lives. In a process where torch has already run a matmul (an
 in-process LLM made after other torch work) the cache sizes were set then.
