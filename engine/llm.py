@@ -93,8 +93,7 @@ class LLM:
             for out in outputs:
                 if out.finished:
                     finished[out.request_id] = out
-        if not self.engine.has_unfinished_requests():
-            self.engine.on_idle()
+        self.engine.outputs_delivered()
         return [finished[r.request_id] for r in requests]
 
     def chat(self, conversations: list[dict] | Sequence[list[dict]], params: SamplingParams | None = None, *,

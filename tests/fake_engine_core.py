@@ -63,7 +63,6 @@ class FakeEngineCore:
         self.requests: dict[str, _FakeRequest] = {}
         self.pending: list[EngineCoreOutput] = []
         self.num_steps = 0
-        self.num_idle_calls = 0  # the busy loop's on_idle calls (the real core trims its heap then)
         self.aborted: list[str] = []  # every id abort_requests removed (tests look)
         self.step_stats = StepStats()  # steps since the last take_step_stats, like the real core's
 
@@ -111,8 +110,8 @@ class FakeEngineCore:
 
     # ---- the loop ----------------------------------------------------------------------------
 
-    def on_idle(self) -> None:
-        self.num_idle_calls += 1
+    def outputs_delivered(self) -> None:
+        """The real core trims its heap here when idle; the fake has none."""
 
     def step(self) -> list[EngineCoreOutput]:
         outputs, self.pending = self.pending, []

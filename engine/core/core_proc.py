@@ -96,8 +96,7 @@ class EngineCoreProc:
                 outputs = core.step()
                 if outputs:
                     self._send(EngineCoreOutputs(outputs=outputs, step_stats=core.take_step_stats()))
-                if not core.has_unfinished_requests():
-                    core.on_idle()
+                core.outputs_delivered()
             if self.memory_pressure is not None and not core.has_unfinished_requests():
                 raise MemoryCeilingExceeded(f"{self.memory_pressure} with no request left to finish")
 

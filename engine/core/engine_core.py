@@ -116,9 +116,11 @@ class EngineCore:
     def has_unfinished_requests(self) -> bool:
         return self.scheduler.has_unfinished_requests()
 
-    def on_idle(self) -> None:
-        """The caller found nothing left to run and has delivered the last outputs."""
-        self.heap_trimmer.on_idle()
+    def outputs_delivered(self) -> None:
+        """After the caller has handed on a step's outputs: if they left nothing to run, the engine
+        is idle, and its heap's free pages go back (no answer waits for that)."""
+        if not self.has_unfinished_requests():
+            self.heap_trimmer.on_idle()
 
     # ---- the loop ----------------------------------------------------------------------
 
