@@ -13,7 +13,8 @@ import time
 from dataclasses import replace
 
 from bench import report, serve_workloads
-from bench.serve import Client, LoadShape, RequestRecord, RequestSpec, compile_all, log, run_load
+from bench.request_record import RequestRecord
+from bench.serve import Client, LoadShape, RequestSpec, compile_all, log, run_load
 
 
 def _gaps_in_window(records: list[RequestRecord], start: float, end: float) -> list[float]:

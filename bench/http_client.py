@@ -14,7 +14,8 @@ import time
 import httpx
 
 from bench.peers.chat_stream import ChatStream
-from bench.serve import Client, RequestRecord, RequestSpec, check_loopback
+from bench.request_record import RequestRecord
+from bench.serve import Client, RequestSpec, check_loopback
 
 
 def openai_tools(tools: list[dict]) -> list[dict]:

@@ -11,8 +11,8 @@ import math
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-if TYPE_CHECKING:  # annotations only: bench.serve uses this module's percentiles
-    from bench.serve import RequestRecord
+if TYPE_CHECKING:
+    from bench.request_record import RequestRecord
 
 PERCENTILES = (50, 90, 99)
 

@@ -30,7 +30,8 @@ from typing import TYPE_CHECKING
 from bench import report, serve_workloads
 from bench.burst import burst_test
 from bench.peer_requests import VLLM_TOOL_PARSERS, peer_payload_requests
-from bench.serve import Client, LoadShape, RequestRecord, RequestSpec, compile_all, log, run_load
+from bench.request_record import RequestRecord
+from bench.serve import Client, LoadShape, RequestSpec, compile_all, log, run_load
 from bench.serve_goals import goals, smoke_checks
 from engine.config import EngineConfig
 

@@ -19,7 +19,8 @@ import statistics
 from dataclasses import dataclass
 
 from bench.datasets import DATA_DIR
-from bench.serve import RequestRecord, RequestSpec
+from bench.request_record import RequestRecord
+from bench.serve import RequestSpec
 from bench.workloads import extraction_prompt, load_json_extraction
 
 WORKLOADS = ("json-extraction", "mixed-schemas", "unconstrained", "tool-calls")

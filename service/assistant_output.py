@@ -15,7 +15,20 @@ from typing import TYPE_CHECKING
 from grammar.reasoning import split_reasoning
 
 if TYPE_CHECKING:
-    from service.chat_format import OutputShape
+    from grammar.reasoning import ReasoningMarkers
+    from grammar.tool_calls import ToolCallSyntax
+
+
+@dataclass(frozen=True)
+class OutputShape:
+    """How one request's output is read back (set by service/chat_format.py)."""
+
+    tool_syntax: ToolCallSyntax | None = None  # set: calls are parsed out of the answer
+    reasoning: ReasoningMarkers | None = None  # set: the output starts with a think section
+
+    @property
+    def plain(self) -> bool:
+        return self.tool_syntax is None and self.reasoning is None
 
 
 @dataclass(frozen=True)

@@ -1,10 +1,11 @@
-"""The service's engine: prompts in, RequestOutputs out, over an EngineCoreClient. No gRPC here.
+"""The service's engine: requests in, RequestOutputs out, over an EngineCoreClient. No wire format
+here: both front ends call it with service/request.py's structs.
 
-Renders chat templates and tokenizes, admits requests (queue length, context length, KV
-capacity), detokenizes through the shared OutputProcessor, and aborts a request in the core
-whenever its consumer stops early (client cancellation, deadline, error): in every state
+Checks requests and resolves them against the chat format (`prepare`), renders chat templates
+and tokenizes, admits requests (queue length, context length, KV capacity), detokenizes through
+the shared OutputProcessor, and aborts a request in the core whenever its consumer stops early (client cancellation, deadline, error): in every state
 (queued, waiting for its grammar, running) the core drops it and frees its KV blocks.
-Every refusal is a ServiceError with the gRPC code and a message naming the numbers. A request
+Every refusal is a ServiceError with its kind and a message naming the numbers. A request
 whose constraint is quarantined (service/quarantine.py) is refused with UNAVAILABLE.
 """
 from __future__ import annotations
@@ -14,6 +15,7 @@ import functools
 import logging
 import time
 from collections.abc import AsyncIterator
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from engine.capacity import KVCacheTooSmall, PromptTooLong, check_context_length, check_kv_capacity
@@ -26,20 +28,37 @@ from engine.sampling_params import SamplingParams
 from grammar.constraint import Constraint
 from grammar.tool_calls import SYNTAXES
 from service.chat_format import ChatFormat
-from service.errors import FieldViolation, ServiceError, StatusCode, invalid_argument, unavailable
+from service.errors import ErrorKind, FieldViolation, ServiceError, invalid_argument, unavailable
+from service.observability.telemetry import Telemetry
 from service.quarantine import Quarantine
-from service.telemetry import Telemetry
+from service.validation import check_prompt, sampling_params
 
 if TYPE_CHECKING:
     from engine.frontend.core_client import EngineCoreClient, RequestOutputStream
     from engine.protocol import EngineCoreReady
-    from service.conversion import PromptInput
+    from service.assistant_output import OutputShape
     from service.limits import ServiceLimits
+    from service.request import GenerationRequest, PromptInput
 
 logger = logging.getLogger(__name__)
 
 _OFF_LOOP_CHARS = 32 * 1024  # tokenize prompts longer than this on a worker thread
 WARM_UP_REQUEST_ID = "warm-up"
+
+
+@dataclass(frozen=True)
+class EncodedPrompt:
+    token_ids: list[int]
+    field: str  # the request field it came from (errors about its length name it)
+
+
+@dataclass(frozen=True)
+class PreparedRequest:
+    """A GenerationRequest checked, planned against the chat format and tokenized: what generate() takes."""
+
+    params: SamplingParams
+    prompts: list[EncodedPrompt]
+    shape: OutputShape  # how the output is read back (think section, tool calls)
 
 
 class AsyncLLM:
@@ -142,6 +161,18 @@ class AsyncLLM:
 
     # ---- requests -----------------------------------------------------------------------------
 
+    async def prepare(self, request: GenerationRequest) -> PreparedRequest:
+        """Check `request` (its prompts, sampling and constraint), resolve its tools and reasoning
+        against the model's chat format, and tokenize its prompts. Raises ServiceError naming the field."""
+        self.check_available()
+        info = self.info
+        assert info is not None
+        prompts = [check_prompt(p, info.vocab_size) for p in request.prompts]
+        params = sampling_params(request, self.limits, info.vocab_size)
+        plan = self.chat_format.plan(request.chat, params.constraint, self.limits)
+        encoded = [EncodedPrompt((await self.encode_prompt(plan.prompt(p)))[0], p.field) for p in prompts]
+        return PreparedRequest(plan.sampling(params), encoded, plan.shape)
+
     async def encode_prompt(self, prompt: PromptInput) -> tuple[list[int], str | None]:
         """The prompt's token ids, and for a chat the text the template rendered."""
         self.check_available()
@@ -200,7 +231,7 @@ class AsyncLLM:
             while not finished:
                 core_output = await outputs.get()
                 if core_output.overloaded:  # the core refused it for want of memory
-                    raise ServiceError(StatusCode.RESOURCE_EXHAUSTED, core_output.error or "the engine is overloaded")
+                    raise ServiceError(ErrorKind.RESOURCE_EXHAUSTED, core_output.error or "the engine is overloaded")
                 if core_output.memory_suspect and params.constraint is not None:
                     if self.quarantine.record_strike([params.constraint]):
                         logger.warning("quarantined for %.0f s: a %s constraint the engine ran short of memory "
@@ -230,16 +261,16 @@ class AsyncLLM:
         try:
             check_context_length(num_prompt_tokens, info.max_model_len)
         except PromptTooLong as e:
-            raise ServiceError(StatusCode.INVALID_ARGUMENT, f"{prompt_field}: {e}",
+            raise ServiceError(ErrorKind.INVALID_ARGUMENT, f"{prompt_field}: {e}",
                                [FieldViolation(prompt_field, str(e))]) from None
         try:
             check_kv_capacity(num_prompt_tokens, max_tokens, info.max_model_len, info.num_total_blocks,
                               info.block_size)
         except KVCacheTooSmall as e:
-            raise ServiceError(StatusCode.RESOURCE_EXHAUSTED, str(e)) from None
+            raise ServiceError(ErrorKind.RESOURCE_EXHAUSTED, str(e)) from None
         capacity = info.max_num_seqs + info.max_num_waiting
         if len(self._streams) >= capacity:
-            raise ServiceError(StatusCode.RESOURCE_EXHAUSTED, (
+            raise ServiceError(ErrorKind.RESOURCE_EXHAUSTED, (
                 f"the queue is full: {len(self._streams)} requests in flight ({info.max_num_seqs} running + "
                 f"{info.max_num_waiting} waiting at most); retry later"))
 

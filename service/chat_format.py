@@ -1,8 +1,7 @@
 """The served model's chat format (its tool-call syntax and think markers) and what a request's
-`tools`, `tool_choice`, `parallel_tool_calls` and `reasoning` fields make of it: the constraint the
-engine enforces, the chat template's variables, and how the output is read back (OutputShape).
-
-Both front ends come through here: HTTP translates its fields into the gRPC ones first.
+tools, tool choice, parallel tool calls and reasoning switches (ChatOptions) make of it: the
+constraint the engine enforces, the chat template's variables, and how the output is read back
+(OutputShape). Both front ends come through here.
 """
 from __future__ import annotations
 
@@ -10,31 +9,18 @@ import dataclasses
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import msgspec
 
 from engine.sampling_params import SamplingParams
 from grammar.constraint import Constraint, after_thinking, with_tool_calls
 from grammar.reasoning import ReasoningMarkers, markers_for_model
-from grammar.tool_calls import SYNTAXES, Tool, ToolCalls, ToolCallSyntax, syntax_for_model
-from service._gen.formwork.v1 import generation_pb2 as pb
+from grammar.tool_calls import SYNTAXES, Tool, ToolCalls, syntax_for_model
+from service.assistant_output import OutputShape
 from service.errors import invalid_argument
-
-if TYPE_CHECKING:
-    from service.conversion import PromptInput
-    from service.limits import ServiceLimits
-
-@dataclass(frozen=True)
-class OutputShape:
-    """How one request's output is read back (service/assistant_output.py)."""
-
-    tool_syntax: ToolCallSyntax | None = None  # set: calls are parsed out of the answer
-    reasoning: ReasoningMarkers | None = None  # set: the output starts with a think section
-
-    @property
-    def plain(self) -> bool:
-        return self.tool_syntax is None and self.reasoning is None
+from service.limits import ServiceLimits
+from service.request import ChatOptions, PromptInput
 
 
 @dataclass(frozen=True)
@@ -77,21 +63,20 @@ class ChatFormat:
             reasoning = None
         return cls(syntax, reasoning, "enable_thinking" in (chat_template or ""))
 
-    def plan(self, request: pb.GenerateRequest, constraint: Constraint | None, limits: ServiceLimits) -> ToolPlan:
+    def plan(self, options: ChatOptions, constraint: Constraint | None, limits: ServiceLimits) -> ToolPlan:
         """Raises ServiceError (INVALID_ARGUMENT) naming the request field."""
-        tools = _tools(request, limits)
-        choice, name = _choice(request, tools)
+        tools = _tools(options, limits)
+        choice = _choice(options, tools)
         template_kwargs: dict[str, Any] = {}
         syntax = None
         if tools and choice != "none":
-            parallel = request.parallel_tool_calls if request.HasField("parallel_tool_calls") else True
-            constraint = with_tool_calls(ToolCalls(tuple(tools), choice, name, parallel, self.tool_syntax), constraint)
+            calls = ToolCalls(tuple(tools), choice, options.tool_name, options.parallel_tool_calls, self.tool_syntax)
+            constraint = with_tool_calls(calls, constraint)
             syntax = SYNTAXES[self.tool_syntax]
-        reasoning = self._reasoning(request, template_kwargs)
+        reasoning = self._reasoning(options, template_kwargs)
         if reasoning is not None:
-            budget = request.reasoning.budget_tokens if request.HasField("reasoning") else 0
-            constraint = after_thinking(constraint, reasoning.end, budget)
-        elif request.HasField("reasoning") and request.reasoning.HasField("budget_tokens"):
+            constraint = after_thinking(constraint, reasoning.end, options.reasoning_budget or 0)
+        elif options.reasoning_budget is not None:
             raise invalid_argument("reasoning.budget_tokens", "needs reasoning on (a model with think markers)")
         if constraint is not None:
             try:
@@ -101,17 +86,16 @@ class ChatFormat:
         template_tools = [_template_tool(t) for t in tools] or None
         return ToolPlan(constraint, OutputShape(syntax, reasoning), template_tools, template_kwargs)
 
-    def render(self, request: pb.TokenizeRequest, prompt: PromptInput, limits: ServiceLimits) -> PromptInput:
+    def render(self, options: ChatOptions, prompt: PromptInput, limits: ServiceLimits) -> PromptInput:
         """A chat `prompt` with the request's tools and think switch, as `plan` renders it for
-        Generate (Tokenize: the same token counts). Raises ServiceError as `plan` does."""
+        a generation (tokenizing: the same token counts). Raises ServiceError as `plan` does."""
         template_kwargs: dict[str, Any] = {}
-        self._reasoning(request, template_kwargs)
-        template_tools = [_template_tool(t) for t in _tools(request, limits)] or None
+        self._reasoning(options, template_kwargs)
+        template_tools = [_template_tool(t) for t in _tools(options, limits)] or None
         return ToolPlan(None, OutputShape(), template_tools, template_kwargs).prompt(prompt)
 
-    def _reasoning(self, request: pb.GenerateRequest | pb.TokenizeRequest,
-                   template_kwargs: dict[str, Any]) -> ReasoningMarkers | None:
-        wanted = request.reasoning.enabled if request.reasoning.HasField("enabled") else None
+    def _reasoning(self, options: ChatOptions, template_kwargs: dict[str, Any]) -> ReasoningMarkers | None:
+        wanted = options.thinking
         if self.reasoning is None:
             if wanted:
                 raise invalid_argument("reasoning.enabled", "this model has no think markers (the server's "
@@ -128,10 +112,10 @@ class ChatFormat:
         return self.reasoning
 
 
-def _tools(request: pb.GenerateRequest | pb.TokenizeRequest, limits: ServiceLimits) -> list[Tool]:
+def _tools(options: ChatOptions, limits: ServiceLimits) -> list[Tool]:
     tools = []
     num_bytes = 0
-    for index, tool in enumerate(request.tools):
+    for index, tool in enumerate(options.tools):
         parameters = None
         if tool.parameters_json:
             num_bytes += len(tool.parameters_json.encode())
@@ -155,24 +139,13 @@ def _tools(request: pb.GenerateRequest | pb.TokenizeRequest, limits: ServiceLimi
     return tools
 
 
-def _choice(request: pb.GenerateRequest, tools: list[Tool]) -> tuple[str, str]:
-    """("none" | "auto" | "required" | "named", the named tool)."""
-    which = request.tool_choice.WhichOneof("choice") if request.HasField("tool_choice") else None
-    if which == "function_name":
-        name = request.tool_choice.function_name
-        if name not in {t.name for t in tools}:
-            raise invalid_argument("tool_choice.function_name", f"{name!r} is not one of the request's tools")
-        return "named", name
-    mode = request.tool_choice.mode if which == "mode" else pb.TOOL_CHOICE_MODE_UNSPECIFIED
-    if mode in (pb.TOOL_CHOICE_MODE_UNSPECIFIED, pb.TOOL_CHOICE_MODE_AUTO):
-        return "auto", ""
-    if mode == pb.TOOL_CHOICE_MODE_NONE:
-        return "none", ""
-    if mode == pb.TOOL_CHOICE_MODE_REQUIRED:
-        if not tools:
-            raise invalid_argument("tool_choice", "required needs at least one tool")
-        return "required", ""
-    raise invalid_argument("tool_choice.mode", f"unknown value {mode}")
+def _choice(options: ChatOptions, tools: list[Tool]) -> str:
+    """"none", "auto", "required" or "named" (options.tool_name)."""
+    if options.tool_choice == "named" and options.tool_name not in {t.name for t in tools}:
+        raise invalid_argument("tool_choice.function_name", f"{options.tool_name!r} is not one of the request's tools")
+    if options.tool_choice == "required" and not tools:
+        raise invalid_argument("tool_choice", "required needs at least one tool")
+    return options.tool_choice
 
 
 def _template_tool(tool: Tool) -> dict[str, Any]:

@@ -23,11 +23,12 @@ from engine.core.memory_watchdog import DEFAULT_FRACTION_OF_MEMORY, MemoryLimit,
 from engine.log_format import configure_logging
 from grammar.tool_calls import SYNTAXES
 from service.limits import ServiceLimits
+from service.observability.telemetry import Telemetry
 from service.security import API_KEY_ENV, SecurityConfig, load_api_keys, load_tls_files
 from service.supervisor import RestartPolicy
-from service.telemetry import Telemetry
 
 if TYPE_CHECKING:
+    from service.grpc.server import GenerationServer
     from service.http.server import HttpServer
 
 _LIMIT_DEFAULTS = ServiceLimits()
@@ -155,11 +156,11 @@ def _think_markers(text: str) -> dict[str, str]:
 
 
 def telemetry_from_args(args: argparse.Namespace) -> Telemetry:
-    from service.metrics import ServiceMetrics
+    from service.observability.metrics import ServiceMetrics
     metrics = None if args.no_metrics else ServiceMetrics()
     tracing = None
     if args.otlp_endpoint:
-        from service.tracing import Tracing
+        from service.observability.tracing import Tracing
         tracing = Tracing.to_otlp(args.otlp_endpoint)
     return Telemetry(metrics, tracing)
 
@@ -168,7 +169,6 @@ def run_serve(args: argparse.Namespace) -> int:
     """Serve until SIGTERM / Ctrl-C; the exit code (0 after a graceful stop)."""
     from engine.frontend.mp_client import AsyncMPClient
     from service.lifecycle import serve
-    from service.server import GenerationServer
 
     log_level = getattr(logging, args.log_level)
     configure_logging(log_level, args.log_format)

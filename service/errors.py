@@ -1,31 +1,32 @@
-"""Errors the service answers with: a gRPC status code, a precise message, and rich details.
+"""Errors the service answers with, whichever front end a request came through: a kind, a precise
+message, and the request fields at fault.
 
-Works on plain protobuf messages: service/server.py turns a ServiceError into the RPC's status,
-with the google.rpc.Status below in the `grpc-status-details-bin` trailer (what
-`grpc_status.rpc_status.from_call` and grpcurl read).
+No wire format here: service/grpc/status.py turns a ServiceError into a gRPC status (with the
+field violations as rich details), service/http/errors.py into an OpenAI error body and its HTTP
+status.
 """
 from __future__ import annotations
 
 import enum
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-from google.protobuf import any_pb2
-from google.rpc import error_details_pb2, status_pb2
-
-STATUS_DETAILS_KEY = "grpc-status-details-bin"
+if TYPE_CHECKING:
+    from engine.frontend.output_processor import RequestOutput
 
 
-class StatusCode(enum.Enum):
-    """The gRPC codes this service answers with (value: the code's number)."""
+class ErrorKind(enum.Enum):
+    """Why a request failed, named as the canonical error codes (google.rpc.Code) name them: the
+    metrics label refusals with these names on both front ends."""
 
-    CANCELLED = 1
-    INVALID_ARGUMENT = 3
-    DEADLINE_EXCEEDED = 4
-    RESOURCE_EXHAUSTED = 8
-    INTERNAL = 13
-    UNAVAILABLE = 14
-    UNAUTHENTICATED = 16
+    CANCELLED = enum.auto()
+    INVALID_ARGUMENT = enum.auto()
+    DEADLINE_EXCEEDED = enum.auto()
+    RESOURCE_EXHAUSTED = enum.auto()
+    INTERNAL = enum.auto()
+    UNAVAILABLE = enum.auto()
+    UNAUTHENTICATED = enum.auto()
 
 
 @dataclass(frozen=True)
@@ -37,29 +38,38 @@ class FieldViolation:
 class ServiceError(Exception):
     """A request the service refuses or could not complete."""
 
-    def __init__(self, code: StatusCode, message: str, violations: Sequence[FieldViolation] = ()) -> None:
+    def __init__(self, code: ErrorKind, message: str, violations: Sequence[FieldViolation] = ()) -> None:
         super().__init__(message)
         self.code = code
         self.message = message
         self.violations = tuple(violations)
 
-    def status_proto(self) -> status_pb2.Status:
-        """The google.rpc.Status: code, message, and a BadRequest listing the field violations."""
-        status = status_pb2.Status(code=self.code.value, message=self.message)
-        if self.violations:
-            bad_request = error_details_pb2.BadRequest(field_violations=[
-                error_details_pb2.BadRequest.FieldViolation(field=v.field, description=v.description)
-                for v in self.violations])
-            detail = any_pb2.Any()
-            detail.Pack(bad_request)
-            status.details.append(detail)
-        return status
-
 
 def invalid_argument(field: str, description: str) -> ServiceError:
     """INVALID_ARGUMENT naming one field: message "field: description", and a field violation."""
-    return ServiceError(StatusCode.INVALID_ARGUMENT, f"{field}: {description}", [FieldViolation(field, description)])
+    return ServiceError(ErrorKind.INVALID_ARGUMENT, f"{field}: {description}", [FieldViolation(field, description)])
 
 
 def unavailable(message: str) -> ServiceError:
-    return ServiceError(StatusCode.UNAVAILABLE, message)
+    return ServiceError(ErrorKind.UNAVAILABLE, message)
+
+
+def error_from_output(output: RequestOutput, constraint_field: str | None) -> ServiceError:
+    """The error for an output that ended with FinishReason.ERROR.
+
+    Before any token, the request itself was at fault (its grammar did not compile, or the core
+    refused it): INVALID_ARGUMENT, naming the constraint if there is one. After tokens, the
+    constraint's fault (a grammar limit, its grammar work failed) is still INVALID_ARGUMENT; any
+    other failure mid-generation (e.g. a grammar dead end) is INTERNAL. Only this request ends.
+    """
+    error = output.error or "the engine ended the request with an error"
+    if output.token_ids and output.constraint_error and constraint_field is not None:
+        error = f"{error} (after {len(output.token_ids)} tokens)"
+        return ServiceError(ErrorKind.INVALID_ARGUMENT, f"{constraint_field}: {error}",
+                            [FieldViolation(constraint_field, error)])
+    if output.token_ids:
+        return ServiceError(ErrorKind.INTERNAL, f"generation failed after {len(output.token_ids)} tokens: {error}")
+    if constraint_field is not None:
+        return ServiceError(ErrorKind.INVALID_ARGUMENT, f"{constraint_field}: {error}",
+                            [FieldViolation(constraint_field, error)])
+    return ServiceError(ErrorKind.INVALID_ARGUMENT, error)

@@ -9,11 +9,11 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from engine.frontend.core_client import EngineCoreClient
+from service.grpc.server import GenerationServer
 from service.limits import ServiceLimits
+from service.observability.telemetry import Telemetry
 from service.security import SecurityConfig
-from service.server import GenerationServer
 from service.supervisor import RestartPolicy
-from service.telemetry import Telemetry
 
 if TYPE_CHECKING:
     from service.http.server import HttpServer
@@ -33,10 +33,7 @@ async def serve(client: EngineCoreClient, limits: ServiceLimits, host: str, port
     AsyncLLM and host."""
     server = GenerationServer(client, limits, host, port, security=security, restart_policy=restart_policy,
                               telemetry=telemetry)
-    http = None
-    if http_port is not None:
-        from service.http.server import HttpServer
-        http = HttpServer(server, http_port, server.key_limiter)
+    http = http_server(server, http_port) if http_port is not None else None
     stop = asyncio.Event()
     hurry = asyncio.Event()  # a second signal: no more waiting
 
@@ -73,6 +70,14 @@ async def serve(client: EngineCoreClient, limits: ServiceLimits, host: str, port
     await _drain(server, limits.drain_delay_s, hurry)
     await _stop_both(server, http, 0.0 if hurry.is_set() else None)
     return 0
+
+
+def http_server(server: GenerationServer, port: int) -> HttpServer:
+    """The OpenAI-compatible HTTP front end on `server`'s AsyncLLM, host, security and per-key
+    limits (calls in flight per key count over both front ends); /health follows gRPC health."""
+    from service.http.server import HttpServer  # the web stack, only when HTTP is served
+    return HttpServer(server.llm, server.limits, server.security, server.key_limiter, lambda: server.serving,
+                      server.host, port)
 
 
 async def _drain(server: GenerationServer, delay_s: float, hurry: asyncio.Event) -> None:

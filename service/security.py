@@ -1,6 +1,6 @@
 """Who may call the server: TLS files, API keys, and the per-key limit on concurrent requests.
 
-Plain Python (no grpc): service/server.py turns these into grpc credentials and an interceptor.
+Plain Python (no grpc): service/grpc/ turns these into grpc credentials and an interceptor.
 Keys are compared in constant time, every key every time, so neither the answer nor its timing
 tells a caller how close a guess came; nothing about which keys exist is ever sent back or logged.
 """

@@ -15,12 +15,13 @@ from engine.frontend.inproc_client import InprocClient
 from fake_engine_core import FakeEngineCore, fake_config
 from service._gen.formwork.v1 import generation_pb2 as pb
 from service._gen.formwork.v1 import generation_pb2_grpc as pb_grpc
+from service.grpc.server import GenerationServer
 from service.http.server import HttpServer
+from service.lifecycle import http_server
 from service.limits import ServiceLimits
 from service.security import SecurityConfig
-from service.server import GenerationServer
 from service.supervisor import RestartPolicy
-from service.telemetry import Telemetry
+from service.observability.telemetry import Telemetry
 
 SERVING, NOT_SERVING = health_pb2.HealthCheckResponse.SERVING, health_pb2.HealthCheckResponse.NOT_SERVING
 
@@ -110,7 +111,7 @@ class InprocHttp:
         async def make() -> tuple[GenerationServer, HttpServer]:
             grpc_server = GenerationServer(InprocClient(build_core), ServiceLimits(), "127.0.0.1", 0,
                                            security=security, telemetry=telemetry)
-            return grpc_server, HttpServer(grpc_server, 0, grpc_server.key_limiter)
+            return grpc_server, http_server(grpc_server, 0)
 
         self.server, self.http = self.run(make())
         self.grpc_port = self.run(self.server.start())

@@ -8,8 +8,7 @@ import pytest
 
 from grammar.reasoning import ReasoningMarkers, split_reasoning
 from grammar.tool_calls import SYNTAXES, syntax_for_model
-from service.assistant_output import AssistantStream, split
-from service.chat_format import OutputShape
+from service.assistant_output import AssistantStream, OutputShape, split
 
 THINK = ReasoningMarkers("<think>", "</think>")
 HERMES = SYNTAXES["hermes"]

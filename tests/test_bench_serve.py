@@ -14,7 +14,8 @@ import pytest
 
 from bench import report, serve_workloads
 from bench.peers import PEERS, Peer, PeerSkipped, records_from_peer, run_peer
-from bench.serve import Client, LoadShape, RequestRecord, RequestSpec, check_loopback, run_load
+from bench.request_record import RequestRecord
+from bench.serve import Client, LoadShape, RequestSpec, check_loopback, run_load
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 

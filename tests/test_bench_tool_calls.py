@@ -13,7 +13,8 @@ from bench.http_client import chat_body
 from bench.peer_requests import peer_payload_requests
 from bench.peers import records_from_peer
 from bench.peers.chat_stream import ChatStream
-from bench.serve import Client, RequestRecord
+from bench.request_record import RequestRecord
+from bench.serve import Client
 
 
 @pytest.fixture(scope="module")

@@ -13,19 +13,22 @@ from grammar.tool_calls import SYNTAXES, ToolCalls
 from service._gen.formwork.v1 import generation_pb2 as pb
 from service.chat_format import ChatFormat
 from service.errors import ServiceError
+from service.grpc.requests import chat_options_from_proto
 from service.limits import ServiceLimits
+from service.request import ChatOptions
 
 LIMITS = ServiceLimits()
 WEATHER = {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}
 THINKING = ChatFormat("hermes", ReasoningMarkers("<think>", "</think>"), switches_thinking=True)
 
 
-def request(**fields) -> pb.GenerateRequest:
-    return json_format.ParseDict({"chat": {"messages": [{"role": "user", "content": "hi"}]}, **fields},
-                                 pb.GenerateRequest())
+def request(**fields) -> ChatOptions:
+    """The chat options of a formwork.v1 GenerateRequest with `fields`."""
+    return chat_options_from_proto(json_format.ParseDict(
+        {"chat": {"messages": [{"role": "user", "content": "hi"}]}, **fields}, pb.GenerateRequest()))
 
 
-def tools(**fields) -> pb.GenerateRequest:
+def tools(**fields) -> ChatOptions:
     return request(tools=[{"name": "get_weather", "description": "Weather", "parameters_json": json.dumps(WEATHER)},
                           {"name": "get_time"}], **fields)
 

@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 import pytest
-from test_http_conversion import as_dict, chat
+from test_http_conversion import chat
 from test_service_conversion import constraint_of, final_output
 
 from engine.frontend.output_processor import OutputProcessor
@@ -10,8 +10,8 @@ from engine.frontend.tokenizer import Tokenizer
 from engine.protocol import EngineCoreOutput, FinishReason
 from engine.sampling_params import SamplingParams
 from grammar.constraint import Constraint
-from service import conversion
 from service.errors import ServiceError
+from service.grpc import responses
 from service.http.conversion import translate_chat
 from service.http.responses import formwork_extension
 
@@ -25,7 +25,7 @@ def test_the_switch_travels_from_grpc_and_http():
     assert constraint_of(json_object={}, close_early=False) == Constraint(kind="json_object", close_early=False)
     assert constraint_of(json_object={}).close_early is None  # unset: the engine's default
     options = translate_chat(chat(guided_json={"type": "object"}, formwork={"close_early": False}))
-    assert as_dict(options.request)["constraint"]["closeEarly"] is False
+    assert options.request.constraint.close_early is False
     with pytest.raises(ServiceError) as info:
         translate_chat(chat(formwork={"close_early": True}))
     assert info.value.message == "formwork: close_early needs an output constraint"
@@ -41,7 +41,7 @@ def test_the_report_reaches_the_offline_output(tok):
 
 def test_the_report_reaches_grpc_and_http():
     closed = final_output(closed_early="budget")
-    assert conversion.generate_response(closed, "c", str, delta=False).closed_early == "budget"
-    assert conversion.generate_response(final_output(), "c", str, delta=False).closed_early == ""
+    assert responses.generate_response(closed, "c", str, delta=False).closed_early == "budget"
+    assert responses.generate_response(final_output(), "c", str, delta=False).closed_early == ""
     assert formwork_extension([closed])["choices"][0]["closed_early"] == "budget"
     assert "closed_early" not in formwork_extension([final_output()])["choices"][0]

@@ -1,21 +1,22 @@
-"""OpenAI request bodies -> GenerateRequests (service/http/conversion.py), and the errors they
-give, named as the HTTP request names its fields. Pure: no server, no model."""
+"""OpenAI request bodies -> the service's wire-neutral GenerationRequests (service/http/conversion.py),
+and the errors they give, named as the HTTP request names its fields. Pure: no server, no model."""
 from __future__ import annotations
 
+import dataclasses
 import json
 import subprocess
 import sys
 
 import pytest
-from google.protobuf import json_format
 
 from live_server import REPO_ROOT
-from service import conversion
 from service.errors import ServiceError
 from service.http.conversion import translate_chat, translate_completion
 from service.http.errors import http_error
 from service.http.protocol import ChatCompletionRequest, CompletionRequest
 from service.limits import ServiceLimits
+from service.request import PromptInput
+from service.validation import sampling_params
 
 SCHEMA = {"type": "object", "properties": {"b": {"type": "integer"}, "a": {"type": "string"}}}
 
@@ -24,8 +25,9 @@ def chat(**fields) -> ChatCompletionRequest:
     return ChatCompletionRequest.model_validate({"messages": [{"role": "user", "content": "hi"}], **fields})
 
 
-def as_dict(message) -> dict:
-    return json_format.MessageToDict(message)
+def as_dict(struct) -> dict:
+    """The fields of a request struct that are set (not None, not empty)."""
+    return {name: value for name, value in dataclasses.asdict(struct).items() if value not in (None, (), "")}
 
 
 def test_sampling_fields_and_chat_messages():
@@ -35,45 +37,45 @@ def test_sampling_fields_and_chat_messages():
         messages=[{"role": "system", "content": [{"type": "text", "text": "be "}, {"type": "text", "text": "brief"}]},
                   {"role": "user", "content": "hi"}]))
     request = translated.request
-    assert as_dict(request) == {"temperature": 0.0, "topP": 0.5, "topK": 0, "seed": "3", "stop": ["\n"],
-                                "maxTokens": 9, "logprobs": 2}
-    assert as_dict(translated.prompts[0]) == {"chat": {"messages": [{"role": "system", "content": "be brief"},
-                                                                    {"role": "user", "content": "hi"}]}}
+    assert as_dict(request.sampling) == {"temperature": 0.0, "top_p": 0.5, "top_k": 0, "seed": 3, "stop": ("\n",),
+                                         "max_tokens": 9, "logprobs": 2}
+    assert request.prompts[0].messages == [{"role": "system", "content": "be brief"}, {"role": "user", "content": "hi"}]
     assert (translated.num_choices, translated.stream, translated.include_usage) == (2, True, True)
 
 
 def test_speculative_is_a_formwork_option_set_only_when_given():
-    assert as_dict(translate_chat(chat(formwork={"speculative": True})).request) == {"speculative": True}
-    assert as_dict(translate_chat(chat(formwork={"speculative": False})).request) == {"speculative": False}
-    assert "speculative" not in as_dict(translate_chat(chat(formwork={"priority": 1})).request)
+    assert as_dict(translate_chat(chat(formwork={"speculative": True})).request.sampling) == {"speculative": True}
+    assert as_dict(translate_chat(chat(formwork={"speculative": False})).request.sampling) == {"speculative": False}
+    assert "speculative" not in as_dict(translate_chat(chat(formwork={"priority": 1})).request.sampling)
     assert as_dict(translate_completion(CompletionRequest.model_validate(
-        {"prompt": "hi", "formwork": {"speculative": True}})).request) == {"speculative": True}
+        {"prompt": "hi", "formwork": {"speculative": True}})).request.sampling) == {"speculative": True}
 
 
 def test_every_constraint_field_keeps_the_schema_order():
     for fields, kind in [
         ({"response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": SCHEMA, "strict": False}}},
-         "jsonSchemaText"),
-        ({"structured_outputs": {"json": SCHEMA}}, "jsonSchemaText"),
-        ({"guided_json": json.dumps(SCHEMA)}, "jsonSchemaText"),
-        ({"response_format": {"type": "json_object"}}, "jsonObject"),
+         "json_schema_text"),
+        ({"structured_outputs": {"json": SCHEMA}}, "json_schema_text"),
+        ({"guided_json": json.dumps(SCHEMA)}, "json_schema_text"),
+        ({"response_format": {"type": "json_object"}}, "json_object"),
         ({"guided_regex": "a+"}, "regex"),
         ({"structured_outputs": {"choice": ["x", "y"]}}, "choice"),
         ({"guided_grammar": 'root ::= "a"'}, "grammar"),
     ]:
-        constraint = as_dict(translate_chat(chat(**fields)).request)["constraint"]
-        assert kind in constraint, fields
-        if kind == "jsonSchemaText":
-            assert list(json.loads(constraint[kind])["properties"]) == ["b", "a"]  # declared order: the output's
-    strict = as_dict(translate_chat(chat(**{"response_format": {"type": "json_schema", "json_schema": {
-        "name": "x", "schema": SCHEMA, "strict": False}}})).request)["constraint"]
-    assert strict["strict"] is False
+        constraint = translate_chat(chat(**fields)).request.constraint
+        assert constraint.kind == kind, fields
+        if kind == "json_schema_text":
+            assert list(json.loads(constraint.spec)["properties"]) == ["b", "a"]  # declared order: the output's
+    strict = translate_chat(chat(**{"response_format": {"type": "json_schema", "json_schema": {
+        "name": "x", "schema": SCHEMA, "strict": False}}})).request.constraint
+    assert strict.strict is False
     options = translate_chat(chat(guided_regex="a", formwork={"any_whitespace": True, "jump_forward": False}))
-    assert as_dict(options.request)["constraint"] == {"regex": "a", "anyWhitespace": True, "jumpForward": False}
+    assert as_dict(options.request.constraint) == {"kind": "regex", "spec": "a", "any_whitespace": True,
+                                                   "jump_forward": False}
     spaced = translate_chat(chat(guided_json=SCHEMA, formwork={"whitespace": "spaced"}))
-    assert as_dict(spaced.request)["constraint"]["whitespace"] == "JSON_WHITESPACE_SPACED"
+    assert spaced.request.constraint.whitespace == "spaced"
     lark = translate_chat(chat(guided_grammar='start: "a"', formwork={"grammar_syntax": "lark"}))
-    assert as_dict(lark.request)["constraint"] == {"grammar": 'start: "a"', "grammarSyntax": "GRAMMAR_SYNTAX_LARK"}
+    assert as_dict(lark.request.constraint) == {"kind": "grammar", "spec": 'start: "a"', "grammar_syntax": "lark"}
 
 
 @pytest.mark.parametrize("fields, message", [
@@ -101,31 +103,32 @@ def test_refusals_name_the_http_field(fields, message):
 def test_grpc_validation_errors_come_back_with_http_names():
     translated = translate_chat(chat(guided_json='{"type": "object"', max_completion_tokens=5000))
     with pytest.raises(ServiceError) as info:
-        conversion.sampling_params_from_proto(translated.request, ServiceLimits(), 1000)
+        sampling_params(translated.request, ServiceLimits(), 1000)
     renamed, param = translated.field_names.rename(info.value)
     assert param == "max_completion_tokens"
     assert renamed.message == "max_completion_tokens: 5000 exceeds this server's max_tokens_cap of 4096"
     translated = translate_chat(chat(guided_json='{"type": "object"'))
     with pytest.raises(ServiceError) as info:
-        conversion.sampling_params_from_proto(translated.request, ServiceLimits(), 1000)
+        sampling_params(translated.request, ServiceLimits(), 1000)
     renamed, param = translated.field_names.rename(info.value)
     assert param == "guided_json" and renamed.message.startswith("guided_json: json_schema is not valid JSON")
     big = translate_chat(chat(guided_regex="a" * 300))
     with pytest.raises(ServiceError) as info:
-        conversion.sampling_params_from_proto(big.request, ServiceLimits(max_constraint_bytes=256), 1000)
+        sampling_params(big.request, ServiceLimits(max_constraint_bytes=256), 1000)
     renamed, param = big.field_names.rename(info.value)
     assert renamed.message == "guided_regex: is 300 bytes; this server's max_constraint_bytes is 256"
     assert http_error(renamed, param).status == 413
 
 
 def test_completion_prompts():
-    def prompts(prompt) -> list[dict]:
-        return [as_dict(p) for p in translate_completion(CompletionRequest(prompt=prompt)).prompts]
+    def prompts(prompt) -> list[PromptInput]:
+        return list(translate_completion(CompletionRequest(prompt=prompt)).request.prompts)
 
-    assert prompts("a") == [{"prompt": "a"}]
-    assert prompts(["a", "b"]) == [{"prompt": "a"}, {"prompt": "b"}]
-    assert prompts([1, 2]) == [{"promptTokenIds": {"ids": [1, 2]}}]
-    assert prompts([[1], [2, 3]]) == [{"promptTokenIds": {"ids": [1]}}, {"promptTokenIds": {"ids": [2, 3]}}]
+    assert prompts("a") == [PromptInput("prompt", text="a")]
+    assert prompts(["a", "b"]) == [PromptInput("prompt", text="a"), PromptInput("prompt", text="b")]
+    assert prompts([1, 2]) == [PromptInput("prompt_token_ids", token_ids=[1, 2])]
+    assert prompts([[1], [2, 3]]) == [PromptInput("prompt_token_ids", token_ids=[1]),
+                                      PromptInput("prompt_token_ids", token_ids=[2, 3])]
     with pytest.raises(ServiceError, match=r"prompt: token ids must be in \[0, 2\^32\); got \[-1\]"):
         translate_completion(CompletionRequest(prompt=[-1]))
     with pytest.raises(ServiceError, match="echo: echoing the prompt is not supported"):
@@ -133,7 +136,7 @@ def test_completion_prompts():
 
 
 def test_the_web_stack_stays_in_service_http_and_out_of_torch():
-    code = ("import sys; import service.server, service.cli; "
+    code = ("import sys; import service.grpc.server, service.cli; "
             "assert not {'fastapi', 'uvicorn', 'starlette'} & set(sys.modules), 'web stack imported'; "
             "import service.http.server, grammar.lark_grammar; assert 'torch' not in sys.modules, 'torch imported'")
     subprocess.run([sys.executable, "-c", code], cwd=REPO_ROOT, check=True)

@@ -18,9 +18,9 @@ from engine.log_format import JsonFormatter
 from engine.protocol import StepStats
 from live_server import chat, error_of
 from observability import PrometheusServer, family_names, promtool_check, samples, scrape, value
-from service.metrics import STEP_PHASES, ServiceMetrics
-from service.telemetry import Telemetry
-from service.tracing import Tracing
+from service.observability.metrics import STEP_PHASES, ServiceMetrics
+from service.observability.telemetry import Telemetry
+from service.observability.tracing import Tracing
 from inproc_server import InprocHttp
 
 PLAIN = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 5}

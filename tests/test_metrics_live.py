@@ -12,7 +12,7 @@ import pytest
 from live_server import PERSON_SCHEMA, LiveServer, chat, error_of
 from observability import OtlpCollector, promtool_check, samples, scrape, value
 from service._gen.formwork.v1 import generation_pb2 as pb
-from service.metrics import STEP_PHASES
+from service.observability.metrics import STEP_PHASES
 
 pytestmark = pytest.mark.slow
 

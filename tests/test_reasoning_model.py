@@ -26,6 +26,7 @@ from grammar.reasoning import split_reasoning
 from grammar.tool_calls import SYNTAXES
 from service._gen.formwork.v1 import generation_pb2 as pb
 from service.chat_format import ChatFormat
+from service.grpc.requests import chat_options_from_proto
 from service.limits import ServiceLimits
 
 BUDGET = 6  # think tokens
@@ -90,7 +91,7 @@ def planned(chat_format: ChatFormat, constraint: Constraint | None = None, **fie
     """The constraint the service sends the engine for a request with `fields` and a think budget."""
     request = json_format.ParseDict({"chat": {"messages": ASK}, "reasoning": {"budget_tokens": BUDGET}, **fields},
                                     pb.GenerateRequest())
-    plan = chat_format.plan(request, constraint, ServiceLimits())
+    plan = chat_format.plan(chat_options_from_proto(request), constraint, ServiceLimits())
     assert plan.constraint is not None and plan.constraint.think_end == "</think>"
     return plan.constraint
 

@@ -8,7 +8,7 @@ from google.protobuf import json_format
 from google.protobuf.internal import encoder
 
 from service._gen.formwork.v1 import generation_pb2 as pb
-from service.request_decoding import UndecodableRequest, tolerant_deserializer
+from service.grpc.request_decoding import UndecodableRequest, tolerant_deserializer
 
 MARK = "MARKER-MARKER"
 

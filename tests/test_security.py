@@ -26,7 +26,7 @@ from formwork_client import Client, ResourceExhaustedError, UnauthenticatedError
 from service.limits import ServiceLimits
 from service.security import (API_KEY_ENV, ApiKeys, KeyLimiter, SecurityConfig, TlsFiles, load_api_keys,
                               load_tls_files)
-from service.server import GenerationServer
+from service.grpc.server import GenerationServer
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 KEY, OTHER_KEY = "fw-test-key-0123456789", "fw-other-key-9876543210"

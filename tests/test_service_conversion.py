@@ -1,4 +1,5 @@
-"""formwork.v1 <-> engine conversion, errors, generated stubs and import hygiene (no server, no model)."""
+"""formwork.v1 <-> the service's requests and the engine's structs, errors, generated stubs and import
+hygiene (no server, no model)."""
 from __future__ import annotations
 
 import ast
@@ -15,10 +16,15 @@ from engine.frontend.output_processor import RequestOutput, RequestTimings
 from engine.protocol import ConstraintReport, EngineCoreReady, EngineStats, FinishReason, TokenLogprob
 from engine.sampling_params import SamplingParams
 from grammar.constraint import Constraint
-from service import conversion, protogen
+from service import protogen
 from service._gen.formwork.v1 import generation_pb2 as pb
-from service.errors import ServiceError, StatusCode
+from service.errors import ErrorKind, ServiceError, error_from_output
+from service.grpc import responses
+from service.grpc.requests import constraint_from_proto, generation_request_from_proto, prompt_from_proto
+from service.grpc.status import status_proto
 from service.limits import ServiceLimits
+from service.request import PromptInput
+from service.validation import check_prompt, engine_constraint, sampling_params
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 LIMITS = ServiceLimits(max_tokens_cap=512, default_max_tokens=64, max_constraint_bytes=1000)
@@ -30,14 +36,14 @@ def request(**fields) -> pb.GenerateRequest:
 
 
 def params_of(**fields) -> SamplingParams:
-    return conversion.sampling_params_from_proto(request(**fields), LIMITS, VOCAB)
+    return sampling_params(generation_request_from_proto(request(**fields)), LIMITS, VOCAB)
 
 
 def violation(**fields) -> tuple[str, str]:
     with pytest.raises(ServiceError) as info:
         params_of(**fields)
     error = info.value
-    assert error.code == StatusCode.INVALID_ARGUMENT and len(error.violations) == 1
+    assert error.code == ErrorKind.INVALID_ARGUMENT and len(error.violations) == 1
     return error.violations[0].field, error.message
 
 
@@ -91,7 +97,7 @@ def test_bad_parameters_name_their_field(fields, field, words):
 
 
 def constraint_of(**fields) -> Constraint:
-    return conversion.constraint_from_proto(json_format.ParseDict(fields, pb.Constraint()), LIMITS)
+    return engine_constraint(constraint_from_proto(json_format.ParseDict(fields, pb.Constraint())), LIMITS)
 
 
 def test_constraint_defaults_are_the_engines():
@@ -141,21 +147,25 @@ def test_bad_constraints_name_their_field(fields, field, words):
 
 
 def test_constraint_field_of_a_request():
-    assert conversion.constraint_field(request(constraint={"regex": "a"})) == "constraint.regex"
-    assert conversion.constraint_field(request()) is None
+    assert generation_request_from_proto(request(constraint={"regex": "a"})).constraint_field == "constraint.regex"
+    assert generation_request_from_proto(request()).constraint_field is None
 
 
 # ---- prompts ----------------------------------------------------------------------------------
 
 
+def prompt_of(request: pb.GenerateRequest) -> PromptInput:
+    return check_prompt(prompt_from_proto(request), VOCAB)
+
+
 def test_prompts():
-    assert conversion.prompt_from_proto(request(), VOCAB) == conversion.PromptInput(field="prompt", text="hi")
+    assert prompt_of(request()) == PromptInput(field="prompt", text="hi")
     chat = json_format.ParseDict({"chat": {"messages": [{"role": "user", "content": ""}],
                                            "add_generation_prompt": False}}, pb.GenerateRequest())
-    assert conversion.prompt_from_proto(chat, VOCAB) == conversion.PromptInput(
+    assert prompt_of(chat) == PromptInput(
         field="chat", messages=[{"role": "user", "content": ""}], add_generation_prompt=False)
     ids = pb.GenerateRequest(prompt_token_ids=pb.TokenIds(ids=[1, 2]))
-    assert conversion.prompt_from_proto(ids, VOCAB).token_ids == [1, 2]
+    assert prompt_of(ids).token_ids == [1, 2]
 
 
 @pytest.mark.parametrize("fields, field", [
@@ -165,7 +175,7 @@ def test_prompts():
 ])
 def test_bad_prompts_name_their_field(fields, field):
     with pytest.raises(ServiceError) as info:
-        conversion.prompt_from_proto(json_format.ParseDict(fields, pb.GenerateRequest()), VOCAB)
+        prompt_of(json_format.ParseDict(fields, pb.GenerateRequest()))
     assert [v.field for v in info.value.violations] == [field]
 
 
@@ -182,7 +192,7 @@ def final_output(**fields) -> RequestOutput:
 
 
 def test_unary_response_carries_everything():
-    response = conversion.generate_response(final_output(), "client-id", str, delta=False)
+    response = responses.generate_response(final_output(), "client-id", str, delta=False)
     assert (response.request_id, response.text, list(response.token_ids)) == ("client-id", "Hello.", [5, 6, 2])
     assert response.finish_reason == pb.FINISH_REASON_STOP and response.stop_token_id == 2
     assert response.usage == pb.Usage(prompt_tokens=9, completion_tokens=3, cached_prompt_tokens=4, forced_tokens=1)
@@ -191,9 +201,9 @@ def test_unary_response_carries_everything():
 
 
 def test_stream_response_carries_the_delta_and_totals_only_at_the_end():
-    last = conversion.generate_response(final_output(stop_reason="\n"), "c", str, delta=True)
+    last = responses.generate_response(final_output(stop_reason="\n"), "c", str, delta=True)
     assert (last.text, list(last.token_ids), last.stop_string) == (".", [6, 2], "\n")
-    middle = conversion.generate_response(final_output(finished=False, finish_reason=None, timings=None), "c", str,
+    middle = responses.generate_response(final_output(finished=False, finish_reason=None, timings=None), "c", str,
                                           delta=True)
     assert middle.finish_reason == pb.FINISH_REASON_UNSPECIFIED
     assert not middle.HasField("usage") and not middle.HasField("timings") and middle.WhichOneof("stop_reason") is None
@@ -204,31 +214,31 @@ def test_stream_response_carries_the_delta_and_totals_only_at_the_end():
     (FinishReason.ABORT, pb.FINISH_REASON_CANCELLED), (FinishReason.ERROR, pb.FINISH_REASON_ERROR),
 ])
 def test_finish_reasons(reason, expected):
-    response = conversion.generate_response(final_output(finish_reason=reason, stop_reason=None), "c", str, False)
+    response = responses.generate_response(final_output(finish_reason=reason, stop_reason=None), "c", str, False)
     assert response.finish_reason == expected
 
 
 def test_logprobs_with_token_texts():
     logprobs = [TokenLogprob(5, -0.1, [(5, -0.1), (9, -2.0)])]
     output = final_output(token_ids=[5], logprobs=logprobs, new_logprobs=logprobs)
-    response = conversion.generate_response(output, "c", lambda t: f"<{t}>", delta=False)
+    response = responses.generate_response(output, "c", lambda t: f"<{t}>", delta=False)
     assert response.logprobs[0] == pb.TokenLogprob(token_id=5, token="<5>", logprob=-0.1, top=[
         pb.TopLogprob(token_id=5, token="<5>", logprob=-0.1), pb.TopLogprob(token_id=9, token="<9>", logprob=-2.0)])
 
 
 def test_errors_from_engine_outputs():
     compile_error = final_output(token_ids=[], finish_reason=FinishReason.ERROR, error="regex does not compile: x")
-    error = conversion.error_from_output(compile_error, "constraint.regex")
-    assert error.code == StatusCode.INVALID_ARGUMENT and error.message == "constraint.regex: regex does not compile: x"
+    error = error_from_output(compile_error, "constraint.regex")
+    assert error.code == ErrorKind.INVALID_ARGUMENT and error.message == "constraint.regex: regex does not compile: x"
     mid_stream = final_output(finish_reason=FinishReason.ERROR, error="grammar dead end")
-    error = conversion.error_from_output(mid_stream, "constraint.regex")
-    assert error.code == StatusCode.INTERNAL and "after 3 tokens: grammar dead end" in error.message
+    error = error_from_output(mid_stream, "constraint.regex")
+    assert error.code == ErrorKind.INTERNAL and "after 3 tokens: grammar dead end" in error.message
 
 
 def test_status_proto_carries_field_violations():
     with pytest.raises(ServiceError) as info:
         params_of(temperature=-1)
-    status = info.value.status_proto()
+    status = status_proto(info.value)
     assert status.code == 3 and status.message == info.value.message
     bad_request = error_details_pb2.BadRequest()
     assert status.details[0].Unpack(bad_request)
@@ -240,12 +250,12 @@ def test_model_info_and_validate_response():
                            num_total_blocks=99, max_num_seqs=8, max_num_waiting=4)
     stats = EngineStats(num_running=2, num_waiting=1, num_waiting_for_grammar=1, num_free_blocks=90,
                         num_total_blocks=99, num_cached_blocks=3, num_steps=7)
-    model = conversion.model_info(info, stats, LIMITS, num_in_flight=4)
+    model = responses.model_info(info, stats, LIMITS, num_in_flight=4)
     assert model.limits.max_num_seqs == 8 and model.limits.max_queue_len == 4 and model.limits.max_tokens_cap == 512
     assert model.load == pb.Load(num_running=2, num_waiting=1, num_waiting_for_grammar=1, num_free_kv_blocks=90,
                                  num_total_kv_blocks=99, num_cached_kv_blocks=3, num_in_flight=4, num_steps=7)
     assert list(model.constraint_kinds) == ["json_schema", "json_object", "regex", "grammar", "choice"]
-    report = conversion.validate_constraint_response(ConstraintReport(ok=False, error="bad"))
+    report = responses.validate_constraint_response(ConstraintReport(ok=False, error="bad"))
     assert not report.ok and report.error == "bad"
 
 
@@ -262,22 +272,26 @@ def test_generated_stubs_are_fresh():
 
 
 def test_service_never_imports_torch():
-    code = ("import sys; import service.server, service.lifecycle, service.cli, service.async_llm, engine.frontend.mp_client; "
+    code = ("import sys; import service.grpc.server, service.lifecycle, service.cli, service.async_llm, "
+            "engine.frontend.mp_client; "
             "assert 'torch' not in sys.modules, 'torch imported'; assert 'transformers' not in sys.modules")
     subprocess.run([sys.executable, "-c", code], cwd=REPO_ROOT, check=True)
 
 
-def test_only_the_grpc_server_and_its_access_checks_import_grpc():
+def test_only_the_grpc_front_end_imports_grpc():
     importers = []
-    for path in sorted((REPO_ROOT / "service").glob("*.py")):
+    for path in sorted((REPO_ROOT / "service").rglob("*.py")):
+        if "_gen" in path.parts:
+            continue
         for node in ast.walk(ast.parse(path.read_text())):
             names = [a.name for a in node.names] if isinstance(node, ast.Import) else \
                 [node.module or ""] if isinstance(node, ast.ImportFrom) else []
             if any(n == "grpc" or n.startswith(("grpc.", "grpc_health", "grpc_reflection.v1alpha.reflection"))
                    or n == "grpc_reflection.v1alpha" and any(a.name != "reflection_pb2" for a in node.names)
                    for n in names):
-                importers.append(path.name)
-    assert sorted(set(importers)) == ["grpc_access.py", "server.py"]
+                importers.append(path.relative_to(REPO_ROOT / "service").as_posix())
+    assert sorted(set(importers)) == ["grpc/access.py", "grpc/reflection.py", "grpc/server.py", "grpc/servicer.py",
+                                      "grpc/status.py"]
 
 
 def test_engine_core_client_never_imports_grpc():
@@ -298,15 +312,15 @@ def test_floats_are_range_checked_not_only_finite(fields, field):
 def test_deeply_nested_schema_text_is_a_clear_error():
     for text in ("[" * 100000, '{"items":' * 5000 + "{}" + "}" * 5000):
         with pytest.raises(ServiceError) as info:
-            conversion.constraint_from_proto(pb.Constraint(json_schema_text=text),
-                                             ServiceLimits(max_constraint_bytes=1 << 20))
-        assert info.value.code == StatusCode.INVALID_ARGUMENT
+            engine_constraint(constraint_from_proto(pb.Constraint(json_schema_text=text)),
+                              ServiceLimits(max_constraint_bytes=1 << 20))
+        assert info.value.code == ErrorKind.INVALID_ARGUMENT
         assert info.value.message.startswith("constraint.json_schema_text: json_schema is nested too deeply")
 
 
 def test_a_constraint_error_after_tokens_is_invalid_argument():
     output = final_output(finish_reason=FinishReason.ERROR, error="over max_fill_ms", constraint_error=True)
-    error = conversion.error_from_output(output, "constraint.regex")
-    assert error.code == StatusCode.INVALID_ARGUMENT
+    error = error_from_output(output, "constraint.regex")
+    assert error.code == ErrorKind.INVALID_ARGUMENT
     assert error.message == "constraint.regex: over max_fill_ms (after 3 tokens)"
     assert error.violations[0].field == "constraint.regex"

@@ -14,10 +14,12 @@ from engine.frontend.output_processor import OutputProcessor, RequestOutput
 from engine.frontend.tokenizer import Tokenizer
 from engine.protocol import EngineCoreOutput, FinishReason
 from engine.sampling_params import SamplingParams
-from service import conversion
 from service._gen.formwork.v1 import generation_pb2 as pb
+from service.grpc import responses
+from service.grpc.requests import generation_request_from_proto
 from service.http.responses import formwork_extension
 from service.limits import ServiceLimits
+from service.validation import sampling_params
 
 
 def engine_config(*argv):
@@ -41,7 +43,7 @@ def test_the_request_switch_over_grpc():
     limits = ServiceLimits(max_tokens_cap=512, default_max_tokens=64, max_constraint_bytes=1000)
     for fields, expected in (({}, None), ({"speculative": True}, True), ({"speculative": False}, False)):
         request = json_format.ParseDict({"prompt": "hi", **fields}, pb.GenerateRequest())
-        assert conversion.sampling_params_from_proto(request, limits, 49152).speculative is expected
+        assert sampling_params(generation_request_from_proto(request), limits, 49152).speculative is expected
 
 
 @pytest.fixture(scope="module")
@@ -57,7 +59,7 @@ def final_output(**fields) -> RequestOutput:
 
 def test_counts_reach_the_grpc_usage_and_the_http_extension():
     drafted = final_output(num_draft_tokens=12, num_accepted_draft_tokens=9)
-    usage = conversion.generate_response(drafted, "r", str, delta=False).usage
+    usage = responses.generate_response(drafted, "r", str, delta=False).usage
     assert (usage.draft_tokens, usage.accepted_draft_tokens) == (12, 9)
     entry = formwork_extension([drafted])["choices"][0]
     assert (entry["draft_tokens"], entry["accepted_draft_tokens"]) == (12, 9)

@@ -37,7 +37,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from bench.serve import RequestRecord
+from bench.request_record import RequestRecord
 
 REPO_ROOT = Path(__file__).resolve().parent.parent.parent
 PEERS_DIR = REPO_ROOT / ".peers"

@@ -1,14 +1,15 @@
 """The OpenAI-compatible HTTP API: a FastAPI app over the gRPC server's AsyncLLM.
 
     GET  /health               200 while the engine serves, else 503 (open, like gRPC health)
-    GET  /metrics              Prometheus metrics (service/metrics.py; open, like /health; 404 with --no-metrics)
+    GET  /metrics              Prometheus metrics (service/observability/metrics.py; open, like /health; 404 with --no-metrics)
     GET  /v1/models            the served model
     POST /v1/chat/completions  chat, whole or streamed as server-sent events
     POST /v1/completions       text completion, whole or streamed
 
 The same SecurityConfig as gRPC: `Authorization: Bearer KEY` on /v1/* when keys are set, and
-the per-key limit on concurrent generation calls (shared with gRPC). Requests are validated by
-service/conversion.py, as gRPC's are, so a bad field gets the same message on both.
+the per-key limit on concurrent generation calls (shared with gRPC). Requests are mapped onto the
+service's wire-neutral GenerationRequest (service/http/conversion.py) and validated by the code
+gRPC's go through, so a bad field gets the same message on both.
 """
 from __future__ import annotations
 
@@ -30,16 +31,14 @@ from fastapi.responses import Response, StreamingResponse
 from starlette.exceptions import HTTPException
 
 from engine.protocol import FinishReason
-from service import conversion
-from service.assistant_output import AssistantStream
-from service.chat_format import OutputShape
-from service.errors import ServiceError, StatusCode
+from service.assistant_output import AssistantStream, OutputShape
+from service.errors import ErrorKind, ServiceError, error_from_output
 from service.http import responses
 from service.http.conversion import Translated, translate_chat, translate_completion
 from service.http.errors import HttpError, bad_request, http_error, not_found, too_large
 from service.http.protocol import ChatCompletionRequest, CompletionRequest
 from service.http.streaming import DONE_EVENT, encode_json, event, merged
-from service.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
+from service.observability.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from service.security import ApiKeys, KeyLimiter, SecurityConfig
 
 if TYPE_CHECKING:
@@ -105,7 +104,7 @@ class OpenAIApi:
             message = "the model is warming up"
         except ServiceError as e:
             message = e.message
-        return _answer(http_error(ServiceError(StatusCode.UNAVAILABLE, message)))
+        return _answer(http_error(ServiceError(ErrorKind.UNAVAILABLE, message)))
 
     async def metrics(self) -> Response:
         metrics = self._llm.telemetry.metrics
@@ -139,9 +138,9 @@ class OpenAIApi:
                                                                logprobs=body.logprobs is not None))
 
     def _refuse(self, request: Request, error: HttpError) -> Response:
-        """The error answer; a refused generation call is counted by its gRPC code."""
+        """The error answer; a refused generation call is counted by its error kind, as gRPC's are."""
         if request.url.path in _GENERATION_PATHS:
-            self._llm.telemetry.request_rejected("http", _grpc_code(error))
+            self._llm.telemetry.request_rejected("http", _error_kind(error))
         return _answer(error)
 
     # ---- access and parsing -------------------------------------------------------------------
@@ -162,7 +161,7 @@ class OpenAIApi:
             return await generate()
         if not self._limiter.try_acquire(key):
             raise _Refused(http_error(ServiceError(
-                StatusCode.RESOURCE_EXHAUSTED, f"this API key already has {self._limiter.limit} requests in "
+                ErrorKind.RESOURCE_EXHAUSTED, f"this API key already has {self._limiter.limit} requests in "
                                                f"flight, the server's limit per key (--max-concurrent-per-key)")))
         try:
             response = await generate()
@@ -211,23 +210,20 @@ class OpenAIApi:
         call = _Call(translated, chat, logprobs, info.model_name,
                      f"{'chatcmpl' if chat else 'cmpl'}-{secrets.token_hex(12)}", int(time.time()))
         try:
-            params = conversion.sampling_params_from_proto(translated.request, self._limits, info.vocab_size)
-            plan = self._llm.chat_format.plan(translated.request, params.constraint, self._limits)
-            params, call = plan.sampling(params), dataclasses.replace(call, shape=plan.shape)
-            prompts = [plan.prompt(conversion.prompt_from_proto(p, info.vocab_size)) for p in translated.prompts]
-            token_ids = [(await self._llm.encode_prompt(p))[0] for p in prompts]
+            prepared = await self._llm.prepare(translated.request)
+            params, call = prepared.params, dataclasses.replace(call, shape=prepared.shape)
             arrival_time = time.monotonic()
             number = next(self._ids)
             generations = []
-            for prompt_index, (prompt, ids) in enumerate(zip(prompts, token_ids)):
+            for prompt_index, prompt in enumerate(prepared.prompts):
                 for choice in range(translated.num_choices):
                     choice_params = params
                     if params.seed is not None and choice:  # the same seed would give n equal choices
                         choice_params = msgspec.structs.replace(params, seed=params.seed + choice)
                     index = prompt_index * translated.num_choices + choice
                     generations.append(self._llm.generate(
-                        ids, choice_params, request_id=f"{call.response_id}#{number}.{index}",
-                        priority=translated.priority, arrival_time=arrival_time, stream=translated.stream,
+                        prompt.token_ids, choice_params, request_id=f"{call.response_id}#{number}.{index}",
+                        priority=translated.request.priority, arrival_time=arrival_time, stream=translated.stream,
                         prompt_field=prompt.field))
             outputs = merged(generations)
             if translated.stream:
@@ -269,7 +265,7 @@ class OpenAIApi:
     def _raise_if_error(output: RequestOutput, translated: Translated) -> None:
         if output.finish_reason == FinishReason.ERROR:
             logger.info("request %s failed: %s", output.request_id, output.error)
-            raise conversion.error_from_output(output, conversion.constraint_field(translated.request))
+            raise error_from_output(output, translated.request.constraint_field)
 
     async def _events(self, call: _Call, first: tuple[int, RequestOutput],
                       outputs: AsyncIterator[tuple[int, RequestOutput]], num_choices: int) -> AsyncIterator[bytes]:
@@ -294,7 +290,7 @@ class OpenAIApi:
             while True:
                 for index, output in pending:
                     if output.finish_reason == FinishReason.ERROR:
-                        error = conversion.error_from_output(output, conversion.constraint_field(translated.request))
+                        error = error_from_output(output, translated.request.constraint_field)
                         renamed, param = translated.field_names.rename(error)
                         yield event(http_error(renamed, param).body())
                         yield DONE_EVENT
@@ -325,10 +321,10 @@ class OpenAIApi:
 _GENERATION_PATHS = frozenset(("/v1/chat/completions", "/v1/completions"))
 
 
-def _grpc_code(error: HttpError) -> str:
-    """The gRPC status name of an HTTP error answer (the HTTP-only ones by their HTTP status)."""
+def _error_kind(error: HttpError) -> str:
+    """The ErrorKind name of an HTTP error answer (the HTTP-only ones by their HTTP status)."""
     name = (error.code or "").upper()
-    if name in StatusCode.__members__:
+    if name in ErrorKind.__members__:
         return name
     return {401: "UNAUTHENTICATED", 404: "NOT_FOUND"}.get(error.status, "INVALID_ARGUMENT")
 

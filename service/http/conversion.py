@@ -1,27 +1,25 @@
-"""OpenAI request bodies -> formwork.v1 GenerateRequests, so that both front ends validate alike.
+"""OpenAI request bodies -> the service's wire-neutral GenerationRequest (service/request.py), the
+struct the gRPC front end maps its messages onto too, so that both front ends validate alike.
 
-The sampling fields, the constraint and the prompt are put on a GenerateRequest and checked by
-service/conversion.py, the code gRPC uses; what it reports names gRPC's fields, which
-`FieldNames.rename` turns back into the HTTP request's (`constraint.json_schema_text` ->
+The shared checks (service/validation.py, the chat format) name the API's fields (formwork.v1's),
+which `FieldNames.rename` turns back into the HTTP request's (`constraint.json_schema_text` ->
 `response_format.json_schema.schema`). What only HTTP has is checked here.
 """
 from __future__ import annotations
 
+import dataclasses
 import json
 from dataclasses import dataclass, field
 from typing import Any
 
-from service._gen.formwork.v1 import generation_pb2 as pb
 from service.errors import FieldViolation, ServiceError, invalid_argument
 from service.http.protocol import ChatCompletionRequest, ChatMessage, CompletionRequest, _GenerationRequest
+from service.request import (ChatOptions, ConstraintRequest, GenerationRequest, PromptInput, SamplingRequest, ToolSpec,
+                             template_message)
 
 MAX_CHOICES = 16  # n, per prompt
-# Formwork's JSON whitespace modes, by their HTTP names
-_GRAMMAR_SYNTAX = {"ebnf": pb.GRAMMAR_SYNTAX_EBNF, "lark": pb.GRAMMAR_SYNTAX_LARK}
-_TOOL_CHOICE = {"none": pb.TOOL_CHOICE_MODE_NONE, "auto": pb.TOOL_CHOICE_MODE_AUTO,
-                "required": pb.TOOL_CHOICE_MODE_REQUIRED}
-_WHITESPACE = {"compact": pb.JSON_WHITESPACE_COMPACT, "spaced": pb.JSON_WHITESPACE_SPACED,
-               "bounded": pb.JSON_WHITESPACE_BOUNDED, "any": pb.JSON_WHITESPACE_ANY}
+_SAMPLING_FIELDS = ("temperature", "top_p", "min_p", "seed", "frequency_penalty", "presence_penalty",
+                    "repetition_penalty", "ignore_eos", "include_stop_str_in_output")
 
 
 @dataclass
@@ -51,11 +49,9 @@ class FieldNames:
 
 @dataclass(frozen=True)
 class Translated:
-    request: pb.GenerateRequest  # sampling, stops and constraint; no input
-    prompts: list[pb.GenerateRequest]  # one per prompt, input only
+    request: GenerationRequest
     field_names: FieldNames
     num_choices: int  # n: choices per prompt
-    priority: int
     stream: bool
     include_usage: bool
 
@@ -69,57 +65,46 @@ def translate_chat(body: ChatCompletionRequest) -> Translated:
     if body.modalities and body.modalities != ["text"]:
         raise invalid_argument("modalities", "only text is supported")
     messages = [_chat_message(m, index) for index, m in enumerate(body.messages)]
-    chat = pb.Chat(messages=messages)
-    if not body.add_generation_prompt:
-        chat.add_generation_prompt = False
-    request = _sampling_request(body, names)
+    prompt = PromptInput(field="chat", messages=messages, add_generation_prompt=body.add_generation_prompt)
+    sampling, constraint = _sampling(body, names), _constraint(body, names)
     if body.max_completion_tokens is not None:
-        _set_uint(request, "max_tokens", body.max_completion_tokens, "max_completion_tokens", names)
+        sampling = _with_uint(sampling, "max_tokens", body.max_completion_tokens, "max_completion_tokens", names)
     if body.top_logprobs is not None and not body.logprobs:
         raise invalid_argument("top_logprobs", "needs logprobs: true")
     if body.logprobs:
-        _set_uint(request, "logprobs", body.top_logprobs or 0, "top_logprobs", names)
-    _tools(body, request)
-    return _translated(body, request, [pb.GenerateRequest(chat=chat)], names)
+        sampling = _with_uint(sampling, "logprobs", body.top_logprobs or 0, "top_logprobs", names)
+    return _translated(body, GenerationRequest((prompt,), sampling, constraint, _chat_options(body)), names)
 
 
-def _tools(body: ChatCompletionRequest, request: pb.GenerateRequest) -> None:
-    """tools, tool_choice, parallel_tool_calls and the reasoning switches, as gRPC's fields."""
-    for tool in body.tools or []:
-        function = tool.function
-        parameters = "" if function.parameters is None else json.dumps(function.parameters, ensure_ascii=False)
-        request.tools.append(pb.Tool(name=function.name, description=function.description or "",
-                                     parameters_json=parameters))
-    choice = body.tool_choice
-    if isinstance(choice, str):
-        request.tool_choice.mode = _TOOL_CHOICE[choice]
-    elif choice is not None:
-        request.tool_choice.function_name = choice.function.name
-    if body.parallel_tool_calls is not None:
-        request.parallel_tool_calls = body.parallel_tool_calls
+def _chat_options(body: ChatCompletionRequest) -> ChatOptions:
+    """tools, tool_choice, parallel_tool_calls and the reasoning switches."""
+    tools = tuple(ToolSpec(t.function.name, t.function.description or "",
+                           "" if t.function.parameters is None else json.dumps(t.function.parameters,
+                                                                                ensure_ascii=False))
+                  for t in body.tools or [])
+    choice, name = "auto", ""
+    if isinstance(body.tool_choice, str):
+        choice = body.tool_choice
+    elif body.tool_choice is not None:
+        choice, name = "named", body.tool_choice.function.name
     kwargs = body.chat_template_kwargs or {}
     unknown = sorted(set(kwargs) - {"enable_thinking"})
     if unknown:
         raise invalid_argument(f"chat_template_kwargs.{unknown[0]}", "is not supported (only enable_thinking)")
-    if "enable_thinking" in kwargs:
-        if not isinstance(kwargs["enable_thinking"], bool):
-            raise invalid_argument("chat_template_kwargs.enable_thinking", "must be true or false")
-        request.reasoning.enabled = kwargs["enable_thinking"]
+    thinking = kwargs.get("enable_thinking")
+    if "enable_thinking" in kwargs and not isinstance(thinking, bool):
+        raise invalid_argument("chat_template_kwargs.enable_thinking", "must be true or false")
     budget = body.formwork.reasoning_budget if body.formwork else None
-    if budget is not None:
-        if not 0 <= budget < 1 << 32:
-            raise invalid_argument("formwork.reasoning_budget", f"must be >= 0, got {budget}")
-        request.reasoning.budget_tokens = budget
+    if budget is not None and not 0 <= budget < 1 << 32:
+        raise invalid_argument("formwork.reasoning_budget", f"must be >= 0, got {budget}")
+    parallel = body.parallel_tool_calls if body.parallel_tool_calls is not None else True
+    return ChatOptions(tools, choice, name, parallel, thinking, budget)
 
 
-def _chat_message(message: ChatMessage, index: int) -> pb.ChatMessage:
-    out = pb.ChatMessage(role=message.role, content=_message_text(message.content, index),
-                         tool_call_id=message.tool_call_id or "", name=message.name or "")
-    for call in message.tool_calls or []:
-        arguments = call.function.arguments
-        out.tool_calls.append(pb.ToolCall(id=call.id, name=call.function.name, arguments_json=arguments if isinstance(
-            arguments, str) else json.dumps(arguments, ensure_ascii=False)))
-    return out
+def _chat_message(message: ChatMessage, index: int) -> dict[str, Any]:
+    calls = [(call.id, call.function.name, _json_text(call.function.arguments)) for call in message.tool_calls or []]
+    return template_message(message.role, _message_text(message.content, index), calls, message.tool_call_id or "",
+                            message.name or "")
 
 
 def translate_completion(body: CompletionRequest) -> Translated:
@@ -127,24 +112,23 @@ def translate_completion(body: CompletionRequest) -> Translated:
     if body.echo:
         raise invalid_argument("echo", "echoing the prompt is not supported")
     _refuse(body.suffix, "suffix", "suffix (insertion) is not supported")
-    request = _sampling_request(body, names)
+    sampling, constraint = _sampling(body, names), _constraint(body, names)
     if body.logprobs is not None:
-        _set_uint(request, "logprobs", body.logprobs, "logprobs", names)
+        sampling = _with_uint(sampling, "logprobs", body.logprobs, "logprobs", names)
     prompt = body.prompt
     if isinstance(prompt, str):
-        prompts = [pb.GenerateRequest(prompt=prompt)]
+        prompts = [PromptInput(field="prompt", text=prompt)]
     elif prompt and all(isinstance(p, int) for p in prompt):
         prompts = [_token_prompt(prompt, "prompt")]  # type: ignore[arg-type]
     elif not prompt:
         raise invalid_argument("prompt", "must not be empty")
     else:
-        prompts = [pb.GenerateRequest(prompt=p) if isinstance(p, str) else _token_prompt(p, f"prompt[{i}]")
+        prompts = [PromptInput(field="prompt", text=p) if isinstance(p, str) else _token_prompt(p, f"prompt[{i}]")
                    for i, p in enumerate(prompt)]  # type: ignore[union-attr]
-    return _translated(body, request, prompts, names)
+    return _translated(body, GenerationRequest(tuple(prompts), sampling, constraint), names)
 
 
-def _translated(body: _GenerationRequest, request: pb.GenerateRequest, prompts: list[pb.GenerateRequest],
-                names: FieldNames) -> Translated:
+def _translated(body: _GenerationRequest, request: GenerationRequest, names: FieldNames) -> Translated:
     if not 1 <= body.n <= MAX_CHOICES:
         raise invalid_argument("n", f"must be in [1, {MAX_CHOICES}], got {body.n}")
     if body.best_of is not None and body.best_of != body.n:
@@ -156,59 +140,52 @@ def _translated(body: _GenerationRequest, request: pb.GenerateRequest, prompts: 
     if body.stream_options is not None and not body.stream:
         raise invalid_argument("stream_options", "is only allowed with stream: true")
     priority = body.formwork.priority if body.formwork else 0
-    return Translated(request, prompts, names, body.n, priority, body.stream, include_usage)
+    return Translated(dataclasses.replace(request, priority=priority), names, body.n, body.stream, include_usage)
 
 
-def _sampling_request(body: _GenerationRequest, names: FieldNames) -> pb.GenerateRequest:
-    request = pb.GenerateRequest()
-    for name in ("temperature", "top_p", "min_p", "seed", "frequency_penalty", "presence_penalty",
-                 "repetition_penalty", "ignore_eos", "include_stop_str_in_output"):
-        value = getattr(body, name)
-        if value is not None:
-            setattr(request, name, value)
-    if body.top_k is not None:
-        _set_uint(request, "top_k", 0 if body.top_k == -1 else body.top_k, "top_k", names)  # vLLM: -1 disables
+def _sampling(body: _GenerationRequest, names: FieldNames) -> SamplingRequest:
+    sampling = SamplingRequest(**{name: getattr(body, name) for name in _SAMPLING_FIELDS
+                                  if getattr(body, name) is not None})
+    if body.top_k is not None:  # vLLM: -1 disables
+        sampling = _with_uint(sampling, "top_k", 0 if body.top_k == -1 else body.top_k, "top_k", names)
     if body.max_tokens is not None:
-        _set_uint(request, "max_tokens", body.max_tokens, "max_tokens", names)
+        sampling = _with_uint(sampling, "max_tokens", body.max_tokens, "max_tokens", names)
     if body.stop is not None:
-        request.stop.extend([body.stop] if isinstance(body.stop, str) else body.stop)
+        sampling = dataclasses.replace(sampling, stop=(body.stop,) if isinstance(body.stop, str) else tuple(body.stop))
     if body.stop_token_ids:
         bad = [t for t in body.stop_token_ids if t < 0]
         if bad:
             raise invalid_argument("stop_token_ids", f"ids must be >= 0; got {bad[:5]}")
-        request.stop_token_ids.extend(body.stop_token_ids)
+        sampling = dataclasses.replace(sampling, stop_token_ids=tuple(body.stop_token_ids))
     if body.formwork is not None and body.formwork.speculative is not None:
-        request.speculative = body.formwork.speculative
-    constraint = _constraint(body, names)
-    if constraint is not None:
-        request.constraint.CopyFrom(constraint)
-    return request
+        sampling = dataclasses.replace(sampling, speculative=body.formwork.speculative)
+    return sampling
 
 
-def _set_uint(request: pb.GenerateRequest, name: str, value: int, http_name: str, names: FieldNames) -> None:
+def _with_uint(sampling: SamplingRequest, name: str, value: int, http_name: str, names: FieldNames) -> SamplingRequest:
+    """`sampling` with `name` set, in the range the API's unsigned 32-bit fields take."""
     if value < 0:
         raise invalid_argument(http_name, f"must be >= {1 if name == 'max_tokens' else 0}, got {value}")
     if value >= 1 << 32:
         raise invalid_argument(http_name, f"{value} is out of range")
-    setattr(request, name, value)
     names.names[name] = http_name
+    return dataclasses.replace(sampling, **{name: value})
 
 
-def _constraint(body: _GenerationRequest, names: FieldNames) -> pb.Constraint | None:
+def _constraint(body: _GenerationRequest, names: FieldNames) -> ConstraintRequest | None:
     """The one output constraint the request asks for, from whichever field it used."""
-    found: list[tuple[str, pb.Constraint]] = []
+    found: list[tuple[str, ConstraintRequest]] = []
     response_format = body.response_format
     if response_format is not None and response_format.type == "json_object":
-        found.append(("response_format", pb.Constraint(json_object=pb.JsonObject())))
+        found.append(("response_format", ConstraintRequest("json_object")))
     elif response_format is not None and response_format.type == "json_schema":
         schema = response_format.json_schema.schema_ if response_format.json_schema else None
         if schema is None:
             raise invalid_argument("response_format.json_schema.schema", "is required with type json_schema")
-        constraint = pb.Constraint(json_schema_text=json.dumps(schema, ensure_ascii=False))
         assert response_format.json_schema is not None
-        if response_format.json_schema.strict is not None:
-            constraint.strict = response_format.json_schema.strict
-        found.append(("response_format.json_schema.schema", constraint))
+        found.append(("response_format.json_schema.schema",
+                      ConstraintRequest("json_schema_text", json.dumps(schema, ensure_ascii=False),
+                                        strict=response_format.json_schema.strict)))
     structured = body.structured_outputs
     if structured is not None:
         kinds = [k for k in ("json_", "regex", "choice", "grammar", "json_object") if getattr(structured, k) is not None]
@@ -232,30 +209,32 @@ def _constraint(body: _GenerationRequest, names: FieldNames) -> pb.Constraint | 
             raise invalid_argument("formwork", "close_early needs an output constraint")
         return None
     http_field, constraint = found[0]
-    kind = constraint.WhichOneof("kind")
-    names.names[f"constraint.{kind}"] = http_field
+    names.names[f"constraint.{constraint.kind}"] = http_field
     names.names["constraint"] = http_field
     options = body.formwork
-    if options is not None:
-        for option in ("strict", "any_whitespace", "jump_forward", "close_early"):
-            if getattr(options, option) is not None:
-                setattr(constraint, option, getattr(options, option))
-        if options.whitespace is not None:
-            constraint.whitespace = _WHITESPACE[options.whitespace]
-        if kind == "grammar" and options.grammar_syntax != "auto":
-            constraint.grammar_syntax = _GRAMMAR_SYNTAX[options.grammar_syntax]
-    return constraint
+    if options is None:
+        return constraint
+    chosen = {option: getattr(options, option) for option in ("strict", "any_whitespace", "jump_forward",
+                                                               "close_early", "whitespace")
+              if getattr(options, option) is not None}
+    if constraint.kind == "grammar" and options.grammar_syntax != "auto":
+        chosen["grammar_syntax"] = options.grammar_syntax
+    return dataclasses.replace(constraint, **chosen)
 
 
-def _kind_constraint(kind: str, value: Any) -> pb.Constraint:
+def _json_text(value: Any) -> str:
+    """A JSON value sent as text or inline, as text."""
+    return value if isinstance(value, str) else json.dumps(value, ensure_ascii=False)
+
+
+def _kind_constraint(kind: str, value: Any) -> ConstraintRequest:
     if kind == "json_":
-        text = value if isinstance(value, str) else json.dumps(value, ensure_ascii=False)
-        return pb.Constraint(json_schema_text=text)
+        return ConstraintRequest("json_schema_text", _json_text(value))
     if kind == "json_object":
-        return pb.Constraint(json_object=pb.JsonObject())
+        return ConstraintRequest("json_object")
     if kind == "choice":
-        return pb.Constraint(choice=pb.Choice(choices=value))
-    return pb.Constraint(**{kind: value})
+        return ConstraintRequest("choice", choices=tuple(value))
+    return ConstraintRequest(kind, value)
 
 
 def _message_text(content: str | list[dict[str, Any]] | None, index: int) -> str:
@@ -271,11 +250,11 @@ def _message_text(content: str | list[dict[str, Any]] | None, index: int) -> str
     return "".join(texts)
 
 
-def _token_prompt(token_ids: list[int], field: str) -> pb.GenerateRequest:
+def _token_prompt(token_ids: list[int], field: str) -> PromptInput:
     bad = [t for t in token_ids if not 0 <= t < 1 << 32]
     if bad:
         raise invalid_argument(field, f"token ids must be in [0, 2^32); got {bad[:5]}")
-    return pb.GenerateRequest(prompt_token_ids=pb.TokenIds(ids=token_ids))
+    return PromptInput(field="prompt_token_ids", token_ids=list(token_ids))
 
 
 def _refuse(value: object, field: str, description: str) -> None:

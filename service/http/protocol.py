@@ -1,6 +1,6 @@
 """The OpenAI request bodies Formwork reads, as pydantic models (docs/http.md lists every field).
 
-Types only: ranges, sizes and constraints are checked where gRPC checks them (service/conversion.py),
+Types only: ranges, sizes and constraints are checked where gRPC's are (service/validation.py),
 so both front ends give the same message. Fields OpenAI defines that have no meaning here (`user`,
 `store`, `metadata`, ...) are ignored; those that would change the answer and cannot be honoured
 (`functions`, `logit_bias`, `echo`, ...) are declared so that service/http/conversion.py can refuse them.

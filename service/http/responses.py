@@ -16,8 +16,7 @@ from service import assistant_output
 if TYPE_CHECKING:
     from engine.frontend.output_processor import RequestOutput
     from engine.protocol import TokenLogprob
-    from service.assistant_output import AssistantStream, ParsedCall
-    from service.chat_format import OutputShape
+    from service.assistant_output import AssistantStream, OutputShape, ParsedCall
 
 TokenText = Callable[[int], str]
 

@@ -1,6 +1,6 @@
 """uvicorn serving the OpenAI API inside `formwork serve`'s event loop, beside the gRPC server.
 
-No second engine and no proxy hop: the routes call the gRPC server's AsyncLLM directly. The
+No second engine and no proxy hop: the routes call the AsyncLLM the gRPC server serves from. The
 signals belong to serve(), which stops this server with the gRPC one; TLS uses the same
 certificate and key as gRPC (and requires client certificates when gRPC does).
 """
@@ -12,7 +12,7 @@ import os
 import socket
 import ssl
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING
 
 import uvicorn
@@ -20,8 +20,10 @@ import uvicorn
 from service.http.app import OpenAIApi
 
 if TYPE_CHECKING:
+    from service.async_llm import AsyncLLM
+    from service.limits import ServiceLimits
+    from service.observability.tracing import Tracing
     from service.security import KeyLimiter, SecurityConfig, TlsFiles
-    from service.server import GenerationServer
 
 
 class _EmbeddedServer(uvicorn.Server):
@@ -31,16 +33,15 @@ class _EmbeddedServer(uvicorn.Server):
 
 
 class HttpServer:
-    """The HTTP front end of one GenerationServer."""
+    """The HTTP front end of the server's AsyncLLM; `is_ready` says whether it serves (as gRPC health does)."""
 
-    def __init__(self, grpc_server: GenerationServer, port: int, limiter: KeyLimiter) -> None:
-        self.host = grpc_server.host
+    def __init__(self, llm: AsyncLLM, limits: ServiceLimits, security: SecurityConfig, limiter: KeyLimiter,
+                 is_ready: Callable[[], bool], host: str, port: int) -> None:
+        self.host = host
         self.port = port  # the bound port once started (useful with port 0)
-        self.security: SecurityConfig = grpc_server.security
-        llm = grpc_server.llm
-
-        self.api = OpenAIApi(llm, grpc_server.limits, self.security, limiter, lambda: grpc_server.serving)
-        self._tracing = grpc_server.telemetry.tracing
+        self.security = security
+        self.api = OpenAIApi(llm, limits, security, limiter, is_ready)
+        self._tracing: Tracing | None = llm.telemetry.tracing
         self._server: _EmbeddedServer | None = None
         self._task: asyncio.Task[None] | None = None
 

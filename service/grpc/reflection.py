@@ -1,14 +1,18 @@
-"""Descriptors for server reflection, both protocol versions.
+"""Server reflection, both protocol versions (what grpcurl uses instead of the .proto files).
 
 grpcio-reflection ships only `grpc.reflection.v1alpha` (the one grpcurl 1.8.6 speaks); newer
 clients ask for `grpc.reflection.v1`. The two are the same messages under another package name,
-identical on the wire, so v1 is served by the v1alpha servicer (service/server.py) and this module
-only adds a v1 file descriptor — v1alpha's, renamed — to the pool, so that v1 can describe itself.
+identical on the wire, so v1 is served by the v1alpha servicer, and a v1 file descriptor —
+v1alpha's, renamed — is added to the pool, so that v1 can describe itself.
 """
 from __future__ import annotations
 
+from collections.abc import Sequence
+
+import grpc
 from google.protobuf import descriptor_pb2, descriptor_pool
-from grpc_reflection.v1alpha import reflection_pb2 as v1alpha  # messages only: no grpc import
+from grpc_reflection.v1alpha import reflection, reflection_pb2_grpc
+from grpc_reflection.v1alpha import reflection_pb2 as v1alpha
 
 V1ALPHA_SERVICE = "grpc.reflection.v1alpha.ServerReflection"
 V1_SERVICE = "grpc.reflection.v1.ServerReflection"
@@ -38,3 +42,20 @@ def add_v1_descriptor(pool: descriptor_pool.DescriptorPool | None = None) -> Non
             method.input_type = method.input_type.replace(f".{old_package}.", f".{new_package}.")
             method.output_type = method.output_type.replace(f".{old_package}.", f".{new_package}.")
     pool.Add(file_proto)
+
+
+def add_reflection(server: grpc.aio.Server, services: Sequence[str]) -> None:
+    """Serve reflection for `services` (and for itself) over v1alpha and v1."""
+    add_v1_descriptor()
+    servicer = reflection.aio.ReflectionServicer((*services, V1ALPHA_SERVICE, V1_SERVICE))
+    reflection_pb2_grpc.add_ServerReflectionServicer_to_server(servicer, server)
+    server.add_generic_rpc_handlers([_v1_handler(servicer)])
+
+
+def _v1_handler(servicer: reflection.aio.ReflectionServicer) -> grpc.GenericRpcHandler:
+    """grpc.reflection.v1 served by the v1alpha servicer: the messages are identical on the wire."""
+    method = grpc.stream_stream_rpc_method_handler(
+        servicer.ServerReflectionInfo,
+        request_deserializer=v1alpha.ServerReflectionRequest.FromString,
+        response_serializer=v1alpha.ServerReflectionResponse.SerializeToString)
+    return grpc.method_handlers_generic_handler(V1_SERVICE, {"ServerReflectionInfo": method})

@@ -3,7 +3,7 @@
     request req-3#3 stop: 41 prompt + 17 output tokens (16 cached, 9 forced), queued 0.004 s,
     grammar wait 0.021 s (compiled), first token 0.210 s, total 0.950 s, constraint json_schema
 
-With `--log-format json` (service/log_format.py) the same numbers arrive as the "request" object.
+With `--log-format json` (engine/log_format.py) the same numbers arrive as the "request" object.
 """
 from __future__ import annotations
 
@@ -14,7 +14,8 @@ if TYPE_CHECKING:
     from engine.frontend.output_processor import RequestOutput
     from grammar.constraint import Constraint
 
-logger = logging.getLogger(__name__)
+# the name log pipelines filter on (docs/observability.md), kept from before the module moved
+logger = logging.getLogger("service.request_log")
 
 
 def request_fields(output: RequestOutput, constraint: Constraint | None) -> dict[str, Any]:

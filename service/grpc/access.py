@@ -1,5 +1,5 @@
 """Who may call: API keys on every gRPC call and the per-key limit on concurrent generation calls,
-applied by a server interceptor before any handler runs; and how a ServiceError ends a call."""
+applied by a server interceptor before any handler runs."""
 from __future__ import annotations
 
 import inspect
@@ -7,20 +7,12 @@ import inspect
 import grpc
 from grpc_health.v1 import health
 
-from service._gen.formwork.v1 import generation_pb2 as pb
-from service.errors import STATUS_DETAILS_KEY, ServiceError, StatusCode
+from service.errors import ErrorKind, ServiceError
+from service.grpc.servicer import GENERATION_SERVICE
+from service.grpc.status import abort
 from service.security import ApiKeys, KeyLimiter, SecurityConfig
 
-GENERATION_SERVICE = pb.DESCRIPTOR.services_by_name["Generation"].full_name
 GENERATE_METHODS = frozenset(f"/{GENERATION_SERVICE}/{name}" for name in ("Generate", "GenerateStream"))
-
-
-async def abort(context: grpc.aio.ServicerContext, error: ServiceError) -> None:
-    """End the call with `error`'s code and message, its google.rpc.Status in the trailer."""
-    details = error.status_proto().SerializeToString()
-    await context.abort(grpc.StatusCode[error.code.name], error.message,
-                        trailing_metadata=((STATUS_DETAILS_KEY, details),))
-
 
 
 class AccessInterceptor(grpc.aio.ServerInterceptor):
@@ -43,7 +35,7 @@ class AccessInterceptor(grpc.aio.ServerInterceptor):
         key = self._keys.identify(authorization if isinstance(authorization, str) else None)
         if key is None:
             return _refusing(handler, ServiceError(
-                StatusCode.UNAUTHENTICATED, "missing or invalid API key: send the metadata 'authorization: Bearer <key>'"))
+                ErrorKind.UNAUTHENTICATED, "missing or invalid API key: send the metadata 'authorization: Bearer <key>'"))
         if self._limiter.limit and details.method in GENERATE_METHODS:
             return _limited(handler, self._limiter, key)
         return handler
@@ -62,7 +54,7 @@ def _limited(handler: grpc.RpcMethodHandler, limiter: KeyLimiter, key: int) -> g
     async def call(request, context):
         if not limiter.try_acquire(key):
             await abort(context, ServiceError(
-                StatusCode.RESOURCE_EXHAUSTED, f"this API key already has {limiter.limit} requests in flight, the "
+                ErrorKind.RESOURCE_EXHAUSTED, f"this API key already has {limiter.limit} requests in flight, the "
                                                f"server's limit per key (--max-concurrent-per-key)"))
         try:
             result = behaviour(request, context)

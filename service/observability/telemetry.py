@@ -3,20 +3,20 @@
 AsyncLLM reports every request that ends (gRPC and HTTP alike) to `request_finished`, once, with
 its final output; the servicers report the calls they refuse to `request_rejected`. Metrics are
 optional (`--no-metrics`), tracing is optional (`--otlp-endpoint`), the log line is always written
-(at INFO, service.request_log).
+(at INFO, logger service.request_log).
 """
 from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from service.request_log import log_finished
+from service.observability.request_log import log_finished
 
 if TYPE_CHECKING:
     from engine.frontend.output_processor import RequestOutput
     from engine.protocol import StepStats
     from grammar.constraint import Constraint
-    from service.metrics import ServiceMetrics
-    from service.tracing import Tracing
+    from service.observability.metrics import ServiceMetrics
+    from service.observability.tracing import Tracing
 
 
 class Telemetry:

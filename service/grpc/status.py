@@ -1,0 +1,41 @@
+"""ServiceErrors as gRPC statuses: the code, the message, and a google.rpc.Status with the field
+violations in the `grpc-status-details-bin` trailer (what `grpc_status.rpc_status.from_call` and
+grpcurl read)."""
+from __future__ import annotations
+
+import grpc
+from google.protobuf import any_pb2
+from google.rpc import error_details_pb2, status_pb2
+
+from service.errors import ErrorKind, ServiceError
+
+STATUS_DETAILS_KEY = "grpc-status-details-bin"
+
+GRPC_CODE = {
+    ErrorKind.CANCELLED: grpc.StatusCode.CANCELLED,
+    ErrorKind.INVALID_ARGUMENT: grpc.StatusCode.INVALID_ARGUMENT,
+    ErrorKind.DEADLINE_EXCEEDED: grpc.StatusCode.DEADLINE_EXCEEDED,
+    ErrorKind.RESOURCE_EXHAUSTED: grpc.StatusCode.RESOURCE_EXHAUSTED,
+    ErrorKind.INTERNAL: grpc.StatusCode.INTERNAL,
+    ErrorKind.UNAVAILABLE: grpc.StatusCode.UNAVAILABLE,
+    ErrorKind.UNAUTHENTICATED: grpc.StatusCode.UNAUTHENTICATED,
+}
+
+
+def status_proto(error: ServiceError) -> status_pb2.Status:
+    """The google.rpc.Status: code, message, and a BadRequest listing the field violations."""
+    status = status_pb2.Status(code=GRPC_CODE[error.code].value[0], message=error.message)
+    if error.violations:
+        bad_request = error_details_pb2.BadRequest(field_violations=[
+            error_details_pb2.BadRequest.FieldViolation(field=v.field, description=v.description)
+            for v in error.violations])
+        detail = any_pb2.Any()
+        detail.Pack(bad_request)
+        status.details.append(detail)
+    return status
+
+
+async def abort(context: grpc.aio.ServicerContext, error: ServiceError) -> None:
+    """End the call with `error`'s code and message, its google.rpc.Status in the trailer."""
+    details = status_proto(error).SerializeToString()
+    await context.abort(GRPC_CODE[error.code], error.message, trailing_metadata=((STATUS_DETAILS_KEY, details),))
