@@ -1,9 +1,9 @@
 """`formwork bench rewrite-check`: the schema rewrite never admits what the original forbids.
 
 For every schema of the JSONSchemaBench sample (`--data` for another copy) that
-grammar.schema_rewrite changes (or with a pattern naming a quote or a backslash, which xgrammar
+grammar.json_schema.rewrite changes (or with a pattern naming a quote or a backslash, which xgrammar
 gets in its JSON-text form, or a number the backend gives a rule of its own,
-grammar/decimal_numbers.py), instances are drawn from the compiled grammar of the rewritten
+grammar/xgrammar/decimal_numbers.py), instances are drawn from the compiled grammar of the rewritten
 schema (random walks through its matcher, biased towards closing strings and objects), then
 mutated (keys dropped and added, values swapped for other types, lengths changed, a quote or a
 backslash added). Each is validated with jsonschema against the original and the rewritten
@@ -31,8 +31,8 @@ from typing import Any
 
 from bench.coverage import load_schemas
 from bench.datasets import SUBSETS
-from grammar import decimal_numbers
-from grammar.regex_pieces import regex_pieces
+from grammar.regex.pieces import regex_pieces
+from grammar.xgrammar import decimal_numbers
 
 
 @dataclass
@@ -136,8 +136,8 @@ def _set(value: Any, path: list, new: Any) -> Any:
 def _spells_escapes(schema: Any) -> bool:
     """Whether a pattern of the schema is handed to xgrammar rewritten for the JSON text (it names
     a quote or a backslash): its grammar is checked even where the rewrite changes nothing."""
-    from grammar.json_text_pattern import names_quote_or_backslash
-    from grammar.schema_check import iter_subschemas
+    from grammar.json_schema.json_text_pattern import names_quote_or_backslash
+    from grammar.json_schema.walk import iter_subschemas
 
     return any(isinstance(node, dict) and isinstance(node.get("pattern"), str)
                and names_quote_or_backslash(node["pattern"]) for _, node, _ in iter_subschemas(schema))
@@ -191,7 +191,7 @@ def check_schema(backend, sampler: GrammarSampler, sid: str, schema: Any, result
                  rng: random.Random, num_samples: int) -> None:
     from grammar.backend import GrammarError
     from grammar.constraint import Constraint
-    from grammar.schema_rewrite import rewrite
+    from grammar.json_schema.rewrite import rewrite
 
     result.num_schemas += 1
     try:
@@ -245,7 +245,7 @@ def check_schema(backend, sampler: GrammarSampler, sid: str, schema: Any, result
 
 def main(args) -> int:
     from engine.model_files import resolve_model
-    from grammar.xgrammar_backend import XGrammarBackend
+    from grammar.xgrammar import XGrammarBackend
 
     import transformers
     model = resolve_model(None)

@@ -12,7 +12,7 @@ import secrets
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from grammar.reasoning import split_reasoning
+from grammar.chat.reasoning import split_reasoning
 
 if TYPE_CHECKING:
     from service.chat_format import OutputShape

@@ -15,9 +15,9 @@ from typing import TYPE_CHECKING, Any
 import msgspec
 
 from engine.sampling_params import SamplingParams
+from grammar.chat.reasoning import ReasoningMarkers, markers_for_model
+from grammar.chat.tool_calls import SYNTAXES, Tool, ToolCallSyntax, ToolCalls, syntax_for_model
 from grammar.constraint import Constraint, after_thinking, with_tool_calls
-from grammar.reasoning import ReasoningMarkers, markers_for_model
-from grammar.tool_calls import SYNTAXES, Tool, ToolCalls, ToolCallSyntax, syntax_for_model
 from service._gen.formwork.v1 import generation_pb2 as pb
 from service.errors import invalid_argument
 
@@ -61,7 +61,7 @@ class ToolPlan:
 
 @dataclass(frozen=True)
 class ChatFormat:
-    tool_syntax: str = "hermes"  # a grammar.tool_calls.SYNTAXES name
+    tool_syntax: str = "hermes"  # a grammar.chat.tool_calls.SYNTAXES name
     reasoning: ReasoningMarkers | None = None  # None: the model does not think
     switches_thinking: bool = False  # its template reads enable_thinking
 

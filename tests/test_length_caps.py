@@ -5,9 +5,9 @@ import re
 
 import pytest
 
-from grammar.length_caps import cap_lengths
-from grammar.length_pattern import fold_lengths
-from grammar.schema_rewrite import rewrite
+from grammar.json_schema.rewrite import rewrite
+from grammar.regex.length_caps import cap_lengths
+from grammar.regex.length_pattern import fold_lengths
 
 WORDS = r"^(?:\S+\s+){0,29}\S+$"  # at most 30 words
 NUMBER = r"^( )*(-|\+){0,1}[0-9]*(.[0-9]+){0,1}((e|E)(-|\+){0,1}[0-9]+){0,1}( )*$"

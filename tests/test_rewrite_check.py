@@ -9,7 +9,7 @@ import pytest
 from bench.datasets import TEST_SUITE_DIR
 from bench.rewrite_check import ecma_dollar, is_multiple, mutations, validator
 from grammar.backend import GrammarError
-from grammar.schema_rewrite import rewrite
+from grammar.json_schema.rewrite import rewrite
 
 jsonschema = pytest.importorskip("jsonschema")
 
