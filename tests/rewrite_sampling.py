@@ -1,20 +1,16 @@
-"""`formwork bench rewrite-check`: the schema rewrite never admits what the original forbids.
+"""The machinery behind tests/test_rewrite_check.py: the schema rewrite never admits what the original forbids.
 
-For every schema of the JSONSchemaBench sample (`--data` for another copy) that
-grammar.json_schema.rewrite changes (or with a pattern naming a quote or a backslash, which xgrammar
-gets in its JSON-text form, or a number the backend gives a rule of its own,
-grammar/xgrammar/decimal_numbers.py), instances are drawn from the compiled grammar of the rewritten
-schema (random walks through its matcher, biased towards closing strings and objects), then
-mutated (keys dropped and added, values swapped for other types, lengths changed, a quote or a
-backslash added). Each is validated with jsonschema against the original and the rewritten
+For a schema that grammar.json_schema.rewrite changes (or with a pattern naming a quote or a
+backslash, which xgrammar gets in its JSON-text form, or a number the backend gives a rule of its
+own, grammar/xgrammar/decimal_numbers.py), instances are drawn from the compiled grammar of the
+rewritten schema (random walks through its matcher, biased towards closing strings and objects),
+then mutated (keys dropped and added, values swapped for other types, lengths changed, a quote or
+a backslash added). Each is validated with jsonschema against the original and the rewritten
 schema, and fed to the grammar:
 
 * looser: the rewritten schema, or (for a schema that compiles in strict mode) the grammar, accepts
   an instance the original rejects. Must be 0. (A best-effort grammar has listed gaps.)
 * narrowed: the original accepts an instance the rewritten schema rejects. Allowed, reported.
-
-The JSON-Schema test suite's instances are checked the same way (schema level) by the test suite
-(tests/test_rewrite_check.py).
 """
 from __future__ import annotations
 
@@ -29,8 +25,11 @@ from decimal import Decimal
 from fractions import Fraction
 from typing import Any
 
-from bench.coverage import load_schemas
-from bench.datasets import SUBSETS
+from grammar.backend import GrammarError
+from grammar.constraint import Constraint
+from grammar.json_schema.json_text_pattern import names_quote_or_backslash
+from grammar.json_schema.rewrite import rewrite
+from grammar.json_schema.walk import iter_subschemas
 from grammar.regex.pieces import regex_pieces
 from grammar.xgrammar import decimal_numbers
 
@@ -136,9 +135,6 @@ def _set(value: Any, path: list, new: Any) -> Any:
 def _spells_escapes(schema: Any) -> bool:
     """Whether a pattern of the schema is handed to xgrammar rewritten for the JSON text (it names
     a quote or a backslash): its grammar is checked even where the rewrite changes nothing."""
-    from grammar.json_schema.json_text_pattern import names_quote_or_backslash
-    from grammar.json_schema.walk import iter_subschemas
-
     return any(isinstance(node, dict) and isinstance(node.get("pattern"), str)
                and names_quote_or_backslash(node["pattern"]) for _, node, _ in iter_subschemas(schema))
 
@@ -189,10 +185,6 @@ def accepted_by_grammar(backend, compiled, text: str) -> bool:
 
 def check_schema(backend, sampler: GrammarSampler, sid: str, schema: Any, result: CheckResult,
                  rng: random.Random, num_samples: int) -> None:
-    from grammar.backend import GrammarError
-    from grammar.constraint import Constraint
-    from grammar.json_schema.rewrite import rewrite
-
     result.num_schemas += 1
     try:
         rewritten = rewrite(schema)
@@ -243,26 +235,14 @@ def check_schema(backend, sampler: GrammarSampler, sid: str, schema: Any, result
     result.schemas_narrowed += narrowed > 0
 
 
-def main(args) -> int:
-    from engine.model_files import resolve_model
-    from grammar.xgrammar import XGrammarBackend
-
-    import transformers
-    model = resolve_model(None)
-    backend = XGrammarBackend(str(model), transformers.AutoConfig.from_pretrained(model).vocab_size)
-    sampler = GrammarSampler(backend)
-    rng = random.Random(args.seed)
-    result = CheckResult()
-    for subset, sid, schema in load_schemas(args.subset or list(SUBSETS), args.limit, data=args.data):
-        check_schema(backend, sampler, f"{subset}/{sid}", schema, result, rng, args.samples)
-    print(f"schemas {result.num_schemas}, rewritten {result.num_rewritten} ({result.num_strict} strict), "
-          f"instances {result.num_instances} "
-          f"({result.num_sampled} sampled from the grammar)")
-    print(f"looser (must be 0): {len(result.looser)}")
+def report(result: CheckResult) -> str:
+    """The figures of a run, as docs/constraints-keywords.md quotes them."""
+    lines = [f"schemas {result.num_schemas}, rewritten {result.num_rewritten} ({result.num_strict} strict), "
+             f"instances {result.num_instances} ({result.num_sampled} sampled from the grammar)",
+             f"looser (must be 0): {len(result.looser)}"]
     for sid, count in Counter(line.split(": ")[0] for line in result.looser).most_common():
-        print(f"    LOOSER {count} x {sid}: {next(x for x in result.looser if x.startswith(sid + ': '))[:240]}")
-    print(f"narrowed: {result.num_narrowed} instances in {result.schemas_narrowed} schemas")
-    print("rules applied: " + ", ".join(f"{k} {v}" for k, v in result.rules.most_common()))
-    for reason, count in result.unverifiable.most_common():
-        print(f"    not checked: {count} x {reason}")
-    return 1 if result.looser else 0
+        lines.append(f"    LOOSER {count} x {sid}: {next(x for x in result.looser if x.startswith(sid + ': '))[:240]}")
+    lines.append(f"narrowed: {result.num_narrowed} instances in {result.schemas_narrowed} schemas")
+    lines.append("rules applied: " + ", ".join(f"{k} {v}" for k, v in result.rules.most_common()))
+    lines += [f"    not checked: {count} x {reason}" for reason, count in result.unverifiable.most_common()]
+    return "\n".join(lines)
