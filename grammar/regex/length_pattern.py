@@ -15,7 +15,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from grammar.regex.length_caps import cap_lengths
-from grammar.regex.pieces import quantifier, regex_pieces
+from grammar.regex.parsed import Atom, lengths, parse_regex, walk
+from grammar.regex.pieces import quantifier
 
 _SPECIAL = set("()|*+?{}^$[]")
 _ANCHOR_ESCAPES = set("bBAzZG")
@@ -150,103 +151,24 @@ def implied_lengths(pattern: str) -> tuple[int, int | None] | None:
     (lookaround, backreferences, anchors inside)."""
     if "[]" in pattern or "[^]" in pattern:
         return None  # ECMA-262 and Python read these classes differently
-    alternatives = _split_top(pattern)
-    if alternatives is None:
+    parsed = parse_regex(pattern)
+    if parsed is None:
         return None
     lows, highs = [], []
-    for alternative in alternatives:
-        if not (alternative.startswith("^") and alternative.endswith("$") and not alternative.endswith("\\$")):
+    for alternative in parsed:
+        if len(alternative) < 2 or alternative[0].text != "^" or alternative[-1].text != "$" or \
+                not alternative[0].anchor or not alternative[-1].anchor:
             return None
-        parsed = _lengths(alternative, 1, len(alternative) - 1)
-        if parsed is None:
+        inner = alternative[1:-1]
+        if any(atom.anchor or _not_modelled(atom) for atom in walk(inner)):
             return None
-        lows.append(parsed[0])
-        highs.append(parsed[1])
+        low, high = lengths(inner)
+        lows.append(low)
+        highs.append(high)
     return min(lows), (None if any(h is None for h in highs) else max(highs))  # type: ignore[type-var]
 
 
-def _split_top(pattern: str) -> list[str] | None:
-    """`pattern` split at its top-level "|"s (outside groups and classes)."""
-    parts, depth, start, in_class = [], 0, 0, False
-    for i, piece, in_class in regex_pieces(pattern):
-        if in_class:
-            continue
-        if piece == "(":
-            depth += 1
-        elif piece == ")":
-            depth -= 1
-        elif piece == "|" and depth == 0:
-            parts.append(pattern[start:i])
-            start = i + 1
-    return None if depth or in_class else [*parts, pattern[start:]]
-
-
-def _lengths(pattern: str, start: int, end: int) -> tuple[int, int | None] | None:
-    """(min, max) length of pattern[start:end], a sequence that may hold groups and "|"."""
-    alternatives = _split_top(pattern[start:end])
-    if alternatives is None:
-        return None
-    if len(alternatives) > 1:
-        parts = [_lengths(a, 0, len(a)) for a in alternatives]
-        if any(p is None for p in parts):
-            return None
-        highs = [p[1] for p in parts]  # type: ignore[index]
-        return min(p[0] for p in parts), (None if None in highs else max(highs))  # type: ignore[index, type-var]
-    low, high, i = 0, 0, start
-    while i < end:
-        char = pattern[i]
-        if char == "(":
-            if pattern.startswith("(?", i) and not pattern.startswith("(?:", i):
-                return None  # lookaround, named groups, flags
-            close = _closing(pattern, i, end)
-            if close is None:
-                return None
-            inner = _lengths(pattern, i + (3 if pattern.startswith("(?:", i) else 1), close)
-            if inner is None:
-                return None
-            atom_low, atom_high, i = inner[0], inner[1], close + 1
-        elif char == "[":
-            j = i + 1 + (pattern[i + 1:i + 2] == "^")
-            j += pattern[j:j + 1] == "]"
-            while j < end and pattern[j] != "]":
-                j += 2 if pattern[j] == "\\" else 1
-            if j >= end:
-                return None
-            atom_low, atom_high, i = 1, 1, j + 1
-        elif char == "\\":
-            if i + 1 >= end or pattern[i + 1] in _ANCHOR_ESCAPES or pattern[i + 1].isdigit() or pattern[i + 1] in "pPux":
-                return None
-            atom_low, atom_high, i = 1, 1, i + 2
-        elif char in "^$|)*+?{}":
-            return None
-        else:
-            atom_low, atom_high, i = 1, 1, i + 1
-        q_low, q_high, i = quantifier(pattern, i, end)
-        if q_low < 0:
-            return None
-        low += atom_low * q_low
-        if high is not None:
-            high = None if (q_high is None or atom_high is None) else high + atom_high * q_high
-    return low, high
-
-
-def _closing(pattern: str, i: int, end: int) -> int | None:
-    """The index of the ")" that closes the "(" at i."""
-    depth, in_class = 0, False
-    while i < end:
-        char = pattern[i]
-        if char == "\\":
-            i += 2
-            continue
-        if in_class:
-            in_class = char != "]"
-        elif char == "[":
-            in_class = True
-        elif char == "(":
-            depth += 1
-        elif char == ")":
-            depth -= 1
-            if depth == 0:
-                return i
-        i += 1
-    return None
+def _not_modelled(atom: Atom) -> bool:
+    """An escape whose length is not read here: a position, a back-reference, a property, a code."""
+    letter = atom.escape
+    return bool(letter) and (letter in _ANCHOR_ESCAPES or letter.isdigit() or letter in "pPux")
