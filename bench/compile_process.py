@@ -16,7 +16,7 @@ def _compile_worker(connection, model_dir: str, vocab_size: int, config) -> None
     from grammar.backend import GrammarError
     from grammar.constraint import Constraint
     from grammar.json_schema.limits import check_limits
-    from grammar.xgrammar import XGrammarBackend
+    from grammar.xgrammar.backend import XGrammarBackend
 
     backend = XGrammarBackend(model_dir, vocab_size)
     backend.compile(Constraint(kind="json_schema", spec='{"type": "integer"}'))  # first-compile costs, not a schema's

@@ -239,7 +239,7 @@ def main() -> None:
     parser.add_argument("--only", help="one suite file (keyword) only")
     args = parser.parse_args()
     from engine.model_files import resolve_model
-    from grammar.xgrammar import XGrammarBackend
+    from grammar.xgrammar.backend import XGrammarBackend
 
     tokenizer_dir = resolve_model(None)
     import transformers

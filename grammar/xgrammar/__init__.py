@@ -3,7 +3,8 @@ or knows its formats. backend.py compiles, matcher.py runs one request's matcher
 shows it to the closing search), conversion.py reads constraint text; regex_ebnf.py and
 lark_grammar.py write its EBNF, structural_tags.py its structural-tag JSON, decimal_numbers.py
 number rules into its grammar text; output_bounds.py reads its serialize_json, log_capture.py its
-C++ warnings, schema_gaps.py lists what 0.2.9 does not enforce.
+C++ warnings, schema_gaps.py lists what 0.2.9 does not enforce. Importers name the module (the
+package imports nothing), so the pure-Python translators load without torch or xgrammar.
 
 Choices made here (docs/constraints-keywords.md has the measurements behind them):
 
@@ -18,9 +19,3 @@ Choices made here (docs/constraints-keywords.md has the measurements behind them
   (printed by its C++ code) are captured and turned into findings too; in strict mode either one
   is an error, so nothing is silently under-constrained.
 """
-from grammar.xgrammar.backend import XGrammarBackend
-from grammar.xgrammar.conversion import choice_ebnf
-from grammar.xgrammar.matcher import XGrammarCompiled, XGrammarGrammar, apply_bitmask_xgrammar, hf_logits_processor
-
-__all__ = ["XGrammarBackend", "XGrammarCompiled", "XGrammarGrammar", "apply_bitmask_xgrammar", "choice_ebnf",
-           "hf_logits_processor"]
