@@ -83,3 +83,12 @@ def test_the_rewrite_caps_only_where_it_may_narrow():
 ])
 def test_implied_lengths(pattern, expected):
     assert implied_lengths(pattern) == expected
+
+
+@pytest.mark.parametrize("pattern, low, high, expected", [
+    (r"^\p{L}{2,}$", 0, 5, (r"^\p{L}{2,5}$", False)),  # a property class is one character
+    (r"^[]a]+$", 1, 3, (r"^[]a]{1,3}$", False)),  # a "]" first in a class is a member
+    (r"^\pL\b}+$", 0, 5, None),  # \p without braces is not read as far as the next "}"
+])
+def test_fold_lengths_of_single_character_atoms(pattern, low, high, expected):
+    assert fold_lengths(pattern, low, high) == expected

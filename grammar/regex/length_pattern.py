@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 from grammar.regex.length_caps import cap_lengths
 from grammar.regex.parsed import Atom, lengths, parse_regex, walk
-from grammar.regex.pieces import quantifier
+from grammar.regex.pieces import regex_pieces
 
 _SPECIAL = set("()|*+?{}^$[]")
 _ANCHOR_ESCAPES = set("bBAzZG")
@@ -74,58 +74,31 @@ def fold_lengths(pattern: str, min_length: int, max_length: int | None) -> tuple
 
 def _parse(pattern: str) -> tuple[list[_Atom] | None, bool]:
     """The atoms of `pattern` and whether it is anchored at both ends; (None, _) if not simple."""
-    start, end = 0, len(pattern)
-    anchored_start = pattern.startswith("^")
-    if anchored_start:
-        start = 1
-    anchored_end = pattern.endswith("$") and not pattern.endswith("\\$")
-    if anchored_end:
-        end -= 1
-    atoms: list[_Atom] = []
-    i = start
-    while i < end:
-        char = pattern[i]
-        if char == "[":
-            j = i + 1
-            if j < end and pattern[j] == "^":
-                j += 1
-            if j < end and pattern[j] == "]":
-                j += 1
-            while j < end and pattern[j] != "]":
-                if pattern[j] == "[":
-                    return None, False  # nested class syntax: not modelled
-                j += 2 if pattern[j] == "\\" else 1
-            if j >= end:
-                return None, False
-            text, i = pattern[i:j + 1], j + 1
-        elif char == "\\":
-            if i + 1 >= end:
-                return None, False
-            nxt = pattern[i + 1]
-            if nxt in _ANCHOR_ESCAPES or nxt.isdigit():
-                return None, False
-            width = {"u": 6, "x": 4}.get(nxt, 2)
-            if nxt in "pP":
-                close = pattern.find("}", i)
-                if close < 0 or close >= end:
-                    return None, False
-                width = close - i + 1
-            text, i = pattern[i:i + width], i + width
-        elif char in _SPECIAL:
-            return None, False
-        else:
-            text, i = char, i + 1
-        low, high, i = quantifier(pattern, i, end)
-        if low < 0:
-            return None, False
-        atoms.append(_Atom(text, low, high))
-    if not atoms:
+    parsed = parse_regex(pattern)
+    if parsed is None or len(parsed) != 1:
         return None, False
+    sequence = parsed[0]
+    anchored_start = int(bool(sequence) and sequence[0].anchor and sequence[0].text == "^")
+    anchored_end = int(len(sequence) > anchored_start and sequence[-1].anchor and sequence[-1].text == "$")
+    inner = sequence[anchored_start:len(sequence) - anchored_end]
+    if not inner or any(not _single_character(a) for a in inner):
+        return None, False
+    atoms = [_Atom(a.text, a.low, a.high) for a in inner]
     if not anchored_start:
         atoms.insert(0, _Atom(".", 0, None, implicit=True))
     if not anchored_end:
         atoms.append(_Atom(".", 0, None, implicit=True))
-    return atoms, anchored_start and anchored_end
+    return atoms, bool(anchored_start and anchored_end)
+
+
+def _single_character(atom: Atom) -> bool:
+    """An atom that matches one character: a plain one, an escape of one, a class of plain members."""
+    if atom.anchor or atom.alternatives or atom.text in _SPECIAL:
+        return False
+    if atom.text.startswith("["):  # nested class syntax is not modelled
+        return not any(piece == "[" for _, piece, _ in regex_pieces(atom.text[1:-1]))
+    letter = atom.escape
+    return not letter or not (letter in _ANCHOR_ESCAPES or letter.isdigit() or atom.text in ("\\p", "\\P"))
 
 
 def _render(atoms: list[_Atom]) -> str:

@@ -5,8 +5,10 @@ The form: a pattern is a list of alternatives; an alternative is a list of `Atom
 character unit as written (a character, an escape, a [...] class), a group (with its own
 alternatives), or an anchor (`^`, `$`), each with the quantifier it carries. What the parser
 cannot delimit gives None: an unbalanced group or class, a quantifier with nothing to repeat, a
-group opened with `(?` other than `(?:` (lookaround, named groups, flags). Escapes are kept as
-written whatever they mean (\\b, \\1, \\p): each analysis refuses those it does not model. The
+group opened with `(?` other than `(?:` (lookaround, named groups, flags). A class ends at the
+first unescaped `]` that is not its first member (as Python reads `[]a]`; ECMA-262 reads `[]` as
+empty: the analyses refuse `[]` and `[^]`). Escapes are kept as written whatever they mean (\\b,
+\\1, \\p{L}): each analysis refuses those it does not model. The
 atoms of the tree are the pattern's own text, so an analysis that changes counts renders the rest
 unchanged.
 """
@@ -137,6 +139,7 @@ class _Parser:
             text, alternatives = opener, inner
         elif char == "[":
             j = start + 1 + pattern.startswith("^", start + 1)
+            j += pattern.startswith("]", j)  # a "]" first is a member
             while j < len(pattern) and pattern[j] != "]":
                 j += 2 if pattern[j] == "\\" else 1
             if j >= len(pattern):
@@ -146,7 +149,7 @@ class _Parser:
         elif char == "\\":
             if start + 1 >= len(pattern):
                 return None
-            self.i = start + {"u": 6, "x": 4}.get(pattern[start + 1], 2)
+            self.i = start + _escape_width(pattern, start)
             text = pattern[start:self.i]
         elif char in "*+?{}":
             return None
@@ -159,3 +162,12 @@ class _Parser:
         quantifier_text = pattern[self.i:end]
         self.i = end
         return Atom(text, low, high, quantifier_text, alternatives)
+
+
+def _escape_width(pattern: str, start: int) -> int:
+    """Characters of the escape at `start`: \\uXXXX, \\xXX, \\p{Name} / \\P{Name} whole, else two."""
+    letter = pattern[start + 1]
+    if letter in "pP" and pattern.startswith("{", start + 2):
+        close = pattern.find("}", start)
+        return close - start + 1 if close >= 0 else 2
+    return {"u": 6, "x": 4}.get(letter, 2)
