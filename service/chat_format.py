@@ -16,7 +16,7 @@ import msgspec
 
 from engine.sampling_params import SamplingParams
 from grammar.chat.reasoning import ReasoningMarkers, markers_for_model
-from grammar.chat.tool_calls import SYNTAXES, Tool, ToolCallSyntax, ToolCalls, syntax_for_model
+from grammar.chat.tool_calls import SYNTAXES, Tool, ToolCalls, ToolCallSyntax, syntax_for_model
 from grammar.constraint import Constraint, after_thinking, with_tool_calls
 from service._gen.formwork.v1 import generation_pb2 as pb
 from service.errors import invalid_argument

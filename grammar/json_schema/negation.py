@@ -21,7 +21,8 @@ import re
 from typing import Any
 
 from grammar.json_schema.one_of import MAX_ALTERNATIVES, instance_types
-from grammar.json_schema.merge import (CannotMerge, EmptyIntersection, TYPES, declared_types, json_equal, json_type, merge, type_value)
+from grammar.json_schema.merge import (TYPES, CannotMerge, EmptyIntersection, declared_types, json_equal, json_type,
+                                       merge, type_value)
 from grammar.json_schema.rule import RuleContext, asserting, kept
 
 # an alternative of a complement: (a schema, names the instance must not have)
