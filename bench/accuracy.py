@@ -72,7 +72,7 @@ class Row:
 
 def parse_setting(text: str) -> Setting:
     """"bounded", "spaced:no-jf", "bounded:fields", "compact:no-jf:fields", "bounded:no-close"."""
-    from grammar.backend import JSON_WHITESPACE_MODES
+    from grammar.constraint import JSON_WHITESPACE_MODES
     whitespace, *flags = text.split(":")
     if whitespace not in JSON_WHITESPACE_MODES or any(f not in ("no-jf", "fields", "no-close") for f in flags):
         raise ValueError(f"unknown setting {text!r}: a whitespace mode ({', '.join(JSON_WHITESPACE_MODES)}) "

@@ -49,7 +49,7 @@ _DOCUMENTS = [
 def record_masks(tokenizer_dir: str | None = None) -> torch.Tensor:
     """Bitmask rows at every position of the documents, under the schema's grammar."""
     from grammar.constraint import Constraint
-    from grammar.xgrammar_backend import XGrammarBackend
+    from grammar.xgrammar.backend import XGrammarBackend
 
     if tokenizer_dir is None:
         from engine.model_files import resolve_model
@@ -87,7 +87,7 @@ def _pools(masks: torch.Tensor) -> dict[str, torch.Tensor]:
 
 def run(repeats: int = 30, tokenizer_dir: str | None = None) -> list[dict]:
     """CPU: xgrammar's kernel vs apply_bitmask, and the greedy paths (us per row)."""
-    from grammar.xgrammar_backend import apply_bitmask_xgrammar
+    from grammar.xgrammar.matcher import apply_bitmask_xgrammar
 
     torch.set_num_threads(1)
     rng = np.random.default_rng(0)
@@ -112,7 +112,7 @@ def run(repeats: int = 30, tokenizer_dir: str | None = None) -> list[dict]:
 def run_cuda(repeats: int = 30, tokenizer_dir: str | None = None) -> list[dict]:
     """CUDA: xgrammar's kernel (through grammar.bitmask's hook) vs the torch fallback."""
     from grammar import bitmask as bitmask_ops
-    from grammar import xgrammar_backend  # registers the CUDA kernel
+    from grammar.xgrammar import matcher  # registers the CUDA kernel
 
     def timed(fn, make_args) -> float:
         def call(*args):
@@ -137,7 +137,7 @@ def run_cuda(repeats: int = 30, tokenizer_dir: str | None = None) -> list[dict]:
                 apply_bitmask(*fresh())
                 row["torch fallback"] = timed(apply_bitmask, fresh) / batch
             finally:
-                bitmask_ops.register_device_kernel("cuda", xgrammar_backend.apply_bitmask_xgrammar)
+                bitmask_ops.register_device_kernel("cuda", matcher.apply_bitmask_xgrammar)
             results.append(row)
     return results
 

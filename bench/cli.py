@@ -55,15 +55,6 @@ def add_bench_parser(subparsers, add_engine_args) -> None:
     add_engine_args(accuracy)
     accuracy.set_defaults(func=_run_accuracy)
 
-    check = which.add_parser("rewrite-check", help="the schema rewrite never admits what a schema forbids: "
-                                                   "grammar samples and mutations checked with jsonschema")
-    check.add_argument("--subset", action="append", help="repeat for several (default: all)")
-    check.add_argument("--limit", type=int, default=50, help="schemas per subset")
-    check.add_argument("--samples", type=int, default=6, help="grammar samples per rewritten schema")
-    check.add_argument("--seed", type=int, default=0)
-    check.add_argument("--data", default=None, help="a folder of <Subset>.jsonl (default: the carried sample)")
-    check.set_defaults(func=_run_rewrite_check)
-
     serve = which.add_parser("serve", help="load a gRPC server (started here, or --address) and run peers beside it",
                              description="Load generator over gRPC on loopback; one JSON result file, PNG plots.")
     serve.add_argument("--address", help="a running server on loopback (default: start one on a free port)")
@@ -158,7 +149,3 @@ def _run_coverage(args: argparse.Namespace) -> int:
     from bench.coverage import main
     return main(args, engine_config_from_args(args))
 
-
-def _run_rewrite_check(args: argparse.Namespace) -> int:
-    from bench.rewrite_check import main
-    return main(args)

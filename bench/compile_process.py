@@ -15,8 +15,8 @@ def _compile_worker(connection, model_dir: str, vocab_size: int, config) -> None
     """A child process: compiles each schema text it is sent, answers (ok, reason)."""
     from grammar.backend import GrammarError
     from grammar.constraint import Constraint
-    from grammar.schema_check import check_limits
-    from grammar.xgrammar_backend import XGrammarBackend
+    from grammar.json_schema.limits import check_limits
+    from grammar.xgrammar.backend import XGrammarBackend
 
     backend = XGrammarBackend(model_dir, vocab_size)
     backend.compile(Constraint(kind="json_schema", spec='{"type": "integer"}'))  # first-compile costs, not a schema's

@@ -1,4 +1,4 @@
-"""Measure which JSON-Schema keywords the grammar backend enforces, and audit schema_check.
+"""Measure which JSON-Schema keywords the grammar backend enforces, and audit grammar/xgrammar/schema_gaps.py.
 
     OMP_WAIT_POLICY=PASSIVE python -m bench.keyword_survey [--suite DIR] [--only KEYWORD]
 
@@ -31,7 +31,7 @@ from typing import Any
 
 from bench.datasets import TEST_SUITE_DIR
 from grammar.backend import GrammarBackend, GrammarError
-from grammar.schema_check import iter_subschemas
+from grammar.json_schema.walk import iter_subschemas
 
 DEFAULT_SUITE = TEST_SUITE_DIR  # the suite's draft 2020-12 files carried in the repository (bench/data/README.md)
 
@@ -239,7 +239,7 @@ def main() -> None:
     parser.add_argument("--only", help="one suite file (keyword) only")
     args = parser.parse_args()
     from engine.model_files import resolve_model
-    from grammar.xgrammar_backend import XGrammarBackend
+    from grammar.xgrammar.backend import XGrammarBackend
 
     tokenizer_dir = resolve_model(None)
     import transformers

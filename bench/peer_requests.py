@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from bench.serve import Client, RequestSpec
 from engine.frontend.tool_prompt import messages_with_tools
-from grammar.tool_calls import SYNTAXES
+from grammar.chat.tool_calls import SYNTAXES
 
 # Formwork's tool-call syntax -> the vLLM tool-call parser that reads it
 VLLM_TOOL_PARSERS = {"hermes": "hermes", "llama3_json": "llama3_json", "mistral": "mistral"}

@@ -146,7 +146,7 @@ def tool_call_outcome(spec: RequestSpec, text: str, calls: list[tuple[str, str]]
     arguments do not parse, as a chat stream would have delivered it."""
     import jsonschema
 
-    from grammar.tool_calls import SYNTAXES
+    from grammar.chat.tool_calls import SYNTAXES
     schemas = {t["name"]: t["parameters"] for t in spec.tools or []}
     if calls is None:
         content, calls, broken = SYNTAXES["hermes"].scan(text)

@@ -107,7 +107,8 @@ def run_transformers(model_dir, tokenizer, items, batch_size: int, max_tokens: i
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from grammar.constraint import Constraint
-    from grammar.xgrammar_backend import XGrammarBackend, hf_logits_processor
+    from grammar.xgrammar.backend import XGrammarBackend
+    from grammar.xgrammar.matcher import hf_logits_processor
 
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=getattr(torch, dtype)).eval()
     hf_tok = AutoTokenizer.from_pretrained(model_dir, padding_side="left")

@@ -6,7 +6,7 @@ import json
 import sys
 
 from engine.args import add_engine_args, engine_config_from_args
-from grammar.backend import JSON_WHITESPACE_MODES
+from grammar.constraint import JSON_WHITESPACE_MODES
 
 
 def add_generate_parser(subparsers) -> None:

@@ -18,9 +18,9 @@ from engine.frontend.tokenizer import Tokenizer
 from engine.frontend.tool_prompt import render_inputs
 from engine.protocol import EngineCoreRequest
 from engine.sampling_params import SamplingParams
+from grammar.chat.reasoning import markers_for_model, split_reasoning
+from grammar.chat.tool_calls import SYNTAXES, Tool, ToolCalls, syntax_for_model
 from grammar.constraint import after_thinking, with_tool_calls
-from grammar.reasoning import markers_for_model, split_reasoning
-from grammar.tool_calls import SYNTAXES, Tool, ToolCalls, syntax_for_model
 
 # a prompt: raw text, a chat conversation (rendered with the chat template), or token ids
 Prompt = Union[str, list[dict], dict]

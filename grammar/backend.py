@@ -5,26 +5,25 @@ Any grammar library can sit behind these; the engine never imports one directly.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Sequence
 
     import torch
 
-    from grammar.closing_search import FirstFillBudget
     from grammar.constraint import Constraint
-
-
-# Whitespace between JSON tokens: "compact" {"a":1,"b":2}; "spaced" {"a": 1, "b": 2} (what models
-# write most); "bounded" any whitespace, at most BOUNDED_JSON_WHITESPACE characters per gap (no
-# runaway newlines); "any" free whitespace (unbounded: a model can loop on it until max_tokens).
-JSON_WHITESPACE_MODES = ("compact", "spaced", "bounded", "any")
-BOUNDED_JSON_WHITESPACE = 2
 
 
 class GrammarError(ValueError):
     """A constraint that cannot be compiled or enforced; the message names the problem."""
+
+
+class FirstFillBudget(Protocol):
+    """CPU time a request may spend waiting for first fills (grammar/runtime/slow_fills.py's SlowFills)."""
+
+    def spend(self, fill_ms: float) -> bool:
+        """Count `fill_ms`; False once the budget is spent."""
 
 
 class CompiledGrammar(ABC):
@@ -105,7 +104,7 @@ class Grammar(ABC):
 class GrammarBackend(ABC):
     """Compiles constraints for one tokenizer. `compile` is blocking and thread-safe."""
 
-    # each token id's bytes, for the runaway guard (grammar/runaway.py); None: not known, no guard
+    # each token id's bytes, for the runaway guard (grammar/runtime/runaway.py); None: not known, no guard
     token_bytes: Sequence[bytes] | None = None
 
     def text_encoder(self) -> Callable[[str], list[int]] | None:

@@ -14,7 +14,7 @@ from concurrent.futures import Future, InvalidStateError, ThreadPoolExecutor
 from typing import TYPE_CHECKING
 
 from grammar.backend import CompiledGrammar, GrammarBackend, GrammarError
-from grammar.schema_check import check_limits
+from grammar.json_schema.limits import check_limits
 
 if TYPE_CHECKING:
     from grammar.config import GrammarConfig

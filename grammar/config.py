@@ -16,7 +16,7 @@ class GrammarConfig:
     num_compile_threads: int = 1
     jump_forward: bool = True  # engine default; a request may switch it off (or on)
     # bytes of forced text jump-forward takes per step, and the most output a grammar may need at
-    # one point (grammar/output_bounds.py): beyond it, forced text could outgrow any request
+    # one point (grammar/xgrammar/output_bounds.py): beyond it, forced text could outgrow any request
     max_forced_bytes: int = 65536
     # counted regex quantifiers ({m,n}, in regexes and schema patterns); xgrammar reads counts as
     # 32-bit integers, so an unbounded count could wrap silently
@@ -25,13 +25,13 @@ class GrammarConfig:
     # time, the others in every step; a request past it ends with an error. Most fills take
     # 0.01-1.5 ms, but a Lark grammar with %ignore takes 60 ms at every gap, so not lower
     max_fill_ms: float = 100.0
-    # a grammar that builds its token masks on first use (grammar/xgrammar_backend/conversion.py)
+    # a grammar that builds its token masks on first use (grammar/xgrammar/conversion.py)
     # fills a state slowly once, building its mask (10-50 ms, 0.65 s measured for one state of a
     # 5,590-rule grammar): its fills over max_fill_ms may add up to this much CPU time in one
     # request (and in the compile's walk) before it ends with the same error
     lazy_fill_budget_ms: float = 2000.0
     # close a constrained output before it runs out of tokens, and the JSON kinds' runaway loops
-    # (grammar/early_closing.py); engine default, a request may switch it off (or on)
+    # (grammar/runtime/early_closing.py); engine default, a request may switch it off (or on)
     close_early: bool = True
 
     def __post_init__(self) -> None:

@@ -10,12 +10,17 @@ from dataclasses import replace
 
 import msgspec
 
-from grammar.backend import JSON_WHITESPACE_MODES
-from grammar.lark_grammar import GRAMMAR_SYNTAXES
-from grammar.tool_calls import ToolCalls
+from grammar.chat.tool_calls import ToolCalls
 
+# Whitespace between JSON tokens: "compact" {"a":1,"b":2}; "spaced" {"a": 1, "b": 2} (what models
+# write most); "bounded" any whitespace, at most BOUNDED_JSON_WHITESPACE characters per gap (no
+# runaway newlines); "any" free whitespace (unbounded: a model can loop on it until max_tokens).
+JSON_WHITESPACE_MODES = ("compact", "spaced", "bounded", "any")
+BOUNDED_JSON_WHITESPACE = 2
+# the syntaxes of a kind "grammar" spec ("auto": told apart by the text)
+GRAMMAR_SYNTAXES = ("auto", "ebnf", "lark")
 CONSTRAINT_KINDS = ("json_schema", "json_object", "regex", "grammar", "choice")
-# plus the kind the front end builds from a request's tools (grammar/tool_calls.py)
+# plus the kind the front end builds from a request's tools (grammar/chat/tool_calls.py)
 ENGINE_KINDS = (*CONSTRAINT_KINDS, "tool_calls")
 # the whitespace mode of JSON a constraint does not name (JSON_WHITESPACE_MODES says what each allows)
 DEFAULT_JSON_WHITESPACE = "bounded"
@@ -26,7 +31,7 @@ class Constraint(msgspec.Struct, array_like=True, omit_defaults=True, frozen=Tru
 
     kind: one of ENGINE_KINDS.
     spec: JSON Schema text (json_schema), a regex (regex), a grammar in xgrammar's EBNF or in Lark
-          (grammar), a grammar.tool_calls.ToolCalls spec (tool_calls); empty for json_object and
+          (grammar), a grammar.chat.tool_calls.ToolCalls spec (tool_calls); empty for json_object and
           choice.
     choices: the allowed outputs, for kind "choice".
     strict: a JSON-Schema keyword the backend cannot enforce is an error (True) or is reported in
@@ -37,7 +42,7 @@ class Constraint(msgspec.Struct, array_like=True, omit_defaults=True, frozen=Tru
                  it loops (None: the engine's default); the output then says it was closed.
     whitespace: one of JSON_WHITESPACE_MODES for the JSON kinds ("": DEFAULT_JSON_WHITESPACE).
     grammar_syntax: "ebnf" or "lark" for kind "grammar" ("" or "auto": told apart by the text).
-    think_end: non-empty: the output first thinks freely until this marker (grammar/reasoning.py),
+    think_end: non-empty: the output first thinks freely until this marker (grammar/chat/reasoning.py),
                and the constraint applies after it.
     think_budget: the most tokens of thinking (0: no limit); at the limit the marker is forced.
     """

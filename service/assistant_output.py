@@ -12,11 +12,11 @@ import secrets
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from grammar.reasoning import split_reasoning
+from grammar.chat.reasoning import split_reasoning
 
 if TYPE_CHECKING:
-    from grammar.reasoning import ReasoningMarkers
-    from grammar.tool_calls import ToolCallSyntax
+    from grammar.chat.reasoning import ReasoningMarkers
+    from grammar.chat.tool_calls import ToolCallSyntax
 
 
 @dataclass(frozen=True)

@@ -25,8 +25,8 @@ from engine.frontend.tokenizer import Tokenizer
 from engine.frontend.tool_prompt import render_inputs
 from engine.protocol import ConstraintReport, EngineCoreOutput, EngineCoreRequest, EngineStats, FinishReason
 from engine.sampling_params import SamplingParams
+from grammar.chat.tool_calls import SYNTAXES
 from grammar.constraint import Constraint
-from grammar.tool_calls import SYNTAXES
 from service.chat_format import ChatFormat
 from service.errors import ErrorKind, FieldViolation, ServiceError, invalid_argument, unavailable
 from service.observability.telemetry import Telemetry

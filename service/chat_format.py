@@ -14,9 +14,9 @@ from typing import Any
 import msgspec
 
 from engine.sampling_params import SamplingParams
+from grammar.chat.reasoning import ReasoningMarkers, markers_for_model
+from grammar.chat.tool_calls import SYNTAXES, Tool, ToolCalls, syntax_for_model
 from grammar.constraint import Constraint, after_thinking, with_tool_calls
-from grammar.reasoning import ReasoningMarkers, markers_for_model
-from grammar.tool_calls import SYNTAXES, Tool, ToolCalls, syntax_for_model
 from service.assistant_output import OutputShape
 from service.errors import invalid_argument
 from service.limits import ServiceLimits
@@ -47,7 +47,7 @@ class ToolPlan:
 
 @dataclass(frozen=True)
 class ChatFormat:
-    tool_syntax: str = "hermes"  # a grammar.tool_calls.SYNTAXES name
+    tool_syntax: str = "hermes"  # a grammar.chat.tool_calls.SYNTAXES name
     reasoning: ReasoningMarkers | None = None  # None: the model does not think
     switches_thinking: bool = False  # its template reads enable_thinking
 

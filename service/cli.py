@@ -21,7 +21,7 @@ from engine import args as engine_args
 from engine.config import EngineConfig, SchedulerConfig
 from engine.core.memory_watchdog import DEFAULT_FRACTION_OF_MEMORY, MemoryLimit, machine_memory_bytes
 from engine.log_format import configure_logging
-from grammar.tool_calls import SYNTAXES
+from grammar.chat.tool_calls import SYNTAXES
 from service.limits import ServiceLimits
 from service.observability.telemetry import Telemetry
 from service.security import API_KEY_ENV, SecurityConfig, load_api_keys, load_tls_files

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from grammar.tool_calls import SYNTAXES
+from grammar.chat.tool_calls import SYNTAXES
 
 MAX_LOGPROBS = 20  # the engine's bound (SamplingParams.validate)
 
@@ -26,7 +26,7 @@ class ServiceLimits:
     # load balancer's health check sees it and stops sending before the server refuses calls
     drain_delay_s: float = 0.0
     # the model's chat format, over its family's defaults (service/chat_format.py)
-    tool_call_syntax: str = ""  # a grammar.tool_calls.SYNTAXES name; "": the family's
+    tool_call_syntax: str = ""  # a grammar.chat.tool_calls.SYNTAXES name; "": the family's
     think_start: str = ""  # with think_end: the model's think markers
     think_end: str = ""  # "": the family's markers, if any
     no_reasoning: bool = False  # treat the model as one that does not think

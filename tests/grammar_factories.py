@@ -11,7 +11,7 @@ VOCAB_PADDING = 40  # LM head wider than the tokenizer, and not a multiple of 32
 def make_backend(padding: int = VOCAB_PADDING):
     """The xgrammar backend on the real SmolLM2 tokenizer (49,152 ids) with `padding` extra ids."""
     from engine.model_files import resolve_model
-    from grammar.xgrammar_backend import XGrammarBackend
+    from grammar.xgrammar.backend import XGrammarBackend
 
     return XGrammarBackend(str(resolve_model(None)), 49152 + padding)
 

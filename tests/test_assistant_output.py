@@ -6,8 +6,8 @@ import json
 
 import pytest
 
-from grammar.reasoning import ReasoningMarkers, split_reasoning
-from grammar.tool_calls import SYNTAXES, syntax_for_model
+from grammar.chat.reasoning import ReasoningMarkers, split_reasoning
+from grammar.chat.tool_calls import SYNTAXES, syntax_for_model
 from service.assistant_output import AssistantStream, OutputShape, split
 
 THINK = ReasoningMarkers("<think>", "</think>")

@@ -121,8 +121,8 @@ def test_a_bitmask_too_narrow_for_the_logits_is_refused():
 def test_cuda_logits_match_the_cpu_result(with_xgrammar_kernel):
     from grammar import bitmask as bitmask_ops
 
-    import grammar.xgrammar_backend  # registers xgrammar's CUDA kernel
-    xgrammar_kernel = grammar.xgrammar_backend.apply_bitmask_xgrammar
+    from grammar.xgrammar.matcher import apply_bitmask_xgrammar  # registers xgrammar's CUDA kernel
+    xgrammar_kernel = apply_bitmask_xgrammar
     calls = []
 
     def counting_kernel(*args):

@@ -7,9 +7,9 @@ import json
 import pytest
 from google.protobuf import json_format
 
+from grammar.chat.reasoning import ReasoningMarkers
+from grammar.chat.tool_calls import SYNTAXES, ToolCalls
 from grammar.constraint import Constraint
-from grammar.reasoning import ReasoningMarkers
-from grammar.tool_calls import SYNTAXES, ToolCalls
 from service._gen.formwork.v1 import generation_pb2 as pb
 from service.chat_format import ChatFormat
 from service.errors import ServiceError

@@ -1,17 +1,17 @@
-"""The closing search's budget (grammar/closing_search.py) on a library-free cursor whose states
+"""The closing search's budget (grammar/runtime/closing_search.py) on a library-free cursor whose states
 are built on first use, as a lazily compiled grammar's are; and when a failed search is retried
-(grammar/early_closing.py)."""
+(grammar/runtime/early_closing.py)."""
 from __future__ import annotations
 
 import time
 
 from grammar_fakes import AnyTokenGrammar
 
-from grammar import closing_search
-from grammar.closing_search import find_closing
 from grammar.config import GrammarConfig
-from grammar.early_closing import EarlyClosing
-from grammar.slow_fills import SlowFills
+from grammar.runtime import closing_search
+from grammar.runtime.closing_search import find_closing
+from grammar.runtime.early_closing import EarlyClosing
+from grammar.runtime.slow_fills import SlowFills
 
 CLOSING = '","a":"","b":"","c":"","d":""}'  # 30 characters, one state each
 FIRST_FILL_COST_S = 0.003

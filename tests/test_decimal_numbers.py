@@ -1,11 +1,11 @@
-"""grammar/decimal_numbers.py: multipleOf 10^-k on numbers as at most k fraction digits."""
+"""grammar/xgrammar/decimal_numbers.py: multipleOf 10^-k on numbers as at most k fraction digits."""
 from __future__ import annotations
 
 import copy
 
 import pytest
 
-from grammar.decimal_numbers import fraction_digits, mark, number_rule, substitute
+from grammar.xgrammar.decimal_numbers import fraction_digits, mark, number_rule, substitute
 
 CENTS = '("-"? ("0" | [1-9] [0-9]*) ("." [0-9]{1, 2})?)'
 

@@ -11,8 +11,8 @@ import pytest
 from grammar_factories import allowed_ids, decode, encode, make_backend, make_constraint
 
 from grammar.backend import Grammar, GrammarError
-from grammar.early_closing import EarlyClosing
-from grammar.runaway import RunawayGuard
+from grammar.runtime.early_closing import EarlyClosing
+from grammar.runtime.runaway import RunawayGuard
 
 COMPANY = {"type": "object", "properties": {"company": {"type": "string"}, "id": {"type": "integer"}},
            "required": ["company", "id"]}

@@ -12,7 +12,7 @@ from engine.protocol import FinishReason
 from engine.sampling_params import SamplingParams
 from grammar.backend import Grammar
 from grammar.constraint import Constraint
-from grammar.xgrammar_backend.matcher import XGrammarGrammar
+from grammar.xgrammar.matcher import XGrammarGrammar
 
 
 # Snowplow's first schemas take over a minute to compile here; JsonSchemaStore's first has a string

@@ -177,7 +177,7 @@ def test_patterns_that_only_contain_a_quote_in_a_wide_class_stay_enforced():
     ("".join(f"r{i} ::= \"x\"\n" for i in range(255)), False),
 ])
 def test_large_grammars_and_regex_terminals_with_large_group_counts_build_masks_lazily(text, lazy):
-    from grammar.xgrammar_backend.conversion import builds_masks_lazily
+    from grammar.xgrammar.conversion import builds_masks_lazily
 
     assert builds_masks_lazily(text) is lazy
 
@@ -185,7 +185,7 @@ def test_large_grammars_and_regex_terminals_with_large_group_counts_build_masks_
 def test_a_grammar_of_many_rules_compiles_lazily_and_enforces_the_same_language():
     import random
 
-    from grammar.xgrammar_backend.conversion import LAZY_MIN_RULES
+    from grammar.xgrammar.conversion import LAZY_MIN_RULES
 
     # declared names beside open additionalProperties: xgrammar writes a rule per node of their trie
     rng = random.Random(0)
@@ -205,7 +205,7 @@ def test_a_grammar_of_many_rules_compiles_lazily_and_enforces_the_same_language(
 
 
 def test_a_word_count_pattern_compiles_lazily_and_counts_words_exactly():
-    from grammar.xgrammar_backend.conversion import builds_masks_lazily
+    from grammar.xgrammar.conversion import builds_masks_lazily
 
     schema = {"type": "string", "pattern": r"^(?:\S+\s+){0,99}\S+$"}
     backend = make_backend()
@@ -218,7 +218,7 @@ def test_a_word_count_pattern_compiles_lazily_and_counts_words_exactly():
 
 
 def test_a_lazily_built_grammar_is_marked_so_for_its_slow_first_fills():
-    from grammar.xgrammar_backend.conversion import builds_masks_lazily
+    from grammar.xgrammar.conversion import builds_masks_lazily
 
     backend = make_backend()
     lazy = make_constraint(spec={"type": "string", "pattern": r"^(?:\S+\s+){0,99}\S+$"}, strict=True)

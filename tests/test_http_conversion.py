@@ -138,5 +138,5 @@ def test_completion_prompts():
 def test_the_web_stack_stays_in_service_http_and_out_of_torch():
     code = ("import sys; import service.grpc.server, service.cli; "
             "assert not {'fastapi', 'uvicorn', 'starlette'} & set(sys.modules), 'web stack imported'; "
-            "import service.http.server, grammar.lark_grammar; assert 'torch' not in sys.modules, 'torch imported'")
+            "import service.http.server, grammar.xgrammar.lark_grammar; assert 'torch' not in sys.modules, 'torch imported'")
     subprocess.run([sys.executable, "-c", code], cwd=REPO_ROOT, check=True)

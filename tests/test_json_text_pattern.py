@@ -8,8 +8,8 @@ import re
 
 import pytest
 
-from grammar.json_text_pattern import classes_without_escapes, json_text_pattern, names_quote_or_backslash
-from grammar.schema_check import find_unsupported, normalize
+from grammar.json_schema.json_text_pattern import classes_without_escapes, json_text_pattern, names_quote_or_backslash
+from grammar.xgrammar.schema_gaps import find_unsupported, normalize
 
 
 @pytest.mark.parametrize("pattern, expected", [

@@ -6,8 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from grammar.backend import BOUNDED_JSON_WHITESPACE, JSON_WHITESPACE_MODES
-from grammar.constraint import DEFAULT_JSON_WHITESPACE, Constraint
+from grammar.constraint import BOUNDED_JSON_WHITESPACE, DEFAULT_JSON_WHITESPACE, JSON_WHITESPACE_MODES, Constraint
 from grammar_factories import accepts, make_backend, make_constraint
 
 SCHEMA = {"type": "object", "properties": {"name": {"type": "string"}, "tags": {"type": "array", "items": {"type": "integer"}}},

@@ -113,7 +113,7 @@ def test_random_walks_with_jump_forward_stay_valid_and_canonical(seed):
 
 
 def forced_text_tokenizer(enabled: bool = True):
-    from grammar.jump_forward import ForcedTextTokenizer
+    from grammar.runtime.jump_forward import ForcedTextTokenizer
     return ForcedTextTokenizer(make_backend().tokenizer, enabled=enabled)
 
 
@@ -152,7 +152,7 @@ FORCED_TEXTS = ['{"name":"', '","age":', "}", '":[', "],", ' "city": "', '{\n  "
 
 
 def test_the_rust_tokenizer_gives_the_wrappers_ids_and_seam_decisions():
-    from grammar.jump_forward import ForcedTextTokenizer
+    from grammar.runtime.jump_forward import ForcedTextTokenizer
     tokenizer = make_backend().tokenizer
     fast, wrapper = ForcedTextTokenizer(tokenizer), ForcedTextTokenizer(_WrapperOnly(tokenizer))
     contexts = [[]] + [encode(text)[-1:] for text in FORCED_TEXTS + ["{", '"', ":", "é", "🦜"]]

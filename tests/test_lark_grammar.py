@@ -1,4 +1,4 @@
-"""Lark grammars -> xgrammar EBNF (grammar/lark_grammar.py, grammar/regex_ebnf.py), and compiled
+"""Lark grammars -> xgrammar EBNF (grammar/xgrammar/lark_grammar.py, grammar/xgrammar/regex_ebnf.py), and compiled
 through the real backend: the strings Lark's grammar takes are exactly the ones the output allows."""
 from __future__ import annotations
 
@@ -8,8 +8,8 @@ import pytest
 from grammar_factories import accepts, make_backend, make_constraint
 
 from grammar.backend import GrammarError
-from grammar.lark_grammar import LarkGrammarError, detect_syntax, lark_to_ebnf, to_ebnf
-from grammar.regex_ebnf import regex_to_ebnf
+from grammar.xgrammar.lark_grammar import LarkGrammarError, detect_syntax, lark_to_ebnf, to_ebnf
+from grammar.xgrammar.regex_ebnf import regex_to_ebnf
 
 # vLLM's own test fixture (tests/entrypoints/conftest.py, sample_sql_lark)
 VLLM_SQL_LARK = """

@@ -5,9 +5,9 @@ import re
 
 import pytest
 
-from grammar.length_caps import cap_lengths
-from grammar.length_pattern import fold_lengths
-from grammar.schema_rewrite import rewrite
+from grammar.json_schema.rewrite import rewrite
+from grammar.regex.length_caps import cap_lengths
+from grammar.regex.length_pattern import fold_lengths, implied_lengths
 
 WORDS = r"^(?:\S+\s+){0,29}\S+$"  # at most 30 words
 NUMBER = r"^( )*(-|\+){0,1}[0-9]*(.[0-9]+){0,1}((e|E)(-|\+){0,1}[0-9]+){0,1}( )*$"
@@ -70,3 +70,25 @@ def test_the_rewrite_caps_only_where_it_may_narrow():
     branch = {"type": "string", "pattern": WORDS, "maxLength": 300}
     one_of = {"oneOf": [branch, {"type": "string", "maxLength": 3}]}
     assert rewrite(one_of).schema["oneOf"][0] == branch  # a oneOf's branch: narrowing could widen it
+
+
+@pytest.mark.parametrize("pattern, expected", [
+    (r"^[a-z]{2,5}$", (2, 5)),
+    (r"^(?:ab|c)+$|^$", (0, None)),
+    (r"^a\\$", (2, 2)),  # an escaped backslash, then the end: one parse reads it so, as the caps do
+    (r"^a$b", None),  # an anchor inside
+    (r"^(?=a)a$", None),  # lookaround
+    (r"^\bword$", None),  # a position, not a character
+    (r"a+", None),  # not anchored at both ends
+])
+def test_implied_lengths(pattern, expected):
+    assert implied_lengths(pattern) == expected
+
+
+@pytest.mark.parametrize("pattern, low, high, expected", [
+    (r"^\p{L}{2,}$", 0, 5, (r"^\p{L}{2,5}$", False)),  # a property class is one character
+    (r"^[]a]+$", 1, 3, (r"^[]a]{1,3}$", False)),  # a "]" first in a class is a member
+    (r"^\pL\b}+$", 0, 5, None),  # \p without braces is not read as far as the next "}"
+])
+def test_fold_lengths_of_single_character_atoms(pattern, low, high, expected):
+    assert fold_lengths(pattern, low, high) == expected

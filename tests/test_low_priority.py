@@ -7,7 +7,7 @@ import threading
 
 import pytest
 
-from grammar.low_priority import LOWEST_PRIORITY, run_at_low_priority
+from grammar.runtime.low_priority import LOWEST_PRIORITY, run_at_low_priority
 
 
 def _own_priority() -> tuple[int, int, str]:

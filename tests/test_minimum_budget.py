@@ -15,7 +15,7 @@ from engine.sched.structured_output import StructuredOutputManager
 from grammar.backend import GrammarError
 from grammar.config import GrammarConfig
 from grammar.constraint import Constraint
-from grammar.early_closing import EarlyClosing
+from grammar.runtime.early_closing import EarlyClosing
 
 PERSON = json.dumps({"type": "object", "properties": {"name": {"type": "string"}, "age": {"type": "integer"}},
                      "required": ["name", "age"]})

@@ -5,8 +5,8 @@ from __future__ import annotations
 import jsonschema
 import pytest
 
-from grammar.schema_check import find_unsupported
-from grammar.schema_rewrite import rewrite
+from grammar.json_schema.rewrite import rewrite
+from grammar.xgrammar.schema_gaps import find_unsupported
 
 CLOSED = {"type": "object", "additionalProperties": False}
 

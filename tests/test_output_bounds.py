@@ -8,7 +8,8 @@ from grammar_factories import encode, make_constraint
 
 from grammar.backend import GrammarError
 from grammar.config import GrammarConfig
-from grammar.output_bounds import INFINITE, OutputBounds, analyze, find_large_repeat
+from grammar.regex.repeat_counts import find_large_repeat
+from grammar.xgrammar.output_bounds import INFINITE, OutputBounds, analyze
 
 RECURSIVE = {"type": "object", "properties": {"child": {"$ref": "#"}, "n": {"type": "integer"}}, "required": ["child"]}
 
@@ -84,7 +85,7 @@ def test_find_large_repeat(pattern, found):
 
 
 def compile_with(spec, kind="regex", **config):
-    from grammar.xgrammar_backend import XGrammarBackend
+    from grammar.xgrammar.backend import XGrammarBackend
     from grammar_factories import make_backend
     base = make_backend()
     backend = XGrammarBackend.__new__(XGrammarBackend)  # the shared tokenizer state, other limits
@@ -118,7 +119,7 @@ def test_limits_follow_the_config():
 
 
 def test_jump_forward_takes_at_most_max_forced_bytes_per_step():
-    from grammar.xgrammar_backend import XGrammarGrammar
+    from grammar.xgrammar.matcher import XGrammarGrammar
     from grammar_factories import make_backend
     backend = make_backend()
     text = "alpha beta gamma delta epsilon zeta eta theta iota kappa"

@@ -5,7 +5,7 @@ import re
 
 import pytest
 
-from grammar.schema_patterns import hoisted_anchors
+from grammar.json_schema.patterns import hoisted_anchors
 
 
 @pytest.mark.parametrize("pattern, expected", [

@@ -21,9 +21,9 @@ from model_families import save_family
 
 from engine.config import CacheConfig, EngineConfig
 from engine.sampling_params import SamplingParams
+from grammar.chat.reasoning import split_reasoning
+from grammar.chat.tool_calls import SYNTAXES
 from grammar.constraint import Constraint
-from grammar.reasoning import split_reasoning
-from grammar.tool_calls import SYNTAXES
 from service._gen.formwork.v1 import generation_pb2 as pb
 from service.chat_format import ChatFormat
 from service.grpc.requests import chat_options_from_proto

@@ -6,9 +6,9 @@ import re
 
 import pytest
 
-from grammar.closing_hints import closing_hints
 from grammar.constraint import Constraint
-from grammar.regex_suffixes import MAX_SUFFIXES, regex_suffixes
+from grammar.regex.suffixes import MAX_SUFFIXES, regex_suffixes
+from grammar.runtime.closing_hints import closing_hints
 
 DLL = r"\w+[\\](\w+\.)*\w+\.dll"
 

@@ -1,4 +1,6 @@
-"""The schema rewrite never admits an instance the original schema rejects (checked with jsonschema)."""
+"""The schema rewrite never admits an instance the original schema rejects (checked with jsonschema):
+the JSON-Schema test suite's instances at schema level, and (with the real tokenizer) instances
+sampled from the compiled grammars of the carried JSONSchemaBench sample, and their mutations."""
 from __future__ import annotations
 
 import json
@@ -6,10 +8,13 @@ import random
 
 import pytest
 
-from bench.datasets import TEST_SUITE_DIR
-from bench.rewrite_check import ecma_dollar, is_multiple, mutations, validator
+from rewrite_sampling import (CheckResult, GrammarSampler, check_schema, ecma_dollar, is_multiple, mutations, report,
+                              validator)
+
+from bench.coverage import load_schemas
+from bench.datasets import SUBSETS, TEST_SUITE_DIR
 from grammar.backend import GrammarError
-from grammar.schema_rewrite import rewrite
+from grammar.json_schema.rewrite import rewrite
 
 jsonschema = pytest.importorskip("jsonschema")
 
@@ -72,3 +77,28 @@ def test_multiple_of_is_judged_on_the_decimal_text_not_by_float_division():
     assert not is_multiple(0.075, 0.01) and not is_multiple(7, 2) and not is_multiple(float("inf"), 0.01)
     assert validator({"multipleOf": 0.01}).is_valid(0.07)
     assert not validator({"multipleOf": 0.01}).is_valid(0.071)
+
+
+def _check_sample(subsets, limit: int, num_samples: int) -> CheckResult:
+    from grammar_factories import make_backend
+
+    backend = make_backend()
+    sampler, rng, result = GrammarSampler(backend), random.Random(0), CheckResult()
+    for subset, sid, schema in load_schemas(list(subsets), limit):
+        check_schema(backend, sampler, f"{subset}/{sid}", schema, result, rng, num_samples)
+    print(report(result))
+    return result
+
+
+def test_grammar_samples_of_a_few_rewritten_schemas_are_never_looser_than_the_original():
+    result = _check_sample(["Github_trivial", "Glaiveai2K", "Kubernetes"], limit=4, num_samples=3)
+    assert result.num_rewritten >= 3 and result.num_sampled > 0  # the check saw real work
+    assert result.looser == []
+
+
+@pytest.mark.benchmark  # the test above checks the same on a few schemas; -s prints the figures
+def test_grammar_samples_of_the_whole_sample_are_never_looser_than_the_original():
+    subsets = [s for s in SUBSETS if s != "Snowplow"]  # its compiles take minutes here
+    result = _check_sample(subsets, limit=50, num_samples=6)
+    assert result.num_rewritten > 100
+    assert result.looser == []

@@ -9,7 +9,8 @@ from grammar_factories import accepts, make_backend, make_constraint
 from grammar.backend import GrammarError
 from grammar.compiler import GrammarCompiler
 from grammar.config import GrammarConfig
-from grammar.schema_check import check_limits, find_unsupported, normalize
+from grammar.json_schema.limits import check_limits
+from grammar.xgrammar.schema_gaps import find_unsupported, normalize
 
 TAGS = {"type": "object", "properties": {
     "tags": {"type": "array", "items": {"type": "string"}, "uniqueItems": True}}}
@@ -138,7 +139,7 @@ def test_normalize_only_frees_objects_and_arrays_that_declare_no_members():
     ({"patternProperties": {"x{999999}": {}}}, "the \"patternProperties\" key 'x{999999}' at / (the root) has"),
 ])
 def test_malformed_keyword_values_are_named_with_their_pointer(schema, words):
-    from grammar.schema_values import check_keyword_values
+    from grammar.json_schema.values import check_keyword_values
     with pytest.raises(GrammarError) as info:
         check_keyword_values(schema, max_repeat_count=100_000)
     assert str(info.value).startswith("json_schema does not compile: ") and words in str(info.value)
@@ -155,5 +156,5 @@ def test_malformed_keyword_values_are_named_with_their_pointer(schema, words):
     True,
 ])
 def test_well_formed_keyword_values_pass(schema):
-    from grammar.schema_values import check_keyword_values
+    from grammar.json_schema.values import check_keyword_values
     check_keyword_values(schema, max_repeat_count=100_000)

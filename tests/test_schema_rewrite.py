@@ -1,4 +1,4 @@
-"""grammar.schema_rewrite and its helpers, rule by rule, with hand-computed expectations."""
+"""grammar.json_schema.rewrite and its helpers, rule by rule, with hand-computed expectations."""
 from __future__ import annotations
 
 import json
@@ -7,11 +7,11 @@ import pytest
 from grammar_factories import accepts, make_backend, make_constraint
 
 from grammar.backend import GrammarError
-from grammar.length_pattern import fold_lengths
-from grammar.schema_check import find_unsupported
-from grammar.schema_merge import CannotMerge, EmptyIntersection, merge
-from grammar.schema_merge import accepts as accepts_value  # grammar_factories has its own accepts
-from grammar.schema_rewrite import rewrite
+from grammar.json_schema.merge import CannotMerge, EmptyIntersection, merge
+from grammar.json_schema.merge import accepts as accepts_value  # grammar_factories has its own accepts
+from grammar.json_schema.rewrite import rewrite
+from grammar.regex.length_pattern import fold_lengths
+from grammar.xgrammar.schema_gaps import find_unsupported
 
 
 def rewritten(schema):
@@ -76,7 +76,7 @@ def test_merge_of_two_any_ofs_or_two_one_ofs_is_the_product_of_their_branches():
     ("[0-9]+", 1, 3, ("^[0-9]{1,3}$", True)),  # unanchored: anchoring narrows
     ("^a", 0, 3, ("^a.{0,2}$", True)),  # an open end is ".*"
     ("^[a-z]*[0-9]*$", 0, 4, ("^[a-z]{0,4}$", True)),  # the other atom capped at its minimum
-    ("^(a|b)+$", 1, 3, ("^(a|b){1,3}$", False)),  # a group's repeat capped (grammar/length_caps.py)
+    ("^(a|b)+$", 1, 3, ("^(a|b){1,3}$", False)),  # a group's repeat capped (grammar/regex/length_caps.py)
     ("^(a|bc)+$", 1, None, ("^(a|bc)+$", False)),  # ... but here they are implied: dropped
     ("^[0-9a-f]{8}-([0-9a-f]{4}-){3}[0-9a-f]{12}$|^[0-9a-f]{16}$", 0, 36,
      ("^[0-9a-f]{8}-([0-9a-f]{4}-){3}[0-9a-f]{12}$|^[0-9a-f]{16}$", False)),  # 36 or 16 characters

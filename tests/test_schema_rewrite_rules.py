@@ -6,10 +6,10 @@ import json
 import pytest
 from grammar_factories import accepts, make_backend, make_constraint
 
-from grammar.schema_check import find_unsupported
-from grammar.schema_merge import merge
-from grammar.schema_patterns import optional_groups
-from grammar.schema_rewrite import rewrite
+from grammar.json_schema.merge import merge
+from grammar.json_schema.patterns import optional_groups
+from grammar.json_schema.rewrite import rewrite
+from grammar.xgrammar.schema_gaps import find_unsupported
 
 
 def rewritten(schema):

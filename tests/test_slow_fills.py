@@ -1,10 +1,10 @@
-"""Which slow bitmask fills a request may have (grammar/slow_fills.py)."""
+"""Which slow bitmask fills a request may have (grammar/runtime/slow_fills.py)."""
 from __future__ import annotations
 
 import pytest
 
 from grammar.config import GrammarConfig
-from grammar.slow_fills import SlowFills
+from grammar.runtime.slow_fills import SlowFills
 
 CONFIG = GrammarConfig(max_fill_ms=100.0, lazy_fill_budget_ms=500.0)
 

@@ -8,7 +8,7 @@ import pytest
 
 from bench.coverage import SUBSETS, load_schemas, run_coverage
 from engine.protocol import FinishReason
-from grammar.backend import BOUNDED_JSON_WHITESPACE
+from grammar.constraint import BOUNDED_JSON_WHITESPACE
 from engine.sampling_params import SamplingParams
 from grammar.constraint import Constraint
 

@@ -16,7 +16,7 @@ PROMPT = "Text: the lease was signed by the tenant Ann Lee on 3 May 2024 in Oslo
 
 @pytest.fixture(scope="module")
 def backend(model_dir):
-    from grammar.xgrammar_backend import XGrammarBackend
+    from grammar.xgrammar.backend import XGrammarBackend
     return XGrammarBackend(str(model_dir), 49152)
 
 

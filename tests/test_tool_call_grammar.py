@@ -7,8 +7,8 @@ import pytest
 from grammar_factories import accepts, allowed_ids, encode, make_backend
 
 from grammar.backend import GrammarError
+from grammar.chat.tool_calls import Tool, ToolCalls
 from grammar.constraint import Constraint
-from grammar.tool_calls import Tool, ToolCalls
 
 WEATHER = Tool("get_weather", "The weather in a city",
                {"type": "object", "properties": {"city": {"type": "string", "maxLength": 20},

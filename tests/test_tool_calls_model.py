@@ -10,9 +10,9 @@ import pytest
 from engine.frontend.tool_prompt import messages_with_tools
 from engine.protocol import FinishReason
 from engine.sampling_params import SamplingParams
+from grammar.chat.reasoning import ReasoningMarkers, split_reasoning
+from grammar.chat.tool_calls import SYNTAXES, Tool, ToolCalls
 from grammar.constraint import Constraint
-from grammar.reasoning import ReasoningMarkers, split_reasoning
-from grammar.tool_calls import SYNTAXES, Tool, ToolCalls
 
 pytestmark = pytest.mark.slow
 

@@ -59,7 +59,7 @@ class EngineCore:
 
         self.runner = ModelRunner(config, self.model_dir, hf_config, self.max_model_len)
         self.executor = Executor(self.runner)
-        from grammar.xgrammar_backend import XGrammarBackend
+        from grammar.xgrammar.backend import XGrammarBackend
         self.structured_output_manager = StructuredOutputManager(
             XGrammarBackend(str(self.model_dir), self.vocab_size, config=config.grammar), config.grammar)
         self.step_timings: list[StepTiming] | None = None  # set to [] to collect

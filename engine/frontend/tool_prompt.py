@@ -12,7 +12,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from grammar.tool_calls import ToolCallSyntax
+from grammar.chat.tool_calls import ToolCallSyntax
 
 
 def template_knows_tools(chat_template: str | None) -> bool:

@@ -5,7 +5,7 @@ has seen in microseconds, but a state nobody has reached yet takes 10 ms to a se
 Filled on the engine thread, such a fill holds the step, and with it every running request's next
 token. Here each of those requests' rows is filled on a small pool instead (xgrammar releases the
 GIL while it fills), beside the forward pass, in Linux's idle scheduling class (as the compile's
-fill probe, grammar/low_priority.py): a state being built takes the CPU the forward leaves, not the
+fill probe, grammar/runtime/low_priority.py): a state being built takes the CPU the forward leaves, not the
 core one of the forward's threads waits for at every kernel. After the forward, the step waits a
 little for the fills still running (`collect`); a fill that is still building then is left to
 finish on its own: its request skips this step's sample (its last token is computed again later)
@@ -21,7 +21,7 @@ from concurrent.futures import Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from grammar.low_priority import lower_current_thread_priority
+from grammar.runtime.low_priority import lower_current_thread_priority
 
 if TYPE_CHECKING:
     import torch

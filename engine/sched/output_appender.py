@@ -83,7 +83,7 @@ class OutputAppender:
 
     def _close_early(self, request: Request, new_token_ids: list[int]) -> list[int]:
         """Append the closing and finish, when the budget is nearly spent or the output loops
-        (grammar/early_closing.py decides)."""
+        (grammar/runtime/early_closing.py decides)."""
         assert request.closing is not None and request.grammar is not None
         found = request.closing.check(new_token_ids, request.num_room_tokens(self.max_model_len))
         if found is None:

@@ -14,8 +14,8 @@ if TYPE_CHECKING:
 
     from engine.sched.text_drafter import PromptText
     from grammar.backend import Grammar
-    from grammar.early_closing import EarlyClosing
-    from grammar.slow_fills import SlowFills
+    from grammar.runtime.early_closing import EarlyClosing
+    from grammar.runtime.slow_fills import SlowFills
 
 
 class RequestStatus(enum.IntEnum):

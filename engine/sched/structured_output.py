@@ -16,9 +16,9 @@ from engine.sched.scheduler_output import GrammarOutput
 from grammar.backend import CompiledGrammar, Grammar, GrammarBackend, GrammarError
 from grammar.compiler import GrammarCompiler
 from grammar.config import GrammarConfig
-from grammar.early_closing import EarlyClosing
-from grammar.runaway import RunawayGuard
-from grammar.slow_fills import SlowFills
+from grammar.runtime.early_closing import EarlyClosing
+from grammar.runtime.runaway import RunawayGuard
+from grammar.runtime.slow_fills import SlowFills
 
 if TYPE_CHECKING:
     import torch

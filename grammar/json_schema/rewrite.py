@@ -1,0 +1,130 @@
+"""Rewrite a JSON schema into an equivalent or narrower one that xgrammar enforces fully.
+
+Runs before the strictness check (grammar/xgrammar/schema_gaps.py). Many schemas are refused not because a keyword
+cannot be enforced but because xgrammar cannot *read* the form it is written in (an `allOf`, a
+keyword beside `$ref`, `required` in a schema without "type"). Each rule (RULES lists them; one
+module per group) rewrites one such form; its docstring says whether it keeps the set of valid instances
+(exact) or narrows it. No rule ever widens it. A rule that does not apply, or cannot be applied
+exactly enough, leaves the node as it was, so the checker still reports it. Narrowing rules run
+only where narrowing a subschema narrows the whole schema: not under `not`, `if`, `contains` or
+a oneOf's branches (where a narrower branch can make an instance match one branch instead of two).
+
+Pure JSON -> JSON; the input is not modified. Bounded: the output may grow to at most
+MAX_GROWTH times the input (or MAX_MIN_BYTES), and the walk visits at most MAX_VISITS nodes;
+past either a GrammarError names the limit, never a hang. The pass repeats until nothing
+changes (at most MAX_PASSES), because one rule's output can be another's input.
+"""
+from __future__ import annotations
+
+import json
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Any
+
+from grammar.backend import GrammarError
+from grammar.json_schema import arrays, conjunction, dependencies, inference, negation, patterns, scalars
+from grammar.json_schema.merge import copy_json
+from grammar.json_schema.one_of import exclusive_one_of
+from grammar.json_schema.rule import RuleContext
+from grammar.json_schema.walk import iter_subschemas, pointer_join
+
+MAX_PASSES = 4
+MAX_VISITS = 200_000
+MAX_GROWTH = 8
+MAX_MIN_BYTES = 256 * 1024
+
+# in order: merging first (their output is what the later rules read), oneOf exclusivity last
+RULES = (
+    conjunction.ref_siblings, conjunction.all_of, conjunction.distribute,
+    conjunction.fixed_siblings, negation.not_rule, negation.false_patterns,
+    negation.false_properties,
+    dependencies.dependencies,
+    inference.infer_type, inference.undeclared_required, scalars.unknown_format,
+    patterns.pattern_groups, patterns.classes_without_quotes, scalars.length_pattern,
+    scalars.integral_multiple, scalars.int64_bounds,
+    arrays.unique_items, exclusive_one_of, negation.one_of_by_negation,
+)
+
+_NON_MONOTONE = ("not", "if", "contains", "oneOf")
+_MAPS = ("properties", "patternProperties", "$defs", "definitions", "dependentSchemas")
+_SINGLES = ("additionalProperties", "items", "contains", "propertyNames", "not", "if", "then", "else",
+            "additionalItems", "unevaluatedItems", "unevaluatedProperties")
+_LISTS = ("allOf", "anyOf", "oneOf", "prefixItems", "items")
+
+
+@dataclass
+class Rewritten:
+    """A rewrite's result: the schema, what fired, and notes for the caller's not_enforced list."""
+
+    schema: Any
+    rules: Counter = field(default_factory=Counter)  # rule name -> times applied
+    narrowed: list[str] = field(default_factory=list)  # "rule at pointer" for each narrowing
+    notes: list[str] = field(default_factory=list)  # e.g. format names taken as annotations
+
+
+def rewrite(schema: Any) -> Rewritten:
+    """The schema rewritten into forms xgrammar enforces; raises GrammarError on an empty
+    `allOf` intersection or a blow-up past the limits (see the module docstring)."""
+    limit = max(MAX_MIN_BYTES, MAX_GROWTH * len(json.dumps(schema)))
+    context = RuleContext()
+    out = copy_json(schema)
+    for _ in range(MAX_PASSES):
+        before = json.dumps(out, sort_keys=True)
+        out = _Walk(context).run(out)
+        after = json.dumps(out, sort_keys=True)
+        if len(after) > limit:
+            raise GrammarError(f"rewriting the schema for the grammar would make it {len(after)} bytes, over "
+                               f"its limit of {limit}; simplify its allOf/$ref/dependencies")
+        if after == before:
+            break
+    return Rewritten(out, context.rules, list(dict.fromkeys(context.narrowed)), list(dict.fromkeys(context.notes)))
+
+
+class _Walk:
+    """One pass over the schema: subschemas first, then RULES on the node."""
+
+    def __init__(self, context: RuleContext) -> None:
+        self.context = context
+        self.visits = 0
+        self.defs_monotone = True
+
+    def run(self, root: Any) -> Any:
+        self.context.root = root
+        # a definition referenced from a negated place must not be narrowed anywhere
+        self.defs_monotone = not any(
+            isinstance(n, dict) and "$ref" in n and set(p.split("/")) & set(_NON_MONOTONE)
+            for p, n, _ in iter_subschemas(root))
+        return self.node(root, "", True)
+
+    def node(self, node: Any, pointer: str, monotone: bool) -> Any:
+        """`node` rewritten, subschemas first. `monotone`: narrowing this node narrows the whole
+        schema; false under `not`, `if`, `contains` and a oneOf's branches, where narrowing a
+        subschema can widen its parent, so only exact rules apply there."""
+        self.visits += 1
+        if self.visits > MAX_VISITS:
+            raise GrammarError(f"rewriting the schema for the grammar visited over {MAX_VISITS} subschemas; "
+                               "simplify its $refs")
+        if not isinstance(node, dict):
+            return node
+        node = dict(node)
+        for key in _MAPS:
+            if isinstance(node.get(key), dict):
+                inner = monotone and (self.defs_monotone or key not in ("$defs", "definitions"))
+                node[key] = {n: self.node(s, pointer_join(pointer, key, n), inner) for n, s in node[key].items()}
+        for key in _SINGLES:
+            if isinstance(node.get(key), (dict, bool)):
+                node[key] = self.node(node[key], pointer_join(pointer, key), monotone and key not in _NON_MONOTONE)
+        for key in _LISTS:
+            if isinstance(node.get(key), list):
+                inner = monotone and key not in _NON_MONOTONE
+                node[key] = [self.node(s, pointer_join(pointer, key, i), inner) for i, s in enumerate(node[key])]
+        if isinstance(node.get("dependencies"), dict):
+            node["dependencies"] = {n: self.node(s, pointer_join(pointer, "dependencies", n), monotone)
+                                    if isinstance(s, dict) else s for n, s in node["dependencies"].items()}
+        self.context.monotone = monotone
+        out: Any = node
+        for rule in RULES:
+            if not isinstance(out, dict):
+                break
+            out = rule(out, pointer, self.context)
+        return out

@@ -1,0 +1,366 @@
+"""XGrammarBackend: every constraint kind compiled with xgrammar for one tokenizer."""
+from __future__ import annotations
+
+import json
+import logging
+import random
+import time
+from typing import TYPE_CHECKING, Any
+
+import msgspec
+import numpy as np
+import torch
+import xgrammar as xgr
+
+from grammar.backend import CompiledGrammar, GrammarBackend, GrammarError
+from grammar.chat.tool_calls import ToolCalls
+from grammar.constraint import BOUNDED_JSON_WHITESPACE, Constraint
+from grammar.json_schema.limits import check_limits, parse_schema
+from grammar.json_schema.rewrite import rewrite
+from grammar.json_schema.values import check_keyword_values
+from grammar.json_schema.walk import iter_subschemas
+from grammar.runtime.closing_hints import closing_hints
+from grammar.runtime.closing_search import ALPHABET
+from grammar.runtime.jump_forward import ForcedTextTokenizer
+from grammar.runtime.low_priority import run_at_low_priority
+from grammar.runtime.slow_fills import SlowFills
+from grammar.xgrammar import decimal_numbers, lark_grammar, output_bounds, structural_tags
+from grammar.xgrammar.conversion import (builds_masks_lazily, check_repeats, choice_ebnf, convert_spec,
+                                         unsupported_error, warning_keywords, with_decimal_numbers)
+from grammar.xgrammar.log_capture import capture_native_log, strip_native_prefix
+from grammar.xgrammar.matcher import XGrammarCompiled, XGrammarGrammar
+from grammar.xgrammar.matcher_cursor import CharTokens
+from grammar.xgrammar.schema_gaps import Finding, find_unsupported, normalize
+
+if TYPE_CHECKING:
+    from collections.abc import Callable
+
+    from grammar.config import GrammarConfig
+
+logger = logging.getLogger(__name__)
+
+# JSON whitespace mode (Constraint.json_whitespace) -> xgrammar's JSON-schema options
+_WHITESPACE_OPTIONS: dict[str, dict[str, Any]] = {
+    "compact": {"any_whitespace": False, "separators": (",", ":")},
+    "spaced": {"any_whitespace": False, "separators": (", ", ": ")},
+    "bounded": {"any_whitespace": True, "max_whitespace_cnt": BOUNDED_JSON_WHITESPACE},
+    "any": {"any_whitespace": True},
+}
+_PROBE_TOKENS = 8  # tokens the compile-time fill probe walks
+_MIN_OUTPUT_SEARCH_TOKENS = 4096  # the longest shortest output the compile-time search looks for
+_ONE_OF_WARNING = "oneOf with overlapping"
+
+
+class XGrammarBackend(GrammarBackend):
+    """Compiles every constraint kind for one tokenizer with xgrammar. `compile` is thread-safe.
+
+    Size and depth limits are the caller's job (GrammarCompiler checks them before calling).
+    """
+
+    def __init__(self, tokenizer_dir: str, vocab_size: int, *, num_threads: int = 1,
+                 config: GrammarConfig | None = None) -> None:
+        """`vocab_size` is the LM head's width; ids from the tokenizer's size up to it are
+        padding and are never allowed. `num_threads`: xgrammar's threads per compile.
+        `config`: the bounds a grammar must keep (max_forced_bytes, max_repeat_count, max_fill_ms)."""
+        from transformers import AutoTokenizer
+
+        from grammar.config import GrammarConfig
+
+        self.config = config or GrammarConfig()
+        self.tokenizer = AutoTokenizer.from_pretrained(tokenizer_dir)
+        if vocab_size < len(self.tokenizer):
+            logger.warning("vocab_size %d is smaller than the tokenizer's %d; ids beyond it are never allowed",
+                           vocab_size, len(self.tokenizer))
+        self.vocab_size = vocab_size
+        self.tokenizer_info = xgr.TokenizerInfo.from_huggingface(self.tokenizer, vocab_size=vocab_size)
+        self.stop_token_ids = list(self.tokenizer_info.stop_token_ids)
+        self._compiler = xgr.GrammarCompiler(self.tokenizer_info, max_threads=num_threads, cache_enabled=False)
+        self._lazy_compiler = xgr.GrammarCompiler(self.tokenizer_info, max_threads=num_threads,
+                                                  cache_enabled=False, enable_dynamic_compilation=True)
+        # a tokenizer that prepends a space to every encoded text cannot encode mid-output text
+        prefix_space = self.tokenizer_info.add_prefix_space
+        self.forced_text = ForcedTextTokenizer(self.tokenizer, enabled=not prefix_space)
+        self.token_bytes = self.tokenizer_info.decoded_vocab
+        self.char_tokens = CharTokens(self._single_char_tokens())
+
+    def compile(self, constraint: Constraint) -> XGrammarCompiled:
+        """Also refuses a grammar that would cost more than its own request (a GrammarError):
+        one that can never end or needs more than max_forced_bytes of output at one point,
+        a regex count over max_repeat_count, or a first bitmask fill over max_fill_ms. The
+        first matcher and bitmask fill run here, on the compile thread, rather than in a step."""
+        kind = constraint.kind
+        not_enforced: list[str] = []
+        grammar = None if kind == "tool_calls" else self._plain_grammar(constraint, not_enforced)
+        if kind == "tool_calls" or constraint.think_end:
+            grammar = self._structural_grammar(constraint, grammar, not_enforced)
+        bounds = self._check_bounds(kind, grammar)
+        lazy_masks = builds_masks_lazily(str(grammar))
+        compiler = self._lazy_compiler if lazy_masks else self._compiler
+        try:
+            compiled = compiler.compile_grammar(grammar)
+        except Exception as e:  # xgrammar raises RuntimeError/ValueError with a C++ prefix
+            raise GrammarError(f"{kind} does not compile: {strip_native_prefix(str(e))}") from None
+        result = XGrammarCompiled(compiled, kind, not_enforced, jump_forward_safe=bounds.exact,
+                                  closing_hints=closing_hints(constraint),
+                                  json_output=kind in ("json_schema", "json_object") and not constraint.think_end,
+                                  lazy_masks=lazy_masks)
+        self._warm_up(result)
+        result.min_output_tokens = self._min_output_tokens(result)
+        return result
+
+    def _plain_grammar(self, constraint: Constraint, not_enforced: list[str]) -> xgr.Grammar:
+        """The grammar of a constraint of one of CONSTRAINT_KINDS, think section aside."""
+        kind = constraint.kind
+        if kind in ("json_schema", "json_object"):
+            grammar, notes = self._json_grammar(constraint)
+            not_enforced += notes
+        elif kind == "regex":
+            check_repeats("regex", constraint.spec, self.config.max_repeat_count)
+            grammar = convert_spec(kind, constraint.strict, not_enforced, xgr.Grammar.from_regex, constraint.spec)
+        elif kind == "grammar":
+            try:  # a Lark grammar (vLLM's guided_grammar) is translated; EBNF passes unchanged
+                ebnf = lark_grammar.to_ebnf(constraint.spec, constraint.grammar_syntax or "auto")
+            except lark_grammar.LarkGrammarError as e:
+                raise GrammarError(f"grammar (Lark) is not supported: {e}") from None
+            grammar = convert_spec(kind, constraint.strict, not_enforced, xgr.Grammar.from_ebnf, ebnf)
+        elif kind == "choice":
+            grammar = convert_spec(kind, True, not_enforced, xgr.Grammar.from_ebnf, choice_ebnf(constraint.choices))
+        else:
+            raise GrammarError(f"unknown constraint kind {kind!r}")
+        return grammar
+
+    def _min_output_tokens(self, compiled: XGrammarCompiled) -> int | None:
+        """The shortest output's tokens, searched for here on the compile thread with a budget a
+        request's step could not afford (a schema with many required parts needs it)."""
+        try:
+            closing = self.make_grammar(compiled).closing_token_ids(_MIN_OUTPUT_SEARCH_TOKENS, max_nodes=20_000,
+                                                                    max_cpu_s=1.0)
+        except Exception as e:  # the closing is an extra: its failure is not the grammar's
+            logger.warning("shortest-output search failed: %s: %s", type(e).__name__, e)
+            return None
+        return None if closing is None else len(closing)
+
+    def make_grammar(self, compiled: CompiledGrammar) -> XGrammarGrammar:
+        if not isinstance(compiled, XGrammarCompiled):
+            raise TypeError(f"expected a grammar compiled by XGrammarBackend, got {type(compiled).__name__}")
+        return XGrammarGrammar(compiled, self.forced_text, self.stop_token_ids, self.vocab_size,
+                               self.config.max_forced_bytes, self.char_tokens, self.token_bytes)
+
+    def text_encoder(self) -> Callable[[str], list[int]] | None:
+        return self.forced_text.encode if self.forced_text.enabled else None
+
+    def _single_char_tokens(self) -> dict[str, int]:
+        """The closing search's characters that the vocabulary has as tokens of their own."""
+        out = {}
+        for char in ALPHABET:
+            ids = self.tokenizer.encode(char, add_special_tokens=False)
+            if len(ids) == 1 and ids[0] < len(self.token_bytes) and self.token_bytes[ids[0]] == char.encode():
+                out[char] = ids[0]
+        return out
+
+    def output_bounds(self, grammar: xgr.Grammar) -> output_bounds.OutputBounds:
+        """What the grammar's rules need (grammar/xgrammar/output_bounds.py); inexact (jump-forward off,
+        nothing refused) if the rules cannot be read."""
+        try:
+            return output_bounds.analyze(json.loads(grammar.serialize_json()), self._regex_bounds)
+        except (KeyError, IndexError, TypeError, ValueError) as e:
+            logger.warning("grammar rules not analysed (%s: %s); jump-forward is off for this grammar",
+                           type(e).__name__, e)
+            return output_bounds.OutputBounds(0, 0, None, exact=False)
+
+    def _regex_bounds(self, pattern: str) -> output_bounds.OutputBounds:
+        try:
+            grammar = xgr.Grammar.from_regex(pattern)
+        except Exception:  # reported when the grammar compiles; nothing is known here
+            return output_bounds.OutputBounds(0, 0, None, exact=False)
+        return output_bounds.analyze(json.loads(grammar.serialize_json()),
+                                     lambda _: output_bounds.OutputBounds(0, 0, None, exact=False))
+
+    def _check_bounds(self, kind: str, grammar: xgr.Grammar) -> output_bounds.OutputBounds:
+        bounds = self.output_bounds(grammar)
+        example = " (e.g. a required property whose schema refers back to its parent)" if kind == "json_schema" else ""
+        if bounds.min_bytes == output_bounds.INFINITE:
+            raise GrammarError(f"{kind} accepts no output of finite length: a required part contains itself"
+                               f"{example}, so its text would be forced without end")
+        if bounds.dead_rule is not None:
+            raise GrammarError(f"{kind} has a part that can never end (grammar rule {bounds.dead_rule!r}: it "
+                               f"contains itself{example}); output entering it would be forced without end")
+        limit = self.config.max_forced_bytes
+        if bounds.max_required_bytes > limit:
+            raise GrammarError(f"{kind} needs at least {bounds.max_required_bytes:.0f} bytes of output at one point, "
+                               f"over this server's max_forced_bytes limit of {limit}; lower its repetition counts "
+                               "or minimum lengths")
+        return bounds
+
+    def _warm_up(self, compiled: XGrammarCompiled) -> None:
+        """Build the first matcher and fill bitmasks along a short walk here, where a slow fill
+        costs only this compile; refuse a grammar whose fill takes more than max_fill_ms of CPU.
+
+        A compiled grammar's first fill builds xgrammar's lazy caches (66 ms for a Lark
+        calculator whose later fills take 1 ms): it runs here once, untimed, so no step pays
+        it. The fills after it are timed along a walk of a few allowed tokens, chosen by a fixed
+        seed: ambiguous repeats (`(\\w+ ?){1,50}`) fill fast at the start and take seconds a
+        token or two later. The walk runs at the lowest CPU priority (grammar/runtime/low_priority.py), so
+        a grammar that takes those seconds takes them from its own compile, not from the forward pass.
+        """
+        run_at_low_priority(self._probe_fills, compiled)
+
+    def _probe_fills(self, compiled: XGrammarCompiled) -> None:
+        slow_fills = SlowFills(self.config, compiled.lazy_masks)
+        rng = random.Random(0)
+        stop_ids = set(self.stop_token_ids)
+        try:
+            matcher = xgr.GrammarMatcher(compiled.compiled)
+            bitmask = xgr.allocate_token_bitmask(1, self.vocab_size)
+            matcher.fill_next_token_bitmask(bitmask, 0)  # the lazy caches; the same fill is timed next
+            for num_tokens in range(_PROBE_TOKENS + 1):
+                start = time.thread_time()
+                matcher.fill_next_token_bitmask(bitmask, 0)
+                fill_ms = (time.thread_time() - start) * 1000
+                if not slow_fills.allows(fill_ms):
+                    raise GrammarError(f"{compiled.kind}: one bitmask fill takes {fill_ms:.0f} ms (after {num_tokens} "
+                                       f"tokens), over {slow_fills.limit_text()}; simplify the constraint "
+                                       "(ambiguous repeats such as (\\w+ ?){1,50} are the usual cause)")
+                bits = np.unpackbits(bitmask.numpy().view(np.uint8)[0], bitorder="little")[:self.vocab_size]
+                allowed = [t for t in np.flatnonzero(bits).tolist() if t not in stop_ids]
+                if not allowed or not matcher.accept_token(rng.choice(allowed)):
+                    return
+        except GrammarError:
+            raise
+        except Exception as e:  # e.g. std::bad_alloc: this grammar's failure, reported as such
+            raise GrammarError(f"{compiled.kind}: its first bitmask fills failed: {type(e).__name__}: "
+                               f"{strip_native_prefix(str(e))}") from None
+
+    def allocate_bitmask(self, num_rows: int) -> torch.Tensor:
+        return xgr.allocate_token_bitmask(num_rows, self.vocab_size)
+
+    # -- tool calls and think sections -------------------------------------------------------
+
+    def _structural_grammar(self, constraint: Constraint, grammar: xgr.Grammar | None,
+                            not_enforced: list[str]) -> xgr.Grammar:
+        """A tool_calls constraint's grammar, and/or `grammar` after a think section."""
+        if constraint.kind == "tool_calls":
+            answer = self._tool_calls_format(constraint, not_enforced)
+        else:
+            assert grammar is not None
+            answer = structural_tags.grammar_format(str(grammar))
+        if constraint.think_end:
+            answer = structural_tags.think_then(answer, constraint.think_end, constraint.think_budget)
+        try:
+            return xgr.Grammar.from_structural_tag(json.dumps(structural_tags.structural_tag(answer)))
+        except Exception as e:
+            raise GrammarError(f"{constraint.kind} does not compile: {strip_native_prefix(str(e))}") from None
+
+    def _tool_calls_format(self, constraint: Constraint, not_enforced: list[str]) -> structural_tags.Format:
+        """Each allowed tool's arguments compiled as a json_schema constraint with the same options,
+        so a schema is refused (or listed as not enforced) exactly as json_schema would be, with
+        the tool's index and name in front of the keyword's JSON pointer."""
+        try:
+            spec = ToolCalls.from_spec(constraint.spec)
+        except ValueError as e:
+            raise GrammarError(str(e)) from None
+        arguments: dict[str, str] = {}
+        allowed = {tool.name for tool in spec.allowed_tools}
+        for index, tool in enumerate(spec.tools):
+            if tool.name not in allowed:
+                continue
+            schema = Constraint(kind="json_schema", spec=json.dumps(tool.schema, ensure_ascii=False),
+                                strict=constraint.strict, whitespace=constraint.json_whitespace)
+            try:
+                check_limits(schema, self.config.max_spec_bytes, self.config.max_schema_depth)
+                grammar, notes = self._json_grammar(schema)
+            except GrammarError as e:
+                raise GrammarError(f'tools[{index}] "{tool.name}" parameters: {e}') from None
+            not_enforced += [f'tool "{tool.name}": {note}' for note in notes]
+            arguments[tool.name] = str(grammar)
+        return structural_tags.tool_calls_format(spec, arguments, self._answer_ebnf(constraint, spec, not_enforced))
+
+    def _answer_ebnf(self, constraint: Constraint, spec: ToolCalls, not_enforced: list[str]) -> str | None:
+        """The grammar a text answer follows beside the calls (ToolCalls.answer), with the tool
+        constraint's options; None: free text."""
+        if spec.answer is None:
+            return None
+        answer = msgspec.structs.replace(constraint, kind=spec.answer["kind"], spec=spec.answer.get("spec", ""),
+                                         choices=list(spec.answer.get("choices", [])), think_end="", think_budget=0)
+        try:
+            answer.validate()
+            check_limits(answer, self.config.max_spec_bytes, self.config.max_schema_depth)
+        except ValueError as e:
+            raise GrammarError(f"the answer's {answer.kind}: {e}") from None
+        return str(self._plain_grammar(answer, not_enforced))
+
+    # -- JSON -------------------------------------------------------------------------------
+
+    def _json_grammar(self, constraint: Constraint, decimals: bool = True) -> tuple[xgr.Grammar, list[str]]:
+        """`decimals`: numbers with a multipleOf of 10^-k get a rule of their own
+        (grammar/xgrammar/decimal_numbers.py); without it they are reported as findings."""
+        numbers: dict[str, str] = {}
+        if constraint.kind == "json_object":
+            schema: Any = {"type": "object"}
+            findings: list[Finding] = []
+            notes: list[str] = []
+        else:
+            parsed = parse_schema(constraint.spec)
+            # malformed keyword values are named before the rewrite reads them
+            check_keyword_values(parsed, self.config.max_repeat_count)
+            rewritten = rewrite(parsed)
+            schema, notes = rewritten.schema, rewritten.notes
+            if decimals:
+                schema, numbers = decimal_numbers.mark(schema)
+            findings = find_unsupported(schema)
+        if constraint.strict and findings:
+            raise unsupported_error(findings)
+        text = json.dumps(normalize(schema))
+        with capture_native_log() as log_lines:
+            grammar = self._json_to_grammar(text, constraint.json_whitespace)
+        for finding in self._findings_from_log(log_lines, schema, findings, constraint.json_whitespace):
+            findings.append(finding)
+            if constraint.strict:
+                raise unsupported_error([finding])
+        with_numbers = with_decimal_numbers(grammar, numbers)
+        if with_numbers is None:
+            return self._json_grammar(constraint, decimals=False)
+        return with_numbers, [str(f) for f in findings] + notes
+
+    @staticmethod
+    def _json_to_grammar(schema_text: str, whitespace: str) -> xgr.Grammar:
+        try:
+            return xgr.Grammar.from_json_schema(schema_text, strict_mode=True, **_WHITESPACE_OPTIONS[whitespace])
+        except Exception as e:
+            raise GrammarError(f"json_schema does not compile: {strip_native_prefix(str(e))}") from None
+
+    def _findings_from_log(self, lines: list[str], schema: Any, known: list[Finding],
+                           whitespace: str) -> list[Finding]:
+        """Turn xgrammar's warnings into findings; a warning the static check already explains
+        adds nothing, and a oneOf warning is traced to the oneOf(s) that caused it."""
+        out: list[Finding] = []
+        known_keywords = {f.keyword for f in known}
+        for line in dict.fromkeys(lines):  # de-duplicated, in order
+            if _ONE_OF_WARNING in line:
+                out += [Finding("oneOf", p, "branches may overlap, so it is enforced as anyOf")
+                        for p in self._overlapping_one_ofs(schema, whitespace)]
+                continue
+            keywords = warning_keywords(line)
+            if not keywords & known_keywords:
+                out.append(Finding(min(keywords), None, f"xgrammar: {line}"))
+        return out
+
+    def _overlapping_one_ofs(self, schema: Any, whitespace: str) -> list[str | None]:
+        """Pointers of the oneOfs xgrammar falls back to anyOf for: convert once per oneOf with
+        every other oneOf renamed to anyOf, and see whether the warning comes back."""
+        pointers = [p for p, node, _ in iter_subschemas(schema)
+                    if isinstance(node, dict) and "oneOf" in node]
+        guilty: list[str | None] = []
+        for pointer in pointers:
+            trial = normalize(schema)
+            for other, node, _ in iter_subschemas(trial):
+                if isinstance(node, dict) and "oneOf" in node and other != pointer:
+                    node["anyOf"] = node.pop("oneOf")
+            with capture_native_log() as lines:
+                try:
+                    self._json_to_grammar(json.dumps(trial), whitespace)
+                except GrammarError:
+                    pass
+            if any(_ONE_OF_WARNING in line for line in lines):
+                guilty.append(pointer)
+        return guilty or [None]
