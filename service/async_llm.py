@@ -21,7 +21,8 @@ from engine.frontend.core_client import EngineDeadError
 from engine.frontend.output_processor import OutputProcessor, RequestOutput
 from engine.frontend.tokenizer import Tokenizer
 from engine.frontend.tool_prompt import render_inputs
-from engine.protocol import ConstraintReport, EngineCoreOutput, EngineCoreRequest, EngineStats, FinishReason
+from engine.protocol import (ConstraintReport, EngineCoreOutput, EngineCoreRequest, EngineStats, ErrorKind,
+                             FinishReason)
 from engine.sampling_params import SamplingParams
 from grammar.constraint import Constraint
 from grammar.tool_calls import SYNTAXES
@@ -199,9 +200,9 @@ class AsyncLLM:
         try:
             while not finished:
                 core_output = await outputs.get()
-                if core_output.overloaded:  # the core refused it for want of memory
+                if core_output.error_kind == ErrorKind.OVERLOADED:  # the core refused it for want of memory
                     raise ServiceError(StatusCode.RESOURCE_EXHAUSTED, core_output.error or "the engine is overloaded")
-                if core_output.memory_suspect and params.constraint is not None:
+                if core_output.error_kind == ErrorKind.MEMORY_SUSPECT and params.constraint is not None:
                     if self.quarantine.record_strike([params.constraint]):
                         logger.warning("quarantined for %.0f s: a %s constraint the engine ran short of memory "
                                        "compiling %d times", self.quarantine.duration_s, params.constraint.kind,

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 from google.protobuf import struct_pb2
 
-from engine.protocol import ConstraintReport, EngineStats, FinishReason, TokenLogprob
+from engine.protocol import ConstraintReport, EngineStats, ErrorKind, FinishReason, TokenLogprob
 from engine.sampling_params import SamplingParams
 from grammar.constraint import CONSTRAINT_KINDS, Constraint
 from service import assistant_output
@@ -237,16 +237,17 @@ def generate_response(output: RequestOutput, request_id: str, token_text: Callab
             response.stop_string = output.stop_reason
         elif isinstance(output.stop_reason, int):
             response.stop_token_id = output.stop_reason
+        counters = output.counters
         response.usage.CopyFrom(pb.Usage(
             prompt_tokens=output.num_prompt_tokens, completion_tokens=output.num_output_tokens,
-            cached_prompt_tokens=output.num_cached_tokens, forced_tokens=output.num_forced_tokens,
-            draft_tokens=output.num_draft_tokens, accepted_draft_tokens=output.num_accepted_draft_tokens))
+            cached_prompt_tokens=counters.num_cached_tokens, forced_tokens=counters.num_forced_tokens,
+            draft_tokens=counters.num_draft_tokens, accepted_draft_tokens=counters.num_accepted_draft_tokens))
         timings = output.timings
         if timings is not None:
             response.timings.CopyFrom(pb.Timings(
                 queued_s=timings.queued_s, grammar_wait_s=timings.grammar_wait_s,
                 time_to_first_token_s=timings.ttft_s, total_s=timings.total_s,
-                forward_passes=output.num_forward_passes))
+                forward_passes=counters.num_forward_passes))
         response.not_enforced.extend(output.not_enforced)
         if shape is not None and not shape.plain:
             parts = (reader.final_parts(output.text) if reader is not None
@@ -267,7 +268,7 @@ def error_from_output(output: RequestOutput, constraint_field: str | None) -> Se
     other failure mid-generation (e.g. a grammar dead end) is INTERNAL. Only this request ends.
     """
     error = output.error or "the engine ended the request with an error"
-    if output.token_ids and output.constraint_error and constraint_field is not None:
+    if output.token_ids and output.error_kind == ErrorKind.CONSTRAINT and constraint_field is not None:
         error = f"{error} (after {len(output.token_ids)} tokens)"
         return ServiceError(StatusCode.INVALID_ARGUMENT, f"{constraint_field}: {error}",
                             [FieldViolation(constraint_field, error)])

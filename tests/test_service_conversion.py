@@ -12,7 +12,8 @@ from google.protobuf import json_format
 from google.rpc import error_details_pb2
 
 from engine.frontend.output_processor import RequestOutput, RequestTimings
-from engine.protocol import ConstraintReport, EngineCoreReady, EngineStats, FinishReason, TokenLogprob
+from engine.protocol import (ConstraintReport, EngineCoreReady, EngineStats, ErrorKind, FinishReason, RequestCounters,
+                             TokenLogprob)
 from engine.sampling_params import SamplingParams
 from grammar.constraint import Constraint
 from service import conversion, protogen
@@ -175,7 +176,8 @@ def test_bad_prompts_name_their_field(fields, field):
 def final_output(**fields) -> RequestOutput:
     values = dict(request_id="e#1", text="Hello.", delta_text=".", token_ids=[5, 6, 2], new_token_ids=[6, 2],
                   finished=True, finish_reason=FinishReason.STOP, stop_reason=2, num_prompt_tokens=9,
-                  num_cached_tokens=4, num_output_tokens=3, num_forward_passes=3, num_forced_tokens=1,
+                  num_output_tokens=3,
+                  counters=RequestCounters(num_cached_tokens=4, num_forward_passes=3, num_forced_tokens=1),
                   timings=RequestTimings(queued_s=0.1, grammar_wait_s=0.05, ttft_s=0.2, total_s=0.5))
     values.update(fields)
     return RequestOutput(**values)
@@ -305,7 +307,7 @@ def test_deeply_nested_schema_text_is_a_clear_error():
 
 
 def test_a_constraint_error_after_tokens_is_invalid_argument():
-    output = final_output(finish_reason=FinishReason.ERROR, error="over max_fill_ms", constraint_error=True)
+    output = final_output(finish_reason=FinishReason.ERROR, error="over max_fill_ms", error_kind=ErrorKind.CONSTRAINT)
     error = conversion.error_from_output(output, "constraint.regex")
     assert error.code == StatusCode.INVALID_ARGUMENT
     assert error.message == "constraint.regex: over max_fill_ms (after 3 tokens)"

@@ -18,7 +18,8 @@ import torch
 from engine.attention import AttentionInputs, get_attention_backend
 from engine.config import EngineConfig
 from engine.models import model_class
-from engine.sched.scheduler_output import GrammarOutput, ModelRunnerOutput, SchedulerOutput
+from engine.sched.scheduler_output import ModelRunnerOutput, SchedulerOutput
+from engine.structured_output.grammar_output import GrammarOutput
 from engine.worker.draft_verification import draft_logits_indices, num_accepted
 from engine.worker.input_batch import InputBatch, prepare_step_indices
 from engine.worker.sampler import Sampler, SamplingMetadata
