@@ -128,13 +128,13 @@ class EngineCore:
             timer.launched(scheduler_output)
             future = self.executor.execute_model(scheduler_output, non_block=True)
             grammar_output = self.scheduler.get_grammar_bitmask(scheduler_output)  # overlaps the forward
-            timer.lap("fill_s")
+            timer.filled()
             model_output = future.result()
             self.scheduler.finish_grammar_bitmask(grammar_output)  # the rows filled off this thread
-            timer.lap("wait_s")
+            timer.waited()
             if model_output is None:
                 model_output = self.executor.sample_tokens(grammar_output)
-            timer.lap("sample_s")
+            timer.sampled()
             return self.scheduler.update_from_output(scheduler_output, model_output)
 
     def _step_without_forward(self, scheduler_output: SchedulerOutput) -> list[EngineCoreOutput]:
@@ -147,10 +147,14 @@ class EngineCore:
         return self.scheduler.update_from_output(scheduler_output, None)
 
     def _record_step(self, timing: StepTiming) -> None:
-        """Where every step's timing goes: the speculator's price of a row (what the step took,
-        planning and drafting included), and the metrics when they are collected."""
-        timing.forward_s = self.runner.last_forward_s
-        self.speculator.observe_step(timing.num_tokens, timing.schedule_s + timing.total_s)
+        """Where every step's timing goes: the speculator's price of a row, and the metrics when
+        they are collected. The price is what the step took, planning and drafting included: on
+        CPU its threads' CPU time, which neither other processes on a shared machine nor their
+        bursts change (its wall time does, by several times); on CUDA its wall time, which holds
+        the device's."""
+        timing.forward_s, timing.forward_cpu_s = self.runner.last_forward_s, self.runner.last_forward_cpu_s
+        on_cpu = self.runner.device.type == "cpu"
+        self.speculator.observe_step(timing.num_tokens, timing.busy_s if on_cpu else timing.wall_s)
         if self.step_stats is not None:
             self.step_stats.record_step(timing)
 

@@ -12,7 +12,10 @@ if TYPE_CHECKING:
 
 @dataclass
 class StepTiming:
-    """One step that ran a forward pass: its size and where its time went (seconds)."""
+    """One step that ran a forward pass: its size and where its time went (seconds).
+
+    The wall times are what the step took, including any time its threads waited for a CPU that
+    other processes held; the CPU times are what its threads ran, which they do not change."""
 
     num_reqs: int  # requests in the step's batch
     num_tokens: int  # tokens computed in the step
@@ -23,39 +26,66 @@ class StepTiming:
     wait_s: float = 0.0  # engine thread blocked on the forward after the fill
     sample_s: float = 0.0  # bitmask application + sampling
     total_s: float = 0.0  # launch -> outputs built
+    engine_cpu_s: float = 0.0  # the engine thread's CPU time over the whole step, planning included
+    fill_cpu_s: float = 0.0  # of that, the fill beside the forward
+    forward_cpu_s: float = 0.0  # the forward thread's CPU time
+
+    @property
+    def wall_s(self) -> float:
+        """Planning to outputs, as the clock on the wall saw it."""
+        return self.schedule_s + self.total_s
+
+    @property
+    def busy_s(self) -> float:
+        """What the step takes on a machine of its own: its threads' CPU time, with the fill beside
+        the forward as the wall sees it (the longer of the two)."""
+        return self.engine_cpu_s - self.fill_cpu_s + max(self.fill_cpu_s, self.forward_cpu_s)
 
 
 class StepTimer:
     """Times the phases of one step, used as `with StepTimer(record) as timer:` around it: the
-    step calls `launched` once its plan is made and `lap(phase)` at the end of each phase, and on
-    leaving the block (without an exception) the StepTiming goes to `record`, once. A step that
-    launched no forward pass records nothing."""
+    step calls `launched` once its plan is made and the forward starts, then `filled`, `waited` and
+    `sampled` as each phase ends; on leaving the block (without an exception) the StepTiming goes to
+    `record`, once. A step that launched no forward pass records nothing. Only the engine thread's
+    time is measured here: the forward's is the runner's."""
 
-    __slots__ = ("_record", "_start", "_launch", "_last", "timing")
+    __slots__ = ("_record", "_start", "_start_cpu", "_launch", "_launch_cpu", "_last", "timing")
 
     def __init__(self, record: Callable[[StepTiming], None]) -> None:
         self._record = record
         self.timing: StepTiming | None = None
 
     def __enter__(self) -> StepTimer:
-        self._start = time.perf_counter()
+        self._start, self._start_cpu = time.perf_counter(), time.thread_time()
         return self
 
     def launched(self, scheduler_output: SchedulerOutput) -> None:
-        """The plan is made and the forward starts: the phases after this are the step's own."""
-        self._launch = self._last = time.perf_counter()
+        self._launch, self._launch_cpu = time.perf_counter(), time.thread_time()
+        self._last = self._launch
         self.timing = StepTiming(num_reqs=len(scheduler_output.num_scheduled_tokens),
                                  num_tokens=scheduler_output.total_num_scheduled_tokens,
                                  num_bitmask_rows=len(scheduler_output.structured_output_request_ids),
                                  schedule_s=self._launch - self._start)
 
-    def lap(self, phase: str) -> None:
-        """`phase` (a StepTiming field) ends now: it took the time since the last lap (or the launch)."""
+    def filled(self) -> None:
+        self.timing.fill_s = self._lap()
+        self.timing.fill_cpu_s = time.thread_time() - self._launch_cpu
+
+    def waited(self) -> None:
+        self.timing.wait_s = self._lap()
+
+    def sampled(self) -> None:
+        self.timing.sample_s = self._lap()
+
+    def _lap(self) -> float:
+        """Seconds since the last phase ended (or the launch)."""
         now = time.perf_counter()
-        setattr(self.timing, phase, now - self._last)
-        self._last = now
+        seconds, self._last = now - self._last, now
+        return seconds
 
     def __exit__(self, exc_type: type[BaseException] | None, *_: object) -> None:
-        if exc_type is None and self.timing is not None:
-            self.timing.total_s = time.perf_counter() - self._launch
-            self._record(self.timing)
+        timing = self.timing
+        if exc_type is None and timing is not None:
+            timing.total_s = time.perf_counter() - self._launch
+            timing.engine_cpu_s = time.thread_time() - self._start_cpu
+            self._record(timing)

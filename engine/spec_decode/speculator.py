@@ -31,11 +31,12 @@ text, which jump-forward appends instead of the model's tokens.
 How long a draft is, is a bet priced per step. Each draft token is accepted with the request's
 acceptance rate (measured on its recent drafts, starting from the rate of all recent drafts that
 followed an n-gram match of the same length, a text match, or continued a copy) given the ones
-before it were, so k tokens are worth a(1 + a + ... + a^(k-1)) tokens; they cost
-what k more rows add to the step (engine/spec_decode/step_cost.py, measured). The speculator picks the
-k that gives the step the most tokens per second, counting the rows and tokens already planned
-for it: where rows are nearly free (few requests) a likely copy drafts long, at a batch where
-every row costs its share it drafts nothing. A request whose drafts are all rejected also pauses
+before it were, so k tokens are worth a(1 + a + ... + a^(k-1)) tokens; they cost what k more
+rows add to the step (engine/spec_decode/step_cost.py, measured: on CPU in the time the step's
+threads ran, so that other processes on the machine do not price drafts out). The speculator
+picks the k that gives the step the most tokens per second, counting the rows and tokens already
+planned for it: where rows are nearly free (few requests) a likely copy drafts long, at a batch
+where every row costs its share it drafts nothing. A request whose drafts are all rejected also pauses
 (a pause that doubles, up to `MAX_PAUSE_STEPS`), and nobody drafts while more than
 `max_num_running` requests run.
 
