@@ -23,8 +23,8 @@ from bench.workloads import extraction_prompt, load_json_extraction
 from engine.config import EngineConfig, SpeculativeConfig
 from engine.sampling_params import SamplingParams
 from engine.sched.request import Request
-from engine.sched.speculation import Speculator
-from engine.sched.step_cost import StepCostModel
+from engine.spec_decode.speculator import Speculator
+from engine.spec_decode.step_cost import StepCostModel
 from grammar.constraint import Constraint
 
 # a step's seconds by its rows, served json-extraction at c=1 (docs/benchmarks.md)

@@ -44,7 +44,6 @@ def run(args: argparse.Namespace) -> list[dict]:
     from engine.llm import LLM
 
     llm = LLM(config=EngineConfig(model=args.model, num_threads=args.threads, host_memory=host_memory_from_args(args)))
-    llm.engine.step_timings = []
     constraint = Constraint(kind="json_schema", spec=json.dumps(PERSON_SCHEMA))
     rows = [{"wave": 0, "rss_mib": rss_bytes() / _MIB}]
     print(json.dumps({"host_memory": vars(llm.engine.config.host_memory), **rows[0]}), flush=True)
@@ -52,10 +51,10 @@ def run(args: argparse.Namespace) -> list[dict]:
         prompts = wave_prompts(wave, args.requests)
         params = [SamplingParams(max_tokens=args.max_tokens, temperature=0.8, seed=wave * 1000 + i,
                                  constraint=constraint) for i in range(len(prompts))]
-        llm.engine.step_timings.clear()
+        llm.engine.step_stats.take_timings()  # the steps before this wave
         started = time.monotonic()
         outputs = llm.generate(prompts, params)
-        timings = llm.engine.step_timings
+        timings = llm.engine.step_stats.take_timings()
         row = {"wave": wave, "rss_mib": round(rss_bytes() / _MIB, 1), "wall_s": round(time.monotonic() - started, 2),
                "num_steps": len(timings), "mean_step_ms": round(1e3 * statistics.fmean(t.total_s for t in timings), 2),
                "num_output_tokens": sum(len(o.token_ids) for o in outputs),

@@ -38,9 +38,9 @@ def _decode_step_ms(llm, prompts, steps: int) -> float:
     """Median engine step (ms) with every request decoding one token."""
     from engine.sampling_params import SamplingParams
     engine = llm.engine
-    engine.step_timings = []
+    engine.step_stats.take_timings()  # the steps before this call
     llm.generate(prompts, SamplingParams(max_tokens=steps + 1, temperature=0, ignore_eos=True, speculative=False))
-    timings, engine.step_timings = engine.step_timings, None
+    timings = engine.step_stats.take_timings()
     return 1e3 * statistics.median(t.total_s for t in timings if t.num_tokens == t.num_reqs == len(prompts))
 
 

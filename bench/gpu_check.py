@@ -79,12 +79,11 @@ def make_llm(args):
 
 def timed_generate(llm, prompts, params) -> tuple[list, list, float]:
     """Outputs, step timings and wall seconds of one generate call."""
-    llm.engine.step_timings = []
+    llm.engine.step_stats.take_timings()  # the steps before this call
     start = time.perf_counter()
     outputs = llm.generate(prompts, params)
     seconds = time.perf_counter() - start
-    timings, llm.engine.step_timings = llm.engine.step_timings, None
-    return outputs, timings, seconds
+    return outputs, llm.engine.step_stats.take_timings(), seconds
 
 
 def decode_figures(timings, batch_size: int, outputs, seconds: float) -> dict:

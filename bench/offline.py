@@ -35,10 +35,9 @@ def decode_step_times(llm, batch_sizes: tuple[int, ...] = DECODE_BATCH_SIZES, ma
     times = {}
     for b in (b for b in batch_sizes if b <= engine.config.scheduler.max_num_seqs):
         prompts = [{"prompt_token_ids": llm.tokenizer.encode(f"{i}: {story}")} for i in range(b)]
-        engine.step_timings = []
+        engine.step_stats.take_timings()  # the steps before this call
         llm.generate(prompts, params)
-        steps = [t.total_s for t in engine.step_timings if t.num_reqs == b and t.num_tokens == b]
-        engine.step_timings = None
+        steps = [t.total_s for t in engine.step_stats.take_timings() if t.num_reqs == b and t.num_tokens == b]
         times[b] = min(steps)
     return times
 

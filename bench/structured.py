@@ -86,16 +86,16 @@ def run_formwork(llm, items, mode: str, batch_size: int, max_tokens: int,
     # every mode starts with only the shared system prompt cached, not the previous mode's prompts
     llm.engine.reset_prefix_cache()
     llm.generate([prompts[0][:1] + [{"role": "user", "content": "warm-up"}]], SamplingParams(max_tokens=1))
-    llm.engine.step_timings = []
+    llm.engine.step_stats.take_timings()  # the warm-up's steps
     start = time.perf_counter()
     # all at once: the engine keeps batch_size (= max_num_seqs) running and admits the next request
     # as soon as one finishes, so short (grammar-completed) outputs do not leave the batch half empty
     outputs = llm.generate(prompts, params)
     seconds = time.perf_counter() - start
-    timings, llm.engine.step_timings = llm.engine.step_timings, None
+    timings = llm.engine.step_stats.take_timings()
     valid, accuracy = score(items, [o.text for o in outputs], [item["schema"] for item in items])
     return RunResult(mode, batch_size, len(items), seconds, sum(o.num_output_tokens for o in outputs),
-                     sum(o.num_forward_passes for o in outputs), valid,
+                     sum(o.counters.num_forward_passes for o in outputs), valid,
                      sum(o.finish_reason == FinishReason.LENGTH for o in outputs), accuracy, split_summary(timings),
                      [o.num_output_tokens for o in outputs])
 

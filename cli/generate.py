@@ -87,9 +87,9 @@ def cmd_generate(args: argparse.Namespace) -> int:
             "finish_reason": out.finish_reason.name.lower() if out.finish_reason is not None else None,
             "error": out.error,
             "usage": {"prompt_tokens": out.num_prompt_tokens, "completion_tokens": out.num_output_tokens,
-                      "cached_prompt_tokens": out.num_cached_tokens},
-            "forward_passes": out.num_forward_passes,
-            "forced_tokens": out.num_forced_tokens,
+                      "cached_prompt_tokens": out.counters.num_cached_tokens},
+            "forward_passes": out.counters.num_forward_passes,
+            "forced_tokens": out.counters.num_forced_tokens,
             "not_enforced": out.not_enforced,
         }, ensure_ascii=False))
     else:

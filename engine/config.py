@@ -63,7 +63,7 @@ class HostMemoryConfig:
 
 @dataclass(frozen=True)
 class SpeculativeConfig:
-    """Speculative decoding with drafts looked up in the request's own text (engine/sched/speculation.py).
+    """Speculative decoding with drafts looked up in the request's own text (engine/spec_decode/speculator.py).
 
     Each step a request may get a draft of up to `num_speculative_tokens` tokens: the tokens that
     followed an earlier occurrence of its last n tokens (n from `max_ngram` down to `min_ngram`),

@@ -93,7 +93,7 @@ class LLM:
             for out in outputs:
                 if out.finished:
                     finished[out.request_id] = out
-        self.engine.outputs_delivered()
+            self.engine.outputs_delivered()
         return [finished[r.request_id] for r in requests]
 
     def chat(self, conversations: list[dict] | Sequence[list[dict]], params: SamplingParams | None = None, *,

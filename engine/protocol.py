@@ -22,6 +22,16 @@ class FinishReason(enum.IntEnum):
     ERROR = 3  # grammar compile failure or a grammar dead end
 
 
+class ErrorKind(enum.IntEnum):
+    """What ended a request with FinishReason.ERROR, which decides how the front end answers it."""
+
+    INVALID_REQUEST = 0  # refused before it ran: the request itself is wrong (the message says how)
+    OVERLOADED = 1  # refused before it ran: the engine was short of memory; retry later
+    MEMORY_SUSPECT = 2  # failed while its grammar compiled, the engine short of memory: the compile may be why
+    CONSTRAINT = 3  # its constraint caused it (a grammar limit, or its grammar work failed): even after tokens
+    INTERNAL = 4  # the engine failed it mid-generation (a grammar dead end)
+
+
 class EngineCoreRequest(msgspec.Struct, array_like=True, omit_defaults=True, tag=True):
     request_id: str
     prompt_token_ids: list[int]
@@ -58,6 +68,20 @@ class TokenLogprob(msgspec.Struct, array_like=True, omit_defaults=True):
     top: list[tuple[int, float]] = []
 
 
+class RequestCounters(msgspec.Struct, array_like=True, omit_defaults=True):
+    """What a request cost and got, counted by the core and handed on whole to the client."""
+
+    num_prompt_tokens: int = 0
+    num_cached_tokens: int = 0  # prompt tokens served from the prefix cache
+    num_forward_passes: int = 0  # forward passes this request took part in
+    num_forced_tokens: int = 0  # output tokens appended by jump-forward (or closing early), not sampled
+    # draft tokens verified (speculative decoding), and of those, the ones the model agreed with
+    num_draft_tokens: int = 0
+    num_accepted_draft_tokens: int = 0
+    queued_s: float = 0.0  # arrival -> first scheduled
+    grammar_wait_s: float = 0.0  # arrival -> grammar compiled (0 without a constraint)
+
+
 class EngineCoreOutput(msgspec.Struct, array_like=True, omit_defaults=True):
     """What one request produced in one step (only requests with news are reported)."""
 
@@ -67,29 +91,17 @@ class EngineCoreOutput(msgspec.Struct, array_like=True, omit_defaults=True):
     finish_reason: int | None = None  # a FinishReason; None while running
     stop_reason: int | str | None = None  # the stop token id that ended it, if any
     error: str | None = None  # set with FinishReason.ERROR: a message the client can act on
+    error_kind: ErrorKind | None = None  # set with FinishReason.ERROR
+    # the counters as of this output: on the first output (the prompt's), on the final one, and on
+    # every output of a request that drafted (the front end may end it on a stop string, and then it
+    # never sees the final output); None on the others
+    counters: RequestCounters | None = None
     # set on the final output only
-    num_prompt_tokens: int = 0
-    num_cached_tokens: int = 0  # prompt tokens served from the prefix cache
-    num_forward_passes: int = 0  # forward passes this request took part in
-    num_forced_tokens: int = 0  # output tokens appended by jump-forward, not sampled
-    queued_s: float = 0.0  # arrival -> first scheduled
-    grammar_wait_s: float = 0.0  # arrival -> grammar compiled
     not_enforced: list[str] = []  # best-effort constraint: parts of the schema not enforced
-    # set with ERROR, when the engine ran short of memory: refused before it ran (overloaded: retry
-    # later), or failed while its grammar compiled (memory_suspect: that compile may be the cause)
-    overloaded: bool = False
-    memory_suspect: bool = False
-    # with `error`: the request's constraint caused it (a grammar limit, or its grammar work
-    # failed), so the client is told INVALID_ARGUMENT even after tokens
-    constraint_error: bool = False
-    grammar_cache_hit: bool = False  # final output: the compiled grammar came from the compile cache
+    grammar_cache_hit: bool = False  # the compiled grammar came from the compile cache
     # with STOP: the engine, not the model, completed the output: "budget" (max_tokens or the
     # context was about to run out), "repetition", "digits" or "depth" (a runaway loop); "" if not
     closed_early: str = ""
-    # draft tokens verified so far (speculative decoding), and of those, the ones accepted: on the
-    # final output, and on every output of a request that drafted
-    num_draft_tokens: int = 0
-    num_accepted_draft_tokens: int = 0
 
 
 class EngineStats(msgspec.Struct, array_like=True, omit_defaults=True):

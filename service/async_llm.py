@@ -23,12 +23,13 @@ from engine.frontend.core_client import EngineDeadError
 from engine.frontend.output_processor import OutputProcessor, RequestOutput
 from engine.frontend.tokenizer import Tokenizer
 from engine.frontend.tool_prompt import render_inputs
-from engine.protocol import ConstraintReport, EngineCoreOutput, EngineCoreRequest, EngineStats, FinishReason
+from engine.protocol import (ConstraintReport, EngineCoreOutput, EngineCoreRequest, EngineStats, ErrorKind,
+                             FinishReason)
 from engine.sampling_params import SamplingParams
 from grammar.chat.tool_calls import SYNTAXES
 from grammar.constraint import Constraint
 from service.chat_format import ChatFormat
-from service.errors import ErrorKind, FieldViolation, ServiceError, invalid_argument, unavailable
+from service.errors import ErrorCode, FieldViolation, ServiceError, invalid_argument, unavailable
 from service.observability.telemetry import Telemetry
 from service.quarantine import Quarantine
 from service.validation import check_prompt, sampling_params
@@ -230,9 +231,9 @@ class AsyncLLM:
         try:
             while not finished:
                 core_output = await outputs.get()
-                if core_output.overloaded:  # the core refused it for want of memory
-                    raise ServiceError(ErrorKind.RESOURCE_EXHAUSTED, core_output.error or "the engine is overloaded")
-                if core_output.memory_suspect and params.constraint is not None:
+                if core_output.error_kind == ErrorKind.OVERLOADED:  # the core refused it for want of memory
+                    raise ServiceError(ErrorCode.RESOURCE_EXHAUSTED, core_output.error or "the engine is overloaded")
+                if core_output.error_kind == ErrorKind.MEMORY_SUSPECT and params.constraint is not None:
                     if self.quarantine.record_strike([params.constraint]):
                         logger.warning("quarantined for %.0f s: a %s constraint the engine ran short of memory "
                                        "compiling %d times", self.quarantine.duration_s, params.constraint.kind,
@@ -261,16 +262,16 @@ class AsyncLLM:
         try:
             check_context_length(num_prompt_tokens, info.max_model_len)
         except PromptTooLong as e:
-            raise ServiceError(ErrorKind.INVALID_ARGUMENT, f"{prompt_field}: {e}",
+            raise ServiceError(ErrorCode.INVALID_ARGUMENT, f"{prompt_field}: {e}",
                                [FieldViolation(prompt_field, str(e))]) from None
         try:
             check_kv_capacity(num_prompt_tokens, max_tokens, info.max_model_len, info.num_total_blocks,
                               info.block_size)
         except KVCacheTooSmall as e:
-            raise ServiceError(ErrorKind.RESOURCE_EXHAUSTED, str(e)) from None
+            raise ServiceError(ErrorCode.RESOURCE_EXHAUSTED, str(e)) from None
         capacity = info.max_num_seqs + info.max_num_waiting
         if len(self._streams) >= capacity:
-            raise ServiceError(ErrorKind.RESOURCE_EXHAUSTED, (
+            raise ServiceError(ErrorCode.RESOURCE_EXHAUSTED, (
                 f"the queue is full: {len(self._streams)} requests in flight ({info.max_num_seqs} running + "
                 f"{info.max_num_waiting} waiting at most); retry later"))
 

@@ -12,11 +12,13 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from engine.protocol import ErrorKind
+
 if TYPE_CHECKING:
     from engine.frontend.output_processor import RequestOutput
 
 
-class ErrorKind(enum.Enum):
+class ErrorCode(enum.Enum):
     """Why a request failed, named as the canonical error codes (google.rpc.Code) name them: the
     metrics label refusals with these names on both front ends."""
 
@@ -38,7 +40,7 @@ class FieldViolation:
 class ServiceError(Exception):
     """A request the service refuses or could not complete."""
 
-    def __init__(self, code: ErrorKind, message: str, violations: Sequence[FieldViolation] = ()) -> None:
+    def __init__(self, code: ErrorCode, message: str, violations: Sequence[FieldViolation] = ()) -> None:
         super().__init__(message)
         self.code = code
         self.message = message
@@ -47,11 +49,11 @@ class ServiceError(Exception):
 
 def invalid_argument(field: str, description: str) -> ServiceError:
     """INVALID_ARGUMENT naming one field: message "field: description", and a field violation."""
-    return ServiceError(ErrorKind.INVALID_ARGUMENT, f"{field}: {description}", [FieldViolation(field, description)])
+    return ServiceError(ErrorCode.INVALID_ARGUMENT, f"{field}: {description}", [FieldViolation(field, description)])
 
 
 def unavailable(message: str) -> ServiceError:
-    return ServiceError(ErrorKind.UNAVAILABLE, message)
+    return ServiceError(ErrorCode.UNAVAILABLE, message)
 
 
 def error_from_output(output: RequestOutput, constraint_field: str | None) -> ServiceError:
@@ -63,13 +65,13 @@ def error_from_output(output: RequestOutput, constraint_field: str | None) -> Se
     other failure mid-generation (e.g. a grammar dead end) is INTERNAL. Only this request ends.
     """
     error = output.error or "the engine ended the request with an error"
-    if output.token_ids and output.constraint_error and constraint_field is not None:
+    if output.token_ids and output.error_kind == ErrorKind.CONSTRAINT and constraint_field is not None:
         error = f"{error} (after {len(output.token_ids)} tokens)"
-        return ServiceError(ErrorKind.INVALID_ARGUMENT, f"{constraint_field}: {error}",
+        return ServiceError(ErrorCode.INVALID_ARGUMENT, f"{constraint_field}: {error}",
                             [FieldViolation(constraint_field, error)])
     if output.token_ids:
-        return ServiceError(ErrorKind.INTERNAL, f"generation failed after {len(output.token_ids)} tokens: {error}")
+        return ServiceError(ErrorCode.INTERNAL, f"generation failed after {len(output.token_ids)} tokens: {error}")
     if constraint_field is not None:
-        return ServiceError(ErrorKind.INVALID_ARGUMENT, f"{constraint_field}: {error}",
+        return ServiceError(ErrorCode.INVALID_ARGUMENT, f"{constraint_field}: {error}",
                             [FieldViolation(constraint_field, error)])
-    return ServiceError(ErrorKind.INVALID_ARGUMENT, error)
+    return ServiceError(ErrorCode.INVALID_ARGUMENT, error)

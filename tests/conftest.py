@@ -12,6 +12,7 @@ from engine.config import CacheConfig, SchedulerConfig, SpeculativeConfig
 from engine.sampling_params import SamplingParams
 from engine.sched.request import Request
 from engine.sched.scheduler import Scheduler
+from engine.spec_decode.speculator import Speculator
 
 _ids = itertools.count()
 
@@ -21,11 +22,12 @@ def make_scheduler(num_blocks: int = 64, block_size: int = 16, max_num_batched_t
                    enable_chunked_prefill: bool = True, structured_output_manager=None) -> Scheduler:
     """A scheduler without speculation: the scripted runners of these tests (sample_step) sample one
     token a request and verify no drafts (tests/test_speculative_scheduling.py drafts)."""
+    backend = structured_output_manager.backend if structured_output_manager is not None else None
     return Scheduler(
         SchedulerConfig(max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens,
                         enable_chunked_prefill=enable_chunked_prefill),
         CacheConfig(block_size=block_size, num_blocks=num_blocks, enable_prefix_caching=enable_prefix_caching),
-        num_blocks, max_model_len, structured_output_manager, SpeculativeConfig(enabled=False))
+        num_blocks, max_model_len, structured_output_manager, Speculator(SpeculativeConfig(enabled=False), backend))
 
 
 def make_request(num_tokens: int = 10, max_tokens: int = 16, token_ids: list[int] | None = None,

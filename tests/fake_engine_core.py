@@ -19,8 +19,8 @@ import msgspec
 
 from engine.config import CacheConfig, EngineConfig, SchedulerConfig
 from engine.frontend.tokenizer import Tokenizer
-from engine.protocol import (ConstraintReport, EngineCoreOutput, EngineCoreRequest, EngineStats, FinishReason,
-                             StepStats, TokenLogprob)
+from engine.protocol import (ConstraintReport, EngineCoreOutput, EngineCoreRequest, EngineStats, ErrorKind,
+                             FinishReason, RequestCounters, StepStats, TokenLogprob)
 from grammar.constraint import Constraint
 
 CRASH_SEED = 666
@@ -78,7 +78,7 @@ class FakeEngineCore:
                 raise ValueError(f"request id {request.request_id!r} is already in use")
         except ValueError as e:
             self.pending.append(EngineCoreOutput(request.request_id, finish_reason=int(FinishReason.ERROR),
-                                                 error=str(e)))
+                                                 error=str(e), error_kind=ErrorKind.INVALID_REQUEST))
             return
         constraint = params.constraint
         text = PLAIN_ANSWER
@@ -102,7 +102,7 @@ class FakeEngineCore:
         for fake in failing:
             del self.requests[fake.request.request_id]
             self.pending.append(EngineCoreOutput(fake.request.request_id, finish_reason=int(FinishReason.ERROR),
-                                                 error=error, memory_suspect=True))
+                                                 error=error, error_kind=ErrorKind.MEMORY_SUSPECT))
         return len(failing)
 
     def has_unfinished_requests(self) -> bool:
@@ -160,8 +160,8 @@ class FakeEngineCore:
                 del self.requests[fake.request.request_id]
                 self.pending.append(EngineCoreOutput(
                     fake.request.request_id, finish_reason=int(FinishReason.ERROR),
-                    error="regex: missing closing parenthesis at position 0",
-                    num_prompt_tokens=len(fake.request.prompt_token_ids)))
+                    error="regex: missing closing parenthesis at position 0", error_kind=ErrorKind.CONSTRAINT,
+                    counters=RequestCounters(num_prompt_tokens=len(fake.request.prompt_token_ids))))
                 continue
             if num_running >= self.config.scheduler.max_num_seqs or \
                     self._blocks_of(fake.num_tokens + 1) > self.num_free_blocks:
@@ -182,11 +182,11 @@ class FakeEngineCore:
                token_id: int) -> EngineCoreOutput:
         arrival = fake.request.arrival_time
         stop_reason = token_id if finish == FinishReason.STOP else None
-        return msgspec.structs.replace(output, finish_reason=int(finish), stop_reason=stop_reason,
-                       num_prompt_tokens=len(fake.request.prompt_token_ids),
-                       num_forward_passes=fake.num_forward_passes,
-                       queued_s=max((fake.first_scheduled_time or arrival) - arrival, 0.0),
-                       grammar_wait_s=max(fake.grammar_ready_time - arrival, 0.0) if fake.grammar_ready_time else 0.0)
+        counters = RequestCounters(
+            num_prompt_tokens=len(fake.request.prompt_token_ids), num_forward_passes=fake.num_forward_passes,
+            queued_s=max((fake.first_scheduled_time or arrival) - arrival, 0.0),
+            grammar_wait_s=max(fake.grammar_ready_time - arrival, 0.0) if fake.grammar_ready_time else 0.0)
+        return msgspec.structs.replace(output, finish_reason=int(finish), stop_reason=stop_reason, counters=counters)
 
     # ---- calls -------------------------------------------------------------------------------
 

@@ -68,4 +68,4 @@ def test_shared_system_prompt_hits_prefix_cache(llm_fp32, alone):
     outputs = llm.generate(prompts(with_system=True), PARAMS)
     assert [o.token_ids for o in outputs] == alone[True]
     assert llm.engine.scheduler.kv_cache_manager.pool.num_hits > hits_before
-    assert sum(o.num_cached_tokens for o in outputs) > 0
+    assert sum(o.counters.num_cached_tokens for o in outputs) > 0

@@ -58,7 +58,7 @@ def test_batched_and_from_the_prefix_cache_equals_alone(prefilled):
         for prompt, output in zip(prompts, again):
             length = len(prompt["prompt_token_ids"])
             if length % 16 == 1:  # all but the last token cached: the one new row
-                assert output.num_cached_tokens == length - 1
+                assert output.counters.num_cached_tokens == length - 1
         cached_alone = [llm.generate([p], PARAMS)[0].token_ids for p in prompts]
         assert cached_alone == alone
     finally:

@@ -1,5 +1,5 @@
 """How long a draft is: the measured cost of a step's rows against the tokens a draft is expected
-to give (engine/sched/step_cost.py, engine/sched/acceptance_rate.py, engine/sched/speculation.py).
+to give (engine/spec_decode/step_cost.py, engine/spec_decode/acceptance_rate.py, engine/spec_decode/speculator.py).
 Pure: hand-fed step times, no model."""
 from __future__ import annotations
 
@@ -7,9 +7,9 @@ import pytest
 from conftest import make_request
 
 from engine.config import SpeculativeConfig
-from engine.sched.acceptance_rate import AcceptanceRate
-from engine.sched.speculation import Speculator
-from engine.sched.step_cost import StepCostModel
+from engine.spec_decode.acceptance_rate import AcceptanceRate
+from engine.spec_decode.speculator import Speculator
+from engine.spec_decode.step_cost import StepCostModel
 
 # the prompt holds a span the output copies: after "10", "11 12 ... 19" is the draft
 PROMPT = [3, 4, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 5, 6, 10]
@@ -73,7 +73,7 @@ def test_first_steps_draft_in_full_to_measure():
 def test_rows_planned_for_other_requests_count():
     spec = speculator(WEIGHTS_BOUND)
     earlier = make_request(token_ids=PROMPT)
-    earlier.draft_ngram = 1
+    spec.draft_state(earlier).draft_ngram = 1
     for _ in range(5):
         spec.record(earlier, 8, 8)  # drafts after a 1-gram match were taken whole: a high prior for them
     spec.begin_step(8)
@@ -89,7 +89,7 @@ def test_a_request_whose_drafts_fail_drafts_shorter():
     spec = speculator(WEIGHTS_BOUND)
     fresh, failing = make_request(token_ids=PROMPT), make_request(token_ids=PROMPT)
     for _ in range(4):
-        failing.draft_acceptance.add(8, 0)
+        spec.draft_state(failing).draft_acceptance.add(8, 0)
     spec.begin_step(1)
     long = spec.propose(fresh, 8, 1, stop_at_forced=False)
     spec.begin_step(1)
@@ -101,7 +101,7 @@ def test_drafts_after_longer_ngram_matches_are_priced_by_their_own_record():
     spec = speculator(WEIGHTS_BOUND)
     for ngram, num_accepted in ((1, 0), (3, 8)):  # after 1-gram matches drafts failed, after 3-grams they held
         earlier = make_request(token_ids=PROMPT)
-        earlier.draft_ngram = ngram
+        spec.draft_state(earlier).draft_ngram = ngram
         for _ in range(5):
             spec.record(earlier, 8, num_accepted)
     spec.begin_step(1)

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from bench.draft_replay import Answer, copy_oracle, perfect_drafts, replay, step_cost_c1
 from engine.config import SpeculativeConfig
-from engine.sched.speculation import Speculator
+from engine.spec_decode.speculator import Speculator
 
 # the answer copies 10 11 12 13 14 from the prompt, then the grammar forces 7 7 after 14, then 2 ends it
 PROMPT = [3, 4, 10, 11, 12, 13, 14, 5, 6]

@@ -10,10 +10,10 @@ import jsonschema
 from conftest import make_request, make_scheduler
 from grammar_factories import decode, encode, make_backend
 
-from engine.protocol import FinishReason
+from engine.protocol import ErrorKind, FinishReason
 from engine.sched.request import RequestStatus
 from engine.sched.scheduler_output import ModelRunnerOutput
-from engine.sched.structured_output import StructuredOutputManager
+from engine.structured_output.manager import StructuredOutputManager
 from grammar.config import GrammarConfig
 from grammar.constraint import Constraint
 
@@ -93,6 +93,6 @@ def test_a_natural_finish_is_the_same_with_closing_on_and_off():
 
 def test_too_small_a_budget_is_refused_before_the_first_token():
     request, final = run(COMPANY, '{"company":"x","id":1}', max_tokens=3)
-    assert final.finish_reason == FinishReason.ERROR and final.constraint_error
+    assert final.finish_reason == FinishReason.ERROR and final.error_kind == ErrorKind.CONSTRAINT
     assert "max_tokens is 3" in final.error and "set max_tokens to at least" in final.error
     assert request.num_output_tokens == 0

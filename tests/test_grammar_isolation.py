@@ -6,10 +6,10 @@ import torch
 from conftest import make_request, make_scheduler
 from grammar_fakes import AnyTokenGrammar, FakeCompiled
 
-from engine.protocol import FinishReason
+from engine.protocol import ErrorKind, FinishReason
 from engine.sched.request import RequestStatus
 from engine.sched.scheduler_output import ModelRunnerOutput
-from engine.sched.structured_output import StructuredOutputManager
+from engine.structured_output.manager import StructuredOutputManager
 from grammar.backend import GrammarBackend, GrammarError
 from grammar.config import GrammarConfig
 from grammar.constraint import Constraint
@@ -105,9 +105,9 @@ def test_grammar_exception_ends_only_its_request(where):
     scheduler.add_request(plain)
     wait_compiled(manager)
     outputs = run_until_done(scheduler, [bad, plain])
-    assert bad.status == RequestStatus.FINISHED_ERROR and bad.constraint_error
+    assert bad.status == RequestStatus.FINISHED_ERROR and bad.error_kind == ErrorKind.CONSTRAINT
     assert outputs[bad.request_id].finish_reason == FinishReason.ERROR
-    assert outputs[bad.request_id].constraint_error
+    assert outputs[bad.request_id].error_kind == ErrorKind.CONSTRAINT
     assert "std::bad_alloc" in outputs[bad.request_id].error
     assert plain.status == RequestStatus.FINISHED_LENGTH_CAPPED  # the other request ran to its end
     assert scheduler.kv_cache_manager.pool.num_free_blocks == scheduler.kv_cache_manager.pool.num_blocks - 1
@@ -130,7 +130,8 @@ def test_a_fill_over_max_fill_ms_ends_its_request():
     scheduler.add_request(slow)
     wait_compiled(manager)
     outputs = run_until_done(scheduler, [slow])
-    assert "max_fill_ms" in outputs[slow.request_id].error and outputs[slow.request_id].constraint_error
+    slow_output = outputs[slow.request_id]
+    assert "max_fill_ms" in slow_output.error and slow_output.error_kind == ErrorKind.CONSTRAINT
 
 
 class _SlowLazyFill(_SlowFill):
@@ -150,7 +151,7 @@ def test_a_lazy_grammar_s_slow_fills_run_within_its_budget(budget_ms, ends_in_er
     if ends_in_error:
         assert "lazy_fill_budget_ms" in outputs[slow.request_id].error
     else:
-        assert slow.status == RequestStatus.FINISHED_LENGTH_CAPPED and slow.slow_fills.spent_ms > 0
+        assert slow.status == RequestStatus.FINISHED_LENGTH_CAPPED and slow.structured_output.slow_fills.spent_ms > 0
 
 
 def test_bitmask_row_of_a_failed_fill_allows_nothing():

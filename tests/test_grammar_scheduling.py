@@ -9,7 +9,7 @@ from grammar_fakes import AnyTokenGrammar, FakeCompiled
 
 from engine.protocol import FinishReason
 from engine.sched.request import RequestStatus
-from engine.sched.structured_output import StructuredOutputManager
+from engine.structured_output.manager import StructuredOutputManager
 from grammar.backend import GrammarBackend, GrammarError
 from grammar.config import GrammarConfig
 from grammar.constraint import Constraint
@@ -84,7 +84,7 @@ def test_compile_failure_finishes_only_that_request():
     outputs = {o.request_id: o for o in sample_step(scheduler, so)}
     assert outputs[bad.request_id].finish_reason == FinishReason.ERROR
     assert "does not compile" in outputs[bad.request_id].error
-    assert outputs[bad.request_id].new_token_ids == [] and outputs[bad.request_id].num_prompt_tokens == 5
+    assert outputs[bad.request_id].new_token_ids == [] and outputs[bad.request_id].counters.num_prompt_tokens == 5
     assert plain.status == RequestStatus.RUNNING
 
 
@@ -127,16 +127,17 @@ def test_the_grammar_wait_ends_with_the_compile_not_with_a_free_slot():
     scheduler.add_request(second)
     backend.gate.set()
     wait_compiled(manager)
-    compiled_by = second.grammar_ready_time
+    compiled_by = second.structured_output.grammar_ready_time
     assert compiled_by is not None  # set by the compile, while `second` still waits for the one slot
     outputs = []
     while scheduler.has_unfinished_requests():
         outputs += sample_step(scheduler, scheduler.schedule())
     final = next(o for o in outputs if o.request_id == second.request_id and o.finish_reason is not None)
-    assert second.grammar_ready_time == compiled_by  # activation, three steps later, did not move it
+    assert second.structured_output.grammar_ready_time == compiled_by  # activation, three steps later, did not move it
     assert second.first_scheduled_time > compiled_by
-    assert final.grammar_wait_s == compiled_by - second.arrival_time < final.queued_s
-    assert not first.grammar_cache_hit and not second.grammar_cache_hit  # compiled, not from the cache
+    assert final.counters.grammar_wait_s == compiled_by - second.arrival_time < final.counters.queued_s
+    # compiled, not from the cache
+    assert not first.structured_output.grammar_cache_hit and not second.structured_output.grammar_cache_hit
     third = make_request(num_tokens=5, constraint=Constraint(kind="regex", spec="a+"))
     scheduler.add_request(third)
-    assert third.grammar_cache_hit and third.grammar_ready_time is not None
+    assert third.structured_output.grammar_cache_hit and third.structured_output.grammar_ready_time is not None

@@ -10,7 +10,7 @@ import torch
 from conftest import make_request, make_scheduler, sample_step
 
 from engine.sched.request import RequestStatus
-from engine.sched.structured_output import StructuredOutputManager
+from engine.structured_output.manager import StructuredOutputManager
 from grammar.backend import CompiledGrammar, Grammar, GrammarBackend
 from grammar.config import GrammarConfig
 from grammar.constraint import Constraint
@@ -97,19 +97,19 @@ def test_forced_tokens_are_appended_and_sent_to_the_runner_once():
     outputs = sample_step(scheduler, scheduler.schedule(), SAMPLED)
     assert outputs[0].new_token_ids == [SAMPLED] + FORCED  # the client sees them at once
     assert request.output_token_ids == [SAMPLED] + FORCED
-    assert request.num_forced_tokens_pending == 3 and request.num_forced_tokens == 3
+    assert request.structured_output.num_forced_tokens_pending == 3 and request.counters.num_forced_tokens == 3
     assert backend.grammars[0].accepted == [SAMPLED] + FORCED
 
     so = scheduler.schedule()
     assert cached_tokens_of(so, request) == FORCED  # the runner did not sample these: it gets them here
     assert so.num_scheduled_tokens == {request.request_id: 4}  # the sampled token and the forced ones, one pass
     assert so.structured_output_request_ids == {request.request_id: 0}
-    assert request.num_forced_tokens_pending == 0
+    assert request.structured_output.num_forced_tokens_pending == 0
     sample_step(scheduler, so, SAMPLED)
 
     so = scheduler.schedule()
     assert cached_tokens_of(so, request) == [] and so.num_scheduled_tokens == {request.request_id: 1}
-    assert request.num_forced_tokens == 3
+    assert request.counters.num_forced_tokens == 3
 
 
 def test_forced_tokens_longer_than_the_budget_are_sent_once_and_computed_over_two_steps():
@@ -134,7 +134,7 @@ def test_forced_tokens_are_cut_at_max_tokens_and_the_grammar_rolls_back():
     assert backend.grammars[0].rolled_back == [1]
     assert backend.grammars[0].accepted == [SAMPLED] + FORCED[:2]
     assert request.status == RequestStatus.FINISHED_LENGTH_CAPPED
-    assert outputs[0].finish_reason == 1 and outputs[0].num_forced_tokens == 2
+    assert outputs[0].finish_reason == 1 and outputs[0].counters.num_forced_tokens == 2
 
 
 def test_forced_tokens_are_cut_at_the_context_length():
@@ -150,7 +150,7 @@ def test_nothing_forced_when_no_room_is_left():
     backend, scheduler = setup()
     request = add(scheduler, max_tokens=1)
     sample_step(scheduler, scheduler.schedule(), SAMPLED)
-    assert request.output_token_ids == [SAMPLED] and request.num_forced_tokens == 0
+    assert request.output_token_ids == [SAMPLED] and request.counters.num_forced_tokens == 0
     assert request.status == RequestStatus.FINISHED_LENGTH_CAPPED
 
 
@@ -173,10 +173,10 @@ def test_pending_forced_tokens_are_resent_in_full_after_preemption():
     _, scheduler = setup()
     request = add(scheduler, max_tokens=10)
     sample_step(scheduler, scheduler.schedule(), SAMPLED)
-    assert request.num_forced_tokens_pending == 3
+    assert request.structured_output.num_forced_tokens_pending == 3
     scheduler.running.remove(request)
     scheduler._preempt(request)
-    assert request.num_forced_tokens_pending == 0
+    assert request.structured_output.num_forced_tokens_pending == 0
     so = scheduler.schedule()
     assert so.preempted_req_ids == {request.request_id}
     (new,) = so.scheduled_new_reqs
@@ -188,7 +188,7 @@ def test_jump_forward_off_for_the_request():
     backend, scheduler = setup()
     request = add(scheduler, jump_forward=False, max_tokens=10)
     sample_step(scheduler, scheduler.schedule(), SAMPLED)
-    assert request.output_token_ids == [SAMPLED] and request.num_forced_tokens == 0
+    assert request.output_token_ids == [SAMPLED] and request.counters.num_forced_tokens == 0
 
 
 def test_jump_forward_off_for_the_engine_and_on_for_one_request():
@@ -207,4 +207,4 @@ def test_a_sampled_token_the_grammar_rejects_ends_the_request_with_an_error():
     (out,) = sample_step(scheduler, so, SAMPLED)
     assert request.status == RequestStatus.FINISHED_ERROR
     assert out.finish_reason == 3 and out.error == f"internal error: the grammar rejected sampled token {SAMPLED}"
-    assert out.new_token_ids == [SAMPLED] and request.num_forced_tokens == 0
+    assert out.new_token_ids == [SAMPLED] and request.counters.num_forced_tokens == 0

@@ -11,9 +11,9 @@ from conftest import make_request, make_scheduler
 from grammar_fakes import AnyTokenGrammar, FakeCompiled
 from test_grammar_isolation import sample, wait_compiled
 
-from engine.sched.lazy_fills import LazyFills
+from engine.structured_output.lazy_fills import LazyFills
 from engine.sched.request import RequestStatus
-from engine.sched.structured_output import StructuredOutputManager
+from engine.structured_output.manager import StructuredOutputManager
 from engine.worker.model_runner import _ParkedLogits, _without
 from grammar.backend import GrammarBackend
 from grammar.config import GrammarConfig

@@ -162,13 +162,14 @@ def test_closed_early_answers_are_counted_by_reason() -> None:
 
 def test_draft_tokens_are_counted_with_the_accepted_ones() -> None:
     from engine.frontend.output_processor import RequestOutput
-    from engine.protocol import FinishReason
+    from engine.protocol import FinishReason, RequestCounters
 
     metrics = ServiceMetrics()
     for drafted, accepted in ((12, 5), (0, 0), (4, 4)):
         metrics.request_finished(RequestOutput("r", "{}", "", [1], [], finished=True, finish_reason=FinishReason.STOP,
-                                               num_output_tokens=1, num_draft_tokens=drafted,
-                                               num_accepted_draft_tokens=accepted), None)
+                                               num_output_tokens=1, counters=RequestCounters(
+                                                   num_draft_tokens=drafted, num_accepted_draft_tokens=accepted)),
+                                 None)
     parsed = samples(metrics.render(None, 0).decode())
     assert value(parsed, "formwork_spec_decode_draft_tokens_total") == 16
     assert value(parsed, "formwork_spec_decode_accepted_tokens_total") == 9

@@ -11,7 +11,7 @@ from conftest import make_request
 from grammar_factories import make_backend
 from test_tool_call_grammar import WEATHER, tools_constraint
 
-from engine.sched.structured_output import StructuredOutputManager
+from engine.structured_output.manager import StructuredOutputManager
 from grammar.backend import GrammarError
 from grammar.config import GrammarConfig
 from grammar.constraint import Constraint
@@ -56,13 +56,14 @@ def test_free_text_needs_no_minimum():
 def test_the_engine_refuses_it_before_the_first_token(name):
     manager = StructuredOutputManager(make_backend(), GrammarConfig())
     request = make_request(num_tokens=5, max_tokens=3, constraint=CONSTRAINTS[name])
-    manager.grammar_init(request)
+    manager.grammar_init(request.request_id, request.structured_output)
     manager._futures[request.request_id].result(timeout=60)
     with pytest.raises(GrammarError, match="max_tokens is 3, but the shortest output"):
-        manager.try_activate(request)
+        manager.try_activate(request.request_id, request.structured_output, max_tokens=3, context_left=1000)
     off = make_request(num_tokens=5, max_tokens=3,
                        constraint=msgspec.structs.replace(CONSTRAINTS[name], close_early=False))
-    manager.grammar_init(off)
+    manager.grammar_init(off.request_id, off.structured_output)
     manager._futures[off.request_id].result(timeout=60)
-    assert manager.try_activate(off)  # closing off: nothing is checked, the output may be cut
+    # closing off: nothing is checked, the output may be cut
+    assert manager.try_activate(off.request_id, off.structured_output, max_tokens=3, context_left=1000)
 

@@ -82,7 +82,7 @@ def test_greedy_tokens_and_logits_match_transformers(family):
         outputs += llm.generate([{"prompt_token_ids": p} for p in batch], params)
     finally:
         del runner.sample_tokens
-    assert outputs[1].num_cached_tokens >= 48, "the extended prompt should reuse the first one's blocks"
+    assert outputs[1].counters.num_cached_tokens >= 48, "the extended prompt should reuse the first one's blocks"
     if name in WINDOWED:
         assert len(batch[2]) + NUM_STEPS > 4 * WINDOW  # attends well past the window
     for prompt, out in zip([first, *batch], outputs):

@@ -4,7 +4,7 @@ from __future__ import annotations
 import numpy as np
 from speculation_fakes import StatefulGrammar
 
-from engine.sched.ngram_drafter import continued_copy, cut_by_grammar, find_ngram_draft, find_ngram_match
+from engine.spec_decode.ngram_drafter import continued_copy, cut_by_grammar, find_ngram_draft, find_ngram_match
 from engine.worker.draft_verification import draft_logits_indices, num_accepted
 
 

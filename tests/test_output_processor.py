@@ -5,7 +5,7 @@ import pytest
 
 from engine.frontend.output_processor import OutputProcessor, RequestOutput
 from engine.frontend.tokenizer import Tokenizer
-from engine.protocol import EngineCoreOutput, FinishReason, TokenLogprob
+from engine.protocol import EngineCoreOutput, FinishReason, RequestCounters, TokenLogprob
 from engine.sampling_params import SamplingParams
 
 EOS = 2
@@ -71,8 +71,9 @@ def test_streaming_text_and_final_counters(processor, tok, clock):
     outputs = run_steps(processor, "r", steps[:1])
     clock.now += 1.0
     outputs += run_steps(processor, "r", steps[1:], last=dict(
-        finish_reason=FinishReason.STOP, stop_reason=EOS, num_prompt_tokens=len(PROMPT), num_cached_tokens=4,
-        num_forward_passes=12, num_forced_tokens=3, queued_s=0.1, grammar_wait_s=0.05, not_enforced=["minLength"]))
+        finish_reason=FinishReason.STOP, stop_reason=EOS, counters=RequestCounters(
+            num_prompt_tokens=len(PROMPT), num_cached_tokens=4, num_forward_passes=12, num_forced_tokens=3,
+            queued_s=0.1, grammar_wait_s=0.05), not_enforced=["minLength"]))
 
     assert len(outputs) == len(steps)  # one per step with tokens
     assert "".join(o.delta_text for o in outputs) == text
@@ -86,8 +87,9 @@ def test_streaming_text_and_final_counters(processor, tok, clock):
     final = outputs[-1]
     assert final.text == text and final.token_ids == token_ids  # eos kept in ids, not in text
     assert final.finish_reason is FinishReason.STOP and final.stop_reason == EOS
-    assert (final.num_prompt_tokens, final.num_cached_tokens, final.num_output_tokens,
-            final.num_forward_passes, final.num_forced_tokens) == (len(PROMPT), 4, len(token_ids), 12, 3)
+    counters = final.counters
+    assert (final.num_prompt_tokens, counters.num_cached_tokens, final.num_output_tokens,
+            counters.num_forward_passes, counters.num_forced_tokens) == (len(PROMPT), 4, len(token_ids), 12, 3)
     assert final.not_enforced == ["minLength"]
     assert final.timings.ttft_s == pytest.approx(0.5) and final.timings.total_s == pytest.approx(1.5)
     assert final.timings.queued_s == 0.1 and final.timings.grammar_wait_s == 0.05

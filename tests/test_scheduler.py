@@ -111,7 +111,7 @@ def test_prefix_cache_hit_skips_shared_blocks():
     scheduler.add_request(second)
     so = scheduler.schedule()
     assert so.num_scheduled_tokens[second.request_id] == 1  # 12 tokens from the cache
-    assert second.num_cached_tokens == 12
+    assert second.counters.num_cached_tokens == 12
     new = [n for n in so.scheduled_new_reqs if n.req_id == second.request_id][0]
     assert new.num_computed_tokens == 12
     assert new.block_ids[:3] == scheduler.kv_cache_manager.get_block_ids(first.request_id)[:3]
@@ -127,7 +127,7 @@ def test_full_prompt_hit_still_computes_the_last_token():
     scheduler.add_request(b)
     so = scheduler.schedule()
     assert so.num_scheduled_tokens[b.request_id] == 4  # the last block is recomputed, not shared
-    assert b.num_cached_tokens == 4
+    assert b.counters.num_cached_tokens == 4
 
 
 def test_freed_cached_blocks_are_reused_then_evicted():
@@ -142,7 +142,7 @@ def test_freed_cached_blocks_are_reused_then_evicted():
     b = make_request(token_ids=prompt, max_tokens=1)
     scheduler.add_request(b)
     so = scheduler.schedule()
-    assert b.num_cached_tokens == 8 and so.num_scheduled_tokens[b.request_id] == 1
+    assert b.counters.num_cached_tokens == 8 and so.num_scheduled_tokens[b.request_id] == 1
     sample_step(scheduler, so)
     c = make_request(num_tokens=12, max_tokens=1)  # needs all 3 blocks: evicts the cached ones
     scheduler.add_request(c)

@@ -21,16 +21,16 @@ def test_first_and_final_outputs_carry_the_counters():
     assert sample_step(scheduler, scheduler.schedule()) == []  # 8 of the 10 uncached tokens: no output yet
     (first,) = sample_step(scheduler, scheduler.schedule(), token_id=7)
     assert first.new_token_ids == [7] and first.finish_reason is None
-    assert (first.num_prompt_tokens, first.num_cached_tokens) == (18, 8)
-    assert first.queued_s >= 5.0
+    assert (first.counters.num_prompt_tokens, first.counters.num_cached_tokens) == (18, 8)
+    assert first.counters.queued_s >= 5.0
     (middle,) = sample_step(scheduler, scheduler.schedule(), token_id=8)
     assert middle == EngineCoreOutput(request.request_id, [8])  # no counters between the first and the last
     (final,) = sample_step(scheduler, scheduler.schedule(), token_id=9)
     assert final.new_token_ids == [9]
     assert final.finish_reason == FinishReason.STOP and final.stop_reason == 9
-    assert (final.num_prompt_tokens, final.num_cached_tokens) == (18, 8)
-    assert final.num_forward_passes == 4 and final.num_forced_tokens == 0
-    assert final.queued_s >= 5.0 and final.grammar_wait_s == 0.0 and final.error is None
+    assert (final.counters.num_prompt_tokens, final.counters.num_cached_tokens) == (18, 8)
+    assert final.counters.num_forward_passes == 4 and final.counters.num_forced_tokens == 0
+    assert final.counters.queued_s >= 5.0 and final.counters.grammar_wait_s == 0.0 and final.error is None
     assert request.status == RequestStatus.FINISHED_STOPPED and not scheduler.has_unfinished_requests()
 
 
@@ -100,7 +100,7 @@ def test_a_grammar_dead_end_ends_only_that_request():
     assert stuck.status == RequestStatus.FINISHED_ERROR
     assert by_id[stuck.request_id].finish_reason == FinishReason.ERROR
     assert by_id[stuck.request_id].error == "grammar dead end: no token is allowed at this position"
-    assert by_id[stuck.request_id].new_token_ids == [] and by_id[stuck.request_id].num_forward_passes == 1
+    assert by_id[stuck.request_id].new_token_ids == [] and by_id[stuck.request_id].counters.num_forward_passes == 1
     assert other.status == RequestStatus.RUNNING and by_id[other.request_id].new_token_ids == [5]
     assert scheduler.kv_cache_manager.get_block_ids(stuck.request_id) == []
 

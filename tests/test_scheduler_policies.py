@@ -67,7 +67,7 @@ def test_prefix_caching_off_recomputes_a_repeated_prompt():
     scheduler.add_request(second)
     so = scheduler.schedule()
     assert so.num_scheduled_tokens == {second.request_id: 13}
-    assert second.num_cached_tokens == 0 and so.scheduled_new_reqs[0].num_computed_tokens == 0
+    assert second.counters.num_cached_tokens == 0 and so.scheduled_new_reqs[0].num_computed_tokens == 0
     pool = scheduler.kv_cache_manager.pool
     assert pool.num_cached_blocks == 0 and pool.num_hits == 0
 
@@ -90,7 +90,7 @@ def test_reset_prefix_cache_forgets_finished_prompts_and_spares_running_requests
     scheduler.add_request(again)
     so = scheduler.schedule()
     assert so.num_scheduled_tokens == {holder.request_id: 1, again.request_id: 13}
-    assert again.num_cached_tokens == 0
+    assert again.counters.num_cached_tokens == 0
     assert scheduler.kv_cache_manager.get_block_ids(holder.request_id) == holder_blocks  # untouched
 
 

@@ -13,12 +13,13 @@ from google.protobuf import json_format
 from google.rpc import error_details_pb2
 
 from engine.frontend.output_processor import RequestOutput, RequestTimings
-from engine.protocol import ConstraintReport, EngineCoreReady, EngineStats, FinishReason, TokenLogprob
+from engine.protocol import (ConstraintReport, EngineCoreReady, EngineStats, ErrorKind, FinishReason, RequestCounters,
+                             TokenLogprob)
 from engine.sampling_params import SamplingParams
 from grammar.constraint import Constraint
 from service import protogen
 from service._gen.formwork.v1 import generation_pb2 as pb
-from service.errors import ErrorKind, ServiceError, error_from_output
+from service.errors import ErrorCode, ServiceError, error_from_output
 from service.grpc import responses
 from service.grpc.requests import constraint_from_proto, generation_request_from_proto, prompt_from_proto
 from service.grpc.status import status_proto
@@ -43,7 +44,7 @@ def violation(**fields) -> tuple[str, str]:
     with pytest.raises(ServiceError) as info:
         params_of(**fields)
     error = info.value
-    assert error.code == ErrorKind.INVALID_ARGUMENT and len(error.violations) == 1
+    assert error.code == ErrorCode.INVALID_ARGUMENT and len(error.violations) == 1
     return error.violations[0].field, error.message
 
 
@@ -185,7 +186,8 @@ def test_bad_prompts_name_their_field(fields, field):
 def final_output(**fields) -> RequestOutput:
     values = dict(request_id="e#1", text="Hello.", delta_text=".", token_ids=[5, 6, 2], new_token_ids=[6, 2],
                   finished=True, finish_reason=FinishReason.STOP, stop_reason=2, num_prompt_tokens=9,
-                  num_cached_tokens=4, num_output_tokens=3, num_forward_passes=3, num_forced_tokens=1,
+                  num_output_tokens=3,
+                  counters=RequestCounters(num_cached_tokens=4, num_forward_passes=3, num_forced_tokens=1),
                   timings=RequestTimings(queued_s=0.1, grammar_wait_s=0.05, ttft_s=0.2, total_s=0.5))
     values.update(fields)
     return RequestOutput(**values)
@@ -229,10 +231,10 @@ def test_logprobs_with_token_texts():
 def test_errors_from_engine_outputs():
     compile_error = final_output(token_ids=[], finish_reason=FinishReason.ERROR, error="regex does not compile: x")
     error = error_from_output(compile_error, "constraint.regex")
-    assert error.code == ErrorKind.INVALID_ARGUMENT and error.message == "constraint.regex: regex does not compile: x"
+    assert error.code == ErrorCode.INVALID_ARGUMENT and error.message == "constraint.regex: regex does not compile: x"
     mid_stream = final_output(finish_reason=FinishReason.ERROR, error="grammar dead end")
     error = error_from_output(mid_stream, "constraint.regex")
-    assert error.code == ErrorKind.INTERNAL and "after 3 tokens: grammar dead end" in error.message
+    assert error.code == ErrorCode.INTERNAL and "after 3 tokens: grammar dead end" in error.message
 
 
 def test_status_proto_carries_field_violations():
@@ -314,13 +316,13 @@ def test_deeply_nested_schema_text_is_a_clear_error():
         with pytest.raises(ServiceError) as info:
             engine_constraint(constraint_from_proto(pb.Constraint(json_schema_text=text)),
                               ServiceLimits(max_constraint_bytes=1 << 20))
-        assert info.value.code == ErrorKind.INVALID_ARGUMENT
+        assert info.value.code == ErrorCode.INVALID_ARGUMENT
         assert info.value.message.startswith("constraint.json_schema_text: json_schema is nested too deeply")
 
 
 def test_a_constraint_error_after_tokens_is_invalid_argument():
-    output = final_output(finish_reason=FinishReason.ERROR, error="over max_fill_ms", constraint_error=True)
+    output = final_output(finish_reason=FinishReason.ERROR, error="over max_fill_ms", error_kind=ErrorKind.CONSTRAINT)
     error = error_from_output(output, "constraint.regex")
-    assert error.code == ErrorKind.INVALID_ARGUMENT
+    assert error.code == ErrorCode.INVALID_ARGUMENT
     assert error.message == "constraint.regex: over max_fill_ms (after 3 tokens)"
     assert error.violations[0].field == "constraint.regex"

@@ -12,7 +12,7 @@ from google.protobuf import json_format
 from engine.args import add_engine_args, engine_config_from_args
 from engine.frontend.output_processor import OutputProcessor, RequestOutput
 from engine.frontend.tokenizer import Tokenizer
-from engine.protocol import EngineCoreOutput, FinishReason
+from engine.protocol import EngineCoreOutput, FinishReason, RequestCounters
 from engine.sampling_params import SamplingParams
 from service._gen.formwork.v1 import generation_pb2 as pb
 from service.grpc import responses
@@ -58,7 +58,7 @@ def final_output(**fields) -> RequestOutput:
 
 
 def test_counts_reach_the_grpc_usage_and_the_http_extension():
-    drafted = final_output(num_draft_tokens=12, num_accepted_draft_tokens=9)
+    drafted = final_output(counters=RequestCounters(num_draft_tokens=12, num_accepted_draft_tokens=9))
     usage = responses.generate_response(drafted, "r", str, delta=False).usage
     assert (usage.draft_tokens, usage.accepted_draft_tokens) == (12, 9)
     entry = formwork_extension([drafted])["choices"][0]
@@ -70,17 +70,19 @@ def test_the_front_end_keeps_the_engines_counts(tok):
     processor = OutputProcessor(tok)
     processor.add_request("r", [1, 2, 3], SamplingParams(max_tokens=8), stream=False)
     outputs, _ = processor.process_outputs([EngineCoreOutput(
-        "r", [5, 6, 7], finish_reason=int(FinishReason.LENGTH), num_draft_tokens=4, num_accepted_draft_tokens=3)])
-    assert (outputs[0].num_draft_tokens, outputs[0].num_accepted_draft_tokens) == (4, 3)
+        "r", [5, 6, 7], finish_reason=int(FinishReason.LENGTH),
+        counters=RequestCounters(num_draft_tokens=4, num_accepted_draft_tokens=3))])
+    assert (outputs[0].counters.num_draft_tokens, outputs[0].counters.num_accepted_draft_tokens) == (4, 3)
 
 
 def test_a_request_ended_on_a_stop_string_keeps_the_draft_counts_of_its_last_step(tok):
     processor = OutputProcessor(tok)
     processor.add_request("r", [1, 2, 3], SamplingParams(max_tokens=32, stop=["END"]), stream=False)
-    processor.process_outputs([EngineCoreOutput("r", tok.encode("The answer is"), num_draft_tokens=3,
-                                                num_accepted_draft_tokens=2)])
+    processor.process_outputs([EngineCoreOutput(
+        "r", tok.encode("The answer is"), counters=RequestCounters(num_draft_tokens=3, num_accepted_draft_tokens=2))])
     outputs, to_abort = processor.process_outputs([EngineCoreOutput(
-        "r", tok.encode(" 42 END and more"), num_draft_tokens=7, num_accepted_draft_tokens=5)])
+        "r", tok.encode(" 42 END and more"),
+        counters=RequestCounters(num_draft_tokens=7, num_accepted_draft_tokens=5))])
     assert to_abort == ["r"]  # the engine's final output never comes
     assert outputs[0].stop_reason == "END"
-    assert (outputs[0].num_draft_tokens, outputs[0].num_accepted_draft_tokens) == (7, 5)
+    assert (outputs[0].counters.num_draft_tokens, outputs[0].counters.num_accepted_draft_tokens) == (7, 5)

@@ -12,8 +12,8 @@ import pytest
 
 from bench.workloads import extraction_prompt, load_json_extraction
 from engine.sampling_params import SamplingParams
-from engine.sched.speculation import TEXT_MATCHED
-from engine.sched.step_cost import StepCostModel
+from engine.spec_decode.speculator import TEXT_MATCHED
+from engine.spec_decode.step_cost import StepCostModel
 from grammar.constraint import Constraint
 
 pytestmark = pytest.mark.slow
@@ -29,11 +29,11 @@ FREE = [[{"role": "user", "content": "Tell me about owls."}],
 @pytest.fixture(autouse=True)
 def drafts_at_full_length(request, monkeypatch):
     """How long a draft is, is priced from the step times the machine measures as it runs
-    (engine/sched/speculation.py: tests/test_speculative_scheduling.py checks the pricing), so on a
+    (engine/spec_decode/speculator.py: tests/test_speculative_scheduling.py checks the pricing), so on a
     loaded machine a short copy may draft nothing and its exactness check would check nothing.
     Unmeasured, every match drafts at full length: the most drafting, the strictest check."""
     llm = request.getfixturevalue("llm" if "llm" in request.fixturenames else "llm_fp32")
-    speculator = llm.engine.scheduler.speculator
+    speculator = llm.engine.speculator
     monkeypatch.setattr(speculator, "step_cost", StepCostModel())
     monkeypatch.setattr(speculator, "observe_step", lambda num_tokens, seconds: None)
 
@@ -62,15 +62,16 @@ def test_json_extraction_outputs_are_identical_with_drafts(llm_fp32):
     off, on = outputs[False], outputs[True]
     assert [o.token_ids for o in on] == [o.token_ids for o in off]
     assert [o.finish_reason for o in on] == [o.finish_reason for o in off]
-    assert sum(o.num_draft_tokens for o in off) == 0
-    accepted = sum(o.num_accepted_draft_tokens for o in on)
-    assert accepted > 0 and sum(o.num_draft_tokens for o in on) >= accepted
-    assert sum(o.num_forced_tokens for o in on) == sum(o.num_forced_tokens for o in off) > 0  # jump-forward
-    assert all(o.num_cached_tokens > 0 for o in on)  # prefix caching
-    assert sum(o.num_forward_passes for o in on) < sum(o.num_forward_passes for o in off)
+    assert sum(o.counters.num_draft_tokens for o in off) == 0
+    accepted = sum(o.counters.num_accepted_draft_tokens for o in on)
+    assert accepted > 0 and sum(o.counters.num_draft_tokens for o in on) >= accepted
+    forced_on, forced_off = (sum(o.counters.num_forced_tokens for o in outs) for outs in (on, off))
+    assert forced_on == forced_off > 0  # jump-forward
+    assert all(o.counters.num_cached_tokens > 0 for o in on)  # prefix caching
+    assert sum(o.counters.num_forward_passes for o in on) < sum(o.counters.num_forward_passes for o in off)
     assert_all_blocks_free(llm_fp32)
     # some drafts were read from the prompt's text, and the outputs above are the same with them
-    assert llm_fp32.engine.scheduler.speculator.acceptance[TEXT_MATCHED].tried > 0
+    assert llm_fp32.engine.speculator.acceptance[TEXT_MATCHED].tried > 0
 
 
 def test_free_text_outputs_are_identical_with_drafts(llm_fp32):
@@ -78,8 +79,8 @@ def test_free_text_outputs_are_identical_with_drafts(llm_fp32):
     assert [o.token_ids for o in on] == [o.token_ids for o in off]
     copy_off, copy_on = off[-1], on[-1]
     assert "4.2 million euros" in copy_on.text
-    assert copy_on.num_accepted_draft_tokens >= 8  # the copied sentence is drafted and accepted
-    assert copy_on.num_forward_passes < copy_off.num_forward_passes
+    assert copy_on.counters.num_accepted_draft_tokens >= 8  # the copied sentence is drafted and accepted
+    assert copy_on.counters.num_forward_passes < copy_off.counters.num_forward_passes
     assert_all_blocks_free(llm_fp32)
 
 
@@ -88,7 +89,7 @@ def test_stop_string_and_logprobs_are_the_same_with_drafts(llm_fp32):
     assert on[0].text == off[0].text and on[0].token_ids == off[0].token_ids
     assert on[0].stop_reason == off[0].stop_reason == "library"
     # ended by the front end on the stop string: the draft counts come from the outputs before
-    assert on[0].num_draft_tokens >= on[0].num_accepted_draft_tokens > 0
+    assert on[0].counters.num_draft_tokens >= on[0].counters.num_accepted_draft_tokens > 0
     assert [lp.token_id for lp in on[0].logprobs] == [lp.token_id for lp in off[0].logprobs]
     for a, b in zip(on[0].logprobs, off[0].logprobs):
         assert a.logprob == pytest.approx(b.logprob, abs=1e-3)
@@ -122,5 +123,5 @@ def test_bf16_outputs_are_identical_with_drafts(llm):
     is on at low concurrency)."""
     outputs = extraction_both_ways(llm, load_json_extraction()[12:16], max_tokens=96, at_a_time=2)
     assert [o.token_ids for o in outputs[True]] == [o.token_ids for o in outputs[False]]
-    assert sum(o.num_accepted_draft_tokens for o in outputs[True]) > 0
+    assert sum(o.counters.num_accepted_draft_tokens for o in outputs[True]) > 0
     assert_all_blocks_free(llm)

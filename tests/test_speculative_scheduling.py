@@ -13,7 +13,8 @@ from speculation_fakes import StatefulBackend, verify_step
 from engine.config import CacheConfig, SchedulerConfig, SpeculativeConfig
 from engine.sched.request import RequestStatus
 from engine.sched.scheduler import Scheduler
-from engine.sched.structured_output import StructuredOutputManager
+from engine.spec_decode.speculator import Speculator
+from engine.structured_output.manager import StructuredOutputManager
 from grammar.config import GrammarConfig
 from grammar.constraint import Constraint
 
@@ -25,7 +26,8 @@ TARGET = [10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 7, 7, 7, 2]
 def make(k: int = 4, num_blocks: int = 64, enabled: bool = True, manager=None, **config) -> Scheduler:
     return Scheduler(SchedulerConfig(max_num_seqs=16, max_num_batched_tokens=config.pop("budget", 512)),
                      CacheConfig(block_size=4, num_blocks=num_blocks), num_blocks, 1024, manager,
-                     SpeculativeConfig(enabled=enabled, num_speculative_tokens=k, **config))
+                     Speculator(SpeculativeConfig(enabled=enabled, num_speculative_tokens=k, **config),
+                                manager.backend if manager is not None else None))
 
 
 def scripted(target):
@@ -66,7 +68,7 @@ def test_draft_copied_from_the_prompt_is_accepted_whole_with_a_bonus_token():
     verify_step(scheduler, so, scripted(TARGET))
     assert request.output_token_ids == [10, 11, 12, 13, 14, 15]  # 4 accepted + the bonus token
     assert request.num_computed_tokens == request.num_tokens - 1  # all but the bonus token are in the cache
-    assert (request.num_draft_tokens, request.num_accepted_draft_tokens) == (4, 4)
+    assert (request.counters.num_draft_tokens, request.counters.num_accepted_draft_tokens) == (4, 4)
 
 
 def test_every_output_of_a_drafting_request_carries_its_draft_counts():
@@ -75,10 +77,10 @@ def test_every_output_of_a_drafting_request_carries_its_draft_counts():
     request = make_request(token_ids=PROMPT, max_tokens=32)
     scheduler.add_request(request)
     (first,) = verify_step(scheduler, scheduler.schedule(), scripted(TARGET))
-    assert first.num_draft_tokens == 0
+    assert first.counters.num_draft_tokens == 0
     (second,) = verify_step(scheduler, scheduler.schedule(), scripted(TARGET))
     assert second.finish_reason is None
-    assert (second.num_draft_tokens, second.num_accepted_draft_tokens) == (4, 4)
+    assert (second.counters.num_draft_tokens, second.counters.num_accepted_draft_tokens) == (4, 4)
 
 
 def test_output_is_the_same_with_and_without_drafts_and_takes_fewer_steps():
@@ -99,7 +101,7 @@ def test_rejected_at_the_first_token_gives_back_its_kv_and_blocks():
     verify_step(scheduler, so, scripted(target))
     assert request.output_token_ids == [10, 40]
     assert request.num_computed_tokens == request.num_tokens - 1  # the 4 draft positions are discarded
-    assert request.num_accepted_draft_tokens == 0
+    assert request.counters.num_accepted_draft_tokens == 0
     cached_blocks_hold_only_real_tokens(scheduler, request)
     while scheduler.has_unfinished_requests():
         verify_step(scheduler, scheduler.schedule(), scripted(target))
@@ -193,7 +195,7 @@ def test_no_draft_before_text_the_grammar_forces():
     outputs, steps = run(make(k=6, manager=manager), [request])
     assert outputs[request.request_id] == TARGET
     assert steps[1].scheduled_spec_decode_tokens[request.request_id] == [11]
-    assert request.num_forced_tokens == 2
+    assert request.counters.num_forced_tokens == 2
 
 
 def test_requests_with_penalties_or_seeds_do_not_draft_and_a_request_can_opt_out_or_in():
@@ -253,11 +255,12 @@ def test_rejected_drafts_pause_drafting_for_longer_and_longer():
     # "10" and then a new token each time: the draft from the last "10" is always wrong
     target = [t for i in range(12) for t in (10, 40 + i)] + [2]
     request = make_request(token_ids=PROMPT, max_tokens=64)
+    state = scheduler.speculator.draft_state(request)  # the speculator drops it when the request finishes
     outputs, steps = run(scheduler, [request], target=target)
     assert outputs[request.request_id] == target
     drafted = [bool(so.scheduled_spec_decode_tokens) for so in steps]
     assert sum(drafted) < len(steps) // 2
-    assert request.num_accepted_draft_tokens == 0 and request.num_rejected_drafts >= 3
+    assert request.counters.num_accepted_draft_tokens == 0 and state.num_rejected_drafts >= 3
 
 
 def test_preempted_request_with_drafts_resumes_and_finishes_the_same():
@@ -277,10 +280,11 @@ def test_a_copy_is_drafted_on_from_where_it_was_read_not_from_a_later_match():
     target = [10, 11, 12, 13, 14, 15, 16, 2]
     scheduler = make(k=2, min_ngram=1, max_ngram=1)
     request = make_request(token_ids=prompt, max_tokens=32)
+    state = scheduler.speculator.draft_state(request)  # the speculator drops it when the request finishes
     outputs, steps = run(scheduler, [request], target=target)
     assert outputs[request.request_id] == target
     drafts = [so.scheduled_spec_decode_tokens[request.request_id] for so in steps
               if so.scheduled_spec_decode_tokens]
     assert drafts[:2] == [[11, 12], [14, 15]]
-    assert request.num_accepted_draft_tokens == 4  # the draft after 16 (5 13) is the one rejected
-    assert request.copy_anchor == 7  # accepted drafts copied the prompt up to index 6: matches are read from 7 on
+    assert request.counters.num_accepted_draft_tokens == 4  # the draft after 16 (5 13) is the one rejected
+    assert state.copy_anchor == 7  # accepted drafts copied the prompt up to index 6: matches are read from 7 on

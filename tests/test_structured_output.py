@@ -143,8 +143,8 @@ def test_jump_forward_saves_forward_passes_and_stays_valid(llm):
         for out in (off, on):
             assert out.finish_reason == FinishReason.STOP
             assert set(json.loads(out.text)) == set(schema["properties"])
-        assert on.num_forced_tokens > 0 and off.num_forced_tokens == 0
+        assert on.counters.num_forced_tokens > 0 and off.counters.num_forced_tokens == 0
         # the same document shape, keys in the schema's order (the values may differ: forced text is
         # the canonical tokenization, which the model without forcing need not have chosen)
         assert list(json.loads(on.text)) == list(json.loads(off.text)) == list(schema["properties"])
-        assert on.num_forward_passes < off.num_forward_passes
+        assert on.counters.num_forward_passes < off.counters.num_forward_passes

@@ -1,4 +1,4 @@
-"""Drafting by text (engine/sched/text_drafter.py) with the default model's tokenizer: a copy whose
+"""Drafting by text (engine/spec_decode/text_drafter.py) with the default model's tokenizer: a copy whose
 tokens differ from the prompt's is found, the draft is whole tokens of the prompt's text, the
 grammar cuts it, and a UTF-8 character split at either end of the text is never drafted half."""
 from __future__ import annotations
@@ -8,7 +8,7 @@ import pytest
 from engine.config import SpeculativeConfig
 from engine.sampling_params import SamplingParams
 from engine.sched.request import Request
-from engine.sched.speculation import TEXT_CONTINUED, TEXT_MATCHED, Speculator
+from engine.spec_decode.speculator import TEXT_CONTINUED, TEXT_MATCHED, Speculator
 from grammar.constraint import Constraint
 
 PROMPT = "Text: the lease was signed by the tenant Ann Lee on 3 May 2024 in Oslo."
@@ -28,8 +28,8 @@ def make_speculator(backend, k=8, **config):
     return Speculator(SpeculativeConfig(enabled=True, num_speculative_tokens=k, **config), backend)
 
 
-def make_request(backend, prompt, output):
-    request = Request("r", encode(backend, prompt), SamplingParams(temperature=0, max_tokens=64))
+def make_request(backend, prompt, output, constraint=None):
+    request = Request("r", encode(backend, prompt), SamplingParams(temperature=0, max_tokens=64, constraint=constraint))
     request.append_output_token_ids(encode(backend, output) if isinstance(output, str) else output)
     return request
 
@@ -61,9 +61,10 @@ def test_an_accepted_text_draft_is_continued_from_where_it_ended(backend):
     speculator = make_speculator(backend)
     request = make_request(backend, PROMPT, '{"tenant": "Ann')
     source = speculator.find_source(request, 2)
-    request.draft_ngram, request.draft_text_ends, request.draft_begin = source.key, source.text_ends, -1
+    state = speculator.draft_state(request)
+    state.draft_ngram, state.draft_text_ends, state.draft_begin = source.key, source.text_ends, -1
     speculator.record(request, 2, 2)
-    assert request.text_anchor == source.text_ends[1]
+    assert state.text_anchor == source.text_ends[1]
     request.append_output_token_ids(source.token_ids + encode(backend, " 3 May"))  # the output copies on
     following = speculator.find_source(request, 3)
     assert following.key == TEXT_CONTINUED
@@ -71,11 +72,12 @@ def test_an_accepted_text_draft_is_continued_from_where_it_ended(backend):
 
 
 def test_the_grammar_cuts_a_text_draft_and_is_left_as_it_was(backend):
-    grammar = backend.make_grammar(backend.compile(Constraint(kind="regex", spec="Ann Lee on [0-9]+")))
+    constraint = Constraint(kind="regex", spec="Ann Lee on [0-9]+")
+    grammar = backend.make_grammar(backend.compile(constraint))
     output = encode(backend, "Ann")
     assert grammar.accept_tokens(output)
-    request = make_request(backend, PROMPT, output)
-    request.grammar = grammar
+    request = make_request(backend, PROMPT, output, constraint)
+    request.structured_output.grammar = grammar
     draft = make_speculator(backend).propose(request, 8, 1, stop_at_forced=False)
     assert text_of(backend, draft) == b" Lee on 3"  # " May" is not a digit
     assert grammar.accept_tokens(encode(backend, " Lee on 3"))  # rolled back to where it was
@@ -96,19 +98,21 @@ def test_an_output_ending_inside_a_character_drafts_nothing_by_text(backend):
     lead_byte = next(i for i, b in enumerate(backend.token_bytes) if b == "ë".encode()[:1])
     request = make_request(backend, prompt, encode(backend, '{"guest": "Zo') + [lead_byte])
     drafter = make_speculator(backend).text_drafter
-    match = drafter.find(request)
+    prompt_text = drafter.prompt_text(request.prompt_token_ids)
+    match = drafter.find(drafter.output_tail(request.all_token_ids, request.num_prompt_tokens), prompt_text)
     assert match is not None  # "Zo\xc3" occurs, and the text after it begins inside "ë"
-    assert drafter.draft_at(request, match.begin, 8) == ([], [])
+    assert drafter.draft_at(prompt_text, match.begin, 8) == ([], [])
 
 
 def test_the_prompt_text_is_joined_once_and_a_step_reads_only_the_outputs_end(backend):
-    drafter = make_speculator(backend).text_drafter
+    speculator = make_speculator(backend)
+    drafter = speculator.text_drafter
     request = make_request(backend, PROMPT, '{"tenant": "Ann')
-    first = drafter.prompt_text(request)
-    assert first.data == PROMPT.encode() and drafter.prompt_text(request) is first
+    first = speculator.prompt_text(request)
+    assert first.data == PROMPT.encode() and speculator.prompt_text(request) is first
     assert first.byte_end(len(request.prompt_token_ids)) == len(PROMPT.encode())
     assert first.num_tokens_within(len(PROMPT.encode())) == len(request.prompt_token_ids)
-    assert drafter.output_tail(request) == b'{"tenant": "Ann'
+    assert drafter.output_tail(request.all_token_ids, request.num_prompt_tokens) == b'{"tenant": "Ann'
 
 
 def test_text_match_lengths_are_checked():

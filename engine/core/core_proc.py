@@ -29,8 +29,8 @@ from engine.core.host_memory import release_free_heap
 from engine.core.memory_watchdog import EXIT_MEMORY_CEILING, MemoryLimit, MemoryWatchdog, format_gib, rss_bytes
 from engine.log_format import configure_logging
 from engine.protocol import (AbortRequests, ConstraintReport, EngineCoreDead, EngineCoreInput, EngineCoreOutput,
-                             EngineCoreOutputs, EngineCoreReady, EngineCoreRequest, FinishReason, GetStats, Shutdown,
-                             ValidateConstraint)
+                             EngineCoreOutputs, EngineCoreReady, EngineCoreRequest, ErrorKind, FinishReason, GetStats,
+                             Shutdown, ValidateConstraint)
 
 if TYPE_CHECKING:
     from multiprocessing.connection import Connection
@@ -124,7 +124,7 @@ class EngineCoreProc:
         if isinstance(message, EngineCoreRequest):
             if self.memory_pressure is not None:
                 self._send(EngineCoreOutputs(outputs=[EngineCoreOutput(
-                    message.request_id, finish_reason=int(FinishReason.ERROR), overloaded=True,
+                    message.request_id, finish_reason=int(FinishReason.ERROR), error_kind=ErrorKind.OVERLOADED,
                     error=f"the engine is short of memory ({self.memory_pressure}); retry later")]))
             else:
                 core.add_request(message)  # an invalid request ends at once with an ERROR output

@@ -4,7 +4,6 @@ from __future__ import annotations
 import logging
 import os
 import time
-from dataclasses import dataclass
 from pathlib import Path
 
 from engine.capacity import check_context_length, check_kv_capacity
@@ -12,29 +11,19 @@ from engine.config import EngineConfig, model_eos_token_ids
 from engine.core.executor import Executor
 from engine.core.host_memory import HeapTrimmer, configure_host_memory
 from engine.core.step_stats import StepStatsCollector
+from engine.core.step_timer import StepTimer, StepTiming
 from engine.model_files import resolve_model
-from engine.protocol import (ConstraintReport, EngineCoreOutput, EngineCoreRequest, EngineStats, FinishReason,
-                             StepStats)
+from engine.protocol import (ConstraintReport, EngineCoreOutput, EngineCoreRequest, EngineStats, ErrorKind,
+                             FinishReason, RequestCounters, StepStats)
 from engine.sched.request import Request
 from engine.sched.scheduler import Scheduler
-from engine.sched.structured_output import StructuredOutputManager
+from engine.sched.scheduler_output import SchedulerOutput
+from engine.spec_decode.speculator import Speculator
+from engine.structured_output.manager import StructuredOutputManager
 from engine.worker.model_runner import ModelRunner
 from grammar.constraint import Constraint
 
 logger = logging.getLogger(__name__)
-
-
-@dataclass
-class StepTiming:
-    """One step's time split (seconds), collected when `EngineCore.step_timings` is a list."""
-
-    num_reqs: int
-    num_tokens: int
-    forward_s: float  # execute_model in the worker thread
-    fill_s: float  # grammar bitmask fill on the engine thread, beside the forward
-    wait_s: float  # engine thread blocked on the forward after the fill
-    sample_s: float  # bitmask application + sampling
-    total_s: float  # launch -> outputs built
 
 
 class EngineCore:
@@ -62,10 +51,11 @@ class EngineCore:
         from grammar.xgrammar.backend import XGrammarBackend
         self.structured_output_manager = StructuredOutputManager(
             XGrammarBackend(str(self.model_dir), self.vocab_size, config=config.grammar), config.grammar)
-        self.step_timings: list[StepTiming] | None = None  # set to [] to collect
-        self.step_stats = StepStatsCollector() if config.collect_stats else None  # for the front end's metrics
+        # the steps' timings, for the front end's metrics and benchmarks (None: not collected)
+        self.step_stats = StepStatsCollector() if config.collect_stats else None
+        self.speculator = Speculator(config.resolved_speculative, self.structured_output_manager.backend)
         self.scheduler = Scheduler(config.scheduler, config.cache, self.runner.num_blocks, self.max_model_len,
-                                   self.structured_output_manager, config.resolved_speculative)
+                                   self.structured_output_manager, self.speculator)
         self.heap_trimmer = HeapTrimmer(config.host_memory.trim_interval_s)
 
     # ---- requests ----------------------------------------------------------------------
@@ -90,8 +80,10 @@ class EngineCore:
         try:
             self.validate_request(request)
         except ValueError as e:
-            self.scheduler.report(EngineCoreOutput(request.request_id, finish_reason=int(FinishReason.ERROR),
-                                                   error=str(e), num_prompt_tokens=len(request.prompt_token_ids)))
+            self.scheduler.report(EngineCoreOutput(
+                request.request_id, finish_reason=int(FinishReason.ERROR), error=str(e),
+                error_kind=ErrorKind.INVALID_REQUEST,
+                counters=RequestCounters(num_prompt_tokens=len(request.prompt_token_ids))))
             return
         self.scheduler.add_request(Request(
             request.request_id, request.prompt_token_ids, request.sampling_params, self.eos_token_ids,
@@ -108,59 +100,63 @@ class EngineCore:
         failing = [r for r in self.scheduler.waiting if manager.is_compiling(r.request_id)]
         self.scheduler.abort_requests([r.request_id for r in failing])
         for request in failing:
-            self.scheduler.report(EngineCoreOutput(request.request_id, finish_reason=int(FinishReason.ERROR),
-                                                   error=error, num_prompt_tokens=request.num_prompt_tokens,
-                                                   memory_suspect=True))
+            self.scheduler.report(EngineCoreOutput(
+                request.request_id, finish_reason=int(FinishReason.ERROR), error=error,
+                error_kind=ErrorKind.MEMORY_SUSPECT,
+                counters=RequestCounters(num_prompt_tokens=request.num_prompt_tokens)))
         return len(failing)
 
     def has_unfinished_requests(self) -> bool:
         return self.scheduler.has_unfinished_requests()
 
     def outputs_delivered(self) -> None:
-        """After the caller has handed on a step's outputs: if they left nothing to run, the engine
-        is idle, and its heap's free pages go back (no answer waits for that)."""
-        if not self.has_unfinished_requests():
+        """After the caller has handed on a step's outputs, the heap's free pages go back when the
+        engine is idle (nothing left to run), or now and then while it is busy: no answer waits
+        for a trim, and the forward is not allocating."""
+        if self.has_unfinished_requests():
+            self.heap_trimmer.maybe_trim()
+        else:
             self.heap_trimmer.on_idle()
 
     # ---- the loop ----------------------------------------------------------------------
 
     def step(self) -> list[EngineCoreOutput]:
-        start = time.perf_counter()
-        scheduler_output = self.scheduler.schedule()
-        if scheduler_output.is_empty:
-            if scheduler_output.finished_req_ids or scheduler_output.preempted_req_ids:
-                self.executor.execute_model(scheduler_output)  # nothing to run, but the runner frees their rows
-            if self.scheduler.num_waiting_for_grammar or self.scheduler.num_waiting_for_fill:  # idle, not in a spin
-                self.structured_output_manager.wait_for_any(0.005)
-            return self.scheduler.update_from_output(scheduler_output, None)
-        t0 = time.perf_counter()
-        future = self.executor.execute_model(scheduler_output, non_block=True)
-        grammar_output = self.scheduler.get_grammar_bitmask(scheduler_output)  # overlaps the forward
-        t1 = time.perf_counter()
-        model_output = future.result()
-        self.scheduler.finish_grammar_bitmask(grammar_output)  # the rows filled off this thread
-        t2 = time.perf_counter()
-        if model_output is None:
-            model_output = self.executor.sample_tokens(grammar_output)
-        t3 = time.perf_counter()
-        outputs = self.scheduler.update_from_output(scheduler_output, model_output)
-        end = time.perf_counter()
-        step_s = end - t0
-        # what the step's rows cost, drafting included: the speculator's price of a draft token
-        self.scheduler.speculator.observe_step(scheduler_output.total_num_scheduled_tokens, end - start)
-        if self.step_timings is not None:
-            self.step_timings.append(StepTiming(
-                num_reqs=len(scheduler_output.num_scheduled_tokens),
-                num_tokens=scheduler_output.total_num_scheduled_tokens,
-                forward_s=self.runner.last_forward_s, fill_s=t1 - t0, wait_s=t2 - t1, sample_s=t3 - t2,
-                total_s=step_s))
+        with StepTimer(self._record_step) as timer:
+            scheduler_output = self.scheduler.schedule()
+            if scheduler_output.is_empty:
+                return self._step_without_forward(scheduler_output)
+            timer.launched(scheduler_output)
+            future = self.executor.execute_model(scheduler_output, non_block=True)
+            grammar_output = self.scheduler.get_grammar_bitmask(scheduler_output)  # overlaps the forward
+            timer.filled()
+            model_output = future.result()
+            self.scheduler.finish_grammar_bitmask(grammar_output)  # the rows filled off this thread
+            timer.waited()
+            if model_output is None:
+                model_output = self.executor.sample_tokens(grammar_output)
+            timer.sampled()
+            return self.scheduler.update_from_output(scheduler_output, model_output)
+
+    def _step_without_forward(self, scheduler_output: SchedulerOutput) -> list[EngineCoreOutput]:
+        """Nothing to compute: the runner still drops the rows of requests that finished or were
+        preempted, and an engine that only waits on grammar work waits for it, not in a spin."""
+        if scheduler_output.finished_req_ids or scheduler_output.preempted_req_ids:
+            self.executor.execute_model(scheduler_output)
+        if self.scheduler.num_waiting_for_grammar or self.scheduler.num_waiting_for_fill:
+            self.structured_output_manager.wait_for_any(0.005)
+        return self.scheduler.update_from_output(scheduler_output, None)
+
+    def _record_step(self, timing: StepTiming) -> None:
+        """Where every step's timing goes: the speculator's price of a row, and the metrics when
+        they are collected. The price is what the step took, planning and drafting included: on
+        CPU its threads' CPU time, which neither other processes on a shared machine nor their
+        bursts change (its wall time does, by several times); on CUDA its wall time, which holds
+        the device's."""
+        timing.forward_s, timing.forward_cpu_s = self.runner.last_forward_s, self.runner.last_forward_cpu_s
+        on_cpu = self.runner.device.type == "cpu"
+        self.speculator.observe_step(timing.num_tokens, timing.busy_s if on_cpu else timing.wall_s)
         if self.step_stats is not None:
-            self.step_stats.record_step(
-                len(scheduler_output.num_scheduled_tokens), scheduler_output.total_num_scheduled_tokens,
-                len(scheduler_output.structured_output_request_ids), self.runner.last_forward_s, t1 - t0, t2 - t1,
-                t3 - t2, step_s)
-        self.heap_trimmer.maybe_trim()  # between steps: the forward is not allocating now
-        return outputs
+            self.step_stats.record_step(timing)
 
     # ---- calls -------------------------------------------------------------------------
 

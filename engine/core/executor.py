@@ -3,7 +3,8 @@ from __future__ import annotations
 
 from concurrent.futures import Future, ThreadPoolExecutor
 
-from engine.sched.scheduler_output import GrammarOutput, ModelRunnerOutput, SchedulerOutput
+from engine.sched.scheduler_output import ModelRunnerOutput, SchedulerOutput
+from engine.structured_output.grammar_output import GrammarOutput
 from engine.worker.model_runner import ModelRunner
 
 

@@ -1,9 +1,10 @@
 """The engine's side of the metrics: a few numbers per step, shipped with the next outputs.
 
-Each step that runs a forward pass appends its batch size and time split (a handful of list
-appends; nothing per token). `take` hands everything since the last call to the front end as one
-StepStats, with the scheduler's and the grammar compiler's running totals; the front end owns the
-Prometheus objects (service/metrics.py).
+Each step that runs a forward pass leaves its StepTiming here (engine/core/step_timer.py: its batch
+size and time split; nothing per token). `take` hands everything since the last call to the front
+end as one StepStats, with the scheduler's and the grammar compiler's running totals; the front end
+owns the Prometheus objects (service/observability/metrics.py). Benchmarks read the steps themselves
+(`take_timings`).
 """
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ from typing import TYPE_CHECKING
 from engine.protocol import StepStats
 
 if TYPE_CHECKING:
+    from engine.core.step_timer import StepTiming
     from engine.sched.scheduler import Scheduler
     from grammar.compiler import GrammarCompiler
 
@@ -23,25 +25,26 @@ class StepStatsCollector:
     """Driven from the engine thread only (record_step and take)."""
 
     def __init__(self) -> None:
-        self._pending = StepStats()
+        self._pending: list[StepTiming] = []
 
-    def record_step(self, num_reqs: int, num_tokens: int, num_bitmask_rows: int, forward_s: float, fill_s: float,
-                    wait_s: float, sample_s: float, total_s: float) -> None:
-        pending = self._pending
-        if len(pending.num_reqs) >= _MAX_PENDING_STEPS:
-            pending = self._pending = StepStats()
-        pending.num_reqs.append(num_reqs)
-        pending.num_tokens.append(num_tokens)
-        pending.num_bitmask_rows.append(num_bitmask_rows)
-        pending.forward_s.append(forward_s)
-        pending.fill_s.append(fill_s)
-        pending.wait_s.append(wait_s)
-        pending.sample_s.append(sample_s)
-        pending.total_s.append(total_s)
+    def record_step(self, timing: StepTiming) -> None:
+        if len(self._pending) >= _MAX_PENDING_STEPS:
+            self._pending = []
+        self._pending.append(timing)
+
+    def take_timings(self) -> list[StepTiming]:
+        """The steps recorded since the last take (benchmarks)."""
+        timings, self._pending = self._pending, []
+        return timings
 
     def take(self, scheduler: Scheduler, compiler: GrammarCompiler | None) -> StepStats:
         """Steps recorded since the last call, with the running totals as of now."""
-        stats, self._pending = self._pending, StepStats()
+        timings = self.take_timings()
+        stats = StepStats(
+            num_reqs=[t.num_reqs for t in timings], num_tokens=[t.num_tokens for t in timings],
+            num_bitmask_rows=[t.num_bitmask_rows for t in timings], forward_s=[t.forward_s for t in timings],
+            fill_s=[t.fill_s for t in timings], wait_s=[t.wait_s for t in timings],
+            sample_s=[t.sample_s for t in timings], total_s=[t.total_s for t in timings])
         stats.num_steps = scheduler.num_steps
         stats.num_preemptions = scheduler.num_preemptions
         if compiler is not None:

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING
 import msgspec
 
 from engine.frontend.detokenizer import IncrementalDetokenizer
-from engine.protocol import EngineCoreOutput, FinishReason, TokenLogprob
+from engine.protocol import EngineCoreOutput, ErrorKind, FinishReason, RequestCounters, TokenLogprob
 from engine.sampling_params import SamplingParams
 
 if TYPE_CHECKING:
@@ -46,12 +46,11 @@ class RequestOutput(msgspec.Struct):
     finish_reason: FinishReason | None = None
     stop_reason: str | int | None = None  # the stop string, or the stop / eos token id, that ended it
     error: str | None = None  # with FinishReason.ERROR: a message the client can act on
-    constraint_error: bool = False  # with error: the request's constraint caused it
+    error_kind: ErrorKind | None = None  # with error: what caused it
     num_prompt_tokens: int = 0
-    num_cached_tokens: int = 0  # prompt tokens served from the prefix cache
     num_output_tokens: int = 0  # == len(token_ids)
-    num_forward_passes: int = 0
-    num_forced_tokens: int = 0  # output tokens appended by jump-forward, not sampled
+    # the core's counters (cached prompt tokens, forward passes, forced and draft tokens); final output only
+    counters: RequestCounters = msgspec.field(default_factory=RequestCounters)
     timings: RequestTimings | None = None  # on the final output only
     # None unless requested; one per sampled token, in order (jump-forward tokens are not sampled
     # and have none, so match on TokenLogprob.token_id rather than on position)
@@ -62,9 +61,6 @@ class RequestOutput(msgspec.Struct):
     # the engine completed the output before the model did: "budget", "repetition", "digits" or
     # "depth" (EngineCoreOutput.closed_early); "" if the model finished it
     closed_early: str = ""
-    # draft tokens verified (speculative decoding) and of those accepted; final output only
-    num_draft_tokens: int = 0
-    num_accepted_draft_tokens: int = 0
 
 
 class _RequestState:
@@ -72,9 +68,7 @@ class _RequestState:
 
     __slots__ = ("request_id", "num_prompt_tokens", "sampling_params", "arrival_time", "stream",
                  "detokenizer", "token_ids", "logprobs", "num_sent_tokens", "num_sent_logprobs",
-                 "first_token_time", "num_cached_tokens",
-                 "num_forward_passes", "num_forced_tokens", "queued_s", "grammar_wait_s", "not_enforced",
-                 "num_draft_tokens", "num_accepted_draft_tokens")
+                 "first_token_time", "counters", "not_enforced")
 
     def __init__(self, request_id: str, num_prompt_tokens: int, sampling_params: SamplingParams,
                  arrival_time: float, stream: bool, detokenizer: IncrementalDetokenizer) -> None:
@@ -89,34 +83,16 @@ class _RequestState:
         self.num_sent_tokens = 0  # token_ids already handed out in earlier outputs
         self.num_sent_logprobs = 0
         self.first_token_time: float | None = None
-        # reported by the core, usually on the final output only
-        self.num_cached_tokens = 0
-        self.num_forward_passes = 0
-        self.num_forced_tokens = 0
-        self.queued_s = 0.0
-        self.grammar_wait_s = 0.0
+        # the core's latest counters: a request stopped here by a stop string never gets the
+        # core's final output, so the last ones an earlier output carried are kept
+        self.counters = RequestCounters()
         self.not_enforced: list[str] = []
-        self.num_draft_tokens = 0
-        self.num_accepted_draft_tokens = 0
 
     def absorb_core_counters(self, output: EngineCoreOutput) -> None:
-        # any non-default value counts: a request stopped here by a stop string never gets the
-        # core's final output, so keep whatever earlier outputs carried
-        if output.num_cached_tokens:
-            self.num_cached_tokens = output.num_cached_tokens
-        if output.num_forward_passes:
-            self.num_forward_passes = output.num_forward_passes
-        if output.num_forced_tokens:
-            self.num_forced_tokens = output.num_forced_tokens
-        if output.queued_s:
-            self.queued_s = output.queued_s
-        if output.grammar_wait_s:
-            self.grammar_wait_s = output.grammar_wait_s
+        if output.counters is not None:
+            self.counters = output.counters
         if output.not_enforced:
             self.not_enforced = output.not_enforced
-        if output.num_draft_tokens:
-            self.num_draft_tokens = output.num_draft_tokens
-            self.num_accepted_draft_tokens = output.num_accepted_draft_tokens
 
 
 class OutputProcessor:
@@ -192,7 +168,7 @@ class OutputProcessor:
             if finish_reason is not None:
                 del self._requests[state.request_id]
                 final = self._final_output(state, finish_reason, stop_reason, output.error, now)
-                final.constraint_error = output.constraint_error
+                final.error_kind = output.error_kind
                 final.grammar_cache_hit = output.grammar_cache_hit
                 final.closed_early = output.closed_early
                 request_outputs.append(final)
@@ -256,15 +232,11 @@ class OutputProcessor:
         output.finish_reason = finish_reason
         output.stop_reason = stop_reason
         output.error = error
-        output.num_cached_tokens = state.num_cached_tokens
-        output.num_forward_passes = state.num_forward_passes
-        output.num_forced_tokens = state.num_forced_tokens
-        output.num_draft_tokens = state.num_draft_tokens
-        output.num_accepted_draft_tokens = state.num_accepted_draft_tokens
+        output.counters = state.counters
         output.not_enforced = state.not_enforced
         output.timings = RequestTimings(
-            queued_s=state.queued_s,
-            grammar_wait_s=state.grammar_wait_s,
+            queued_s=state.counters.queued_s,
+            grammar_wait_s=state.counters.grammar_wait_s,
             ttft_s=0.0 if state.first_token_time is None else state.first_token_time - state.arrival_time,
             total_s=now - state.arrival_time,
         )

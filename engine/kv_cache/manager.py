@@ -1,12 +1,25 @@
 """Per-request block tables on top of the BlockPool, with prefix caching."""
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 from engine.kv_cache.block_pool import BlockPool, KVCacheBlock, hash_block
 
-if TYPE_CHECKING:  # the cache reads a request's ids and token counts; the scheduler owns requests
-    from engine.sched.request import Request
+
+class RequestTokens(Protocol):
+    """What the cache reads of a request (the scheduler's Request): its id and its tokens."""
+
+    @property
+    def request_id(self) -> str: ...
+
+    @property
+    def all_token_ids(self) -> list[int]: ...
+
+    @property
+    def num_computed_tokens(self) -> int: ...
+
+    @property
+    def num_tokens(self) -> int: ...
 
 
 class KVCacheManager:
@@ -28,7 +41,7 @@ class KVCacheManager:
     def num_free_blocks(self) -> int:
         return self.pool.num_free_blocks
 
-    def get_computed_blocks(self, request: Request) -> tuple[list[KVCacheBlock], int]:
+    def get_computed_blocks(self, request: RequestTokens) -> tuple[list[KVCacheBlock], int]:
         """Prefix-cache hits for a request about to be scheduled from scratch.
 
         Returns the hit blocks (not yet referenced) and the number of tokens they cover. At least
@@ -49,7 +62,7 @@ class KVCacheManager:
             parent = block_hash
         return hits, len(hits) * self.block_size
 
-    def allocate_slots(self, request: Request, num_new_tokens: int,
+    def allocate_slots(self, request: RequestTokens, num_new_tokens: int,
                        new_computed_blocks: list[KVCacheBlock] | None = None) -> list[KVCacheBlock] | None:
         """Make room for `num_new_tokens` more tokens after `num_computed_tokens` (+ the hits).
 
@@ -74,7 +87,7 @@ class KVCacheManager:
         self._cache_full_blocks(request, num_computed + num_new_tokens)
         return new_blocks
 
-    def _cache_full_blocks(self, request: Request, num_tokens: int) -> None:
+    def _cache_full_blocks(self, request: RequestTokens, num_tokens: int) -> None:
         if not self.pool.enable_caching:
             return
         hashes = self._req_block_hashes.setdefault(request.request_id, [])
@@ -87,7 +100,7 @@ class KVCacheManager:
             self.pool.cache_full_block(blocks[i], key, block_hash)
             hashes.append(block_hash)
 
-    def free(self, request: Request) -> None:
+    def free(self, request: RequestTokens) -> None:
         blocks = self.req_to_blocks.pop(request.request_id, [])
         self._req_block_hashes.pop(request.request_id, None)
         self.pool.free(list(reversed(blocks)))

@@ -1,1 +1,1 @@
-"""Which requests compute which tokens each step, and their per-request state (grammars included)."""
+"""Which requests compute which tokens each step, and the per-request state the scheduler owns."""

@@ -12,21 +12,24 @@ import logging
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
+from engine.protocol import ErrorKind
 from engine.sched.request import Request, RequestStatus
 
 if TYPE_CHECKING:
-    from engine.sched.structured_output import StructuredOutputManager
+    from engine.structured_output.manager import StructuredOutputManager
 
 logger = logging.getLogger(__name__)
 
 
 class OutputAppender:
     def __init__(self, max_model_len: int, structured_output_manager: StructuredOutputManager | None,
-                 finish: Callable[..., None]) -> None:
+                 finish: Callable[[Request, RequestStatus], None],
+                 finish_with_error: Callable[[Request, ErrorKind, str], None]) -> None:
         self.max_model_len = max_model_len
         self.structured_output_manager = structured_output_manager
-        # the scheduler's: takes the request out of its queues and frees its KV
+        # the scheduler's: take the request out of its queues and free its KV
         self._finish = finish
+        self._finish_with_error = finish_with_error
 
     def take_sampled(self, request: Request, sampled: list[int]) -> tuple[list[int], int]:
         """Append the sampled tokens (one, or accepted draft tokens and the token after them) as if
@@ -37,7 +40,8 @@ class OutputAppender:
             step_token_ids = self._append_tokens(request, [token_id])
             if not request.is_finished and num_sampled == len(sampled):
                 step_token_ids += self._jump_forward(request)
-            if not request.is_finished and request.closing is not None:
+            structured_output = request.structured_output
+            if not request.is_finished and structured_output is not None and structured_output.closing is not None:
                 step_token_ids += self._close_early(request, step_token_ids)
             new_token_ids += step_token_ids
             if request.is_finished:
@@ -52,8 +56,8 @@ class OutputAppender:
             appended.append(token_id)
             grammar = request.grammar
             if grammar is not None and not grammar.accept_tokens([token_id]):
-                self._finish(request, RequestStatus.FINISHED_ERROR,
-                             f"internal error: the grammar rejected sampled token {token_id}")
+                self._finish_with_error(request, ErrorKind.INTERNAL,
+                                        f"internal error: the grammar rejected sampled token {token_id}")
                 break
             status = request.stop_status(token_id, self.max_model_len)
             if status is not None:
@@ -64,18 +68,21 @@ class OutputAppender:
     def _jump_forward(self, request: Request) -> list[int]:
         """Append the tokens the grammar forces; the next step computes them in one pass."""
         manager = self.structured_output_manager
-        if request.grammar is None or manager is None or not manager.jump_forward_enabled(request):
+        structured_output = request.structured_output
+        if (manager is None or structured_output is None or structured_output.grammar is None
+                or not manager.jump_forward_enabled(structured_output)):
             return []
-        forced = request.grammar.jump_forward_token_ids()
+        grammar = structured_output.grammar
+        forced = grammar.jump_forward_token_ids()
         room = request.num_room_tokens(self.max_model_len)
         if len(forced) > room:
-            request.grammar.rollback(len(forced) - room)
+            grammar.rollback(len(forced) - room)
             forced = forced[:room]
         if not forced:
             return []
         request.append_output_token_ids(forced)
-        request.num_forced_tokens_pending = len(forced)
-        request.num_forced_tokens += len(forced)
+        structured_output.num_forced_tokens_pending = len(forced)
+        request.counters.num_forced_tokens += len(forced)
         status = request.stop_status(forced[-1], self.max_model_len)
         if status is not None:
             self._finish(request, status)
@@ -84,16 +91,18 @@ class OutputAppender:
     def _close_early(self, request: Request, new_token_ids: list[int]) -> list[int]:
         """Append the closing and finish, when the budget is nearly spent or the output loops
         (grammar/runtime/early_closing.py decides)."""
-        assert request.closing is not None and request.grammar is not None
-        found = request.closing.check(new_token_ids, request.num_room_tokens(self.max_model_len))
+        structured_output = request.structured_output
+        assert structured_output is not None and structured_output.closing is not None
+        assert structured_output.grammar is not None  # set with the closing
+        found = structured_output.closing.check(new_token_ids, request.num_room_tokens(self.max_model_len))
         if found is None:
             return []
         closing, reason = found
-        if not request.grammar.accept_tokens(closing):
+        if not structured_output.grammar.accept_tokens(closing):
             logger.warning("grammar rejected the closing it proposed for %s", request.request_id)
             return []
         request.append_output_token_ids(closing)
-        request.num_forced_tokens += len(closing)
-        request.closed_early = reason
+        request.counters.num_forced_tokens += len(closing)
+        structured_output.closed_early = reason
         self._finish(request, RequestStatus.FINISHED_STOPPED)
         return closing

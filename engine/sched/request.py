@@ -5,17 +5,14 @@ import enum
 import time
 from typing import TYPE_CHECKING
 
-from engine.protocol import FinishReason
+from engine.protocol import ErrorKind, FinishReason, RequestCounters
 from engine.sampling_params import SamplingParams
-from engine.sched.acceptance_rate import AcceptanceRate
+from engine.structured_output.request import StructuredOutputRequest
 
 if TYPE_CHECKING:
     from collections.abc import Sequence
 
-    from engine.sched.text_drafter import PromptText
     from grammar.backend import Grammar
-    from grammar.runtime.early_closing import EarlyClosing
-    from grammar.runtime.slow_fills import SlowFills
 
 
 class RequestStatus(enum.IntEnum):
@@ -72,39 +69,16 @@ class Request:
         self.all_token_ids: list[int] = list(prompt_token_ids)
         self.num_output_tokens = 0  # sampled + jump-forward tokens
         self.num_computed_tokens = 0
-        self.num_cached_tokens = -1  # prefix-cache hits at first schedule; -1 until then
         self.num_preemptions = 0
+        self.first_scheduled_time: float | None = None  # monotonic
         self.stop_reason: int | str | None = None
-        self.error: str | None = None
-        self.constraint_error = False  # the error is the constraint's (a grammar limit or failure)
-
-        # structured output
-        self.grammar: Grammar | None = None
-        self.slow_fills: SlowFills | None = None  # its fills over max_fill_ms, from the first one
-        self.num_forced_tokens_pending = 0  # jump-forward tokens appended, not yet sent to the runner
-        self.grammar_cache_hit = False  # its compiled grammar was in the compile cache on arrival
-        self.num_forced_tokens = 0  # all jump-forward (and closing) tokens of this request
-        self.closing: EarlyClosing | None = None  # set with the grammar when closing early is on
-        self.closed_early = ""  # why the engine closed the output (EngineCoreOutput.closed_early)
-
-        # speculative decoding (engine/sched/speculation.py)
-        self.num_draft_tokens = 0  # draft tokens verified
-        self.num_accepted_draft_tokens = 0  # of those, the ones the model agreed with
-        self.num_rejected_drafts = 0  # drafts in a row rejected at their first token
-        self.draft_pause_steps = 0  # steps left before it drafts again
-        self.draft_acceptance = AcceptanceRate()  # of its recent drafts: how long the next one is
-        self.draft_ngram = 0  # its last draft's acceptance key: the n-gram length it followed, or a COPY_/TEXT_ key
-        self.copy_offset = 0  # its last draft's source: this many tokens behind its end (< 0; 0: none)
-        self.draft_begin = 0  # where in its tokens its last draft was read
-        self.copy_anchor = 0  # the prompt token after the last one its output copied (accepted drafts)
-        self.prompt_text: PromptText | None = None  # its prompt's bytes, joined when it first drafts by text
-        self.text_anchor = 0  # the prompt byte after the last one its output copied (accepted drafts)
-        self.draft_text_ends: list[int] = []  # its last draft read from text: each token's end in the prompt
-
-        # timings (monotonic seconds) and counters reported to clients
-        self.first_scheduled_time: float | None = None
-        self.grammar_ready_time: float | None = None  # its grammar compile ended (or failed)
-        self.num_forward_passes = 0
+        self.error: str | None = None  # with FINISHED_ERROR: why, for the client
+        self.error_kind: ErrorKind | None = None  # with FINISHED_ERROR
+        # what it cost and got, for the client (the timings are filled in when an output is built)
+        self.counters = RequestCounters(num_prompt_tokens=len(self.prompt_token_ids))
+        # its constraint's state (None without a constraint)
+        self.structured_output = (StructuredOutputRequest(sampling_params.constraint)
+                                  if sampling_params.constraint is not None else None)
 
     @property
     def num_tokens(self) -> int:
@@ -124,11 +98,32 @@ class Request:
 
     @property
     def use_structured_output(self) -> bool:
-        return self.sampling_params.constraint is not None
+        return self.structured_output is not None
+
+    @property
+    def grammar(self) -> Grammar | None:
+        """Its constraint's matcher, once compiled and activated."""
+        return self.structured_output.grammar if self.structured_output is not None else None
 
     def append_output_token_ids(self, token_ids: list[int]) -> None:
         self.all_token_ids.extend(token_ids)
         self.num_output_tokens += len(token_ids)
+
+    def rollback_computed_tokens(self, num_tokens: int) -> None:
+        """The last `num_tokens` positions computed are not kept (a draft's rejected tokens; a
+        sample skipped while its bitmask row was still filling). The one way back for
+        `num_computed_tokens` but preemption, which starts over; their KV stays in the request's
+        blocks and is overwritten when they are computed again."""
+        self.num_computed_tokens -= num_tokens
+
+    def take_forced_token_ids(self) -> list[int]:
+        """The jump-forward tokens appended since the runner last heard of the request (it did not
+        sample them): the runner is sent them now, or the whole request anew."""
+        structured_output = self.structured_output
+        if structured_output is None or not structured_output.num_forced_tokens_pending:
+            return []
+        num_pending, structured_output.num_forced_tokens_pending = structured_output.num_forced_tokens_pending, 0
+        return self.all_token_ids[-num_pending:]
 
     def num_room_tokens(self, max_model_len: int) -> int:
         """Output tokens the request may still have: within max_tokens and the context."""
@@ -138,7 +133,8 @@ class Request:
         """The finished status the request reaches with `last_token_id` (just appended), else None;
         a stop token becomes its stop_reason."""
         params = self.sampling_params
-        if self.grammar is not None and self.grammar.is_terminated():
+        grammar = self.grammar
+        if grammar is not None and grammar.is_terminated():
             return RequestStatus.FINISHED_STOPPED
         if (not params.ignore_eos and last_token_id in self.eos_token_ids) or last_token_id in params.stop_token_ids:
             self.stop_reason = last_token_id

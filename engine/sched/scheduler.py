@@ -18,20 +18,20 @@ import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from engine.config import CacheConfig, SchedulerConfig, SpeculativeConfig
+from engine.config import CacheConfig, SchedulerConfig
 from engine.kv_cache.manager import KVCacheManager
-from engine.protocol import EngineCoreOutput
+from engine.protocol import EngineCoreOutput, ErrorKind
 from engine.sched.output_appender import OutputAppender
 from engine.sched.request import Request, RequestStatus
 from engine.sched.request_outputs import final_output, step_output
-from engine.sched.scheduler_output import (CachedRequestData, GrammarOutput, ModelRunnerOutput, NewRequestData,
-                                           SchedulerOutput)
-from engine.sched.speculation import Speculator
-from engine.sched.structured_output import grammar_failure
+from engine.sched.scheduler_output import CachedRequestData, ModelRunnerOutput, NewRequestData, SchedulerOutput
+from engine.structured_output.manager import grammar_failure
 
 if TYPE_CHECKING:
     from engine.kv_cache.block_pool import KVCacheBlock
-    from engine.sched.structured_output import StructuredOutputManager
+    from engine.sched.drafter import Drafter
+    from engine.structured_output.grammar_output import GrammarOutput
+    from engine.structured_output.manager import StructuredOutputManager
 
 logger = logging.getLogger(__name__)
 
@@ -60,16 +60,17 @@ class Scheduler:
         num_blocks: int,
         max_model_len: int,
         structured_output_manager: StructuredOutputManager | None = None,
-        speculative_config: SpeculativeConfig | None = None,
+        speculator: Drafter | None = None,
     ) -> None:
+        """`speculator`: who drafts (engine/spec_decode/speculator.py); None: nobody drafts."""
         self.config = scheduler_config
         self.max_model_len = max_model_len
         self.kv_cache_manager = KVCacheManager(num_blocks, cache_config.block_size,
                                                cache_config.enable_prefix_caching)
         self.structured_output_manager = structured_output_manager
-        self.speculator = Speculator(speculative_config or SpeculativeConfig(),
-                                     structured_output_manager.backend if structured_output_manager else None)
-        self.output_appender = OutputAppender(max_model_len, structured_output_manager, self._finish)
+        self.speculator = speculator
+        self.output_appender = OutputAppender(max_model_len, structured_output_manager, self._finish,
+                                              self._finish_with_error)
         self.requests: dict[str, Request] = {}
         # both sorted by (priority, arrival_time): the last running request is the one to preempt
         self.waiting: list[Request] = []
@@ -86,8 +87,8 @@ class Scheduler:
 
     def add_request(self, request: Request) -> None:
         self.requests[request.request_id] = request
-        if request.use_structured_output and self.structured_output_manager is not None:
-            self.structured_output_manager.grammar_init(request)
+        if request.structured_output is not None and self.structured_output_manager is not None:
+            self.structured_output_manager.grammar_init(request.request_id, request.structured_output)
             request.status = RequestStatus.WAITING_FOR_STRUCTURED_OUTPUT_GRAMMAR
         self._enqueue_waiting(request)
 
@@ -100,20 +101,24 @@ class Scheduler:
             if request is not None and not request.is_finished:
                 self._finish(request, RequestStatus.FINISHED_ABORTED)
 
-    def _finish(self, request: Request, status: RequestStatus, error: str | None = None,
-                constraint_error: bool = False) -> None:
+    def _finish(self, request: Request, status: RequestStatus) -> None:
         if request.status == RequestStatus.RUNNING:
             self.running.remove(request)
         elif request in self.waiting:
             self.waiting.remove(request)
         request.status = status
-        request.error = error
-        request.constraint_error = constraint_error
         self.kv_cache_manager.free(request)
         if self.structured_output_manager is not None:
             self.structured_output_manager.forget(request.request_id)
+        if self.speculator is not None:
+            self.speculator.forget(request.request_id)
         self.finished_req_ids.add(request.request_id)
         del self.requests[request.request_id]
+
+    def _finish_with_error(self, request: Request, kind: ErrorKind, error: str) -> None:
+        """End the request with FINISHED_ERROR: `error` tells the client why."""
+        request.error, request.error_kind = error, kind
+        self._finish(request, RequestStatus.FINISHED_ERROR)
 
     def report(self, output: EngineCoreOutput) -> None:
         """Queue an output for the next update_from_output (a request rejected before it was added)."""
@@ -138,7 +143,7 @@ class Scheduler:
     def schedule(self) -> SchedulerOutput:
         """Plan one step and advance `num_computed_tokens` of every scheduled request."""
         plan = _StepPlan(token_budget=self.config.max_num_batched_tokens,
-                         may_draft=self.speculator.begin_step(len(self.running)))
+                         may_draft=self.speculator is not None and self.speculator.begin_step(len(self.running)))
         preempted = self._schedule_running(plan)
         if not preempted:  # a step that had to preempt has no room to admit anyone
             self._admit_waiting(plan)
@@ -178,9 +183,7 @@ class Scheduler:
             if draft:
                 plan.spec_token_ids[request.request_id] = draft
             plan.cached.req_ids.append(request.request_id)
-            pending = request.num_forced_tokens_pending
-            plan.cached.new_token_ids.append(request.all_token_ids[-pending:] if pending else [])
-            request.num_forced_tokens_pending = 0
+            plan.cached.new_token_ids.append(request.take_forced_token_ids())
             plan.cached.new_block_ids.append([b.block_id for b in new_blocks])
             plan.cached.num_computed_tokens.append(request.num_computed_tokens)
             plan.add(request.request_id, num_new + len(draft))
@@ -191,12 +194,15 @@ class Scheduler:
         """Draft tokens to verify after `num_new` tokens of a running request, when they complete
         its catch-up (it samples this step); within the token budget and its room to grow (the
         token after the draft is the model's)."""
-        if request.num_computed_tokens + num_new != request.num_tokens:
+        speculator = self.speculator
+        if speculator is None or request.num_computed_tokens + num_new != request.num_tokens:
             return []
         manager = self.structured_output_manager
-        return self.speculator.propose(
+        structured_output = request.structured_output
+        return speculator.propose(
             request, min(token_budget, request.num_room_tokens(self.max_model_len) - 1), len(self.running),
-            stop_at_forced=manager is not None and manager.jump_forward_enabled(request))
+            stop_at_forced=(manager is not None and structured_output is not None
+                            and manager.jump_forward_enabled(structured_output)))
 
     def _allocate_or_preempt(self, request: Request, num_new: int) -> tuple[list[KVCacheBlock] | None, bool]:
         """KV slots for `num_new` more tokens of a running request, preempting the newest running
@@ -247,12 +253,11 @@ class Scheduler:
     def _start_running(self, request: Request, num_hit_tokens: int) -> NewRequestData:
         """Mark an admitted request running (its first `num_hit_tokens` come from the prefix cache)."""
         request.num_computed_tokens = num_hit_tokens
-        if request.num_cached_tokens < 0:
-            request.num_cached_tokens = num_hit_tokens
         if request.first_scheduled_time is None:
             request.first_scheduled_time = time.monotonic()
+            request.counters.num_cached_tokens = num_hit_tokens  # prefix-cache hits at its first schedule
         request.status = RequestStatus.RUNNING
-        request.num_forced_tokens_pending = 0  # new requests are sent in full
+        request.take_forced_token_ids()  # new requests are sent in full
         _insert_in_order(self.running, request)
         return NewRequestData(
             req_id=request.request_id,
@@ -289,7 +294,7 @@ class Scheduler:
         self.kv_cache_manager.free(request)
         request.status = RequestStatus.PREEMPTED
         request.num_computed_tokens = 0
-        request.num_forced_tokens_pending = 0
+        request.take_forced_token_ids()  # it is sent in full when it resumes
         request.num_preemptions += 1
         self.num_preemptions += 1
         self.preempted_req_ids.add(request.request_id)
@@ -300,12 +305,14 @@ class Scheduler:
         """True once the request's grammar is compiled (the request becomes WAITING). On a compile
         failure the request finishes with FINISHED_ERROR (its output queued) and this returns False,
         as it does while the grammar still compiles."""
-        assert self.structured_output_manager is not None  # only constrained requests wait for a grammar
+        manager = self.structured_output_manager
+        structured_output = request.structured_output
+        assert manager is not None and structured_output is not None  # only constrained requests wait for a grammar
         try:
-            ready = self.structured_output_manager.try_activate(request, self.max_model_len)
+            ready = manager.try_activate(request.request_id, structured_output, request.sampling_params.max_tokens,
+                                         self.max_model_len - request.num_tokens)
         except ValueError as e:  # compile failure: ends this request only
-            self._finish(request, RequestStatus.FINISHED_ERROR, str(e), constraint_error=True)
-            self._pending_outputs.append(final_output(request, []))
+            self._fail_grammar(request, str(e))
             return False
         if ready:
             request.status = RequestStatus.WAITING
@@ -317,7 +324,7 @@ class Scheduler:
         if not rows or self.structured_output_manager is None:
             return None
         grammar_output = self.structured_output_manager.fill_bitmask(
-            [(self.requests[req_id], row) for req_id, row in rows.items()],
+            [(req_id, self.requests[req_id].structured_output, row) for req_id, row in rows.items()],
             scheduler_output.scheduled_spec_decode_tokens)
         for req_id, error in grammar_output.failed.items():  # its sampled token will be dropped
             self._fail_grammar(self.requests[req_id], error)
@@ -329,12 +336,13 @@ class Scheduler:
         (it is not scheduled before), and the KV of that position is rewritten with the same values."""
         if grammar_output is None or self.structured_output_manager is None:
             return
-        for req_id, error in self.structured_output_manager.finish_bitmask(grammar_output, self.requests).items():
+        lazy = {req_id: self.requests[req_id].structured_output for req_id in grammar_output.lazy_req_ids}
+        for req_id, error in self.structured_output_manager.finish_bitmask(grammar_output, lazy).items():
             self._fail_grammar(self.requests[req_id], error)
         for req_id in grammar_output.deferred:
             request = self.requests.get(req_id)
             if request is not None:
-                request.num_computed_tokens -= 1
+                request.rollback_computed_tokens(1)
 
     @property
     def num_waiting_for_fill(self) -> int:
@@ -344,7 +352,7 @@ class Scheduler:
 
     def _fail_grammar(self, request: Request, error: str) -> None:
         """End a request whose grammar work failed or ran past a limit; only this request."""
-        self._finish(request, RequestStatus.FINISHED_ERROR, error, constraint_error=True)
+        self._finish_with_error(request, ErrorKind.CONSTRAINT, error)
         self._pending_outputs.append(final_output(request, []))
 
     # ---- results -----------------------------------------------------------------------
@@ -359,31 +367,39 @@ class Scheduler:
             request = self.requests.get(req_id)
             if request is None:  # aborted while the step ran
                 continue
-            request.num_forward_passes += 1
+            request.counters.num_forward_passes += 1
             if req_id in runner_output.dead_end_req_ids:
-                self._finish(request, RequestStatus.FINISHED_ERROR,
-                             "grammar dead end: no token is allowed at this position")
+                self._finish_with_error(request, ErrorKind.INTERNAL,
+                                        "grammar dead end: no token is allowed at this position")
                 outputs.append(final_output(request, []))
                 continue
             sampled = runner_output.sampled_token_ids.get(req_id)
             if not sampled:
                 continue  # mid-prompt: nothing to report yet
             num_draft = len(scheduler_output.scheduled_spec_decode_tokens.get(req_id, ()))
-            if num_draft:  # a verified draft: the KV of its rejected tokens is discarded
-                self.speculator.record(request, num_draft, len(sampled) - 1)
-                request.num_computed_tokens -= num_draft - (len(sampled) - 1)
+            if num_draft:
+                self._verified(request, num_draft, len(sampled) - 1)
             try:
                 new_token_ids, num_sampled = self.output_appender.take_sampled(request, sampled)
             except Exception as e:  # grammar work (accept, jump-forward) raised: ends this request only
                 if not request.is_finished:
-                    self._finish(request, RequestStatus.FINISHED_ERROR,
-                                 grammar_failure("advancing over the output", e), constraint_error=True)
+                    self._finish_with_error(request, ErrorKind.CONSTRAINT,
+                                            grammar_failure("advancing over the output", e))
                     outputs.append(final_output(request, []))
                 continue
             logprobs = runner_output.logprobs.get(req_id, [])[:num_sampled]
             outputs.append(final_output(request, new_token_ids, logprobs) if request.is_finished
                            else step_output(request, new_token_ids, logprobs))
         return outputs
+
+    def _verified(self, request: Request, num_draft_tokens: int, num_accepted_tokens: int) -> None:
+        """The request's draft was verified: counted, told to the speculator, and the KV of its
+        rejected tokens discarded."""
+        request.counters.num_draft_tokens += num_draft_tokens
+        request.counters.num_accepted_draft_tokens += num_accepted_tokens
+        assert self.speculator is not None  # only the speculator drafts
+        self.speculator.record(request, num_draft_tokens, num_accepted_tokens)
+        request.rollback_computed_tokens(num_draft_tokens - num_accepted_tokens)
 
 
 def _insert_in_order(queue: list[Request], request: Request) -> None:

@@ -18,7 +18,8 @@ import torch
 from engine.attention import AttentionInputs, get_attention_backend
 from engine.config import EngineConfig
 from engine.models import model_class
-from engine.sched.scheduler_output import GrammarOutput, ModelRunnerOutput, SchedulerOutput
+from engine.sched.scheduler_output import ModelRunnerOutput, SchedulerOutput
+from engine.structured_output.grammar_output import GrammarOutput
 from engine.worker.draft_verification import draft_logits_indices, num_accepted
 from engine.worker.input_batch import InputBatch, prepare_step_indices
 from engine.worker.sampler import Sampler, SamplingMetadata
@@ -99,6 +100,7 @@ class ModelRunner:
         self.sampler = Sampler()
         self._parked: _ParkedLogits | None = None
         self.last_forward_s = 0.0  # wall time of the last execute_model (benchmarks)
+        self.last_forward_cpu_s = 0.0  # its thread's CPU time: the forward's own, whatever else runs on the machine
 
     def _determine_num_blocks(self, hf_config) -> int:
         if self.config.cache.num_blocks is not None:
@@ -120,9 +122,10 @@ class ModelRunner:
 
     def execute_model(self, scheduler_output: SchedulerOutput) -> None:
         """Forward the scheduled tokens and park the logits of the requests that sample."""
-        start = time.perf_counter()
+        start, start_cpu = time.perf_counter(), time.thread_time()
         self._execute_model(scheduler_output)
         self.last_forward_s = time.perf_counter() - start
+        self.last_forward_cpu_s = time.thread_time() - start_cpu
 
     @torch.inference_mode()
     def _execute_model(self, scheduler_output: SchedulerOutput) -> None:

@@ -7,7 +7,7 @@ import inspect
 import grpc
 from grpc_health.v1 import health
 
-from service.errors import ErrorKind, ServiceError
+from service.errors import ErrorCode, ServiceError
 from service.grpc.servicer import GENERATION_SERVICE
 from service.grpc.status import abort
 from service.security import ApiKeys, KeyLimiter, SecurityConfig
@@ -35,7 +35,7 @@ class AccessInterceptor(grpc.aio.ServerInterceptor):
         key = self._keys.identify(authorization if isinstance(authorization, str) else None)
         if key is None:
             return _refusing(handler, ServiceError(
-                ErrorKind.UNAUTHENTICATED, "missing or invalid API key: send the metadata 'authorization: Bearer <key>'"))
+                ErrorCode.UNAUTHENTICATED, "missing or invalid API key: send the metadata 'authorization: Bearer <key>'"))
         if self._limiter.limit and details.method in GENERATE_METHODS:
             return _limited(handler, self._limiter, key)
         return handler
@@ -54,7 +54,7 @@ def _limited(handler: grpc.RpcMethodHandler, limiter: KeyLimiter, key: int) -> g
     async def call(request, context):
         if not limiter.try_acquire(key):
             await abort(context, ServiceError(
-                ErrorKind.RESOURCE_EXHAUSTED, f"this API key already has {limiter.limit} requests in flight, the "
+                ErrorCode.RESOURCE_EXHAUSTED, f"this API key already has {limiter.limit} requests in flight, the "
                                                f"server's limit per key (--max-concurrent-per-key)"))
         try:
             result = behaviour(request, context)

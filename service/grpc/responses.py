@@ -49,16 +49,17 @@ def generate_response(output: RequestOutput, request_id: str, token_text: Callab
             response.stop_string = output.stop_reason
         elif isinstance(output.stop_reason, int):
             response.stop_token_id = output.stop_reason
+        counters = output.counters
         response.usage.CopyFrom(pb.Usage(
             prompt_tokens=output.num_prompt_tokens, completion_tokens=output.num_output_tokens,
-            cached_prompt_tokens=output.num_cached_tokens, forced_tokens=output.num_forced_tokens,
-            draft_tokens=output.num_draft_tokens, accepted_draft_tokens=output.num_accepted_draft_tokens))
+            cached_prompt_tokens=counters.num_cached_tokens, forced_tokens=counters.num_forced_tokens,
+            draft_tokens=counters.num_draft_tokens, accepted_draft_tokens=counters.num_accepted_draft_tokens))
         timings = output.timings
         if timings is not None:
             response.timings.CopyFrom(pb.Timings(
                 queued_s=timings.queued_s, grammar_wait_s=timings.grammar_wait_s,
                 time_to_first_token_s=timings.ttft_s, total_s=timings.total_s,
-                forward_passes=output.num_forward_passes))
+                forward_passes=counters.num_forward_passes))
         response.not_enforced.extend(output.not_enforced)
         if shape is not None and not shape.plain:
             parts = (reader.final_parts(output.text) if reader is not None

@@ -19,7 +19,7 @@ from service._gen.formwork.v1 import generation_pb2 as pb
 from service._gen.formwork.v1 import generation_pb2_grpc as pb_grpc
 from service.assistant_output import AssistantStream
 from service.async_llm import AsyncLLM, PreparedRequest
-from service.errors import ErrorKind, ServiceError, error_from_output, invalid_argument
+from service.errors import ErrorCode, ServiceError, error_from_output, invalid_argument
 from service.grpc import requests, responses
 from service.grpc.request_decoding import UndecodableRequest, tolerant_deserializer
 from service.grpc.status import abort
@@ -122,7 +122,7 @@ class GenerationServicer(pb_grpc.GenerationServicer):
 
     # ---- helpers ------------------------------------------------------------------------------
 
-    def _rejected(self, code: ErrorKind) -> None:
+    def _rejected(self, code: ErrorCode) -> None:
         self._llm.telemetry.request_rejected("grpc", code.name)
 
     async def _prepare(self, request: pb.GenerateRequest) -> _Call:
@@ -177,7 +177,7 @@ def add_generation_servicer(servicer: GenerationServicer, server: grpc.aio.Serve
 
 @contextlib.asynccontextmanager
 async def _status(context: grpc.aio.ServicerContext,
-                  on_error: Callable[[ErrorKind], None] | None = None) -> AsyncIterator[None]:
+                  on_error: Callable[[ErrorCode], None] | None = None) -> AsyncIterator[None]:
     """End the RPC with the status of a ServiceError (rich details in the trailer); any other
     exception is a bug: INTERNAL, logged. Cancellation passes through. `on_error` hears the kind."""
     try:
@@ -191,5 +191,5 @@ async def _status(context: grpc.aio.ServicerContext,
             raise
         logger.exception("internal error")
         if on_error is not None:
-            on_error(ErrorKind.INTERNAL)
-        await abort(context, ServiceError(ErrorKind.INTERNAL, f"internal error: {type(e).__name__}: {e}"))
+            on_error(ErrorCode.INTERNAL)
+        await abort(context, ServiceError(ErrorCode.INTERNAL, f"internal error: {type(e).__name__}: {e}"))

@@ -7,18 +7,18 @@ import grpc
 from google.protobuf import any_pb2
 from google.rpc import error_details_pb2, status_pb2
 
-from service.errors import ErrorKind, ServiceError
+from service.errors import ErrorCode, ServiceError
 
 STATUS_DETAILS_KEY = "grpc-status-details-bin"
 
 GRPC_CODE = {
-    ErrorKind.CANCELLED: grpc.StatusCode.CANCELLED,
-    ErrorKind.INVALID_ARGUMENT: grpc.StatusCode.INVALID_ARGUMENT,
-    ErrorKind.DEADLINE_EXCEEDED: grpc.StatusCode.DEADLINE_EXCEEDED,
-    ErrorKind.RESOURCE_EXHAUSTED: grpc.StatusCode.RESOURCE_EXHAUSTED,
-    ErrorKind.INTERNAL: grpc.StatusCode.INTERNAL,
-    ErrorKind.UNAVAILABLE: grpc.StatusCode.UNAVAILABLE,
-    ErrorKind.UNAUTHENTICATED: grpc.StatusCode.UNAUTHENTICATED,
+    ErrorCode.CANCELLED: grpc.StatusCode.CANCELLED,
+    ErrorCode.INVALID_ARGUMENT: grpc.StatusCode.INVALID_ARGUMENT,
+    ErrorCode.DEADLINE_EXCEEDED: grpc.StatusCode.DEADLINE_EXCEEDED,
+    ErrorCode.RESOURCE_EXHAUSTED: grpc.StatusCode.RESOURCE_EXHAUSTED,
+    ErrorCode.INTERNAL: grpc.StatusCode.INTERNAL,
+    ErrorCode.UNAVAILABLE: grpc.StatusCode.UNAVAILABLE,
+    ErrorCode.UNAUTHENTICATED: grpc.StatusCode.UNAUTHENTICATED,
 }
 
 

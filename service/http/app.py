@@ -32,7 +32,7 @@ from starlette.exceptions import HTTPException
 
 from engine.protocol import FinishReason
 from service.assistant_output import AssistantStream, OutputShape
-from service.errors import ErrorKind, ServiceError, error_from_output
+from service.errors import ErrorCode, ServiceError, error_from_output
 from service.http import responses
 from service.http.conversion import Translated, translate_chat, translate_completion
 from service.http.errors import HttpError, bad_request, http_error, not_found, too_large
@@ -104,7 +104,7 @@ class OpenAIApi:
             message = "the model is warming up"
         except ServiceError as e:
             message = e.message
-        return _answer(http_error(ServiceError(ErrorKind.UNAVAILABLE, message)))
+        return _answer(http_error(ServiceError(ErrorCode.UNAVAILABLE, message)))
 
     async def metrics(self) -> Response:
         metrics = self._llm.telemetry.metrics
@@ -161,7 +161,7 @@ class OpenAIApi:
             return await generate()
         if not self._limiter.try_acquire(key):
             raise _Refused(http_error(ServiceError(
-                ErrorKind.RESOURCE_EXHAUSTED, f"this API key already has {self._limiter.limit} requests in "
+                ErrorCode.RESOURCE_EXHAUSTED, f"this API key already has {self._limiter.limit} requests in "
                                                f"flight, the server's limit per key (--max-concurrent-per-key)")))
         try:
             response = await generate()
@@ -322,9 +322,9 @@ _GENERATION_PATHS = frozenset(("/v1/chat/completions", "/v1/completions"))
 
 
 def _error_kind(error: HttpError) -> str:
-    """The ErrorKind name of an HTTP error answer (the HTTP-only ones by their HTTP status)."""
+    """The ErrorCode name of an HTTP error answer (the HTTP-only ones by their HTTP status)."""
     name = (error.code or "").upper()
-    if name in ErrorKind.__members__:
+    if name in ErrorCode.__members__:
         return name
     return {401: "UNAUTHENTICATED", 404: "NOT_FOUND"}.get(error.status, "INVALID_ARGUMENT")
 

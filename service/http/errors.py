@@ -4,20 +4,20 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from service.errors import ErrorKind, ServiceError
+from service.errors import ErrorCode, ServiceError
 
 # a constraint over the size limit (INVALID_ARGUMENT) and a request the KV cache cannot hold
 # (RESOURCE_EXHAUSTED) are too large (413); a full queue or key limit is RESOURCE_EXHAUSTED too (429)
 _TOO_LARGE_MARKERS = ("max_constraint_bytes", "needs KV cache for up to")
 
 _STATUS = {
-    ErrorKind.INVALID_ARGUMENT: (400, "invalid_request_error"),
-    ErrorKind.UNAUTHENTICATED: (401, "authentication_error"),
-    ErrorKind.RESOURCE_EXHAUSTED: (429, "rate_limit_error"),
-    ErrorKind.CANCELLED: (499, "cancelled"),
-    ErrorKind.INTERNAL: (500, "internal_error"),
-    ErrorKind.UNAVAILABLE: (503, "service_unavailable"),
-    ErrorKind.DEADLINE_EXCEEDED: (504, "timeout"),
+    ErrorCode.INVALID_ARGUMENT: (400, "invalid_request_error"),
+    ErrorCode.UNAUTHENTICATED: (401, "authentication_error"),
+    ErrorCode.RESOURCE_EXHAUSTED: (429, "rate_limit_error"),
+    ErrorCode.CANCELLED: (499, "cancelled"),
+    ErrorCode.INTERNAL: (500, "internal_error"),
+    ErrorCode.UNAVAILABLE: (503, "service_unavailable"),
+    ErrorCode.DEADLINE_EXCEEDED: (504, "timeout"),
 }
 
 
@@ -35,7 +35,7 @@ class HttpError:
 
 def http_error(error: ServiceError, param: str | None = None) -> HttpError:
     status, kind = _STATUS[error.code]
-    if error.code in (ErrorKind.INVALID_ARGUMENT, ErrorKind.RESOURCE_EXHAUSTED) and any(
+    if error.code in (ErrorCode.INVALID_ARGUMENT, ErrorCode.RESOURCE_EXHAUSTED) and any(
             marker in error.message for marker in _TOO_LARGE_MARKERS):
         status, kind = 413, "request_too_large"
     if param is None and error.violations:

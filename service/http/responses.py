@@ -36,14 +36,15 @@ def usage(finals: Sequence[RequestOutput], num_choices: int) -> dict[str, Any]:
     completion_tokens = sum(o.num_output_tokens for o in finals)
     return {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
             "total_tokens": prompt_tokens + completion_tokens,
-            "prompt_tokens_details": {"cached_tokens": sum(o.num_cached_tokens for o in first_choices)}}
+            "prompt_tokens_details": {"cached_tokens": sum(o.counters.num_cached_tokens for o in first_choices)}}
 
 
 def formwork_extension(finals: Sequence[RequestOutput]) -> dict[str, Any]:
     choices = []
     for index, output in enumerate(finals):
-        entry: dict[str, Any] = {"index": index, "forward_passes": output.num_forward_passes,
-                                 "forced_tokens": output.num_forced_tokens}
+        counters = output.counters
+        entry: dict[str, Any] = {"index": index, "forward_passes": counters.num_forward_passes,
+                                 "forced_tokens": counters.num_forced_tokens}
         if output.timings is not None:
             t = output.timings
             entry["timings"] = {"queued_s": t.queued_s, "grammar_wait_s": t.grammar_wait_s,
@@ -52,9 +53,9 @@ def formwork_extension(finals: Sequence[RequestOutput]) -> dict[str, Any]:
             entry["not_enforced"] = list(output.not_enforced)
         if output.closed_early:
             entry["closed_early"] = output.closed_early
-        if output.num_draft_tokens:  # speculative decoding: drafted and accepted tokens
-            entry["draft_tokens"] = output.num_draft_tokens
-            entry["accepted_draft_tokens"] = output.num_accepted_draft_tokens
+        if counters.num_draft_tokens:  # speculative decoding: drafted and accepted tokens
+            entry["draft_tokens"] = counters.num_draft_tokens
+            entry["accepted_draft_tokens"] = counters.num_accepted_draft_tokens
         choices.append(entry)
     return {"choices": choices}
 

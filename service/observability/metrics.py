@@ -123,10 +123,11 @@ class ServiceMetrics:
         self.requests.labels(reason, constraint.kind if constraint is not None else "none").inc()
         self.prompt_tokens.inc(output.num_prompt_tokens)
         self.generation_tokens.inc(output.num_output_tokens)
-        self.cached_tokens.inc(output.num_cached_tokens)
-        self.forced_tokens.inc(output.num_forced_tokens)
-        self.draft_tokens.inc(output.num_draft_tokens)
-        self.accepted_draft_tokens.inc(output.num_accepted_draft_tokens)
+        counters = output.counters
+        self.cached_tokens.inc(counters.num_cached_tokens)
+        self.forced_tokens.inc(counters.num_forced_tokens)
+        self.draft_tokens.inc(counters.num_draft_tokens)
+        self.accepted_draft_tokens.inc(counters.num_accepted_draft_tokens)
         if output.closed_early:
             self.closed_early.labels(output.closed_early).inc()
         timings = output.timings

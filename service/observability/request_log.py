@@ -26,8 +26,8 @@ def request_fields(output: RequestOutput, constraint: Constraint | None) -> dict
         "status": output.finish_reason.name.lower() if output.finish_reason is not None else "unknown",
         "prompt_tokens": output.num_prompt_tokens,
         "output_tokens": output.num_output_tokens,
-        "cached_tokens": output.num_cached_tokens,
-        "forced_tokens": output.num_forced_tokens,
+        "cached_tokens": output.counters.num_cached_tokens,
+        "forced_tokens": output.counters.num_forced_tokens,
         "constraint": constraint.kind if constraint is not None else "none",
         "grammar_cache_hit": output.grammar_cache_hit,
     }

@@ -73,8 +73,8 @@ class Tracing:
             "formwork.finish_reason": output.finish_reason.name.lower() if output.finish_reason is not None else "",
             "formwork.constraint": constraint.kind if constraint is not None else "none",
             "formwork.grammar_cache_hit": output.grammar_cache_hit,
-            "formwork.num_cached_tokens": output.num_cached_tokens,
-            "formwork.num_forced_tokens": output.num_forced_tokens,
+            "formwork.num_cached_tokens": output.counters.num_cached_tokens,
+            "formwork.num_forced_tokens": output.counters.num_forced_tokens,
             "gen_ai.usage.input_tokens": output.num_prompt_tokens,
             "gen_ai.usage.output_tokens": output.num_output_tokens,
         }

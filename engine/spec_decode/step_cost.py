@@ -4,8 +4,10 @@ Speculation trades rows for forward passes: verifying a draft adds its tokens to
 step takes longer by what those rows cost, which depends on where the step sits. Few rows: the step
 is bound by reading the weights once and a row costs little; many rows: it is bound by the
 multiply-adds and every row costs its share. No formula fits every machine and kernel, so the
-engine measures: each step's time (launch to outputs: the forward and the sampling of every row)
-goes into a moving average for its size, sizes in buckets about 1.5x apart. A size not measured
+engine measures: each step's time (planning to outputs: the drafts, the forward and the sampling of
+every row; on CPU the time its threads ran, which other processes on a shared machine do not
+stretch as they stretch the wall clock) goes into a moving average for its size, sizes in buckets
+about 1.5x apart. A size not measured
 yet is read between its measured neighbours, past the largest one along the last slope measured
 (or `prior_per_token_s` when there is none), below the smallest as the smallest.
 """

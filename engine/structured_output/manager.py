@@ -10,9 +10,9 @@ import time
 from concurrent.futures import Future
 from typing import TYPE_CHECKING
 
-from engine.sched.lazy_fills import LazyFills
-from engine.sched.request import Request
-from engine.sched.scheduler_output import GrammarOutput
+from engine.structured_output.grammar_output import GrammarOutput
+from engine.structured_output.lazy_fills import LazyFills
+from engine.structured_output.request import StructuredOutputRequest
 from grammar.backend import CompiledGrammar, Grammar, GrammarBackend, GrammarError
 from grammar.compiler import GrammarCompiler
 from grammar.config import GrammarConfig
@@ -22,6 +22,8 @@ from grammar.runtime.slow_fills import SlowFills
 
 if TYPE_CHECKING:
     import torch
+
+    from grammar.constraint import Constraint
 
 # the kinds whose output the runaway guard reads as JSON
 _JSON_KINDS = ("json_schema", "json_object")
@@ -38,52 +40,48 @@ class StructuredOutputManager:
         self._bitmask = backend.allocate_bitmask(0)
         self.lazy_fills = LazyFills(backend)
 
-    def grammar_init(self, request: Request) -> None:
+    def grammar_init(self, request_id: str, request: StructuredOutputRequest) -> None:
         """Start compiling (or take the cached grammar) for a new constrained request."""
-        future = self.compiler.submit(request.sampling_params.constraint)
+        future = self.compiler.submit(request.constraint)
         request.grammar_cache_hit = future.done() and future.exception() is None  # done at once: from the cache
         # the grammar wait ends when the compile does, not when a batch slot frees up for the request
-        future.add_done_callback(lambda _: _mark_grammar_ready(request))
-        self._futures[request.request_id] = future
+        future.add_done_callback(lambda _: request.mark_grammar_ready(time.monotonic()))
+        self._futures[request_id] = future
 
-    def try_activate(self, request: Request, max_model_len: int | None = None) -> bool:
+    def try_activate(self, request_id: str, request: StructuredOutputRequest, max_tokens: int,
+                     context_left: int) -> bool:
         """True once the request has its matcher; raises ValueError if the compile failed, or if
-        (closing early) the shortest output the constraint accepts does not fit the request's
-        max_tokens or the context left after its prompt (`max_model_len`: None, unbounded)."""
-        future = self._futures.get(request.request_id)
+        (closing early) the shortest output the constraint accepts does not fit in `max_tokens`
+        (the request's) or `context_left` (the context left after its prompt)."""
+        future = self._futures.get(request_id)
         if future is None:
             return request.grammar is not None
         if not future.done():
             return False
-        del self._futures[request.request_id]
+        del self._futures[request_id]
         compiled = future.result()  # raises GrammarError (a ValueError) on failure
         try:
-            request.grammar = self.backend.make_grammar(compiled)
+            grammar = request.grammar = self.backend.make_grammar(compiled)
         except Exception as e:  # e.g. MemoryError: this request's grammar failed, not the engine
             raise GrammarError(grammar_failure("building its matcher", e)) from None
-        _mark_grammar_ready(request)  # if the compile's callback has not run yet
+        request.mark_grammar_ready(time.monotonic())  # if the compile's callback has not run yet
         if self.close_early_enabled(request):
-            request.closing = self._early_closing(request)
-            max_tokens = request.sampling_params.max_tokens
-            context_left = max_model_len - request.num_tokens if max_model_len is not None else max_tokens
+            request.closing = self._early_closing(request.constraint, grammar)
             request.closing.check_minimum(min(max_tokens, context_left), by_context=context_left < max_tokens,
                                           min_output_tokens=compiled.min_output_tokens)
         return True
 
-    def close_early_enabled(self, request: Request) -> bool:
-        constraint = request.sampling_params.constraint
-        if constraint is not None and constraint.close_early is not None:
-            return constraint.close_early
+    def close_early_enabled(self, request: StructuredOutputRequest) -> bool:
+        if request.constraint.close_early is not None:
+            return request.constraint.close_early
         return self.config.close_early
 
-    def _early_closing(self, request: Request) -> EarlyClosing:
+    def _early_closing(self, constraint: Constraint, grammar: Grammar) -> EarlyClosing:
         token_bytes = self.backend.token_bytes
-        constraint = request.sampling_params.constraint
-        json_kind = constraint is not None and constraint.kind in _JSON_KINDS
-        guard = RunawayGuard(token_bytes) if json_kind and token_bytes is not None else None
+        guard = RunawayGuard(token_bytes) if constraint.kind in _JSON_KINDS and token_bytes is not None else None
         # a lazily compiled grammar's closing may run through states whose masks nobody built yet
-        first_fills = SlowFills(self.config, lazy_masks=True) if request.grammar.lazy_masks else None
-        return EarlyClosing(request.grammar, guard, first_fills)
+        first_fills = SlowFills(self.config, lazy_masks=True) if grammar.lazy_masks else None
+        return EarlyClosing(grammar, guard, first_fills)
 
     def is_compiling(self, request_id: str) -> bool:
         """True while the request's grammar compile is running (or queued); False once it is done,
@@ -95,46 +93,47 @@ class StructuredOutputManager:
         self._futures.pop(request_id, None)
         self.lazy_fills.forget(request_id)
 
-    def jump_forward_enabled(self, request: Request) -> bool:
-        constraint = request.sampling_params.constraint
-        if constraint is not None and constraint.jump_forward is not None:
-            return constraint.jump_forward
+    def jump_forward_enabled(self, request: StructuredOutputRequest) -> bool:
+        if request.constraint.jump_forward is not None:
+            return request.constraint.jump_forward
         return self.config.jump_forward
 
-    def fill_bitmask(self, requests_and_rows: list[tuple[Request, int]],
+    def fill_bitmask(self, requests_and_rows: list[tuple[str, StructuredOutputRequest, int]],
                      drafts: dict[str, list[int]] | None = None) -> GrammarOutput:
         """Fill each request's row; a request with a draft (`drafts`: req_id -> its draft tokens)
         fills 1 + len(draft) rows from its row on: the matcher is advanced through the draft for
         the rows after the first and rolled back afterwards. A lazily compiled grammar's single
         row is filled on the LazyFills pool instead: `finish_bitmask` puts it in place."""
         drafts = drafts or {}
-        num_rows = max((row + 1 + len(drafts.get(r.request_id, ())) for r, row in requests_and_rows), default=0)
+        num_rows = max((row + 1 + len(drafts.get(req_id, ())) for req_id, _, row in requests_and_rows), default=0)
         if self._bitmask.shape[0] < num_rows:
             self._bitmask = self.backend.allocate_bitmask(max(num_rows, 2 * self._bitmask.shape[0]))
         bitmask = self._bitmask[:num_rows]
         failed: dict[str, str] = {}
         lazy: list[str] = []
-        for request, row in requests_and_rows:
-            draft = drafts.get(request.request_id, [])
-            if request.grammar.lazy_masks:
+        for req_id, request, row in requests_and_rows:
+            grammar = request.grammar
+            draft = drafts.get(req_id, [])
+            if grammar.lazy_masks:
                 if not draft:
-                    self.lazy_fills.start(request.request_id, request.grammar)
-                    lazy.append(request.request_id)
+                    self.lazy_fills.start(req_id, grammar)
+                    lazy.append(req_id)
                     continue
-                self.lazy_fills.forget(request.request_id)  # a row filled earlier: the draft moves on from it
+                self.lazy_fills.forget(req_id)  # a row filled earlier: the draft moves on from it
             start = time.thread_time()  # CPU time: a preempted thread is not the grammar's fault
             try:
-                _fill_rows(request.grammar, bitmask, row, draft)
+                _fill_rows(grammar, bitmask, row, draft)
             except Exception as e:
                 bitmask[row:row + 1 + len(draft)] = 0
-                failed[request.request_id] = grammar_failure("filling its bitmask", e)
+                failed[req_id] = grammar_failure("filling its bitmask", e)
                 continue
             error = self._slow_fill_error(request, (time.thread_time() - start) * 1000 / (1 + len(draft)))
             if error is not None:
-                failed[request.request_id] = error
-        return GrammarOutput({r.request_id: row for r, row in requests_and_rows}, bitmask, failed, lazy)
+                failed[req_id] = error
+        return GrammarOutput({req_id: row for req_id, _, row in requests_and_rows}, bitmask, failed, lazy)
 
-    def finish_bitmask(self, grammar_output: GrammarOutput, requests: dict[str, Request]) -> dict[str, str]:
+    def finish_bitmask(self, grammar_output: GrammarOutput,
+                       requests: dict[str, StructuredOutputRequest]) -> dict[str, str]:
         """After the forward: the rows filled on the LazyFills pool, into the step's bitmask. A fill
         still running is `grammar_output.deferred` (its request skips this sample). Returns the
         requests whose fill failed or was too slow (req_id -> why), as fill_bitmask's `failed`."""
@@ -155,7 +154,7 @@ class StructuredOutputManager:
         grammar_output.deferred = deferred
         return failed
 
-    def _slow_fill_error(self, request: Request, fill_ms: float) -> str | None:
+    def _slow_fill_error(self, request: StructuredOutputRequest, fill_ms: float) -> str | None:
         """Why the request ends if a fill of `fill_ms` (CPU) is one slow fill too many, else None."""
         if fill_ms <= self.config.max_fill_ms:
             return None
@@ -191,12 +190,6 @@ def _fill_rows(grammar: Grammar, bitmask: torch.Tensor, row: int, draft: list[in
             grammar.fill_bitmask(bitmask, row + num_accepted)
     finally:
         grammar.rollback(num_accepted)
-
-
-def _mark_grammar_ready(request: Request) -> None:
-    """Runs on a compile thread (the future's callback) or the engine thread, whichever is first."""
-    if request.grammar_ready_time is None:
-        request.grammar_ready_time = time.monotonic()
 
 
 def grammar_failure(what: str, error: BaseException) -> str:

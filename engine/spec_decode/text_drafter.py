@@ -1,6 +1,6 @@
 """Drafts from the prompt's text: what followed, in the prompt, the text the output ends with.
 
-Token lookup (engine/sched/ngram_drafter.py) misses a copied span whose tokens differ from the
+Token lookup (engine/spec_decode/ngram_drafter.py) misses a copied span whose tokens differ from the
 prompt's: `"Ann Lee"` in the output is `"`, `Ann`, ` Lee` where the prompt had ` Ann`, ` Lee`, so
 the output's `Ann` never occurs in the prompt's tokens. Text has no such seam: the output's last few
 bytes are looked up in the prompt's bytes, and the prompt text after the match is tokenized as the
@@ -10,7 +10,8 @@ the text's bytes (a normalizer may change it), its last token is dropped when th
 short (it may be the start of a longer word), and a text that starts or would end inside a UTF-8
 character is trimmed to whole characters.
 
-The prompt's bytes are joined once per request; a step reads only the last few output tokens, one
+The prompt's bytes are joined once per request (the speculator keeps them in the request's
+DraftState); a step reads only the last few output tokens, one
 or two `bytes.find` calls per match length, and one encoding of a few dozen bytes.
 """
 from __future__ import annotations
@@ -20,10 +21,6 @@ import itertools
 from array import array
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
-
-if TYPE_CHECKING:
-    from engine.sched.request import Request
 
 _TAIL_TOKENS = 12  # output tokens whose bytes are looked up: more than the longest match needs
 
@@ -64,7 +61,7 @@ class TextDrafter:
     """One per engine: the vocabulary's bytes and the tokenizer's plain encoding of a text.
 
     `token_bytes[i]`: the bytes token i stands for; `encode(text)`: its tokens, no special tokens
-    added. Stateless apart from what it caches on each request (`Request.prompt_text`)."""
+    added. Stateless: a request's prompt text is built by `prompt_text` and kept by the caller."""
 
     def __init__(self, token_bytes: Sequence[bytes], encode: Callable[[str], list[int]],
                  min_match_bytes: int, max_match_bytes: int, bytes_per_draft_token: int = 8) -> None:
@@ -74,27 +71,23 @@ class TextDrafter:
         self.max_match_bytes = max_match_bytes
         self.bytes_per_draft_token = bytes_per_draft_token  # how much text a draft token is given
 
-    def prompt_text(self, request: Request) -> PromptText:
-        """The request's prompt as bytes, joined on first use and kept on the request."""
-        text = request.prompt_text
-        if text is None:
-            text = request.prompt_text = PromptText.of(request.prompt_token_ids, self.token_bytes)
-        return text
+    def prompt_text(self, prompt_token_ids: Sequence[int]) -> PromptText:
+        """A prompt as bytes (joined anew: keep it)."""
+        return PromptText.of(prompt_token_ids, self.token_bytes)
 
-    def output_tail(self, request: Request) -> bytes:
-        """The bytes of the output's last few tokens (never the prompt's)."""
-        tokens = request.all_token_ids
-        first = max(request.num_prompt_tokens, len(tokens) - _TAIL_TOKENS)
+    def output_tail(self, token_ids: Sequence[int], num_prompt_tokens: int) -> bytes:
+        """The bytes of the output's last few tokens (never the prompt's): `token_ids` are the
+        prompt's and the output's."""
+        first = max(num_prompt_tokens, len(token_ids) - _TAIL_TOKENS)
         token_bytes = self.token_bytes
         num_vocab = len(token_bytes)
-        return b"".join(token_bytes[t] for t in tokens[first:] if 0 <= t < num_vocab)
+        return b"".join(token_bytes[t] for t in token_ids[first:] if 0 <= t < num_vocab)
 
-    def find_continued(self, request: Request, anchor: int, window: int) -> TextMatch | None:
-        """The longest end of the output (`max_match_bytes` down to `min_match_bytes`) that occurs
-        in the prompt ending within `window` bytes after `anchor`: the output goes on copying the
-        text it copied up to `anchor`. None when it does not."""
-        tail = self.output_tail(request)
-        text = self.prompt_text(request).data
+    def find_continued(self, tail: bytes, prompt_text: PromptText, anchor: int, window: int) -> TextMatch | None:
+        """The longest end of `tail` (the output's last bytes, `max_match_bytes` down to
+        `min_match_bytes`) that occurs in the prompt ending within `window` bytes after `anchor`: the
+        output goes on copying the text it copied up to `anchor`. None when it does not."""
+        text = prompt_text.data
         end = min(anchor + window, len(text) - 1)  # an occurrence must be followed by at least one byte
         for num_bytes in range(min(self.max_match_bytes, len(tail)), self.min_match_bytes - 1, -1):
             at = text.find(tail[-num_bytes:], max(anchor - num_bytes, 0), end)
@@ -102,15 +95,14 @@ class TextDrafter:
                 return TextMatch(num_bytes, at + num_bytes)
         return None
 
-    def find(self, request: Request, anchor: int = 0) -> TextMatch | None:
-        """The longest end of the output (`max_match_bytes` down to `min_match_bytes`) that occurs
+    def find(self, tail: bytes, prompt_text: PromptText, anchor: int = 0) -> TextMatch | None:
+        """The longest end of `tail` (the output's last bytes, `max_match_bytes` down to `min_match_bytes`) that occurs
         in the prompt with text after it: its first occurrence ending at or after `anchor` (a
         byte offset: where the output last copied up to, extraction reads its text in order),
         else its last one. Shorter than that, the text of a JSON string begun at most
         `min_match_bytes - 1` bytes ago (`"Ka`) is looked up at the start of a word: a copied span
         is a value in the output and a word in the prompt. None when nothing matches."""
-        tail = self.output_tail(request)
-        text = self.prompt_text(request).data
+        text = prompt_text.data
         for num_bytes in range(min(self.max_match_bytes, len(tail)), self.min_match_bytes - 1, -1):
             begin = _find_ending_after(text, tail[-num_bytes:], anchor)
             if begin >= 0:
@@ -123,10 +115,10 @@ class TextDrafter:
                 return TextMatch(len(word), begin)
         return None
 
-    def draft_at(self, request: Request, begin: int, max_tokens: int) -> tuple[list[int], list[int]]:
+    def draft_at(self, prompt_text: PromptText, begin: int, max_tokens: int) -> tuple[list[int], list[int]]:
         """(tokens, their byte ends): up to `max_tokens` whole tokens of the prompt text from byte
         `begin` on, and where each ends in that text (offsets from `begin`)."""
-        text = self.prompt_text(request).data
+        text = prompt_text.data
         end = min(begin + max_tokens * self.bytes_per_draft_token, len(text))
         token_ids = self.encode_continuation(text[begin:end], cut_short=end < len(text))
         ends = []

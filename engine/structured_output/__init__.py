@@ -1,0 +1,1 @@
+"""Structured output on the engine's side: grammar compiles, per-request grammar state, bitmask fills."""
