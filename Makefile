@@ -56,15 +56,15 @@ test-fast: $(STAMP)
 # 200 concurrent constrained streams against a live server (docs/reliability.md, "Soak"); not part of `make test`
 FORMWORK_SOAK_S ?= 600
 soak: model
-	FORMWORK_SOAK_S=$(FORMWORK_SOAK_S) $(PY) -m pytest -q -s tests/test_soak.py
+	FORMWORK_SOAK_S=$(FORMWORK_SOAK_S) $(PY) -m pytest -q -s tests/integration/test_soak.py
 
 # the long fuzz run against a live server (FUZZ_SECONDS of generated bad requests, good ones
 # interleaved); its counts go to build/fuzz.json (docs/reliability.md). `make test` runs a short one.
 FUZZ_SECONDS ?= 600
 fuzz: model
-	FORMWORK_FUZZ_SECONDS=$(FUZZ_SECONDS) $(PY) -m pytest -q -s tests/test_fuzz.py -k fuzz_long
+	FORMWORK_FUZZ_SECONDS=$(FUZZ_SECONDS) $(PY) -m pytest -q -s tests/integration/test_fuzz.py -k fuzz_long
 
-# the gRPC stubs in service/_gen/ from proto/ (committed; tests/test_service_conversion.py checks they are fresh)
+# the gRPC stubs in service/_gen/ from proto/ (committed; tests/service/test_service_conversion.py checks they are fresh)
 proto: $(STAMP)
 	$(PY) -m service.protogen
 

@@ -12,7 +12,7 @@ Figures, all bf16 (float32 on the CPU), greedy, EOS ignored:
   (CUDA events), which shows how much of the step is host work;
 * structured / unconstrained tok/s at batch 32 (a JSON schema that keeps every request busy for
   all max_tokens steps), with jump-forward off (the pure cost of masks) and on;
-* bf16 batch invariance, measured: lone vs batched greedy outputs (tests/test_gpu.py explains why
+* bf16 batch invariance, measured: lone vs batched greedy outputs (tests/engine/test_gpu.py explains why
   bf16 is measured rather than asserted).
 
 With --pytest-xml the GPU tests' junit summary is folded into the same JSON.

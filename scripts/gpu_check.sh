@@ -3,7 +3,7 @@
 # Needs the two folders scripts/gpu_check_prepare.sh makes here, carried along: .whl and .gpucheck.
 #   1. install the carried wheels into /tmp/site (PYTHONPATH)
 #   2. build a random-weight SmolLM2-135M from the real config (bench/random_model.py)
-#   3. pytest -m gpu (tests/test_gpu.py, tests/test_bitmask.py's CUDA test)
+#   3. pytest -m gpu (tests/engine/test_gpu.py, tests/grammar/test_bitmask.py's CUDA test)
 #   4. the benchmark (bench/gpu_check.py) -> $OUT/gpu_check.json, with the pytest summary folded in
 # Everything is logged to $OUT/gpu_check.log. Runs in about 3-5 minutes.
 set -uo pipefail
@@ -28,7 +28,7 @@ echo "random model built in $((SECONDS - start)) s"
 export FORMWORK_GPU_MODEL=$MODEL
 start=$SECONDS
 timeout "${GPU_CHECK_TEST_TIMEOUT:-240}" $PY -m pytest -q -rA -p no:cacheprovider -m gpu \
-    tests/test_gpu.py tests/test_bitmask.py --junitxml="$OUT/pytest.xml"
+    tests/engine/test_gpu.py tests/grammar/test_bitmask.py --junitxml="$OUT/pytest.xml"
 test_rc=$?
 echo "gpu tests: exit $test_rc in $((SECONDS - start)) s"
 start=$SECONDS

@@ -21,7 +21,7 @@ def make_scheduler(num_blocks: int = 64, block_size: int = 16, max_num_batched_t
                    max_num_seqs: int = 16, max_model_len: int = 1024, enable_prefix_caching: bool = True,
                    enable_chunked_prefill: bool = True, structured_output_manager=None) -> Scheduler:
     """A scheduler without speculation: the scripted runners of these tests (sample_step) sample one
-    token a request and verify no drafts (tests/test_speculative_scheduling.py drafts)."""
+    token a request and verify no drafts (tests/engine/test_speculative_scheduling.py drafts)."""
     backend = structured_output_manager.backend if structured_output_manager is not None else None
     return Scheduler(
         SchedulerConfig(max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens,
@@ -72,7 +72,7 @@ def llm_fp32(model_dir):
 
     The default dtype is bfloat16 on CPUs with bf16 dot products; bf16 rounds far from transformers'
     float32, and without Formwork's kernels (torch's matmuls) it rounds differently at different
-    batch sizes too (tests/test_bf16_batch_invariance.py checks the kernels' bf16 does not)."""
+    batch sizes too (tests/integration/test_bf16_batch_invariance.py checks the kernels' bf16 does not)."""
     from engine.config import EngineConfig
     from engine.llm import LLM
     instance = LLM(config=EngineConfig(dtype="float32"))
@@ -82,7 +82,7 @@ def llm_fp32(model_dir):
 
 @pytest.fixture(scope="session")
 def default_server(model_dir):
-    """One live `formwork serve` with the default test settings (tests/live_server.py: 16 running and
+    """One live `formwork serve` with the default test settings (tests/support/live_server.py: 16 running and
     16 waiting at most, which the queue tests fill), shared by the test modules that need no settings
     of their own: each start loads and warms the model. A module leaves it idle, as it found it."""
     from live_server import MAX_NUM_SEQS, MAX_QUEUE_LEN, LiveServer

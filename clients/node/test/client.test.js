@@ -1,5 +1,5 @@
 // The Node client against a live server: FORMWORK_ADDR=host:port node --test clients/node/test/
-// (tests/test_node_client.py starts one and runs this; `make test` runs that). Light on tokens:
+// (tests/integration/test_node_client.py starts one and runs this; `make test` runs that). Light on tokens:
 // the server may be a 2-core CPU machine.
 import assert from "node:assert/strict";
 import { execFileSync } from "node:child_process";

@@ -1,5 +1,5 @@
 """One attention step over a paged cache, built by hand, and a float64 reference that shares no
-code with the backends (tests/test_sdpa_attention.py, tests/test_cpu_attention.py)."""
+code with the backends (tests/engine/test_sdpa_attention.py, tests/engine/test_cpu_attention.py)."""
 from __future__ import annotations
 
 import numpy as np

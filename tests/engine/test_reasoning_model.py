@@ -1,4 +1,4 @@
-"""A tiny random-weight Qwen3 model (tests/model_families.py, the default tokenizer) served by the
+"""A tiny random-weight Qwen3 model (tests/support/model_families.py, the default tokenizer) served by the
 real engine, with the engine's own bitmasks checked at every sampled step.
 
 The constraint is the one the service builds for the request (service/chat_format.py: the think

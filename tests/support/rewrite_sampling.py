@@ -1,4 +1,4 @@
-"""The machinery behind tests/test_rewrite_check.py: the schema rewrite never admits what the original forbids.
+"""The machinery behind tests/grammar/test_rewrite_check.py: the schema rewrite never admits what the original forbids.
 
 For a schema that grammar.json_schema.rewrite changes (or with a pattern naming a quote or a
 backslash, which xgrammar gets in its JSON-text form, or a number the backend gives a rule of its

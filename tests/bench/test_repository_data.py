@@ -11,7 +11,7 @@ import pytest
 from bench.datasets import (DATA_DIR, JSON_EXTRACTION_FILE, SAMPLE_MAX_BYTES, SUBSETS, TEST_SUITE_DIR,
                             jsonschemabench_dir, schema_bytes)
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 
 # An absolute path into a machine's own folders (a workspace, a home), or the workspace folder
 # beside the project; not after a host name or another path segment (URLs, /usr/lib/..., ~/...).

@@ -27,7 +27,7 @@ from service.limits import ServiceLimits
 from service.request import PromptInput
 from service.validation import check_prompt, engine_constraint, sampling_params
 
-REPO_ROOT = Path(__file__).resolve().parent.parent
+REPO_ROOT = Path(__file__).resolve().parents[2]
 LIMITS = ServiceLimits(max_tokens_cap=512, default_max_tokens=64, max_constraint_bytes=1000)
 VOCAB = 49152
 

@@ -1,5 +1,5 @@
 """The CUDA path's logic on the CPU: padded decode replay (graph capture off), graph sizes, KV
-sizing from device memory, CUDA options. tests/test_gpu.py runs the real thing on a GPU."""
+sizing from device memory, CUDA options. tests/engine/test_gpu.py runs the real thing on a GPU."""
 from __future__ import annotations
 
 import pytest

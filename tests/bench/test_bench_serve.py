@@ -17,7 +17,7 @@ from bench.peers import PEERS, Peer, PeerSkipped, records_from_peer, run_peer
 from bench.request_record import RequestRecord
 from bench.serve import Client, LoadShape, RequestSpec, check_loopback, run_load
 
-REPO_ROOT = Path(__file__).resolve().parent.parent
+REPO_ROOT = Path(__file__).resolve().parents[2]
 
 
 def make_record(request_id: str = "r#0", token_times_s: tuple[float, ...] = (0.5, 0.6, 0.8), **fields) -> RequestRecord:
@@ -101,7 +101,7 @@ def test_records_from_peer_and_missing_peer_is_skipped(tmp_path):
 
 @pytest.fixture(scope="module")
 def fake_server():
-    from test_service_fake import InprocServer
+    from inproc_server import InprocServer
     server = InprocServer(step_s=0.01)
     yield server
     server.close()

@@ -12,7 +12,7 @@ from engine.protocol import FinishReason
 from engine.sampling_params import SamplingParams
 from grammar.constraint import Constraint
 
-JSONSCHEMABENCH = Path(__file__).resolve().parents[1] / "bench" / "data" / "jsonschemabench"
+JSONSCHEMABENCH = Path(__file__).resolve().parents[2] / "bench" / "data" / "jsonschemabench"
 SNOWPLOW = JSONSCHEMABENCH / "Snowplow.jsonl"
 PROMPT = [{"role": "user", "content": "Give me an example as JSON."}]
 

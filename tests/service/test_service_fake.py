@@ -1,7 +1,7 @@
 """The server's behaviour in every request state, against a fake engine core (fast; no model run).
 
 The gRPC server runs in-process (GenerationServer on its own event loop thread) over an
-InprocClient driving tests/fake_engine_core.FakeEngineCore; the last tests run the fake core in a
+InprocClient driving tests/support/fake_engine_core.FakeEngineCore; the last tests run the fake core in a
 real child process through AsyncMPClient to check process death and start-up failure.
 """
 from __future__ import annotations

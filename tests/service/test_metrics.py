@@ -1,7 +1,7 @@
 """Prometheus metrics, request log lines and traces against a fake engine core (fast; no model):
 counts scraped from /metrics equal what was sent over gRPC and HTTP, promtool accepts the
 exposition, a real Prometheus server scrapes it, and a trace has its spans and attributes.
-tests/test_metrics_live.py does the same against the real model."""
+tests/integration/test_metrics_live.py does the same against the real model."""
 from __future__ import annotations
 
 import json
@@ -24,7 +24,7 @@ from service.observability.tracing import Tracing
 from inproc_server import InprocHttp
 
 PLAIN = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 5}
-DASHBOARD = Path(__file__).resolve().parent.parent / "deploy" / "grafana" / "formwork-dashboard.json"
+DASHBOARD = Path(__file__).resolve().parents[2] / "deploy" / "grafana" / "formwork-dashboard.json"
 TRACE_ID = "4bf92f3577b34da6a3ce929d0e0e4736"
 PARENT_SPAN_ID = "00f067aa0ba902b7"
 

@@ -29,7 +29,7 @@ FREE = [[{"role": "user", "content": "Tell me about owls."}],
 @pytest.fixture(autouse=True)
 def drafts_at_full_length(request, monkeypatch):
     """How long a draft is, is priced from the step times the machine measures as it runs
-    (engine/spec_decode/speculator.py: tests/test_speculative_scheduling.py checks the pricing), so on a
+    (engine/spec_decode/speculator.py: tests/engine/test_speculative_scheduling.py checks the pricing), so on a
     loaded machine a short copy may draft nothing and its exactness check would check nothing.
     Unmeasured, every match drafts at full length: the most drafting, the strictest check."""
     llm = request.getfixturevalue("llm" if "llm" in request.fixturenames else "llm_fp32")

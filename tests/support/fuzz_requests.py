@@ -1,4 +1,4 @@
-"""Generated hostile requests, with good ones interleaved, for the fuzz suite (tests/test_fuzz.py).
+"""Generated hostile requests, with good ones interleaved, for the fuzz suite (tests/integration/test_fuzz.py).
 
 `generate_cases(seed)` yields an endless, reproducible stream of Cases: floats out of range,
 invalid UTF-8 in every string field of every method, garbage bytes, grammar bombs, malformed

@@ -16,7 +16,7 @@ from service.cluster import envoy_binary
 from service.envoy_config import (CONSTRAINT_KEY_HEADER as ROUTED_HEADER, EnvoySettings, Upstreams, envoy_config,
                               kubernetes_config_map)
 
-REPO_ROOT = Path(__file__).resolve().parent.parent
+REPO_ROOT = Path(__file__).resolve().parents[2]
 MANIFESTS = REPO_ROOT / "deploy" / "kubernetes"
 LOOPBACK = Upstreams(hosts=[("127.0.0.1", 50061, 8061), ("127.0.0.1", 50062, 8062)])
 

@@ -1,6 +1,6 @@
 """Soak: 200 concurrent schema-constrained streams against a live server for a long while.
 
-Opt-in (`make soak`, or FORMWORK_SOAK_S=<seconds> pytest tests/test_soak.py; FORMWORK_SOAK_STREAMS
+Opt-in (`make soak`, or FORMWORK_SOAK_S=<seconds> pytest tests/integration/test_soak.py; FORMWORK_SOAK_STREAMS
 for fewer streams than 200): it is slow-marked and skipped unless FORMWORK_SOAK_S is set, so `make
 test` never runs it. It checks that nothing leaks:
 no errors, every output valid, the engine's and the front end's RSS flat over the second half,

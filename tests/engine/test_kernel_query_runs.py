@@ -11,7 +11,7 @@ import pytest
 import torch
 from test_cpu_attention import paged_reference
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def request_tokens(gen, num_tokens, heads, kv_heads, head_dim, dtype):
@@ -101,7 +101,7 @@ def test_the_vector_path_of_a_machine_with_amx(kernels):
     assert isa.stdout.split()[-1:] == ["avx512_bf16"], isa.stdout + isa.stderr[-2000:]
     tests = [f"{Path(__file__).name}::test_a_run_of_queries_equals_each_query_alone", "test_cpu_attention.py"]
     result = subprocess.run([sys.executable, "-m", "pytest", "-q", "-x", "-m", "not slow", "-p", "no:cacheprovider",
-                             *(f"tests/{t}" for t in tests)], cwd=ROOT, env=env, capture_output=True, text=True,
+                             *(f"tests/engine/{t}" for t in tests)], cwd=ROOT, env=env, capture_output=True, text=True,
                             timeout=1800)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-2000:]
     assert " passed" in result.stdout

@@ -64,5 +64,5 @@ def test_an_unknown_mode_is_a_clear_error():
 
 
 def test_the_docs_name_the_default():
-    docs = (Path(__file__).resolve().parent.parent / "docs" / "constraints.md").read_text(encoding="utf-8")
+    docs = (Path(__file__).resolve().parents[2] / "docs" / "constraints.md").read_text(encoding="utf-8")
     assert f"default `{DEFAULT_JSON_WHITESPACE}`" in docs

@@ -28,7 +28,7 @@ from service.security import (API_KEY_ENV, ApiKeys, KeyLimiter, SecurityConfig, 
                               load_tls_files)
 from service.grpc.server import GenerationServer
 
-REPO_ROOT = Path(__file__).resolve().parent.parent
+REPO_ROOT = Path(__file__).resolve().parents[2]
 KEY, OTHER_KEY = "fw-test-key-0123456789", "fw-other-key-9876543210"
 
 

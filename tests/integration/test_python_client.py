@@ -208,7 +208,7 @@ def test_every_status_code_has_its_exception(code, cls):
     "Received RST_STREAM with error code 0",
     "Received RST_STREAM with code 2 (Internal server error)"])  # grpc-js
 def test_a_stream_reset_without_a_status_is_unavailable_in_both_clients(details):
-    # what a proxy sends when the replica behind it died after the first output (tests/test_cluster.py)
+    # what a proxy sends when the replica behind it died after the first output (tests/integration/test_cluster.py)
     error = fc.errors.from_rpc_error(FakeRpcError(grpc.StatusCode.INTERNAL, details))
     assert type(error) is fc.UnavailableError and error.code is grpc.StatusCode.UNAVAILABLE
     assert error.message.endswith(details) and "went away" in error.message

@@ -11,7 +11,7 @@ import pytest
 
 from engine.frontend.tokenizer import Tokenizer, validate_messages
 
-REPO_ROOT = Path(__file__).resolve().parent.parent
+REPO_ROOT = Path(__file__).resolve().parents[2]
 
 CONVERSATIONS = {
     "user_only": [{"role": "user", "content": "What is the capital of France?"}],

@@ -1,6 +1,6 @@
 """Hostile requests against a live server: nothing a client sends may take the service down.
 
-The fuzz tests send generated bad requests (tests/fuzz_requests.py) with good ones interleaved
+The fuzz tests send generated bad requests (tests/support/fuzz_requests.py) with good ones interleaved
 and check every answer: no INTERNAL or UNKNOWN, no hang, the engine alive after each batch, the
 good outputs valid. The short run is part of the normal suite; `make fuzz` runs the long one
 (FORMWORK_FUZZ_SECONDS, default 600). The two requests that used to kill the engine (a huge

@@ -24,7 +24,7 @@ from google.rpc import error_details_pb2, status_pb2
 from service._gen.formwork.v1 import generation_pb2 as pb
 from service._gen.formwork.v1 import generation_pb2_grpc as pb_grpc
 
-REPO_ROOT = Path(__file__).resolve().parent.parent
+REPO_ROOT = Path(__file__).resolve().parents[2]
 _READY = re.compile(r"serving .* on (\S+:\d+)")
 _HTTP_READY = re.compile(r"serving the OpenAI-compatible API on (\S+)/v1")
 

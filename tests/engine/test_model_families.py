@@ -1,4 +1,4 @@
-"""Every supported family against transformers, on tiny random models (tests/model_families.py), in float32.
+"""Every supported family against transformers, on tiny random models (tests/support/model_families.py), in float32.
 
 One engine per family serves a batch of mixed lengths through the paged cache with prefix caching
 (one prompt extends an earlier one), chunked prefill (a step budget smaller than the longest prompt)
@@ -74,7 +74,7 @@ def test_greedy_tokens_and_logits_match_transformers(family):
     name, hf_model, llm = family
     runner = llm.engine.runner
     recorder = runner.sample_tokens = LogitsRecorder(runner)
-    # one logits row a step to compare: no draft rows (tests/test_speculative_model.py checks drafts)
+    # one logits row a step to compare: no draft rows (tests/integration/test_speculative_model.py checks drafts)
     params = SamplingParams(max_tokens=NUM_STEPS, temperature=0, ignore_eos=True, speculative=False)
     first, batch = prompts()
     try:

@@ -1,6 +1,6 @@
 """The HTTP API's access rules and lifecycle against a fake engine core (fast; no model run):
 health while loading and after the engine dies, API keys, the per-key limit shared with gRPC,
-and a client that goes away mid-stream. tests/test_http_api.py covers generation on the real model."""
+and a client that goes away mid-stream. tests/integration/test_http_api.py covers generation on the real model."""
 from __future__ import annotations
 
 import asyncio

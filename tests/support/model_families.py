@@ -1,5 +1,5 @@
 """Tiny random models of every supported family, saved as Hugging Face folders with the default
-model's tokenizer (tests/test_model_families.py).
+model's tokenizer (tests/engine/test_model_families.py).
 
 Each config is small (3-4 layers, hidden 64, GQA 4/2) with the family's special features switched
 on; the weights are transformers' own initialisation, spread out (initializer_range 0.2: greedy
