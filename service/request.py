@@ -72,6 +72,7 @@ class SamplingRequest:
     max_tokens, whose default is the server's `default_max_tokens`."""
 
     max_tokens: int | None = None
+    min_tokens: int | None = None
     temperature: float | None = None
     top_p: float | None = None
     top_k: int | None = None
