@@ -1,9 +1,11 @@
 """The OpenAI request bodies Formwork reads, as pydantic models (docs/http.md lists every field).
 
 Types only: ranges, sizes and constraints are checked where gRPC's are (service/validation.py),
-so both front ends give the same message. Fields OpenAI defines that have no meaning here (`user`,
-`store`, `metadata`, ...) are ignored; those that would change the answer and cannot be honoured
-(`functions`, `logit_bias`, `echo`, ...) are declared so that service/http/conversion.py can refuse them.
+so both front ends give the same message. The request bodies keep the fields they do not declare
+(`model_extra`): service/http/fields.py ignores those OpenAI documents as safe to ignore and refuses
+every other one by name, so no field is silently dropped. Declared fields that would change the
+answer and cannot be honoured (`functions`, `logit_bias`, `echo`, ...) are refused by
+service/http/conversion.py.
 """
 from __future__ import annotations
 
@@ -18,6 +20,12 @@ class _Lenient(BaseModel):
 
 class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid")
+
+
+class _Open(BaseModel):
+    """A request body: undeclared fields are kept, for service/http/fields.py to judge."""
+
+    model_config = ConfigDict(extra="allow")
 
 
 class JsonSchemaFormat(_Lenient):
@@ -40,6 +48,7 @@ class StructuredOutputs(_Strict):
     choice: list[str] | None = None
     grammar: str | None = None
     json_object: bool | None = None
+    structural_tag: Any = None  # refused for now, by name
 
 
 class FormworkOptions(_Strict):
@@ -56,15 +65,17 @@ class FormworkOptions(_Strict):
     speculative: bool | None = None  # drafting from the prompt on or off (default: the server's), as gRPC's
 
 
-class StreamOptions(_Lenient):
+class StreamOptions(_Strict):
     include_usage: bool = False
+    continuous_usage_stats: bool = False  # vLLM's: usage on every chunk
 
 
-class _GenerationRequest(_Lenient):
+class _GenerationRequest(_Open):
     """What chat and text completions share."""
 
     model: str | None = None
     max_tokens: int | None = None
+    min_tokens: int | None = None  # vLLM's and SGLang's
     temperature: float | None = None
     top_p: float | None = None
     top_k: int | None = None
@@ -80,13 +91,17 @@ class _GenerationRequest(_Lenient):
     n: int = 1
     stream: bool = False
     stream_options: StreamOptions | None = None
-    user: str | None = None  # accepted, not used
     response_format: ResponseFormat | None = None
     structured_outputs: StructuredOutputs | None = None
     guided_json: dict[str, Any] | bool | str | None = None
     guided_regex: str | None = None
     guided_choice: list[str] | None = None
     guided_grammar: str | None = None
+    # SGLang's constraint fields (its clients send them as extra body): an EBNF grammar, a regex, a
+    # JSON Schema as JSON text or inline
+    regex: str | None = None
+    ebnf: str | None = None
+    json_schema: dict[str, Any] | bool | str | None = None
     formwork: FormworkOptions | None = None
     # refused when set: they would change the answer in ways the engine does not do
     logit_bias: dict[str, float] | None = None
@@ -141,7 +156,7 @@ class ChatCompletionRequest(_GenerationRequest):
     tools: list[ToolParam] | None = None
     tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
     parallel_tool_calls: bool | None = None
-    chat_template_kwargs: dict[str, Any] | None = None  # vLLM's; enable_thinking is the one read
+    chat_template_kwargs: dict[str, Any] | None = None  # vLLM's: chat template variables
     functions: list[Any] | None = None
     audio: Any = None
     modalities: list[str] | None = None
