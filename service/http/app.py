@@ -14,16 +14,15 @@ gRPC's go through, so a bad field gets the same message on both.
 """
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import dataclasses
 import itertools
 import logging
 import secrets
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any
 
 import msgspec
 import pydantic
@@ -37,10 +36,10 @@ from service.errors import ErrorKind, ServiceError, error_from_output
 from service.http import responses
 from service.http.conversion import Translated, translate_chat, translate_completion
 from service.http.errors import HttpError, bad_request, http_error, not_found, too_large
-from service.http.protocol import ChatCompletionRequest, CompletionRequest
+from service.http.protocol import ChatCompletionRequest, CompletionRequest, field_path
 from service.http.response_object import ResponseEvents, ResponseHeader, whole_response
 from service.http.response_request import ResponsesRequest, translate_response_request
-from service.http.streaming import DONE_EVENT, encode_json, event, merged
+from service.http.streaming import DONE_EVENT, encode_json, event, merged, releasing, unless_disconnected
 from service.observability.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from service.security import ApiKeys, KeyLimiter, SecurityConfig
 
@@ -51,7 +50,6 @@ if TYPE_CHECKING:
     from service.limits import ServiceLimits
 
 logger = logging.getLogger(__name__)
-T = TypeVar("T")
 
 
 class _Refused(Exception):
@@ -180,7 +178,7 @@ class OpenAIApi:
             self._limiter.release(key)
             raise
         if isinstance(response, StreamingResponse):  # held until the stream ends
-            response.body_iterator = _releasing(response.body_iterator, lambda: self._limiter.release(key))
+            response.body_iterator = releasing(response.body_iterator, lambda: self._limiter.release(key))
         else:
             self._limiter.release(key)
         return response
@@ -197,7 +195,7 @@ class OpenAIApi:
             return model.model_validate_json(raw)
         except pydantic.ValidationError as e:
             first = e.errors()[0]
-            path = _path(first["loc"])
+            path = field_path(first["loc"])
             if first["type"] == "json_invalid":
                 raise _Refused(bad_request(f"the request body is not valid JSON: {first['msg']}")) from None
             raise _Refused(bad_request(f"{path or 'body'}: {first['msg']}", path or None)) from None
@@ -225,7 +223,7 @@ class OpenAIApi:
                 first = await self._first(outputs, translated)
                 return StreamingResponse(self._events(call, first, outputs, num_outputs),
                                          media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
-            finals = await _unless_disconnected(request, self._collect(outputs, num_outputs, translated))
+            finals = await unless_disconnected(request, self._collect(outputs, num_outputs, translated))
             if finals is None:  # nobody is left to answer; closing the outputs aborted the requests
                 logger.info("%s: the client disconnected before the answer; its requests were aborted",
                             call.response_id)
@@ -296,7 +294,7 @@ class OpenAIApi:
                 first = await self._first(outputs, translated)
                 return StreamingResponse(self._response_events(header, first, outputs, translated),
                                          media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
-            finals = await _unless_disconnected(request, self._collect(outputs, 1, translated))
+            finals = await unless_disconnected(request, self._collect(outputs, 1, translated))
         except ServiceError as e:
             error, param = translated.field_names.rename(e)
             raise _Refused(http_error(error, param)) from None
@@ -407,53 +405,6 @@ def _error_kind(error: HttpError) -> str:
     if name in ErrorKind.__members__:
         return name
     return {401: "UNAUTHENTICATED", 404: "NOT_FOUND"}.get(error.status, "INVALID_ARGUMENT")
-
-
-_UNION_TAGS = frozenset(("str", "int", "float", "bool", "none"))
-
-
-def _path(loc: tuple) -> str:
-    """A pydantic error location as the request's field path: messages[0].content (without the
-    union member names pydantic adds, like "str" or "list[int]")."""
-    out = ""
-    for part in loc:
-        if isinstance(part, int):
-            out += f"[{part}]"
-        elif part not in _UNION_TAGS and "[" not in part and not part.startswith(("function-", "json-or")):
-            out += f".{part}" if out else part
-    return out
-
-
-async def _unless_disconnected(request: Request, work: Awaitable[T]) -> T | None:
-    """`work`'s result, or None (work cancelled) if the client disconnects first: a non-streaming
-    answer nobody will read must not keep its batch slot and KV blocks until max_tokens."""
-    task = asyncio.ensure_future(work)
-    watcher = asyncio.ensure_future(_disconnect(request))
-    try:
-        await asyncio.wait({task, watcher}, return_when=asyncio.FIRST_COMPLETED)
-    finally:
-        watcher.cancel()
-    if not task.done():
-        task.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await task
-        return None
-    return task.result()
-
-
-async def _disconnect(request: Request) -> None:
-    """Returns when the ASGI server reports the client gone (the body has been read already, so the
-    next message on the channel is the disconnect)."""
-    while (await request.receive())["type"] != "http.disconnect":
-        pass
-
-
-async def _releasing(body: AsyncIterator[Any], release: Callable[[], None]) -> AsyncIterator[Any]:
-    try:
-        async for chunk in body:
-            yield chunk
-    finally:
-        release()
 
 
 def _answer(error: HttpError) -> Response:

@@ -167,3 +167,18 @@ class CompletionRequest(_GenerationRequest):
     logprobs: int | None = None
     echo: bool = False
     suffix: str | None = None
+
+
+_UNION_TAGS = frozenset(("str", "int", "float", "bool", "none"))
+
+
+def field_path(loc: tuple) -> str:
+    """A pydantic error location as the request's field path: messages[0].content (without the
+    union member names pydantic adds, like "str" or "list[int]")."""
+    out = ""
+    for part in loc:
+        if isinstance(part, int):
+            out += f"[{part}]"
+        elif part not in _UNION_TAGS and "[" not in part and not part.startswith(("function-", "json-or")):
+            out += f".{part}" if out else part
+    return out
