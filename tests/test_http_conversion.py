@@ -7,6 +7,7 @@ import json
 import subprocess
 import sys
 
+import pydantic
 import pytest
 
 from live_server import REPO_ROOT
@@ -93,6 +94,8 @@ def test_every_constraint_field_keeps_the_schema_order():
     ({"length_penalty": 1.1}, "length_penalty: is not supported by this server"),
     ({"skip_special_tokens": False}, "skip_special_tokens: only True is supported"),
     ({"min_tokens": -1}, "min_tokens: must be >= 0, got -1"),
+    ({"messages": [{"role": "user", "content": "hi", "audio": {"id": "a"}}]}, "messages[0].audio: is not supported"),
+    ({"messages": [{"role": "assistant", "content": "", "refusal": "no"}]}, "messages[0].refusal: is not supported"),
     ({"logit_bias": {"1": 2.0}}, "logit_bias: is not supported"),
     ({"n": 17}, "n: must be in [1, 16], got 17"),
     ({"top_logprobs": 1}, "top_logprobs: needs logprobs: true"),
@@ -151,6 +154,27 @@ def test_chat_template_kwargs_all_go_to_the_template():
     kwargs = {"enable_thinking": True, "add_vision_id": True, "custom": [1, 2]}
     options = translate_chat(chat(chat_template_kwargs=kwargs)).request.chat
     assert options.template_kwargs == kwargs and options.thinking is True
+
+
+def test_an_earlier_answers_reasoning_goes_to_the_template_and_function_strict_is_accepted():
+    translated = translate_chat(chat(
+        messages=[{"role": "user", "content": "hi"},
+                  {"role": "assistant", "content": "hello", "reasoning_content": "greet back", "refusal": None}],
+        tools=[{"type": "function", "function": {"name": "f", "parameters": {"type": "object"}, "strict": True}}]))
+    assert translated.request.prompts[0].messages[1]["reasoning_content"] == "greet back"
+    assert [t.name for t in translated.request.chat.tools] == ["f"]
+
+
+@pytest.mark.parametrize("fields, path", [
+    ({"response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": {}, "strictness": 1}}},
+     ("response_format", "json_schema", "strictness")),
+    ({"tools": [{"type": "function", "function": {"name": "f", "parameter": {}}}]},
+     ("tools", 0, "function", "parameter")),
+])
+def test_nested_objects_refuse_fields_they_do_not_read(fields, path):
+    with pytest.raises(pydantic.ValidationError) as info:
+        chat(**fields)
+    assert info.value.errors()[0]["loc"] == path and info.value.errors()[0]["type"] == "extra_forbidden"
 
 
 def test_fields_openai_documents_as_ignorable_are_ignored():

@@ -107,9 +107,15 @@ def _chat_options(body: ChatCompletionRequest) -> ChatOptions:
 
 
 def _chat_message(message: ChatMessage, index: int) -> dict[str, Any]:
+    check_extra_fields(message.model_extra, f"messages[{index}].")
+    if message.refusal is not None:
+        raise invalid_argument(f"messages[{index}].refusal", "is not supported; send the text as content")
     calls = [(call.id, call.function.name, _json_text(call.function.arguments)) for call in message.tool_calls or []]
-    return template_message(message.role, _message_text(message.content, index), calls, message.tool_call_id or "",
-                            message.name or "")
+    out = template_message(message.role, _message_text(message.content, index), calls, message.tool_call_id or "",
+                           message.name or "")
+    if message.reasoning_content is not None:
+        out["reasoning_content"] = message.reasoning_content
+    return out
 
 
 def translate_completion(body: CompletionRequest) -> Translated:

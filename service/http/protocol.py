@@ -14,10 +14,6 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 
-class _Lenient(BaseModel):
-    model_config = ConfigDict(extra="ignore")
-
-
 class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
@@ -28,14 +24,14 @@ class _Open(BaseModel):
     model_config = ConfigDict(extra="allow")
 
 
-class JsonSchemaFormat(_Lenient):
+class JsonSchemaFormat(_Strict):
     name: str = "response"
     description: str | None = None
     schema_: dict[str, Any] | bool | None = Field(default=None, alias="schema")
     strict: bool | None = None
 
 
-class ResponseFormat(_Lenient):
+class ResponseFormat(_Strict):
     type: Literal["text", "json_object", "json_schema"]
     json_schema: JsonSchemaFormat | None = None
 
@@ -108,43 +104,46 @@ class _GenerationRequest(_Open):
     best_of: int | None = None
 
 
-class FunctionDefinition(_Lenient):
+class FunctionDefinition(_Strict):
     name: str
     description: str | None = None
     parameters: dict[str, Any] | bool | None = None
+    strict: bool | None = None  # accepted: the parameters' schema is always enforced
 
 
-class ToolParam(_Lenient):
+class ToolParam(_Strict):
     type: Literal["function"]
     function: FunctionDefinition
 
 
-class FunctionName(_Lenient):
+class FunctionName(_Strict):
     name: str
 
 
-class NamedToolChoice(_Lenient):
+class NamedToolChoice(_Strict):
     type: Literal["function"]
     function: FunctionName
 
 
-class FunctionCall(_Lenient):
+class FunctionCall(_Strict):
     name: str
     arguments: str | dict[str, Any] = "{}"
 
 
-class ToolCallParam(_Lenient):
+class ToolCallParam(_Strict):
     id: str = ""
     type: Literal["function"] = "function"
     function: FunctionCall
 
 
-class ChatMessage(_Lenient):
+class ChatMessage(_Open):
     role: str
     content: str | list[dict[str, Any]] | None = None
     name: str | None = None
     tool_calls: list[ToolCallParam] | None = None
     tool_call_id: str | None = None
+    reasoning_content: str | None = None  # an earlier answer's thinking, for templates that read it (Qwen3)
+    refusal: str | None = None  # OpenAI's; only null is accepted
 
 
 class ChatCompletionRequest(_GenerationRequest):

@@ -198,7 +198,7 @@ def _constraint(body: ResponsesRequest) -> ConstraintRequest | None:
     chosen = {name: getattr(options, name) for name in ("strict", "any_whitespace", "jump_forward", "close_early",
                                                           "whitespace") if getattr(options, name) is not None}
     if chosen and constraint is None:
-        raise invalid_argument("formwork", f"{', '.join(chosen)} need an output constraint (text.format)")
+        raise invalid_argument("formwork", f"needs an output constraint (text.format) for {', '.join(chosen)}")
     return None if constraint is None else dataclasses.replace(constraint, **chosen)
 
 
