@@ -276,18 +276,18 @@ class OpenAIApi:
             first = await anext(outputs)
             self._raise_if_error(first[1], translated)
         except BaseException:
-            await outputs.aclose()  # type: ignore[attr-defined]
+            await outputs.aclose()
             raise
         return first
 
     async def _respond(self, request: Request, body: ResponsesRequest, translated: Translated) -> Response:
         """A Responses API call: one output, answered as a response object or its events."""
         model = self._served_model(body.model)
+        tokenizer = self._llm.tokenizer
+        assert tokenizer is not None  # the engine is available (_served_model): its tokenizer is loaded
         response_id = f"resp_{secrets.token_hex(12)}"
         try:
             prepared, outputs = await self._start(translated, response_id)
-            tokenizer = self._llm.tokenizer
-            assert tokenizer is not None
             header = ResponseHeader(response_id, int(time.time()), model, body, prepared.shape,
                                     lambda text: len(tokenizer.encode(text, False)))
             if translated.stream:
