@@ -18,7 +18,6 @@ import torch
 from engine.attention import AttentionInputs, get_attention_backend
 from engine.config import EngineConfig, model_eos_token_ids
 from engine.models import model_class
-from engine.sampling_params import SamplingParams
 from engine.sched.scheduler_output import GrammarOutput, ModelRunnerOutput, SchedulerOutput
 from engine.worker.draft_verification import draft_logits_indices, num_accepted
 from engine.worker.input_batch import CachedRequestState, InputBatch, prepare_step_indices
@@ -268,7 +267,7 @@ class ModelRunner:
                 penalties[i] = (batch.all_token_ids(state.req_id), batch.output_token_ids(state.req_id),
                                 p.repetition_penalty, p.frequency_penalty, p.presence_penalty)
         return SamplingMetadata(
-            banned_token_ids=self._banned_token_ids(req_ids, states, params),
+            banned_token_ids=self._banned_token_ids(req_ids, states),
             temperature=np.array([p.temperature for p in params], dtype=np.float32),
             top_k=np.array([p.top_k for p in params], dtype=np.int64),
             top_p=np.array([p.top_p for p in params], dtype=np.float32),
@@ -278,20 +277,20 @@ class ModelRunner:
             num_logprobs=[p.logprobs for p in params],
         )
 
-    def _banned_token_ids(self, req_ids: list[str], states: list[CachedRequestState],
-                          params: list[SamplingParams]) -> dict[int, np.ndarray]:
+    def _banned_token_ids(self, req_ids: list[str], states: list[CachedRequestState]) -> dict[int, np.ndarray]:
         """Rows whose request is short of its min_tokens -> the ids that would end it. A request's
         rows after its first verify its draft tokens, one output position further each."""
         banned: dict[int, np.ndarray] = {}
         previous, offset = None, 0
-        for row, (req_id, state, p) in enumerate(zip(req_ids, states, params)):
+        for row, (req_id, state) in enumerate(zip(req_ids, states)):
+            params = state.sampling_params
             offset = offset + 1 if req_id == previous else 0
             previous = req_id
-            if not p.min_tokens:
+            if not params.min_tokens:
                 continue
             num_output_tokens = int(self.input_batch.num_tokens[state.row]) - state.num_prompt_tokens + offset
-            if num_output_tokens < p.min_tokens:
-                ids = list(p.stop_token_ids) + ([] if p.ignore_eos else self.eos_token_ids.tolist())
+            if num_output_tokens < params.min_tokens:
+                ids = list(params.stop_token_ids) + ([] if params.ignore_eos else self.eos_token_ids.tolist())
                 if ids:
                     banned[row] = np.unique(np.array(ids, dtype=np.int64))
         return banned
