@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 from engine.protocol import FinishReason
 from service import assistant_output
 from service.assistant_output import AssistantStream, OutputShape
-from service.http.responses import formwork_extension
+from service.http.responses import formwork_extension, usage
 from service.http.streaming import encode_json
 
 if TYPE_CHECKING:
@@ -64,12 +64,13 @@ class ResponseHeader:
                 body["incomplete_details"] = {"reason": "max_output_tokens"}
             reasoning_tokens = (self.count_tokens(reasoning_text + self.shape.reasoning.end)
                                 if reasoning_text and self.shape.reasoning is not None else 0)
-            body["usage"] = {"input_tokens": final.num_prompt_tokens,
-                             "input_tokens_details": {"cached_tokens": final.num_cached_tokens},
-                             "output_tokens": final.num_output_tokens,
+            counts = usage([final], 1)  # chat's, renamed as the Responses API names them
+            body["usage"] = {"input_tokens": counts["prompt_tokens"],
+                             "input_tokens_details": counts["prompt_tokens_details"],
+                             "output_tokens": counts["completion_tokens"],
                              "output_tokens_details": {"reasoning_tokens": min(reasoning_tokens,
-                                                                               final.num_output_tokens)},
-                             "total_tokens": final.num_prompt_tokens + final.num_output_tokens}
+                                                                               counts["completion_tokens"])},
+                             "total_tokens": counts["total_tokens"]}
             body["formwork"] = formwork_extension([final])
         return body
 
