@@ -21,6 +21,9 @@ class SamplingParams(msgspec.Struct, array_like=True, omit_defaults=True):
     """Sampling and stopping for one request. `validate()` raises ValueError naming the field."""
 
     max_tokens: int = 256
+    # EOS, stop tokens and stop strings cannot end the output before this many tokens; a grammar
+    # that allows only EOS still ends it (the constraint wins)
+    min_tokens: int = 0
     temperature: float = 1.0  # 0 means greedy
     top_p: float = 1.0
     top_k: int = 0  # 0 disables
@@ -45,6 +48,8 @@ class SamplingParams(msgspec.Struct, array_like=True, omit_defaults=True):
                 raise ValueError(f"{name} must be a finite number, got {getattr(self, name)}")
         if not isinstance(self.max_tokens, int) or self.max_tokens < 1:
             raise ValueError(f"max_tokens must be an integer >= 1, got {self.max_tokens!r}")
+        if not isinstance(self.min_tokens, int) or not 0 <= self.min_tokens <= self.max_tokens:
+            raise ValueError(f"min_tokens must be in [0, max_tokens ({self.max_tokens})], got {self.min_tokens!r}")
         if self.temperature < 0:
             raise ValueError(f"temperature must be >= 0, got {self.temperature}")
         if self.temperature > MAX_TEMPERATURE:

@@ -67,7 +67,7 @@ class ChatFormat:
         """Raises ServiceError (INVALID_ARGUMENT) naming the request field."""
         tools = _tools(options, limits)
         choice = _choice(options, tools)
-        template_kwargs: dict[str, Any] = {}
+        template_kwargs: dict[str, Any] = dict(options.template_kwargs)
         syntax = None
         if tools and choice != "none":
             calls = ToolCalls(tuple(tools), choice, options.tool_name, options.parallel_tool_calls, self.tool_syntax)
@@ -89,17 +89,20 @@ class ChatFormat:
     def render(self, options: ChatOptions, prompt: PromptInput, limits: ServiceLimits) -> PromptInput:
         """A chat `prompt` with the request's tools and think switch, as `plan` renders it for
         a generation (tokenizing: the same token counts). Raises ServiceError as `plan` does."""
-        template_kwargs: dict[str, Any] = {}
+        template_kwargs: dict[str, Any] = dict(options.template_kwargs)
         self._reasoning(options, template_kwargs)
         template_tools = [_template_tool(t) for t in _tools(options, limits)] or None
         return ToolPlan(None, OutputShape(), template_tools, template_kwargs).prompt(prompt)
 
     def _reasoning(self, options: ChatOptions, template_kwargs: dict[str, Any]) -> ReasoningMarkers | None:
+        """The markers of the think section the output starts with (None: none), with the template
+        variables that switch it set in `template_kwargs`."""
         wanted = options.thinking
         if self.reasoning is None:
-            if wanted:
+            # a template variable sent as such (vLLM's chat_template_kwargs) is the template's to read
+            if wanted and "enable_thinking" not in options.template_kwargs:
                 raise invalid_argument("reasoning.enabled", "this model has no think markers (the server's "
-                                                            "--think-end sets them)")
+                                                            "--think-markers START,END sets them)")
             return None
         if wanted is False:
             if not self.switches_thinking:

@@ -64,6 +64,9 @@ class ChatOptions:
     parallel_tool_calls: bool = True
     thinking: bool | None = None  # None: the model's default
     reasoning_budget: int | None = None  # most tokens of thinking; None: not asked for
+    # more chat template variables, as sent (HTTP's chat_template_kwargs); enable_thinking among
+    # them also sets `thinking`
+    template_kwargs: dict[str, Any] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -72,6 +75,7 @@ class SamplingRequest:
     max_tokens, whose default is the server's `default_max_tokens`."""
 
     max_tokens: int | None = None
+    min_tokens: int | None = None
     temperature: float | None = None
     top_p: float | None = None
     top_k: int | None = None

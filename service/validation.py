@@ -16,7 +16,7 @@ from service.request import (CONSTRAINT_FIELD_KINDS, FLOAT_FIELDS, ConstraintReq
 # SamplingRequest fields that are None when unset, named as in SamplingParams
 _OPTIONAL_SAMPLING_FIELDS = ("temperature", "top_p", "top_k", "min_p", "seed", "repetition_penalty",
                              "frequency_penalty", "presence_penalty", "ignore_eos", "include_stop_str_in_output",
-                             "logprobs", "speculative")
+                             "logprobs", "speculative", "min_tokens")
 # SamplingParams field names, longest first: its ValueErrors start with the field they are about
 _SAMPLING_FIELDS_LONGEST_FIRST = sorted(SamplingParams.__struct_fields__, key=len, reverse=True)
 _CONSTRAINT_OPTIONS = ("strict", "any_whitespace", "jump_forward", "close_early", "whitespace", "grammar_syntax")

@@ -43,12 +43,14 @@ class IncrementalDetokenizer:
         skip_special_tokens: bool = True,
         stop: Sequence[str] = (),
         include_stop_str_in_output: bool = False,
+        min_tokens: int = 0,
     ) -> None:
         self._decode_ids = tokenizer.backend.decode
         self.skip_special_tokens = skip_special_tokens
         self.stop = tuple(s for s in stop if s)
         self.include_stop_str_in_output = include_stop_str_in_output
         self._max_stop_len = max((len(s) for s in self.stop), default=0)
+        self.min_tokens = min_tokens  # stop strings are looked for from this many tokens on
 
         self.token_ids: list[int] = []  # every id fed (the window source)
         self.output_text = ""
@@ -78,7 +80,8 @@ class IncrementalDetokenizer:
             self.token_ids.append(token_id)
             num_chars_before = len(self.output_text)
             self._decode_window()
-            if len(self.output_text) > num_chars_before and self._match_stop(num_chars_before):
+            if (len(self.output_text) > num_chars_before and len(self.token_ids) >= self.min_tokens
+                    and self._match_stop(num_chars_before)):
                 return num_consumed
         return len(new_token_ids)
 
@@ -94,7 +97,7 @@ class IncrementalDetokenizer:
                 num_chars_before = len(self.output_text)
                 self.output_text += new_text[len(prefix_text):]
                 self._read_offset = len(self.token_ids)
-                if self.stop:
+                if self.stop and len(self.token_ids) >= self.min_tokens:
                     self._match_stop(num_chars_before)
         self.finished = True
 

@@ -117,7 +117,8 @@ class OutputProcessor:
             raise ValueError(f"request id {request_id!r} is already in use")
         detokenizer = IncrementalDetokenizer(
             self.tokenizer, skip_special_tokens=True, stop=sampling_params.stop,
-            include_stop_str_in_output=sampling_params.include_stop_str_in_output)
+            include_stop_str_in_output=sampling_params.include_stop_str_in_output,
+            min_tokens=sampling_params.min_tokens)
         self._requests[request_id] = _RequestState(
             request_id, len(prompt_token_ids), sampling_params,
             self._clock() if arrival_time is None else arrival_time, stream, detokenizer)

@@ -16,12 +16,12 @@ import numpy as np
 import torch
 
 from engine.attention import AttentionInputs, get_attention_backend
-from engine.config import EngineConfig
+from engine.config import EngineConfig, model_eos_token_ids
 from engine.models import model_class
 from engine.sched.scheduler_output import ModelRunnerOutput, SchedulerOutput
 from engine.structured_output.grammar_output import GrammarOutput
 from engine.worker.draft_verification import draft_logits_indices, num_accepted
-from engine.worker.input_batch import InputBatch, prepare_step_indices
+from engine.worker.input_batch import CachedRequestState, InputBatch, prepare_step_indices
 from engine.worker.sampler import Sampler, SamplingMetadata
 
 logger = logging.getLogger(__name__)
@@ -81,6 +81,8 @@ class ModelRunner:
         if packed := self.model.pack_cpu_weights():
             logger.info("%d weight matrices packed once for the CPU kernels' bf16 matmuls", packed)
         self.vocab_size = hf_config.vocab_size
+        # the ids that end an output unless ignore_eos: min_tokens bans them until it is reached
+        self.eos_token_ids = np.array(model_eos_token_ids(model_dir), dtype=np.int64)
         self.attn_backend = get_attention_backend(self.device, self.block_size, config.cuda.attention_backend)
         self.kv_dtype = self.attn_backend.kv_cache_dtype(self.dtype)
         self.num_blocks = self._determine_num_blocks(hf_config)
@@ -268,6 +270,7 @@ class ModelRunner:
                 penalties[i] = (batch.all_token_ids(state.req_id), batch.output_token_ids(state.req_id),
                                 p.repetition_penalty, p.frequency_penalty, p.presence_penalty)
         return SamplingMetadata(
+            banned_token_ids=self._banned_token_ids(req_ids, states),
             temperature=np.array([p.temperature for p in params], dtype=np.float32),
             top_k=np.array([p.top_k for p in params], dtype=np.int64),
             top_p=np.array([p.top_p for p in params], dtype=np.float32),
@@ -276,3 +279,21 @@ class ModelRunner:
             penalties=penalties,
             num_logprobs=[p.logprobs for p in params],
         )
+
+    def _banned_token_ids(self, req_ids: list[str], states: list[CachedRequestState]) -> dict[int, np.ndarray]:
+        """Rows whose request is short of its min_tokens -> the ids that would end it. A request's
+        rows after its first verify its draft tokens, one output position further each."""
+        banned: dict[int, np.ndarray] = {}
+        previous, offset = None, 0
+        for row, (req_id, state) in enumerate(zip(req_ids, states)):
+            params = state.sampling_params
+            offset = offset + 1 if req_id == previous else 0
+            previous = req_id
+            if not params.min_tokens:
+                continue
+            num_output_tokens = int(self.input_batch.num_tokens[state.row]) - state.num_prompt_tokens + offset
+            if num_output_tokens < params.min_tokens:
+                ids = list(params.stop_token_ids) + ([] if params.ignore_eos else self.eos_token_ids.tolist())
+                if ids:
+                    banned[row] = np.unique(np.array(ids, dtype=np.int64))
+        return banned

@@ -1,13 +1,14 @@
 """Turning logits into tokens.
 
-Order: logprobs from the raw logits → grammar bitmask → penalties → temperature →
-top-k / top-p / min-p → sample. The bitmask comes before anything that looks at probabilities.
+Order: logprobs from the raw logits → grammar bitmask → min_tokens bans → penalties →
+temperature → top-k / top-p / min-p → sample. The bitmask comes before anything that looks at
+probabilities.
 Greedy rows take a fast path (argmax); seeded rows draw from their own generator, so a seeded
 request samples the same tokens whatever else is in the batch.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 import torch
@@ -38,6 +39,8 @@ class SamplingMetadata:
     # rows with a penalty: row -> (prompt+output token ids, output token ids, repetition, frequency, presence)
     penalties: dict[int, tuple[np.ndarray, np.ndarray, float, float, float]]
     num_logprobs: list[int | None]  # per row; None = not asked
+    # rows short of their min_tokens: row -> the ids that would end the output (EOS, stop tokens)
+    banned_token_ids: dict[int, np.ndarray] = field(default_factory=dict)
 
     @property
     def all_greedy(self) -> bool:
@@ -65,7 +68,7 @@ class Sampler:
             masked = np.flatnonzero(bitmask_rows >= 0)
             bitmask = bitmask[torch.from_numpy(bitmask_rows[masked])]  # row k constrains logits row masked[k]
             dead_end_rows = masked[~bitmask.any(dim=1).numpy()]
-        if meta.all_greedy and not meta.penalties:
+        if meta.all_greedy and not meta.penalties and not meta.banned_token_ids:
             # fast path: argmax, and over only the allowed ids where a grammar applies (logits untouched)
             if len(masked) == n:  # every row constrained: no plain argmax to overwrite
                 token_ids = masked_argmax(logits, bitmask, masked)
@@ -77,6 +80,8 @@ class Sampler:
         else:
             if len(masked):
                 apply_bitmask(logits, bitmask, masked)
+            if meta.banned_token_ids:
+                _ban(logits, meta.banned_token_ids, bitmask, masked)
             if meta.penalties:
                 self._apply_penalties(logits, meta.penalties)
             token_ids = _argmax(logits) if meta.all_greedy else self._sample(logits, meta)
@@ -157,6 +162,21 @@ class Sampler:
                 top = list(zip(ids.tolist(), values.tolist()))
             out.append(TokenLogprob(token_id, float(raw[row, token_id]), top))
         return out
+
+
+def _ban(logits: torch.Tensor, banned_token_ids: dict[int, np.ndarray], bitmask: torch.Tensor | None,
+         masked: np.ndarray) -> None:
+    """Forbid each row's banned ids, unless its grammar allows nothing else: then the grammar wins
+    and the output may end (a constraint that is complete ends before min_tokens)."""
+    bitmask_row = {int(row): k for k, row in enumerate(masked)}
+    for row, token_ids in banned_token_ids.items():
+        k = bitmask_row.get(row)
+        if k is not None and bitmask is not None:
+            words = bitmask[k].numpy().view(np.uint32).copy()
+            words[token_ids >> 5] &= ~(np.uint32(1) << (token_ids & 31).astype(np.uint32))
+            if not words.any():
+                continue
+        logits[row, torch.from_numpy(token_ids).to(logits.device)] = float("-inf")
 
 
 def _keep_allowed(token_ids: torch.Tensor, logits: torch.Tensor, bitmask: torch.Tensor, masked: np.ndarray,

@@ -6,6 +6,10 @@ field, and grpc answers that as UNKNOWN after logging a traceback. Here the dese
 raises: it returns an `UndecodableRequest` naming the field, which the servicer answers with
 INVALID_ARGUMENT and one log line. Finding the field walks the wire format once more, without
 recursion, only for the bytes that failed.
+
+A field number this server's formwork.v1 does not know (a client built from a newer proto) is
+refused the same way rather than dropped: protobuf keeps such fields aside as unknown, and a
+request field silently ignored is an answer the client misreads.
 """
 from __future__ import annotations
 
@@ -15,6 +19,7 @@ from typing import Any
 
 from google.protobuf import descriptor as descriptor_mod
 from google.protobuf.message import DecodeError, Message
+from google.protobuf.unknown_fields import UnknownFieldSet
 
 # protobuf's (upb's) default decoding depth, in message levels
 MAX_MESSAGE_DEPTH = 100
@@ -35,11 +40,32 @@ def tolerant_deserializer(message_class: type[Message]) -> Callable[[bytes], Any
 
     def deserialize(data: bytes) -> Message | UndecodableRequest:
         try:
-            return message_class.FromString(data)
+            message = message_class.FromString(data)
         except DecodeError:
             return diagnose(message_class.DESCRIPTOR, data)
+        return unknown_field(message) or message
 
     return deserialize
+
+
+def unknown_field(message: Message, path: str = "") -> UndecodableRequest | None:
+    """The first field of `message` (or of a message inside it) whose number this server's
+    formwork.v1 does not know, named by where it sits; None if there is none."""
+    unknown = UnknownFieldSet(message)
+    if len(unknown):
+        return UndecodableRequest(path or "request", f"has field number {unknown[0].field_number}, which this "
+                                                     f"server's {message.DESCRIPTOR.full_name} does not know (a "
+                                                     f"client built from a newer formwork.v1?); upgrade the "
+                                                     f"server or leave the field out")
+    for field, value in message.ListFields():
+        if field.type != _MESSAGE or _is_well_known(field.message_type):
+            continue
+        name = f"{path}.{field.name}" if path else field.name
+        for index, inner in enumerate(value if field.is_repeated else [value]):
+            found = unknown_field(inner, f"{name}[{index}]" if field.is_repeated else name)
+            if found is not None:
+                return found
+    return None
 
 
 def diagnose(descriptor: descriptor_mod.Descriptor, data: bytes) -> UndecodableRequest:

@@ -19,7 +19,7 @@ from service.request import (ChatOptions, ConstraintRequest, GenerationRequest, 
 # proto3 `optional` fields of GenerateRequest, named as in SamplingRequest
 _OPTIONAL_SAMPLING_FIELDS = ("max_tokens", "temperature", "top_p", "top_k", "min_p", "seed", "repetition_penalty",
                              "frequency_penalty", "presence_penalty", "ignore_eos", "include_stop_str_in_output",
-                             "logprobs", "speculative")
+                             "logprobs", "speculative", "min_tokens")
 _CONSTRAINT_OPTIONS = ("strict", "any_whitespace", "jump_forward", "close_early")
 _WHITESPACE = {pb.JSON_WHITESPACE_COMPACT: "compact", pb.JSON_WHITESPACE_SPACED: "spaced",
                pb.JSON_WHITESPACE_BOUNDED: "bounded", pb.JSON_WHITESPACE_ANY: "any"}

@@ -5,6 +5,7 @@
     GET  /v1/models            the served model
     POST /v1/chat/completions  chat, whole or streamed as server-sent events
     POST /v1/completions       text completion, whole or streamed
+    POST /v1/responses         OpenAI's Responses API, whole or streamed as its events (nothing stored)
 
 The same SecurityConfig as gRPC: `Authorization: Bearer KEY` on /v1/* when keys are set, and
 the per-key limit on concurrent generation calls (shared with gRPC). Requests are mapped onto the
@@ -13,16 +14,15 @@ gRPC's go through, so a bad field gets the same message on both.
 """
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import dataclasses
 import itertools
 import logging
 import secrets
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any
 
 import msgspec
 import pydantic
@@ -36,19 +36,20 @@ from service.errors import ErrorCode, ServiceError, error_from_output
 from service.http import responses
 from service.http.conversion import Translated, translate_chat, translate_completion
 from service.http.errors import HttpError, bad_request, http_error, not_found, too_large
-from service.http.protocol import ChatCompletionRequest, CompletionRequest
-from service.http.streaming import DONE_EVENT, encode_json, event, merged
+from service.http.protocol import ChatCompletionRequest, CompletionRequest, field_path
+from service.http.response_object import ResponseEvents, ResponseHeader, whole_response
+from service.http.response_request import ResponsesRequest, translate_response_request
+from service.http.streaming import DONE_EVENT, encode_json, event, merged, releasing, unless_disconnected
 from service.observability.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from service.security import ApiKeys, KeyLimiter, SecurityConfig
 
 if TYPE_CHECKING:
     from engine.frontend.output_processor import RequestOutput
     from engine.protocol import EngineCoreReady
-    from service.async_llm import AsyncLLM
+    from service.async_llm import AsyncLLM, PreparedRequest
     from service.limits import ServiceLimits
 
 logger = logging.getLogger(__name__)
-T = TypeVar("T")
 
 
 class _Refused(Exception):
@@ -70,6 +71,7 @@ class _Call:
     response_id: str
     created: int
     shape: OutputShape = OutputShape()  # how each choice's output is read back
+    num_prompt_tokens: int = 0  # of all prompts, each once
 
 
 class OpenAIApi:
@@ -93,6 +95,7 @@ class OpenAIApi:
         self.app.add_api_route("/v1/models", self.models, methods=["GET"])
         self.app.add_api_route("/v1/chat/completions", self.chat_completions, methods=["POST"])
         self.app.add_api_route("/v1/completions", self.completions, methods=["POST"])
+        self.app.add_api_route("/v1/responses", self.responses, methods=["POST"])
 
     # ---- routes -------------------------------------------------------------------------------
 
@@ -137,6 +140,12 @@ class OpenAIApi:
         return await self._limited(key, lambda: self._generate(request, body.model, translated, chat=False,
                                                                logprobs=body.logprobs is not None))
 
+    async def responses(self, request: Request) -> Response:
+        key = self._authorize(request)
+        body = await self._parse(request, ResponsesRequest)
+        translated = translate_response_request(body)
+        return await self._limited(key, lambda: self._respond(request, body, translated))
+
     def _refuse(self, request: Request, error: HttpError) -> Response:
         """The error answer; a refused generation call is counted by its error kind, as gRPC's are."""
         if request.url.path in _GENERATION_PATHS:
@@ -169,7 +178,7 @@ class OpenAIApi:
             self._limiter.release(key)
             raise
         if isinstance(response, StreamingResponse):  # held until the stream ends
-            response.body_iterator = _releasing(response.body_iterator, lambda: self._limiter.release(key))
+            response.body_iterator = releasing(response.body_iterator, lambda: self._limiter.release(key))
         else:
             self._limiter.release(key)
         return response
@@ -186,7 +195,7 @@ class OpenAIApi:
             return model.model_validate_json(raw)
         except pydantic.ValidationError as e:
             first = e.errors()[0]
-            path = _path(first["loc"])
+            path = field_path(first["loc"])
             if first["type"] == "json_invalid":
                 raise _Refused(bad_request(f"the request body is not valid JSON: {first['msg']}")) from None
             raise _Refused(bad_request(f"{path or 'body'}: {first['msg']}", path or None)) from None
@@ -203,39 +212,18 @@ class OpenAIApi:
 
     async def _generate(self, request: Request, model: str | None, translated: Translated, chat: bool,
                         logprobs: bool) -> Response:
-        info = self._available_info()
-        if model not in (None, info.model_name):
-            raise _Refused(not_found(f"the model '{model}' does not exist; this server serves '{info.model_name}'",
-                                     "model_not_found"))
-        call = _Call(translated, chat, logprobs, info.model_name,
+        call = _Call(translated, chat, logprobs, self._served_model(model),
                      f"{'chatcmpl' if chat else 'cmpl'}-{secrets.token_hex(12)}", int(time.time()))
         try:
-            prepared = await self._llm.prepare(translated.request)
-            params, call = prepared.params, dataclasses.replace(call, shape=prepared.shape)
-            arrival_time = time.monotonic()
-            number = next(self._ids)
-            generations = []
-            for prompt_index, prompt in enumerate(prepared.prompts):
-                for choice in range(translated.num_choices):
-                    choice_params = params
-                    if params.seed is not None and choice:  # the same seed would give n equal choices
-                        choice_params = msgspec.structs.replace(params, seed=params.seed + choice)
-                    index = prompt_index * translated.num_choices + choice
-                    generations.append(self._llm.generate(
-                        prompt.token_ids, choice_params, request_id=f"{call.response_id}#{number}.{index}",
-                        priority=translated.request.priority, arrival_time=arrival_time, stream=translated.stream,
-                        prompt_field=prompt.field))
-            outputs = merged(generations)
+            prepared, outputs = await self._start(translated, call.response_id)
+            call = dataclasses.replace(call, shape=prepared.shape,
+                                       num_prompt_tokens=sum(len(p.token_ids) for p in prepared.prompts))
+            num_outputs = len(prepared.prompts) * translated.num_choices
             if translated.stream:
-                try:  # the first output before the 200: a constraint that fails to compile is a 400
-                    first = await anext(outputs)
-                    self._raise_if_error(first[1], translated)
-                except BaseException:
-                    await outputs.aclose()
-                    raise
-                return StreamingResponse(self._events(call, first, outputs, len(generations)),
+                first = await self._first(outputs, translated)
+                return StreamingResponse(self._events(call, first, outputs, num_outputs),
                                          media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
-            finals = await _unless_disconnected(request, self._collect(outputs, len(generations), translated))
+            finals = await unless_disconnected(request, self._collect(outputs, num_outputs, translated))
             if finals is None:  # nobody is left to answer; closing the outputs aborted the requests
                 logger.info("%s: the client disconnected before the answer; its requests were aborted",
                             call.response_id)
@@ -251,6 +239,90 @@ class OpenAIApi:
             body = responses.completion(call.response_id, call.created, call.model, done, translated.num_choices,
                                         self._llm.token_text, call.logprobs)
         return _json(200, body)
+
+    def _served_model(self, model: str | None) -> str:
+        """The served model's name, if `model` names it or is unset; else 404."""
+        info = self._available_info()
+        if model not in (None, info.model_name):
+            raise _Refused(not_found(f"the model '{model}' does not exist; this server serves '{info.model_name}'",
+                                     "model_not_found"))
+        return info.model_name
+
+    async def _start(self, translated: Translated, response_id: str
+                     ) -> tuple[PreparedRequest, AsyncIterator[tuple[int, RequestOutput]]]:
+        """Check and tokenize the request, and start its generations: n choices of each prompt,
+        merged into one stream of (index, output). Raises ServiceError naming the field."""
+        prepared = await self._llm.prepare(translated.request)
+        params = prepared.params
+        arrival_time = time.monotonic()
+        number = next(self._ids)
+        generations = []
+        for prompt_index, prompt in enumerate(prepared.prompts):
+            for choice in range(translated.num_choices):
+                choice_params = params
+                if params.seed is not None and choice:  # the same seed would give n equal choices
+                    choice_params = msgspec.structs.replace(params, seed=params.seed + choice)
+                index = prompt_index * translated.num_choices + choice
+                generations.append(self._llm.generate(
+                    prompt.token_ids, choice_params, request_id=f"{response_id}#{number}.{index}",
+                    priority=translated.request.priority, arrival_time=arrival_time, stream=translated.stream,
+                    prompt_field=prompt.field))
+        return prepared, merged(generations)
+
+    async def _first(self, outputs: AsyncIterator[tuple[int, RequestOutput]], translated: Translated
+                     ) -> tuple[int, RequestOutput]:
+        """A stream's first output, before the 200: a constraint that fails to compile is a 400."""
+        try:
+            first = await anext(outputs)
+            self._raise_if_error(first[1], translated)
+        except BaseException:
+            await outputs.aclose()
+            raise
+        return first
+
+    async def _respond(self, request: Request, body: ResponsesRequest, translated: Translated) -> Response:
+        """A Responses API call: one output, answered as a response object or its events."""
+        model = self._served_model(body.model)
+        tokenizer = self._llm.tokenizer
+        assert tokenizer is not None  # the engine is available (_served_model): its tokenizer is loaded
+        response_id = f"resp_{secrets.token_hex(12)}"
+        try:
+            prepared, outputs = await self._start(translated, response_id)
+            header = ResponseHeader(response_id, int(time.time()), model, body, prepared.shape,
+                                    lambda text: len(tokenizer.encode(text, False)))
+            if translated.stream:
+                first = await self._first(outputs, translated)
+                return StreamingResponse(self._response_events(header, first, outputs, translated),
+                                         media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
+            finals = await unless_disconnected(request, self._collect(outputs, 1, translated))
+        except ServiceError as e:
+            error, param = translated.field_names.rename(e)
+            raise _Refused(http_error(error, param)) from None
+        if finals is None or finals[0] is None:
+            logger.info("%s: the client disconnected before the answer; its request was aborted", response_id)
+            return Response(status_code=499)
+        return _json(200, whole_response(header, finals[0]))
+
+    async def _response_events(self, header: ResponseHeader, first: tuple[int, RequestOutput],
+                               outputs: AsyncIterator[tuple[int, RequestOutput]], translated: Translated
+                               ) -> AsyncIterator[bytes]:
+        events = ResponseEvents(header)
+        async with contextlib.aclosing(outputs):  # type: ignore[type-var]
+            yield events.start()
+            output = first[1]
+            while True:
+                if output.finish_reason == FinishReason.ERROR:
+                    error = error_from_output(output, translated.request.constraint_field)
+                    yield events.error(http_error(*translated.field_names.rename(error)).body())
+                    return
+                yield events.step(output)
+                try:
+                    output = (await anext(outputs))[1]
+                except StopAsyncIteration:
+                    return
+                except ServiceError as e:  # the engine died mid-stream
+                    yield events.error(http_error(e).body())
+                    return
 
     async def _collect(self, outputs: AsyncIterator[tuple[int, RequestOutput]], num_outputs: int,
                        translated: Translated) -> list[RequestOutput | None]:
@@ -273,15 +345,21 @@ class OpenAIApi:
         token_text, include_usage = self._llm.token_text, translated.include_usage
         finals: list[RequestOutput | None] = [None] * num_choices
         readers = [AssistantStream(call.shape) for _ in range(num_choices)]
+        num_output_tokens = [0] * num_choices  # per choice, so far: continuous usage
 
         def chunk(index: int, output: RequestOutput | None, opening: bool = False) -> bytes:
+            usage_so_far = None
+            if translated.continuous_usage:
+                if output is not None:
+                    num_output_tokens[index] = output.num_output_tokens
+                usage_so_far = responses.running_usage(call.num_prompt_tokens, sum(num_output_tokens))
             if call.chat:
                 return b"".join(event(c) for c in responses.chat_chunks(
                     call.response_id, call.created, call.model, index, output, token_text, call.logprobs,
-                    include_usage, opening, None if call.shape.plain else readers[index]))
+                    include_usage, opening, None if call.shape.plain else readers[index], usage_so_far))
             assert output is not None
             return event(responses.completion_chunk(call.response_id, call.created, call.model, index, output,
-                                                    token_text, call.logprobs, include_usage))
+                                                    token_text, call.logprobs, include_usage, usage_so_far))
 
         async with contextlib.aclosing(outputs):  # type: ignore[type-var]
             if call.chat:
@@ -318,7 +396,7 @@ class OpenAIApi:
         return _answer(HttpError(error.status_code, str(error.detail), "invalid_request_error"))
 
 
-_GENERATION_PATHS = frozenset(("/v1/chat/completions", "/v1/completions"))
+_GENERATION_PATHS = frozenset(("/v1/chat/completions", "/v1/completions", "/v1/responses"))
 
 
 def _error_kind(error: HttpError) -> str:
@@ -327,53 +405,6 @@ def _error_kind(error: HttpError) -> str:
     if name in ErrorCode.__members__:
         return name
     return {401: "UNAUTHENTICATED", 404: "NOT_FOUND"}.get(error.status, "INVALID_ARGUMENT")
-
-
-_UNION_TAGS = frozenset(("str", "int", "float", "bool", "none"))
-
-
-def _path(loc: tuple) -> str:
-    """A pydantic error location as the request's field path: messages[0].content (without the
-    union member names pydantic adds, like "str" or "list[int]")."""
-    out = ""
-    for part in loc:
-        if isinstance(part, int):
-            out += f"[{part}]"
-        elif part not in _UNION_TAGS and "[" not in part and not part.startswith(("function-", "json-or")):
-            out += f".{part}" if out else part
-    return out
-
-
-async def _unless_disconnected(request: Request, work: Awaitable[T]) -> T | None:
-    """`work`'s result, or None (work cancelled) if the client disconnects first: a non-streaming
-    answer nobody will read must not keep its batch slot and KV blocks until max_tokens."""
-    task = asyncio.ensure_future(work)
-    watcher = asyncio.ensure_future(_disconnect(request))
-    try:
-        await asyncio.wait({task, watcher}, return_when=asyncio.FIRST_COMPLETED)
-    finally:
-        watcher.cancel()
-    if not task.done():
-        task.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await task
-        return None
-    return task.result()
-
-
-async def _disconnect(request: Request) -> None:
-    """Returns when the ASGI server reports the client gone (the body has been read already, so the
-    next message on the channel is the disconnect)."""
-    while (await request.receive())["type"] != "http.disconnect":
-        pass
-
-
-async def _releasing(body: AsyncIterator[Any], release: Callable[[], None]) -> AsyncIterator[Any]:
-    try:
-        async for chunk in body:
-            yield chunk
-    finally:
-        release()
 
 
 def _answer(error: HttpError) -> Response:

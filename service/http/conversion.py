@@ -13,11 +13,14 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from service.errors import FieldViolation, ServiceError, invalid_argument
+from service.http.fields import check_extra_fields
 from service.http.protocol import ChatCompletionRequest, ChatMessage, CompletionRequest, _GenerationRequest
 from service.request import (ChatOptions, ConstraintRequest, GenerationRequest, PromptInput, SamplingRequest, ToolSpec,
                              template_message)
 
 MAX_CHOICES = 16  # n, per prompt
+# chat template variables a request sets through its own fields, never through chat_template_kwargs
+RESERVED_TEMPLATE_VARIABLES = frozenset(("messages", "tools", "add_generation_prompt"))
 _SAMPLING_FIELDS = ("temperature", "top_p", "min_p", "seed", "frequency_penalty", "presence_penalty",
                     "repetition_penalty", "ignore_eos", "include_stop_str_in_output")
 
@@ -54,6 +57,7 @@ class Translated:
     num_choices: int  # n: choices per prompt
     stream: bool
     include_usage: bool
+    continuous_usage: bool = False  # usage on every chunk (vLLM's stream_options.continuous_usage_stats)
 
 
 def translate_chat(body: ChatCompletionRequest) -> Translated:
@@ -88,9 +92,10 @@ def _chat_options(body: ChatCompletionRequest) -> ChatOptions:
     elif body.tool_choice is not None:
         choice, name = "named", body.tool_choice.function.name
     kwargs = body.chat_template_kwargs or {}
-    unknown = sorted(set(kwargs) - {"enable_thinking"})
-    if unknown:
-        raise invalid_argument(f"chat_template_kwargs.{unknown[0]}", "is not supported (only enable_thinking)")
+    reserved = sorted(set(kwargs) & RESERVED_TEMPLATE_VARIABLES)
+    if reserved:
+        raise invalid_argument(f"chat_template_kwargs.{reserved[0]}", f"is set by the request's own "
+                                                                      f"{reserved[0]} field, not here")
     thinking = kwargs.get("enable_thinking")
     if "enable_thinking" in kwargs and not isinstance(thinking, bool):
         raise invalid_argument("chat_template_kwargs.enable_thinking", "must be true or false")
@@ -98,13 +103,19 @@ def _chat_options(body: ChatCompletionRequest) -> ChatOptions:
     if budget is not None and not 0 <= budget < 1 << 32:
         raise invalid_argument("formwork.reasoning_budget", f"must be >= 0, got {budget}")
     parallel = body.parallel_tool_calls if body.parallel_tool_calls is not None else True
-    return ChatOptions(tools, choice, name, parallel, thinking, budget)
+    return ChatOptions(tools, choice, name, parallel, thinking, budget, template_kwargs=dict(kwargs))
 
 
 def _chat_message(message: ChatMessage, index: int) -> dict[str, Any]:
+    check_extra_fields(message.model_extra, f"messages[{index}].")
+    if message.refusal is not None:
+        raise invalid_argument(f"messages[{index}].refusal", "is not supported; send the text as content")
     calls = [(call.id, call.function.name, _json_text(call.function.arguments)) for call in message.tool_calls or []]
-    return template_message(message.role, _message_text(message.content, index), calls, message.tool_call_id or "",
-                            message.name or "")
+    out = template_message(message.role, _message_text(message.content, index), calls, message.tool_call_id or "",
+                           message.name or "")
+    if message.reasoning_content is not None:
+        out["reasoning_content"] = message.reasoning_content
+    return out
 
 
 def translate_completion(body: CompletionRequest) -> Translated:
@@ -129,6 +140,7 @@ def translate_completion(body: CompletionRequest) -> Translated:
 
 
 def _translated(body: _GenerationRequest, request: GenerationRequest, names: FieldNames) -> Translated:
+    check_extra_fields(body.model_extra)
     if not 1 <= body.n <= MAX_CHOICES:
         raise invalid_argument("n", f"must be in [1, {MAX_CHOICES}], got {body.n}")
     if body.best_of is not None and body.best_of != body.n:
@@ -137,10 +149,12 @@ def _translated(body: _GenerationRequest, request: GenerationRequest, names: Fie
         raise invalid_argument("logit_bias", "is not supported; constrain the output with response_format or "
                                              "structured_outputs instead")
     include_usage = bool(body.stream_options and body.stream_options.include_usage)
+    continuous_usage = bool(body.stream_options and body.stream_options.continuous_usage_stats)
     if body.stream_options is not None and not body.stream:
         raise invalid_argument("stream_options", "is only allowed with stream: true")
     priority = body.formwork.priority if body.formwork else 0
-    return Translated(dataclasses.replace(request, priority=priority), names, body.n, body.stream, include_usage)
+    return Translated(dataclasses.replace(request, priority=priority), names, body.n, body.stream, include_usage,
+                      continuous_usage)
 
 
 def _sampling(body: _GenerationRequest, names: FieldNames) -> SamplingRequest:
@@ -150,6 +164,8 @@ def _sampling(body: _GenerationRequest, names: FieldNames) -> SamplingRequest:
         sampling = _with_uint(sampling, "top_k", 0 if body.top_k == -1 else body.top_k, "top_k", names)
     if body.max_tokens is not None:
         sampling = _with_uint(sampling, "max_tokens", body.max_tokens, "max_tokens", names)
+    if body.min_tokens is not None:
+        sampling = _with_uint(sampling, "min_tokens", body.min_tokens, "min_tokens", names)
     if body.stop is not None:
         sampling = dataclasses.replace(sampling, stop=(body.stop,) if isinstance(body.stop, str) else tuple(body.stop))
     if body.stop_token_ids:
@@ -188,16 +204,21 @@ def _constraint(body: _GenerationRequest, names: FieldNames) -> ConstraintReques
                                         strict=response_format.json_schema.strict)))
     structured = body.structured_outputs
     if structured is not None:
+        if structured.structural_tag is not None:
+            raise invalid_argument("structured_outputs.structural_tag", "structural tags are not supported yet; "
+                                                                         "tools (function calls) are constrained")
         kinds = [k for k in ("json_", "regex", "choice", "grammar", "json_object") if getattr(structured, k) is not None]
         if len(kinds) != 1:
             raise invalid_argument("structured_outputs", "set exactly one of json, regex, choice, grammar, json_object")
         kind = kinds[0]
         found.append((f"structured_outputs.{kind.rstrip('_')}", _kind_constraint(kind, getattr(structured, kind))))
     for name, kind in (("guided_json", "json_"), ("guided_regex", "regex"), ("guided_choice", "choice"),
-                       ("guided_grammar", "grammar")):
+                       ("guided_grammar", "grammar"), ("regex", "regex"), ("json_schema", "json_")):
         value = getattr(body, name)
         if value is not None:
             found.append((name, _kind_constraint(kind, value)))
+    if body.ebnf is not None:  # SGLang's grammars are EBNF (xgrammar's dialect), never Lark
+        found.append(("ebnf", ConstraintRequest("grammar", body.ebnf, grammar_syntax="ebnf")))
     if len(found) > 1:
         raise invalid_argument(found[1][0], f"only one output constraint per request; {found[0][0]} is set too")
     if not found:

@@ -1,9 +1,11 @@
 """The OpenAI request bodies Formwork reads, as pydantic models (docs/http.md lists every field).
 
 Types only: ranges, sizes and constraints are checked where gRPC's are (service/validation.py),
-so both front ends give the same message. Fields OpenAI defines that have no meaning here (`user`,
-`store`, `metadata`, ...) are ignored; those that would change the answer and cannot be honoured
-(`functions`, `logit_bias`, `echo`, ...) are declared so that service/http/conversion.py can refuse them.
+so both front ends give the same message. The request bodies keep the fields they do not declare
+(`model_extra`): service/http/fields.py ignores those OpenAI documents as safe to ignore and refuses
+every other one by name, so no field is silently dropped. Declared fields that would change the
+answer and cannot be honoured (`functions`, `logit_bias`, `echo`, ...) are refused by
+service/http/conversion.py.
 """
 from __future__ import annotations
 
@@ -12,22 +14,24 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 
-class _Lenient(BaseModel):
-    model_config = ConfigDict(extra="ignore")
-
-
 class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
 
-class JsonSchemaFormat(_Lenient):
+class _Open(BaseModel):
+    """A request body: undeclared fields are kept, for service/http/fields.py to judge."""
+
+    model_config = ConfigDict(extra="allow")
+
+
+class JsonSchemaFormat(_Strict):
     name: str = "response"
     description: str | None = None
     schema_: dict[str, Any] | bool | None = Field(default=None, alias="schema")
     strict: bool | None = None
 
 
-class ResponseFormat(_Lenient):
+class ResponseFormat(_Strict):
     type: Literal["text", "json_object", "json_schema"]
     json_schema: JsonSchemaFormat | None = None
 
@@ -40,6 +44,7 @@ class StructuredOutputs(_Strict):
     choice: list[str] | None = None
     grammar: str | None = None
     json_object: bool | None = None
+    structural_tag: Any = None  # refused for now, by name
 
 
 class FormworkOptions(_Strict):
@@ -56,15 +61,17 @@ class FormworkOptions(_Strict):
     speculative: bool | None = None  # drafting from the prompt on or off (default: the server's), as gRPC's
 
 
-class StreamOptions(_Lenient):
+class StreamOptions(_Strict):
     include_usage: bool = False
+    continuous_usage_stats: bool = False  # vLLM's: usage on every chunk
 
 
-class _GenerationRequest(_Lenient):
+class _GenerationRequest(_Open):
     """What chat and text completions share."""
 
     model: str | None = None
     max_tokens: int | None = None
+    min_tokens: int | None = None  # vLLM's and SGLang's
     temperature: float | None = None
     top_p: float | None = None
     top_k: int | None = None
@@ -80,56 +87,63 @@ class _GenerationRequest(_Lenient):
     n: int = 1
     stream: bool = False
     stream_options: StreamOptions | None = None
-    user: str | None = None  # accepted, not used
     response_format: ResponseFormat | None = None
     structured_outputs: StructuredOutputs | None = None
     guided_json: dict[str, Any] | bool | str | None = None
     guided_regex: str | None = None
     guided_choice: list[str] | None = None
     guided_grammar: str | None = None
+    # SGLang's constraint fields (its clients send them as extra body): an EBNF grammar, a regex, a
+    # JSON Schema as JSON text or inline
+    regex: str | None = None
+    ebnf: str | None = None
+    json_schema: dict[str, Any] | bool | str | None = None
     formwork: FormworkOptions | None = None
     # refused when set: they would change the answer in ways the engine does not do
     logit_bias: dict[str, float] | None = None
     best_of: int | None = None
 
 
-class FunctionDefinition(_Lenient):
+class FunctionDefinition(_Strict):
     name: str
     description: str | None = None
     parameters: dict[str, Any] | bool | None = None
+    strict: bool | None = None  # accepted: the parameters' schema is always enforced
 
 
-class ToolParam(_Lenient):
+class ToolParam(_Strict):
     type: Literal["function"]
     function: FunctionDefinition
 
 
-class FunctionName(_Lenient):
+class FunctionName(_Strict):
     name: str
 
 
-class NamedToolChoice(_Lenient):
+class NamedToolChoice(_Strict):
     type: Literal["function"]
     function: FunctionName
 
 
-class FunctionCall(_Lenient):
+class FunctionCall(_Strict):
     name: str
     arguments: str | dict[str, Any] = "{}"
 
 
-class ToolCallParam(_Lenient):
+class ToolCallParam(_Strict):
     id: str = ""
     type: Literal["function"] = "function"
     function: FunctionCall
 
 
-class ChatMessage(_Lenient):
+class ChatMessage(_Open):
     role: str
     content: str | list[dict[str, Any]] | None = None
     name: str | None = None
     tool_calls: list[ToolCallParam] | None = None
     tool_call_id: str | None = None
+    reasoning_content: str | None = None  # an earlier answer's thinking, for templates that read it (Qwen3)
+    refusal: str | None = None  # OpenAI's; only null is accepted
 
 
 class ChatCompletionRequest(_GenerationRequest):
@@ -141,7 +155,7 @@ class ChatCompletionRequest(_GenerationRequest):
     tools: list[ToolParam] | None = None
     tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
     parallel_tool_calls: bool | None = None
-    chat_template_kwargs: dict[str, Any] | None = None  # vLLM's; enable_thinking is the one read
+    chat_template_kwargs: dict[str, Any] | None = None  # vLLM's: chat template variables
     functions: list[Any] | None = None
     audio: Any = None
     modalities: list[str] | None = None
@@ -152,3 +166,18 @@ class CompletionRequest(_GenerationRequest):
     logprobs: int | None = None
     echo: bool = False
     suffix: str | None = None
+
+
+_UNION_TAGS = frozenset(("str", "int", "float", "bool", "none"))
+
+
+def field_path(loc: tuple) -> str:
+    """A pydantic error location as the request's field path: messages[0].content (without the
+    union member names pydantic adds, like "str" or "list[int]")."""
+    out = ""
+    for part in loc:
+        if isinstance(part, int):
+            out += f"[{part}]"
+        elif part not in _UNION_TAGS and "[" not in part and not part.startswith(("function-", "json-or")):
+            out += f".{part}" if out else part
+    return out

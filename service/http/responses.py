@@ -39,6 +39,12 @@ def usage(finals: Sequence[RequestOutput], num_choices: int) -> dict[str, Any]:
             "prompt_tokens_details": {"cached_tokens": sum(o.counters.num_cached_tokens for o in first_choices)}}
 
 
+def running_usage(num_prompt_tokens: int, num_output_tokens: int) -> dict[str, Any]:
+    """Usage so far, on every chunk of a stream with stream_options.continuous_usage_stats."""
+    return {"prompt_tokens": num_prompt_tokens, "completion_tokens": num_output_tokens,
+            "total_tokens": num_prompt_tokens + num_output_tokens}
+
+
 def formwork_extension(finals: Sequence[RequestOutput]) -> dict[str, Any]:
     choices = []
     for index, output in enumerate(finals):
@@ -102,12 +108,13 @@ def completion(response_id: str, created: int, model: str, finals: Sequence[Requ
 
 def chat_chunks(response_id: str, created: int, model: str, index: int, output: RequestOutput | None,
                 token_text: TokenText, logprobs: bool, include_usage: bool, first: bool,
-                reader: AssistantStream | None = None) -> list[dict[str, Any]]:
+                reader: AssistantStream | None = None, usage_so_far: dict[str, Any] | None = None
+                ) -> list[dict[str, Any]]:
     """One choice's step as chunks; `output` None: the opening chunk that carries the role. With
     `reader`, the step's text is split into reasoning_content, content and tool-call deltas, one
     chunk each, as OpenAI and vLLM stream them: a call's first delta has its id, type, name and
     arguments "", the next ones pieces of its arguments. The step's logprobs ride on its first
-    chunk, its finish_reason on the last."""
+    chunk, its finish_reason on the last; `usage_so_far` (continuous usage) on every chunk."""
     deltas: list[dict[str, Any]] = [{"role": "assistant", "content": ""} if first
                                     else {"content": output.delta_text if output else ""}]
     reason = finish_reason(output) if output else None
@@ -123,8 +130,8 @@ def chat_chunks(response_id: str, created: int, model: str, index: int, output: 
             choice["logprobs"] = chat_logprobs(output.new_logprobs or [], token_text)
         chunk = {"id": response_id, "object": "chat.completion.chunk", "created": created, "model": model,
                  "choices": [choice]}
-        if include_usage:
-            chunk["usage"] = None
+        if include_usage or usage_so_far is not None:
+            chunk["usage"] = usage_so_far
         chunks.append(chunk)
     return chunks
 
@@ -151,13 +158,14 @@ def _tool_call(call: ParsedCall) -> dict[str, Any]:
 
 
 def completion_chunk(response_id: str, created: int, model: str, index: int, output: RequestOutput,
-                     token_text: TokenText, logprobs: bool, include_usage: bool) -> dict[str, Any]:
+                     token_text: TokenText, logprobs: bool, include_usage: bool,
+                     usage_so_far: dict[str, Any] | None = None) -> dict[str, Any]:
     choice = {"index": index, "text": output.delta_text,
               "logprobs": completion_logprobs(output.new_logprobs or [], token_text) if logprobs else None,
               "finish_reason": finish_reason(output)}
     chunk = {"id": response_id, "object": "text_completion", "created": created, "model": model, "choices": [choice]}
-    if include_usage:
-        chunk["usage"] = None
+    if include_usage or usage_so_far is not None:
+        chunk["usage"] = usage_so_far
     return chunk
 
 

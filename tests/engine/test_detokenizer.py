@@ -204,3 +204,11 @@ def test_random_tokens_match_full_decode(tok, stop):
         detok.finish()
         text += detok.get_delta()
         assert text == detok.output_text == tok.decode(token_ids, skip_special_tokens=True)
+
+
+def test_stop_strings_wait_for_min_tokens(tok):
+    token_ids = ids_of(tok, "a", "STOP", "b", "STOP", "c")
+    detok = IncrementalDetokenizer(tok, stop=["STOP"], min_tokens=3)
+    # the first STOP is the second token, before min_tokens: it is text; the second one stops
+    assert detok.update(token_ids) == 4
+    assert detok.output_text == "aSTOPb" and detok.stop_str == "STOP"

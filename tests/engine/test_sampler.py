@@ -91,3 +91,25 @@ def test_a_tiny_temperature_is_greedy():
     logits = torch.randn(1, VOCAB)
     out = Sampler()(logits.clone(), meta(1, temperature=1e-30, seeds=[1]))
     assert out.token_ids[0] == logits[0].argmax()
+
+
+def test_min_tokens_bans_the_ending_ids_unless_the_grammar_allows_only_them():
+    logits = torch.zeros(3, VOCAB)
+    logits[:, 2] = 10.0  # the ending id is every row's favourite
+    m = meta(3)
+    m.banned_token_ids = {0: np.array([2]), 1: np.array([2]), 2: np.array([2])}
+    bitmask = bitmask_allowing([2, 7], [2])  # row 1: more than the ending id; row 2: only it
+    out = Sampler()(logits.clone(), m, bitmask, np.array([-1, 0, 1]))
+    assert out.token_ids[0] != 2  # unconstrained: anything but the ending id
+    assert out.token_ids[1] == 7  # the grammar's other id
+    assert out.token_ids[2] == 2  # the grammar allows only the ending id: it wins
+    assert out.dead_end_rows.tolist() == []
+
+
+def test_min_tokens_bans_apply_to_sampled_rows():
+    logits = torch.zeros(1, VOCAB)
+    logits[0, 5] = 50.0
+    for seed in range(5):
+        m = meta(1, temperature=1.0, seeds=[seed])
+        m.banned_token_ids = {0: np.array([5])}
+        assert Sampler()(logits.clone(), m).token_ids[0] != 5

@@ -95,6 +95,12 @@ def test_unset_sampling_fields_stay_unset_and_zero_is_sent():
     assert request.HasField("max_tokens") and request.HasField("temperature") and request.HasField("ignore_eos")
 
 
+def test_min_tokens_is_sent_only_when_given():
+    assert not generate_request("hi").HasField("min_tokens")
+    assert generate_request("hi", min_tokens=0).HasField("min_tokens")
+    assert generate_request("hi", min_tokens=5).min_tokens == 5
+
+
 def test_speculative_is_sent_only_when_given():
     assert not generate_request("hi").HasField("speculative")
     off = generate_request("hi", speculative=False)
@@ -289,6 +295,14 @@ def test_tools_a_required_call_streamed_and_tokenized(client):
     assert "".join(d.arguments_delta for d in deltas) == streamed[-1].tool_calls[0].arguments_json
     tokenized = client.tokenize(messages=messages, tools=[WEATHER_TOOL])
     assert len(tokenized.token_ids) == response.usage.prompt_tokens > len(client.tokenize(messages=messages).token_ids)
+
+
+@pytest.mark.slow
+def test_min_tokens_holds_off_a_stop_string(client):
+    fields = dict(prompt="Count: one, two, three,", max_tokens=16, temperature=0, stop=[","])
+    assert client.generate(**fields).usage.completion_tokens < 6  # the stop string ends it early
+    response = client.generate(**fields, min_tokens=6)
+    assert response.usage.completion_tokens >= 6 and response.finish_reason == fc.pb.FINISH_REASON_STOP
 
 
 @pytest.mark.slow

@@ -72,7 +72,8 @@ def test_a_constraint_beside_auto_shapes_the_text_answer_and_is_moot_for_require
     ({"tools": [{"name": "f", "parameters_json": "[1]"}]}, None, 'tools[0].parameters_json: ("f") must be'),
     ({"tools": [{"name": "f", "parameters_json": "{"}]}, None, 'tools[0].parameters_json: ("f") is not valid JSON'),
     ({"tool_choice": {"mode": "TOOL_CHOICE_MODE_REQUIRED"}, "tools": []}, None, "tool_choice: required needs"),
-    ({"reasoning": {"enabled": True}}, None, "reasoning.enabled: this model has no think markers"),
+    ({"reasoning": {"enabled": True}}, None, "reasoning.enabled: this model has no think markers (the server's "
+                                             "--think-markers START,END sets them)"),
 ])
 def test_refusals_name_the_field(fields, constraint, message):
     body = tools(**fields) if "tools" not in fields else request(**fields)
@@ -95,6 +96,16 @@ def test_reasoning_wraps_the_constraint_and_switches_the_template():
     assert off.shape.plain
     with pytest.raises(ServiceError, match="cannot switch thinking off"):
         ChatFormat("hermes", THINKING.reasoning).plan(request(reasoning={"enabled": False}), None, LIMITS)
+
+
+def test_template_kwargs_reach_the_template_and_enable_thinking_keeps_its_meaning():
+    kwargs = {"enable_thinking": True, "custom": 1}
+    no_markers = ChatFormat().plan(ChatOptions(thinking=True, template_kwargs=kwargs), None, LIMITS)
+    assert no_markers.template_kwargs == kwargs and no_markers.shape.plain  # only the template's to read
+    thinking = THINKING.plan(ChatOptions(thinking=True, template_kwargs={"custom": 1}), None, LIMITS)
+    assert thinking.template_kwargs == {"custom": 1, "enable_thinking": True} and thinking.shape.reasoning
+    off = THINKING.plan(ChatOptions(thinking=False, template_kwargs={"enable_thinking": False}), None, LIMITS)
+    assert off.template_kwargs == {"enable_thinking": False} and off.shape.plain
 
 
 def test_the_model_format_comes_from_its_family_and_the_server_overrides(tmp_path):

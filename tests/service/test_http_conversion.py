@@ -7,6 +7,7 @@ import json
 import subprocess
 import sys
 
+import pydantic
 import pytest
 
 from live_server import REPO_ROOT
@@ -80,7 +81,21 @@ def test_every_constraint_field_keeps_the_schema_order():
 
 @pytest.mark.parametrize("fields, message", [
     ({"functions": [{"name": "f"}]}, "functions: the legacy functions field is not supported; use tools"),
-    ({"chat_template_kwargs": {"add_vision_id": True}}, "chat_template_kwargs.add_vision_id: is not supported"),
+    ({"chat_template_kwargs": {"tools": []}}, "chat_template_kwargs.tools: is set by the request's own tools field"),
+    ({"guided_json": SCHEMA, "regex": "a"}, "regex: only one output constraint per request; guided_json is set too"),
+    ({"ebnf": 'root ::= "a"', "json_schema": SCHEMA}, "ebnf: only one output constraint per request; json_schema is"),
+    ({"response_format": {"type": "json_object"}, "structured_outputs": {"regex": "a"}},
+     "structured_outputs.regex: only one output constraint per request; response_format is set too"),
+    ({"structured_outputs": {"structural_tag": {"format": "triggered_tags"}}},
+     "structured_outputs.structural_tag: structural tags are not supported yet"),
+    ({"guided_whitespace_pattern": " "}, "guided_whitespace_pattern: is not an output constraint Formwork reads"),
+    ({"xml_schema": "<a/>"}, "xml_schema: is not an output constraint Formwork reads"),
+    ({"best_effort_grammar": "x"}, "best_effort_grammar: is not an output constraint Formwork reads"),
+    ({"length_penalty": 1.1}, "length_penalty: is not supported by this server"),
+    ({"skip_special_tokens": False}, "skip_special_tokens: only True is supported"),
+    ({"min_tokens": -1}, "min_tokens: must be >= 0, got -1"),
+    ({"messages": [{"role": "user", "content": "hi", "audio": {"id": "a"}}]}, "messages[0].audio: is not supported"),
+    ({"messages": [{"role": "assistant", "content": "", "refusal": "no"}]}, "messages[0].refusal: is not supported"),
     ({"logit_bias": {"1": 2.0}}, "logit_bias: is not supported"),
     ({"n": 17}, "n: must be in [1, 16], got 17"),
     ({"top_logprobs": 1}, "top_logprobs: needs logprobs: true"),
@@ -98,6 +113,75 @@ def test_refusals_name_the_http_field(fields, message):
         translate_chat(chat(**fields))
     assert info.value.message.startswith(message)
     assert http_error(info.value).status == 400
+
+
+def test_peers_constraint_fields_keep_their_meaning():
+    assert as_dict(translate_chat(chat(regex="[0-9]+")).request.constraint) == {"kind": "regex", "spec": "[0-9]+"}
+    assert as_dict(translate_chat(chat(ebnf='root ::= "a"')).request.constraint) == {
+        "kind": "grammar", "spec": 'root ::= "a"', "grammar_syntax": "ebnf"}
+    for schema in (SCHEMA, json.dumps(SCHEMA)):  # SGLang sends it as JSON text; inline works too
+        constraint = translate_completion(CompletionRequest(prompt="a", json_schema=schema)).request.constraint
+        assert constraint.kind == "json_schema_text" and json.loads(constraint.spec) == SCHEMA
+    structured = {"json_object": True}
+    assert translate_chat(chat(structured_outputs=structured)).request.constraint.kind == "json_object"
+    assert translate_chat(chat(structured_outputs={"grammar": 'root ::= "a"'})).request.constraint.kind == "grammar"
+
+
+def test_a_bad_sglang_field_is_named_in_the_compile_error():
+    translated = translate_chat(chat(json_schema='{"type": "object"'))
+    with pytest.raises(ServiceError) as info:
+        sampling_params(translated.request, ServiceLimits(), 1000)
+    renamed, param = translated.field_names.rename(info.value)
+    assert param == "json_schema" and renamed.message.startswith("json_schema: json_schema is not valid JSON")
+
+
+def test_min_tokens_and_its_range():
+    assert translate_chat(chat(min_tokens=3)).request.sampling.min_tokens == 3
+    translated = translate_chat(chat(min_tokens=9, max_tokens=4))
+    with pytest.raises(ServiceError) as info:
+        sampling_params(translated.request, ServiceLimits(), 1000)
+    renamed, param = translated.field_names.rename(info.value)
+    assert param == "min_tokens" and renamed.message == "min_tokens: must be in [0, max_tokens (4)], got 9"
+
+
+def test_continuous_usage_stats():
+    translated = translate_chat(chat(stream=True, stream_options={"continuous_usage_stats": True}))
+    assert translated.continuous_usage and not translated.include_usage
+    assert not translate_chat(chat(stream=True)).continuous_usage
+
+
+def test_chat_template_kwargs_all_go_to_the_template():
+    kwargs = {"enable_thinking": True, "add_vision_id": True, "custom": [1, 2]}
+    options = translate_chat(chat(chat_template_kwargs=kwargs)).request.chat
+    assert options.template_kwargs == kwargs and options.thinking is True
+
+
+def test_an_earlier_answers_reasoning_goes_to_the_template_and_function_strict_is_accepted():
+    translated = translate_chat(chat(
+        messages=[{"role": "user", "content": "hi"},
+                  {"role": "assistant", "content": "hello", "reasoning_content": "greet back", "refusal": None}],
+        tools=[{"type": "function", "function": {"name": "f", "parameters": {"type": "object"}, "strict": True}}]))
+    assert translated.request.prompts[0].messages[1]["reasoning_content"] == "greet back"
+    assert [t.name for t in translated.request.chat.tools] == ["f"]
+
+
+@pytest.mark.parametrize("fields, path", [
+    ({"response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": {}, "strictness": 1}}},
+     ("response_format", "json_schema", "strictness")),
+    ({"tools": [{"type": "function", "function": {"name": "f", "parameter": {}}}]},
+     ("tools", 0, "function", "parameter")),
+])
+def test_nested_objects_refuse_fields_they_do_not_read(fields, path):
+    with pytest.raises(pydantic.ValidationError) as info:
+        chat(**fields)
+    assert info.value.errors()[0]["loc"] == path and info.value.errors()[0]["type"] == "extra_forbidden"
+
+
+def test_fields_openai_documents_as_ignorable_are_ignored():
+    translated = translate_chat(chat(user="u", store=True, metadata={"a": "b"}, service_tier="auto",
+                                     prompt_cache_key="k", safety_identifier="s", skip_special_tokens=True,
+                                     guided_decoding_backend="xgrammar"))
+    assert translated.request.constraint is None
 
 
 def test_grpc_validation_errors_come_back_with_http_names():

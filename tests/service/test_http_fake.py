@@ -134,3 +134,14 @@ def test_connections_send_each_event_at_once(make_http_server):
             for connection in connections:
                 sock = connection.transport.get_extra_info("socket")
                 assert sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY)
+
+
+def test_a_key_a_nested_object_does_not_read_is_a_400_naming_it(make_http_server):
+    server = make_http_server()
+    body = {**CHAT, "stream": True, "stream_options": {"include_usage": True, "continuous": True}}
+    refused = httpx.post(f"{server.url}/v1/chat/completions", json=body)
+    assert refused.status_code == 400
+    assert refused.json()["error"]["message"] == "stream_options.continuous: Extra inputs are not permitted"
+    assert refused.json()["error"]["param"] == "stream_options.continuous"
+    stored = httpx.post(f"{server.url}/v1/responses", json={"input": "hi", "previous_response_id": "resp_1"})
+    assert stored.status_code == 400 and stored.json()["error"]["param"] == "previous_response_id"

@@ -61,3 +61,23 @@ def test_a_struct_past_the_depth_limit_is_named():
     data = field(1, b"hi") + field(20, field(1, struct))  # GenerateRequest.constraint.json_schema
     result = tolerant_deserializer(pb.GenerateRequest)(data)
     assert result.field == "constraint.json_schema" and "nested more than 100" in result.description
+
+
+def test_a_field_this_server_does_not_know_is_named_not_dropped():
+    def varint_field(number: int, value: int) -> bytes:
+        return encoder._VarintBytes(number << 3) + encoder._VarintBytes(value)
+
+    def message_field(number: int, payload: bytes) -> bytes:
+        return encoder._VarintBytes((number << 3) | 2) + encoder._VarintBytes(len(payload)) + payload
+
+    prompt = pb.GenerateRequest(prompt="hi").SerializeToString()
+    top = tolerant_deserializer(pb.GenerateRequest)(prompt + varint_field(999, 5))
+    assert top == UndecodableRequest("request", "has field number 999, which this server's formwork.v1.GenerateRequest "
+                                                "does not know (a client built from a newer formwork.v1?); upgrade "
+                                                "the server or leave the field out")
+    chat = pb.GenerateRequest(chat={"messages": [{"role": "user", "content": "a"}]}).SerializeToString()
+    message = message_field(1, pb.ChatMessage(role="user", content="b").SerializeToString() + varint_field(99, 1))
+    # a second `chat` field merges into the first: its message becomes messages[1]
+    nested = tolerant_deserializer(pb.GenerateRequest)(chat + message_field(3, message))
+    assert nested.field == "chat.messages[1]" and "field number 99" in nested.description
+    assert "formwork.v1.ChatMessage" in nested.description

@@ -58,7 +58,7 @@ def test_unset_fields_take_the_engine_defaults_and_the_server_max_tokens():
 @pytest.mark.parametrize("name, value", [
     ("temperature", 0.0), ("temperature", 0.5), ("top_p", 0.9), ("top_k", 5), ("min_p", 0.1), ("seed", -3),
     ("seed", 7), ("repetition_penalty", 1.2), ("frequency_penalty", -0.5), ("presence_penalty", 0.5),
-    ("ignore_eos", True), ("include_stop_str_in_output", True), ("logprobs", 0), ("logprobs", 3),
+    ("ignore_eos", True), ("include_stop_str_in_output", True), ("logprobs", 0), ("logprobs", 3), ("min_tokens", 5),
 ])
 def test_each_optional_field_set_alone_overrides_only_itself(name, value):
     expected = SamplingParams(max_tokens=LIMITS.default_max_tokens, **{name: value})
@@ -85,6 +85,7 @@ def test_repeated_fields_and_max_tokens():
     ({"frequency_penalty": 3}, "frequency_penalty", "[-2, 2]"),
     ({"logprobs": 21}, "logprobs", "[0, 20]"),
     ({"max_tokens": 0}, "max_tokens", ">= 1"),
+    ({"min_tokens": 65}, "min_tokens", "[0, max_tokens (64)]"),
     ({"max_tokens": 513}, "max_tokens", "max_tokens_cap of 512"),
     ({"stop": ["ok", ""]}, "stop", "non-empty"),
     ({"stop_token_ids": [VOCAB]}, "stop_token_ids", f"[0, {VOCAB})"),

@@ -154,6 +154,15 @@ describe("FormworkClient against a live server", () => {
     assert.ok(bestEffort.not_enforced.some((entry) => entry.includes("uniqueItems")));
   });
 
+  test("min_tokens holds off a stop string until that many tokens", async () => {
+    const request = { prompt: "Count: one, two, three,", max_tokens: 16, temperature: 0, stop: [","] };
+    assert.ok((await client.generate(request)).usage.completion_tokens < 6);
+    const response = await client.generate({ ...request, min_tokens: 6 });
+    assert.ok(response.usage.completion_tokens >= 6, JSON.stringify(response.usage));
+    const error = await rejection(client.generate({ ...request, min_tokens: 17 }));
+    assert.match(error.details, /^min_tokens: must be in \[0, max_tokens \(16\)\]/);
+  });
+
   test("INVALID_ARGUMENT names the field (max_tokens 0 is sent: optional presence survives)", async () => {
     const error = await rejection(client.generate({ prompt: "hi", max_tokens: 0 }));
     assert.ok(error instanceof FormworkError, String(error));

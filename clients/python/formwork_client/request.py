@@ -24,8 +24,8 @@ Messages = Sequence[Mapping[str, Any]]
 def generate_request(prompt: str | pb.GenerateRequest | None = None, *, messages: Messages | None = None,
                      prompt_token_ids: Sequence[int] | None = None, add_generation_prompt: bool | None = None,
                      constraint: ConstraintLike | None = None, max_tokens: int | None = None,
-                     temperature: float | None = None, top_p: float | None = None, top_k: int | None = None,
-                     min_p: float | None = None, seed: int | None = None, repetition_penalty: float | None = None,
+                     min_tokens: int | None = None, temperature: float | None = None, top_p: float | None = None,
+                     top_k: int | None = None, min_p: float | None = None, seed: int | None = None, repetition_penalty: float | None = None,
                      frequency_penalty: float | None = None, presence_penalty: float | None = None,
                      stop: Iterable[str] = (), stop_token_ids: Iterable[int] = (), ignore_eos: bool | None = None,
                      include_stop_str_in_output: bool | None = None, logprobs: int | None = None,
@@ -40,15 +40,16 @@ def generate_request(prompt: str | pb.GenerateRequest | None = None, *, messages
     the calls the model may make; `reasoning` (on/off) and `reasoning_budget` (tokens): its think
     section. The response's `tool_calls`, `content` and `reasoning` hold the answer read back.
     `speculative`: drafting from the prompt on or off for this request (None: the server's
-    default); the output is the same either way, only faster or slower (usage.draft_tokens)."""
+    default); the output is the same either way, only faster or slower (usage.draft_tokens).
+    `min_tokens`: EOS, stop tokens and stop strings cannot end the output before this many tokens."""
     if isinstance(prompt, pb.GenerateRequest):
         return prompt
     request = pb.GenerateRequest(request_id=request_id, priority=priority, stop=list(stop),
                                  stop_token_ids=list(stop_token_ids))
     _set_input(request, prompt, messages, prompt_token_ids, add_generation_prompt)
     # proto3 `optional` fields: set only what the caller gave, so the server's defaults apply otherwise
-    optional = {"max_tokens": max_tokens, "temperature": temperature, "top_p": top_p, "top_k": top_k, "min_p": min_p,
-                "seed": seed, "repetition_penalty": repetition_penalty, "frequency_penalty": frequency_penalty,
+    optional = {"max_tokens": max_tokens, "min_tokens": min_tokens, "temperature": temperature, "top_p": top_p,
+                "top_k": top_k, "min_p": min_p, "seed": seed, "repetition_penalty": repetition_penalty, "frequency_penalty": frequency_penalty,
                 "presence_penalty": presence_penalty, "ignore_eos": ignore_eos,
                 "include_stop_str_in_output": include_stop_str_in_output, "logprobs": logprobs,
                 "speculative": speculative}
