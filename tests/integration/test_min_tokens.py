@@ -22,6 +22,7 @@ def test_a_stop_token_waits_for_min_tokens(llm, speculative):
     held = llm.generate(PROMPT, SamplingParams(**GREEDY, stop_token_ids=[stop], min_tokens=8,
                                                speculative=speculative))[0]
     assert stop not in held.token_ids[:8] and len(held.token_ids) >= 8
+    assert (held.counters.num_draft_tokens > 0) == speculative  # the drafted rows were checked too
 
 
 def test_a_complete_constraint_ends_before_min_tokens(llm):
