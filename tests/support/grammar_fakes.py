@@ -2,7 +2,8 @@
 xgrammar, so that they control time, size, failures and every token exactly.
 
 One backend, FakeBackend, whose spec says what a compile does; its matchers are AnyTokenGrammar
-(allows every token; its fills can be slow, held back or raise).
+(allows every token; its fills can be slow, held back or raise) or ScriptedGrammar (keeps what it
+accepted, and follows a script of forbidden, ending and forced tokens).
 """
 from __future__ import annotations
 
@@ -17,7 +18,7 @@ import torch
 from grammar.backend import CompiledGrammar, Grammar, GrammarBackend, GrammarError
 
 if TYPE_CHECKING:
-    from collections.abc import Callable
+    from collections.abc import Callable, Iterable
 
     from grammar.constraint import Constraint
 
@@ -92,6 +93,50 @@ class AnyTokenGrammar(Grammar):
         return []
 
 
+class ScriptedGrammar(AnyTokenGrammar):
+    """Allows every token but `forbidden`; a token in `terminal` ends the output (nothing is
+    accepted after it). Forced text: `runs[i]` after the i-th accept_tokens call, and once the runs
+    are used up `forcing[t]` after a token t. Keeps the accepted tokens (`accepted`), so rollback is
+    real; `rolled_back` lists each rollback's count."""
+
+    def __init__(self, *, forbidden: Iterable[int] = (), terminal: Iterable[int] = (),
+                 runs: Iterable[Iterable[int]] = (), forcing: dict[int, list[int]] | None = None) -> None:
+        super().__init__()
+        self.forbidden, self.terminal = set(forbidden), set(terminal)
+        self.runs = [list(run) for run in runs]  # a copy: each grammar follows the script from its start
+        self.forcing = dict(forcing or {})
+        self.accepted: list[int] = []
+        self.rolled_back: list[int] = []
+        self._run_next: list[int] = []
+
+    def fill_bitmask(self, bitmask, row):
+        super().fill_bitmask(bitmask, row)
+        words = bitmask[row].numpy().view("uint32")
+        for token_id in self.forbidden:
+            words[token_id >> 5] &= ~(1 << (token_id & 31)) & 0xFFFFFFFF
+
+    def accept_tokens(self, token_ids):
+        if self.is_terminated() or any(t in self.forbidden for t in token_ids):
+            return False
+        self.accepted += token_ids
+        self._run_next = self.runs.pop(0) if self.runs else []
+        return True
+
+    def rollback(self, num_tokens):
+        self.rolled_back.append(num_tokens)
+        del self.accepted[len(self.accepted) - num_tokens:]
+
+    def is_terminated(self):
+        return bool(self.accepted) and self.accepted[-1] in self.terminal
+
+    def jump_forward_token_ids(self):
+        forced, self._run_next = self._run_next, []
+        if not forced and self.accepted:
+            forced = list(self.forcing.get(self.accepted[-1], []))
+        self.accepted += forced  # the matcher has accepted them when this returns
+        return forced
+
+
 class FakeBackend(GrammarBackend):
     """Compiles any constraint to a FakeCompiled; its spec says what the compile does: "bad…"
     fails with GrammarError, "crash…" raises KeyError (a bug in the library), "slow…" waits until
@@ -132,3 +177,8 @@ class FakeBackend(GrammarBackend):
 
     def allocate_bitmask(self, num_rows: int) -> torch.Tensor:
         return torch.full((num_rows, (self.vocab_size + 31) // 32), -1, dtype=torch.int32)
+
+
+def scripted_backend(vocab_size: int = 256, **script) -> FakeBackend:
+    """A backend whose every matcher follows `script` (ScriptedGrammar's options) from its start."""
+    return FakeBackend(ScriptedGrammar, vocab_size=vocab_size, **script)
