@@ -3,7 +3,8 @@ xgrammar, so that they control time, size, failures and every token exactly.
 
 One backend, FakeBackend, whose spec says what a compile does; its matchers are AnyTokenGrammar
 (allows every token; its fills can be slow, held back or raise) or ScriptedGrammar (keeps what it
-accepted, and follows a script of forbidden, ending and forced tokens).
+accepted, and follows a script of forbidden, ending and forced tokens). SearchCountingGrammar wraps
+a real matcher to count its closing searches.
 """
 from __future__ import annotations
 
@@ -182,3 +183,36 @@ class FakeBackend(GrammarBackend):
 def scripted_backend(vocab_size: int = 256, **script) -> FakeBackend:
     """A backend whose every matcher follows `script` (ScriptedGrammar's options) from its start."""
     return FakeBackend(ScriptedGrammar, vocab_size=vocab_size, **script)
+
+
+class SearchCountingGrammar(Grammar):
+    """A real matcher whose closing searches are counted (`num_searches`). `recheck=False` hides its
+    cheap check of an earlier closing (Grammar.completes), as a backend without one would: every
+    check searches."""
+
+    def __init__(self, grammar: Grammar, recheck: bool = True) -> None:
+        self.grammar = grammar
+        self.recheck = recheck
+        self.num_searches = 0
+
+    def fill_bitmask(self, bitmask, row):
+        self.grammar.fill_bitmask(bitmask, row)
+
+    def accept_tokens(self, token_ids):
+        return self.grammar.accept_tokens(token_ids)
+
+    def rollback(self, num_tokens):
+        self.grammar.rollback(num_tokens)
+
+    def is_terminated(self):
+        return self.grammar.is_terminated()
+
+    def jump_forward_token_ids(self):
+        return self.grammar.jump_forward_token_ids()
+
+    def closing_token_ids(self, max_tokens, first_fills=None):
+        self.num_searches += 1
+        return self.grammar.closing_token_ids(max_tokens, first_fills)
+
+    def completes(self, token_ids, strict=False):
+        return self.recheck and self.grammar.completes(token_ids, strict)
