@@ -34,7 +34,7 @@ class FakeCompiled(CompiledGrammar):
     """A compiled constraint that keeps its spec. `num_bytes` may be set: a lazily compiled
     grammar's size grows as requests build its masks."""
 
-    num_bytes = 64
+    num_bytes = 64  # a plain attribute over the abstract property, so that a test can set it
 
     def __init__(self, spec: str = "", num_bytes: int = 64) -> None:
         self.spec = spec
@@ -45,10 +45,11 @@ class AnyTokenGrammar(Grammar):
     """Allows every token, forces nothing, never ends. Counts its fills and the threads they ran
     on (thread name -> its scheduling policy, None off Linux).
 
-    `lazy_masks`: its fills count against the first-fill budget; `first_fill_gate`: the first fill
-    waits until the test sets it (a state whose mask is being built); `fill_cpu_s`: each fill burns
-    that much of its thread's CPU time (the fill limits count CPU, not wall time); `bad_alloc_in`:
-    the work that raises (a key of BAD_ALLOC_IN; "make": the backend's make_grammar)."""
+    `lazy_masks`: as a lazily compiled grammar's, its slow fills count against
+    lazy_fill_budget_ms; `first_fill_gate`: the first fill waits until the test sets it (a state
+    whose mask is being built); `fill_cpu_s`: each fill burns that much of its thread's CPU time
+    (the fill limits count CPU, not wall time); `bad_alloc_in`: the work that raises (a key of
+    BAD_ALLOC_IN; "make": the backend's make_grammar)."""
 
     def __init__(self, *, lazy_masks: bool = False, first_fill_gate: threading.Event | None = None,
                  fill_cpu_s: float = 0.0, bad_alloc_in: str | None = None) -> None:
