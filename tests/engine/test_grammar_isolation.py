@@ -4,26 +4,18 @@ from __future__ import annotations
 import pytest
 import torch
 from conftest import make_request, make_scheduler
-from grammar_fakes import AnyTokenGrammar, FakeCompiled
+from grammar_fakes import FakeBackend
 
 from engine.protocol import ErrorKind, FinishReason
 from engine.sched.request import RequestStatus
 from engine.sched.scheduler_output import ModelRunnerOutput
 from engine.structured_output.manager import StructuredOutputManager
-from grammar.backend import GrammarBackend, GrammarError
+from grammar.backend import GrammarError
 from grammar.config import GrammarConfig
 from grammar.constraint import Constraint
 
-
-class _Backend(GrammarBackend):
-    def compile(self, constraint):
-        return FakeCompiled()
-
-    def make_grammar(self, compiled):
-        return AnyTokenGrammar()
-
-    def allocate_bitmask(self, num_rows):
-        return torch.zeros(num_rows, 2, dtype=torch.int32)
+MAX_FILL_MS = 5.0
+SLOW_FILL_CPU_S = 0.02  # four times MAX_FILL_MS: a fill without it stays under the limit
 
 
 def wait_compiled(manager):
@@ -46,38 +38,6 @@ def sample(scheduler, scheduler_output, token_id=100):
         scheduler_output, ModelRunnerOutput(list(scheduler_output.num_scheduled_tokens), sampled))
 
 
-class _Failing(AnyTokenGrammar):
-    """Raises in one piece of grammar work, as xgrammar does when it runs out of memory."""
-
-    def __init__(self, where: str) -> None:
-        self.where = where
-
-    def fill_bitmask(self, bitmask, row):
-        if self.where == "fill":
-            raise MemoryError("std::bad_alloc")
-        bitmask[row] = -1
-
-    def accept_tokens(self, token_ids):
-        if self.where == "accept":
-            raise RuntimeError("std::bad_alloc")
-        return True
-
-    def jump_forward_token_ids(self):
-        if self.where == "jump_forward":
-            raise RuntimeError("std::bad_alloc")
-        return []
-
-
-class _FailingBackend(_Backend):
-    def __init__(self, where: str) -> None:
-        self.where = where
-
-    def make_grammar(self, compiled):
-        if self.where == "make":
-            raise MemoryError("std::bad_alloc")
-        return _Failing(self.where)
-
-
 def run_until_done(scheduler, requests, max_steps=20):
     outputs = {}
     for _ in range(max_steps):
@@ -96,7 +56,7 @@ def run_until_done(scheduler, requests, max_steps=20):
 
 @pytest.mark.parametrize("where", ["make", "fill", "accept", "jump_forward"])
 def test_grammar_exception_ends_only_its_request(where):
-    backend = _FailingBackend(where)
+    backend = FakeBackend(bad_alloc_in=where)
     manager = StructuredOutputManager(backend, GrammarConfig())
     scheduler = make_scheduler(structured_output_manager=manager)
     bad = make_request(num_tokens=5, max_tokens=4, constraint=Constraint(kind="regex", spec="a+"))
@@ -113,18 +73,9 @@ def test_grammar_exception_ends_only_its_request(where):
     assert scheduler.kv_cache_manager.pool.num_free_blocks == scheduler.kv_cache_manager.pool.num_blocks - 1
 
 
-class _SlowFill(AnyTokenGrammar):
-    def fill_bitmask(self, bitmask, row):
-        total = 0
-        for i in range(200_000):  # CPU time, not sleep: the limit counts the thread's CPU
-            total += i * i
-        bitmask[row] = -1
-
-
 def test_a_fill_over_max_fill_ms_ends_its_request():
-    backend = _Backend()
-    backend.make_grammar = lambda compiled: _SlowFill()
-    manager = StructuredOutputManager(backend, GrammarConfig(max_fill_ms=0.001))
+    backend = FakeBackend(fill_cpu_s=SLOW_FILL_CPU_S)
+    manager = StructuredOutputManager(backend, GrammarConfig(max_fill_ms=MAX_FILL_MS))
     scheduler = make_scheduler(structured_output_manager=manager)
     slow = make_request(num_tokens=5, max_tokens=4, constraint=Constraint(kind="regex", spec="a+"))
     scheduler.add_request(slow)
@@ -134,15 +85,11 @@ def test_a_fill_over_max_fill_ms_ends_its_request():
     assert "max_fill_ms" in slow_output.error and slow_output.error_kind == ErrorKind.CONSTRAINT
 
 
-class _SlowLazyFill(_SlowFill):
-    lazy_masks = True  # a state's first fill builds its mask: slow fills count against a budget
-
-
 @pytest.mark.parametrize("budget_ms, ends_in_error", [(60_000.0, False), (0.001, True)])
 def test_a_lazy_grammar_s_slow_fills_run_within_its_budget(budget_ms, ends_in_error):
-    backend = _Backend()
-    backend.make_grammar = lambda compiled: _SlowLazyFill()
-    manager = StructuredOutputManager(backend, GrammarConfig(max_fill_ms=0.001, lazy_fill_budget_ms=budget_ms))
+    # a state's first fill builds its mask: slow fills count against a budget
+    backend = FakeBackend(lazy_masks=True, fill_cpu_s=SLOW_FILL_CPU_S)
+    manager = StructuredOutputManager(backend, GrammarConfig(max_fill_ms=MAX_FILL_MS, lazy_fill_budget_ms=budget_ms))
     scheduler = make_scheduler(structured_output_manager=manager)
     slow = make_request(num_tokens=5, max_tokens=4, constraint=Constraint(kind="regex", spec="a+"))
     scheduler.add_request(slow)
@@ -155,7 +102,7 @@ def test_a_lazy_grammar_s_slow_fills_run_within_its_budget(budget_ms, ends_in_er
 
 
 def test_bitmask_row_of_a_failed_fill_allows_nothing():
-    backend = _FailingBackend("fill")
+    backend = FakeBackend(bad_alloc_in="fill")
     manager = StructuredOutputManager(backend, GrammarConfig())
     scheduler = make_scheduler(structured_output_manager=manager)
     bad = make_request(num_tokens=5, constraint=Constraint(kind="regex", spec="a+"))

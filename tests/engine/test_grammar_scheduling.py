@@ -1,41 +1,21 @@
 """Requests whose grammar compiles asynchronously: they wait, nobody waits for them."""
 from __future__ import annotations
 
-import threading
-
-import torch
 from conftest import make_request, make_scheduler, sample_step
-from grammar_fakes import AnyTokenGrammar, FakeCompiled
+from grammar_fakes import FakeBackend
 
 from engine.protocol import FinishReason
 from engine.sched.request import RequestStatus
 from engine.structured_output.manager import StructuredOutputManager
-from grammar.backend import GrammarBackend, GrammarError
+from grammar.backend import GrammarError
 from grammar.config import GrammarConfig
 from grammar.constraint import Constraint
 
-
-class GatedBackend(GrammarBackend):
-    """Compiles only when the test opens the gate: an artificially slow compiler."""
-
-    def __init__(self):
-        self.gate = threading.Event()
-
-    def compile(self, constraint):
-        self.gate.wait(timeout=30)
-        if constraint.spec == "bad":
-            raise GrammarError("regex does not compile: bad")
-        return FakeCompiled()
-
-    def make_grammar(self, compiled):
-        return AnyTokenGrammar()
-
-    def allocate_bitmask(self, num_rows):
-        return torch.zeros(num_rows, 2, dtype=torch.int32)
+SLOW = Constraint(kind="regex", spec="slow")  # compiles once the test opens the backend's gate
 
 
 def setup():
-    backend = GatedBackend()
+    backend = FakeBackend()
     manager = StructuredOutputManager(backend, GrammarConfig(compile_timeout_s=30))
     return backend, manager, make_scheduler(structured_output_manager=manager)
 
@@ -50,7 +30,7 @@ def wait_compiled(manager):
 
 def test_slow_compile_does_not_delay_others():
     backend, manager, scheduler = setup()
-    slow = make_request(num_tokens=5, constraint=Constraint(kind="regex", spec="a+"))
+    slow = make_request(num_tokens=5, constraint=SLOW)
     plain = make_request(num_tokens=5)
     scheduler.add_request(slow)
     scheduler.add_request(plain)
@@ -90,7 +70,7 @@ def test_compile_failure_finishes_only_that_request():
 
 def test_abort_while_compiling():
     backend, manager, scheduler = setup()
-    request = make_request(num_tokens=5, constraint=Constraint(kind="regex", spec="a+"))
+    request = make_request(num_tokens=5, constraint=SLOW)
     scheduler.add_request(request)
     scheduler.schedule()
     scheduler.abort_requests([request.request_id])
@@ -104,7 +84,7 @@ def test_abort_while_compiling():
 def test_requests_with_a_compiled_grammar_queued_for_a_slot_are_waiting_not_waiting_for_grammar():
     backend, manager, _ = setup()
     scheduler = make_scheduler(max_num_seqs=2, structured_output_manager=manager)
-    requests = [make_request(num_tokens=5, constraint=Constraint(kind="regex", spec="a+")) for _ in range(5)]
+    requests = [make_request(num_tokens=5, constraint=SLOW) for _ in range(5)]
     for request in requests:
         scheduler.add_request(request)
     scheduler.schedule()
@@ -121,7 +101,7 @@ def test_requests_with_a_compiled_grammar_queued_for_a_slot_are_waiting_not_wait
 def test_the_grammar_wait_ends_with_the_compile_not_with_a_free_slot():
     backend, manager, _ = setup()
     scheduler = make_scheduler(max_num_seqs=1, structured_output_manager=manager)
-    first, second = (make_request(num_tokens=5, max_tokens=3, constraint=Constraint(kind="regex", spec="a+"))
+    first, second = (make_request(num_tokens=5, max_tokens=3, constraint=SLOW)
                      for _ in range(2))
     scheduler.add_request(first)
     scheduler.add_request(second)
@@ -138,6 +118,6 @@ def test_the_grammar_wait_ends_with_the_compile_not_with_a_free_slot():
     assert final.counters.grammar_wait_s == compiled_by - second.arrival_time < final.counters.queued_s
     # compiled, not from the cache
     assert not first.structured_output.grammar_cache_hit and not second.structured_output.grammar_cache_hit
-    third = make_request(num_tokens=5, constraint=Constraint(kind="regex", spec="a+"))
+    third = make_request(num_tokens=5, constraint=SLOW)
     scheduler.add_request(third)
     assert third.structured_output.grammar_cache_hit and third.structured_output.grammar_ready_time is not None

@@ -6,12 +6,11 @@ after each sampled token, so every count below is known in advance.
 """
 from __future__ import annotations
 
-import torch
 from conftest import make_request, make_scheduler, sample_step
+from grammar_fakes import scripted_backend
 
 from engine.sched.request import RequestStatus
 from engine.structured_output.manager import StructuredOutputManager
-from grammar.backend import CompiledGrammar, Grammar, GrammarBackend
 from grammar.config import GrammarConfig
 from grammar.constraint import Constraint
 
@@ -20,59 +19,8 @@ FORCED = [50, 51, 52]
 EOS = 2
 
 
-class _Compiled(CompiledGrammar):
-    num_bytes = 64
-
-
-class ScriptedGrammar(Grammar):
-    """Forces runs[i] after the i-th sampled token (nothing once the runs are used up)."""
-
-    def __init__(self, runs: list[list[int]], terminal_token: int | None = None) -> None:
-        self.runs = [list(r) for r in runs]
-        self.terminal_token = terminal_token
-        self.accepted: list[int] = []
-        self.rolled_back: list[int] = []
-        self._forced_next: list[int] = []
-
-    def fill_bitmask(self, bitmask, row):
-        bitmask[row] = -1
-
-    def accept_tokens(self, token_ids):
-        self.accepted += token_ids
-        self._forced_next = self.runs.pop(0) if self.runs else []
-        return True
-
-    def rollback(self, num_tokens):
-        self.rolled_back.append(num_tokens)
-        del self.accepted[len(self.accepted) - num_tokens:]
-
-    def is_terminated(self):
-        return self.terminal_token is not None and self.terminal_token in self.accepted
-
-    def jump_forward_token_ids(self):
-        forced, self._forced_next = self._forced_next, []
-        self.accepted += forced  # the matcher has accepted them when this returns
-        return forced
-
-
-class ScriptedBackend(GrammarBackend):
-    def __init__(self, runs: list[list[int]], terminal_token: int | None = None) -> None:
-        self.runs, self.terminal_token = runs, terminal_token
-        self.grammars: list[ScriptedGrammar] = []
-
-    def compile(self, constraint):
-        return _Compiled()
-
-    def make_grammar(self, compiled):
-        self.grammars.append(ScriptedGrammar(self.runs, self.terminal_token))
-        return self.grammars[-1]
-
-    def allocate_bitmask(self, num_rows):
-        return torch.zeros(num_rows, 8, dtype=torch.int32)
-
-
-def setup(runs=(FORCED,), engine_jump_forward: bool = True, terminal_token=None, **scheduler_options):
-    backend = ScriptedBackend([list(r) for r in runs], terminal_token)
+def setup(runs=(FORCED,), engine_jump_forward: bool = True, terminal=(), **scheduler_options):
+    backend = scripted_backend(runs=runs, terminal=terminal)
     manager = StructuredOutputManager(backend, GrammarConfig(jump_forward=engine_jump_forward))
     return backend, make_scheduler(structured_output_manager=manager, **scheduler_options)
 
@@ -163,7 +111,7 @@ def test_a_forced_stop_token_finishes_the_request():
 
 
 def test_forced_text_that_completes_the_grammar_finishes_the_request():
-    _, scheduler = setup(runs=([50, 51],), terminal_token=51)
+    _, scheduler = setup(runs=([50, 51],), terminal={51})
     request = add(scheduler, max_tokens=10)
     sample_step(scheduler, scheduler.schedule(), SAMPLED)
     assert request.status == RequestStatus.FINISHED_STOPPED and request.output_token_ids == [SAMPLED, 50, 51]

@@ -8,54 +8,17 @@ import threading
 
 import torch
 from conftest import make_request, make_scheduler
-from grammar_fakes import AnyTokenGrammar, FakeCompiled
+from grammar_fakes import AnyTokenGrammar, FakeBackend
 from test_grammar_isolation import sample, wait_compiled
 
 from engine.structured_output.lazy_fills import LazyFills
 from engine.sched.request import RequestStatus
 from engine.structured_output.manager import StructuredOutputManager
 from engine.worker.model_runner import _ParkedLogits, _without
-from grammar.backend import GrammarBackend
 from grammar.config import GrammarConfig
 from grammar.constraint import Constraint
 
 LAZY = Constraint(kind="regex", spec="lazy")
-
-
-class _GatedFill(AnyTokenGrammar):
-    """A lazily compiled grammar whose first fill waits for the test (a state being built)."""
-
-    lazy_masks = True
-
-    def __init__(self, gate: threading.Event) -> None:
-        self.gate = gate
-        self.num_fills = 0
-        self.fill_threads: set[str] = set()
-
-    def fill_bitmask(self, bitmask, row):
-        self.fill_threads.add(threading.current_thread().name)
-        self.policy = os.sched_getscheduler(0) if sys.platform.startswith("linux") else None
-        if self.num_fills == 0:
-            assert self.gate.wait(10)
-        self.num_fills += 1
-        bitmask[row] = -1
-
-
-class _Backend(GrammarBackend):
-    def __init__(self, gate: threading.Event) -> None:
-        self.gate = gate
-        self.grammars: list[_GatedFill] = []
-
-    def compile(self, constraint):
-        return FakeCompiled()
-
-    def make_grammar(self, compiled):
-        grammar = _GatedFill(self.gate)
-        self.grammars.append(grammar)
-        return grammar
-
-    def allocate_bitmask(self, num_rows):
-        return torch.zeros(num_rows, 2, dtype=torch.int32)
 
 
 def _step(scheduler):
@@ -67,7 +30,7 @@ def _step(scheduler):
 
 
 def _scheduler_with(gate: threading.Event, *requests):
-    backend = _Backend(gate)
+    backend = FakeBackend(lazy_masks=True, first_fill_gate=gate)  # a state being built: its first fill waits
     manager = StructuredOutputManager(backend, GrammarConfig())
     scheduler = make_scheduler(structured_output_manager=manager)
     for request in requests:
@@ -103,9 +66,9 @@ def test_a_state_being_built_holds_back_only_its_own_request():
     assert lazy.status == plain.status == RequestStatus.FINISHED_LENGTH_CAPPED
     grammar = backend.grammars[0]
     assert grammar.num_fills == 3  # one per sampled token
-    assert grammar.fill_threads and all(name.startswith("formwork-lazy-fill") for name in grammar.fill_threads)
+    assert grammar.fill_policies and all(name.startswith("formwork-lazy-fill") for name in grammar.fill_policies)
     if sys.platform.startswith("linux"):  # in the gaps the forward leaves, not in its CPU
-        assert grammar.policy == os.SCHED_IDLE
+        assert set(grammar.fill_policies.values()) == {os.SCHED_IDLE}
     pool = scheduler.kv_cache_manager.pool
     assert pool.num_free_blocks == pool.num_blocks - 1  # every block back (one is the null block)
     manager.shutdown()
@@ -123,7 +86,7 @@ def test_an_aborted_request_s_running_fill_finishes_unseen():
 
 
 def test_fills_that_finish_in_time_are_put_in_place():
-    fills = LazyFills(_Backend(threading.Event()))
+    fills = LazyFills(FakeBackend())
     grammar = AnyTokenGrammar()
     fills.start("a", grammar)
     bitmask = torch.zeros(3, 2, dtype=torch.int32)

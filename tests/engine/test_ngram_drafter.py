@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 import numpy as np
-from speculation_fakes import StatefulGrammar
+from grammar_fakes import ScriptedGrammar
 
 from engine.spec_decode.ngram_drafter import continued_copy, cut_by_grammar, find_ngram_draft, find_ngram_match
 from engine.worker.draft_verification import draft_logits_indices, num_accepted
@@ -38,7 +38,7 @@ def test_draft_stops_at_the_end_of_the_text():
 
 
 def test_grammar_cuts_the_draft_at_the_first_rejected_token_and_is_left_as_it_was():
-    grammar = StatefulGrammar(forbidden={30})
+    grammar = ScriptedGrammar(forbidden={30})
     grammar.accept_tokens([1, 2])
     assert cut_by_grammar(grammar, [5, 6, 30, 7]) == [5, 6]
     assert grammar.accepted == [1, 2]
@@ -48,13 +48,13 @@ def test_grammar_cuts_the_draft_at_the_first_rejected_token_and_is_left_as_it_wa
 
 
 def test_draft_ends_before_a_token_that_ends_the_output():
-    grammar = StatefulGrammar(terminal={99})
+    grammar = ScriptedGrammar(terminal={99})
     assert cut_by_grammar(grammar, [5, 99, 6]) == [5]
     assert grammar.accepted == []
 
 
 def test_draft_ends_before_a_token_after_which_text_is_forced_when_jump_forward_is_on():
-    grammar = StatefulGrammar(forcing={40: [41, 42]})
+    grammar = ScriptedGrammar(forcing={40: [41, 42]})
     assert cut_by_grammar(grammar, [5, 40, 41, 42, 6], stop_before_forced=True) == [5]
     assert grammar.accepted == []
     assert cut_by_grammar(grammar, [5, 40, 41, 42, 6]) == [5, 40, 41, 42, 6]  # jump-forward off

@@ -8,7 +8,8 @@ text is the target's next token, so every count below is known in advance.
 from __future__ import annotations
 
 from conftest import make_request
-from speculation_fakes import StatefulBackend, verify_step
+from grammar_fakes import scripted_backend
+from speculation_fakes import verify_step
 
 from engine.config import CacheConfig, SchedulerConfig, SpeculativeConfig
 from engine.sched.request import RequestStatus
@@ -163,7 +164,7 @@ def test_a_draft_never_preempts_anyone():
 
 
 def test_grammar_cuts_the_draft_fills_a_row_per_position_and_moves_only_over_accepted_tokens():
-    backend = StatefulBackend(forbidden={13})
+    backend = scripted_backend(forbidden={13})
     manager = StructuredOutputManager(backend, GrammarConfig(jump_forward=False, close_early=False))
     scheduler = make(k=6, manager=manager)
     constrained = make_request(token_ids=PROMPT, max_tokens=32, constraint=Constraint(kind="regex", spec=".*"))
@@ -189,7 +190,7 @@ def test_grammar_cuts_the_draft_fills_a_row_per_position_and_moves_only_over_acc
 
 def test_no_draft_before_text_the_grammar_forces():
     # after 12 the grammar forces 13 14: jump-forward appends them, so the draft stops before 12
-    backend = StatefulBackend(forcing={12: [13, 14]})
+    backend = scripted_backend(forcing={12: [13, 14]})
     manager = StructuredOutputManager(backend, GrammarConfig(jump_forward=True, close_early=False))
     request = make_request(token_ids=PROMPT, max_tokens=32, constraint=Constraint(kind="regex", spec=".*"))
     outputs, steps = run(make(k=6, manager=manager), [request])

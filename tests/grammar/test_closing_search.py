@@ -96,6 +96,7 @@ class FlakyGrammar(AnyTokenGrammar):
     """A closing of `num_tokens` tokens that the first `num_failures` searches do not find."""
 
     def __init__(self, num_tokens: int, num_failures: int) -> None:
+        super().__init__()
         self.num_tokens = num_tokens
         self.num_failures = num_failures
         self.searched_at: list[int] = []
@@ -162,6 +163,7 @@ class OnceFoundGrammar(AnyTokenGrammar):
     that closing keeps completing the output."""
 
     def __init__(self, num_tokens: int) -> None:
+        super().__init__()
         self.num_tokens = num_tokens
         self.searched_at: list[int] = []
         self.strict_checks = 0

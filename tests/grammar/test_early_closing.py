@@ -9,8 +9,9 @@ import re
 import jsonschema
 import pytest
 from grammar_factories import allowed_ids, decode, encode, make_backend, make_constraint
+from grammar_fakes import SearchCountingGrammar
 
-from grammar.backend import Grammar, GrammarError
+from grammar.backend import GrammarError
 from grammar.runtime.early_closing import EarlyClosing
 from grammar.runtime.runaway import RunawayGuard
 
@@ -143,42 +144,10 @@ def test_budget_closing_acts_only_near_the_end():
     assert grammar.accept_tokens(found[0]) and grammar.is_terminated()
 
 
-class CountedSearches(Grammar):
-    """A real grammar whose closing searches are counted. `recheck=False` hides its cheap check of
-    an earlier closing (Grammar.completes), as a backend without one would: every check searches."""
-
-    def __init__(self, grammar, recheck: bool = True) -> None:
-        self.grammar = grammar
-        self.recheck = recheck
-        self.num_searches = 0
-
-    def fill_bitmask(self, bitmask, row):
-        self.grammar.fill_bitmask(bitmask, row)
-
-    def accept_tokens(self, token_ids):
-        return self.grammar.accept_tokens(token_ids)
-
-    def rollback(self, num_tokens):
-        self.grammar.rollback(num_tokens)
-
-    def is_terminated(self):
-        return self.grammar.is_terminated()
-
-    def jump_forward_token_ids(self):
-        return self.grammar.jump_forward_token_ids()
-
-    def closing_token_ids(self, max_tokens, first_fills=None):
-        self.num_searches += 1
-        return self.grammar.closing_token_ids(max_tokens, first_fills)
-
-    def completes(self, token_ids, strict=False):
-        return self.recheck and self.grammar.completes(token_ids, strict)
-
-
 def close_while_writing(schema: dict, script: str, max_tokens: int, recheck: bool):
     """Write `script` a token at a time under a budget of `max_tokens`, checking the closing after
     each: (tokens written when it closed, the closing text, searches made)."""
-    grammar = CountedSearches(make_grammar(spec=schema), recheck)
+    grammar = SearchCountingGrammar(make_grammar(spec=schema), recheck)
     closing = EarlyClosing(grammar)
     closing.check_minimum(max_tokens)
     script_ids = encode(script)
@@ -234,7 +203,7 @@ def test_an_earlier_closing_is_checked_from_where_the_matcher_stands():
 
 
 def test_the_end_of_an_earlier_closing_serves_once_the_output_went_its_way():
-    grammar = CountedSearches(make_grammar(spec=COMPANY))
+    grammar = SearchCountingGrammar(make_grammar(spec=COMPANY))
     closing = EarlyClosing(grammar)
     closing.check_minimum(22)  # the closing from the start: '{"company":"","id":0}'
     assert grammar.num_searches == 1

@@ -8,49 +8,12 @@ import threading
 import time
 
 import pytest
+from grammar_fakes import FakeBackend, FakeCompiled
 
-from grammar.backend import CompiledGrammar, Grammar, GrammarBackend, GrammarError
+from grammar.backend import GrammarError
 from grammar.compiler import GrammarCompiler
 from grammar.config import GrammarConfig
 from grammar.constraint import Constraint
-
-
-class FakeCompiled(CompiledGrammar):
-    def __init__(self, spec: str, num_bytes: int) -> None:
-        self.spec = spec
-        self._num_bytes = num_bytes
-
-    @property
-    def num_bytes(self) -> int:
-        return self._num_bytes
-
-
-class FakeBackend(GrammarBackend):
-    """Compiles regex specs: "bad..." fails, "slow..." waits for `release`, others take `delay_s`.
-    A spec "size:N" makes a grammar of N bytes."""
-
-    def __init__(self, delay_s: float = 0.0) -> None:
-        self.delay_s = delay_s
-        self.release = threading.Event()
-        self.calls: list[str] = []
-        self._lock = threading.Lock()
-
-    def compile(self, constraint: Constraint) -> FakeCompiled:
-        with self._lock:
-            self.calls.append(constraint.spec)
-        if constraint.spec.startswith("bad"):
-            raise GrammarError(f"regex does not compile: {constraint.spec}")
-        if constraint.spec.startswith("slow"):
-            self.release.wait(10)
-        time.sleep(self.delay_s)
-        size = int(constraint.spec.split(":")[1]) if constraint.spec.startswith("size:") else 100
-        return FakeCompiled(constraint.spec, size)
-
-    def make_grammar(self, compiled: CompiledGrammar) -> Grammar:
-        raise NotImplementedError
-
-    def allocate_bitmask(self, num_rows: int):
-        raise NotImplementedError
 
 
 def make_compiler(backend: FakeBackend | None = None, **config) -> tuple[GrammarCompiler, FakeBackend]:
@@ -63,7 +26,7 @@ def regex(spec: str) -> Constraint:
 
 
 def test_cache_hit_returns_a_done_future_and_compiles_once():
-    compiler, backend = make_compiler(FakeBackend(delay_s=0.05))
+    compiler, backend = make_compiler(FakeBackend(compile_s=0.05))
     first = compiler.submit(regex("a+"))
     assert isinstance(first.result(timeout=5), FakeCompiled)
     second = compiler.submit(regex("a+"))
@@ -75,7 +38,7 @@ def test_cache_hit_returns_a_done_future_and_compiles_once():
 
 
 def test_compile_sync_reports_a_miss_and_its_time():
-    compiler, _ = make_compiler(FakeBackend(delay_s=0.05))
+    compiler, _ = make_compiler(FakeBackend(compile_s=0.05))
     _, compile_s, cached = compiler.compile_sync(regex("b+"))
     assert not cached and compile_s >= 0.05
 
@@ -85,7 +48,7 @@ def test_identical_submits_while_compiling_share_one_compile():
     futures = [compiler.submit(regex("slow")) for _ in range(3)]
     assert futures[0] is futures[1] is futures[2]
     assert not futures[0].cancel()  # shared: nobody may cancel it for the others
-    backend.release.set()
+    backend.gate.set()
     assert futures[0].result(timeout=5).spec == "slow"
     assert backend.calls == ["slow"]
 
@@ -112,7 +75,7 @@ def test_a_compile_over_the_time_limit_fails_and_its_late_result_is_kept():
     duplicate = compiler.submit(regex("slow"))
     assert duplicate.done() and isinstance(duplicate.exception(), GrammarError)
     assert compiler.num_timeouts == 1
-    backend.release.set()
+    backend.gate.set()
     deadline = time.monotonic() + 5
     while time.monotonic() < deadline:  # the thread finishes and replaces the timeout in the cache
         late = compiler.submit(regex("slow"))
@@ -125,7 +88,7 @@ def test_a_compile_over_the_time_limit_fails_and_its_late_result_is_kept():
 
 def test_the_time_limit_counts_from_the_start_of_the_compile_not_the_queue():
     # each compile takes 0.1 s, a fifth of the limit; the last of 8 on one thread waits at least 0.7 s in the queue
-    compiler, backend = make_compiler(FakeBackend(delay_s=0.1), compile_timeout_s=0.5, num_compile_threads=1)
+    compiler, backend = make_compiler(FakeBackend(compile_s=0.1), compile_timeout_s=0.5, num_compile_threads=1)
     futures = [compiler.submit(regex(f"q{i}")) for i in range(8)]
     assert all(isinstance(f.result(timeout=5), FakeCompiled) for f in futures)
 
@@ -160,16 +123,16 @@ def test_a_lazily_built_grammar_is_counted_again_on_each_hit_as_its_masks_grow()
     lazy.lazy_masks = True
     compiler.compile_sync(regex("size:300"))
     assert compiler.cache_bytes == 100 + 300 + 2 * key_bytes
-    lazy._num_bytes = 600  # requests built masks
+    lazy.num_bytes = 600  # requests built masks
     assert compiler.compile_sync(regex("size:100"))[2]  # a hit: counted again
     assert compiler.cache_bytes == 600 + 300 + 2 * key_bytes
-    lazy._num_bytes = 800  # now over the budget beside size:300, the least recently used
+    lazy.num_bytes = 800  # now over the budget beside size:300, the least recently used
     assert compiler.compile_sync(regex("size:100"))[2]
     assert compiler.num_cached == 1 and compiler.cache_bytes == 800 + key_bytes
 
 
 def test_concurrent_submits_from_many_threads_compile_once():
-    compiler, backend = make_compiler(FakeBackend(delay_s=0.05), num_compile_threads=2)
+    compiler, backend = make_compiler(FakeBackend(compile_s=0.05), num_compile_threads=2)
     results: list[object] = []
     barrier = threading.Barrier(8)
 
@@ -187,13 +150,9 @@ def test_concurrent_submits_from_many_threads_compile_once():
 
 
 def test_a_backend_crash_becomes_a_grammar_error():
-    class Crashing(FakeBackend):
-        def compile(self, constraint):
-            raise KeyError("boom")
-
-    compiler, _ = make_compiler(Crashing())
+    compiler, _ = make_compiler()
     with pytest.raises(GrammarError, match="internal error KeyError"):
-        compiler.compile_sync(regex("x"))
+        compiler.compile_sync(regex("crash"))
 
 
 def test_shutdown_fails_queued_compiles():
@@ -203,5 +162,5 @@ def test_shutdown_fails_queued_compiles():
     compiler.shutdown()
     with pytest.raises(GrammarError, match="shut down"):
         queued.result(timeout=5)
-    backend.release.set()
+    backend.gate.set()
     running.exception(timeout=5)  # resolved one way or the other, never left hanging
