@@ -29,7 +29,7 @@ from grammar.xgrammar.conversion import (builds_masks_lazily, check_repeats, cho
                                          unsupported_error, warning_keywords, with_decimal_numbers)
 from grammar.xgrammar.log_capture import capture_native_log, strip_native_prefix
 from grammar.xgrammar.matcher import XGrammarCompiled, XGrammarGrammar
-from grammar.xgrammar.matcher_cursor import CharTokens
+from grammar.runtime.char_tokens import CharTokens
 from grammar.xgrammar.schema_gaps import Finding, find_unsupported, normalize
 
 if TYPE_CHECKING:

@@ -11,9 +11,10 @@ import xgrammar as xgr
 
 from grammar import bitmask as bitmask_ops
 from grammar.backend import CompiledGrammar, Grammar
+from grammar.runtime.char_tokens import CharTokens
 from grammar.runtime.closing_search import find_closing
 from grammar.runtime.jump_forward import ForcedTextTokenizer
-from grammar.xgrammar.matcher_cursor import CharTokens, MatcherCursor
+from grammar.xgrammar.matcher_cursor import MatcherCursor
 
 if TYPE_CHECKING:
     from collections.abc import Sequence
