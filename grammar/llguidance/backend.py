@@ -11,7 +11,7 @@ import llguidance.torch as llg_torch
 import msgspec
 from llguidance.gbnf_to_lark import any_to_lark
 
-from grammar.backend import GrammarBackend, GrammarError
+from grammar.backend import GrammarBackend, GrammarError, UnsupportedError
 from grammar.chat.tool_calls import ToolCalls
 from grammar.json_schema.limits import check_limits, parse_schema
 from grammar.json_schema.rewrite import rewrite
@@ -74,7 +74,7 @@ class LLGuidanceBackend(GrammarBackend):
 
     def compile(self, constraint: Constraint) -> LLGuidanceCompiled:
         if constraint.think_budget:
-            raise GrammarError("think_budget is not enforced by the llguidance backend (its end marker cannot "
+            raise UnsupportedError("think_budget is not enforced by the llguidance backend (its end marker cannot "
                                "be forced after a token count); use the xgrammar backend")
         not_enforced: list[str] = []
         grammar = self._grammar(constraint, not_enforced)
@@ -149,12 +149,14 @@ class LLGuidanceBackend(GrammarBackend):
         keywords = [k for m in messages for k in unimplemented_keywords(m)]
         if keywords and constraint.strict:
             locations = keyword_locations(schema, keywords)
-            raise GrammarError(f"{constraint.kind} uses keywords llguidance does not enforce: "
+            raise UnsupportedError(f"{constraint.kind} uses keywords llguidance does not enforce: "
                                f"{', '.join(locations)}; send strict=false to compile it without them, "
                                "or use the xgrammar backend")
         if keywords:
             not_enforced += keyword_locations(schema, keywords)
             grammar = llg.LLMatcher.grammar_from_json_schema(schema, defaults={**options, "lenient": True})
+        elif is_error and "not supported" in messages[0]:  # a feature (overlapping oneOf), not a bad schema
+            raise UnsupportedError(f"{constraint.kind} is not enforced by llguidance: {_short(messages[0])}")
         elif is_error:
             raise GrammarError(f"{constraint.kind} does not compile: {_short(messages[0])}")
         return grammar
@@ -169,7 +171,7 @@ class LLGuidanceBackend(GrammarBackend):
         except ValueError as e:
             raise GrammarError(str(e)) from None
         if spec.choice == "auto" and spec.answer is None:
-            raise GrammarError("tool_calls with choice auto and a free-text answer is not supported by the "
+            raise UnsupportedError("tool_calls with choice auto and a free-text answer is not supported by the "
                                "llguidance backend; use the xgrammar backend")
         options = WHITESPACE_OPTIONS[constraint.json_whitespace]
         schemas: dict[str, Any] = {}
@@ -185,7 +187,7 @@ class LLGuidanceBackend(GrammarBackend):
                 schemas[tool.name] = self._json_schema(schema, notes)
                 self._json_grammar(schema, schemas[tool.name], notes)  # its errors, named per tool
             except GrammarError as e:
-                raise GrammarError(f'tools[{index}] "{tool.name}" parameters: {e}') from None
+                raise type(e)(f'tools[{index}] "{tool.name}" parameters: {e}') from None  # unsupported stays so
             not_enforced += [f'tool "{tool.name}": {note}' for note in notes]
         calls = lark_text.tool_calls_lark(spec, schemas, {**options, "lenient": not constraint.strict})
         if spec.answer is None:

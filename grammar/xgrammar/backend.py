@@ -270,7 +270,7 @@ class XGrammarBackend(GrammarBackend):
                 check_limits(schema, self.config.max_spec_bytes, self.config.max_schema_depth)
                 grammar, notes = self._json_grammar(schema)
             except GrammarError as e:
-                raise GrammarError(f'tools[{index}] "{tool.name}" parameters: {e}') from None
+                raise type(e)(f'tools[{index}] "{tool.name}" parameters: {e}') from None  # unsupported stays so
             not_enforced += [f'tool "{tool.name}": {note}' for note in notes]
             arguments[tool.name] = str(grammar)
         return structural_tags.tool_calls_format(spec, arguments, self._answer_ebnf(constraint, spec, not_enforced))

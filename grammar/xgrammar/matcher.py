@@ -42,6 +42,7 @@ class XGrammarCompiled(CompiledGrammar):
         self.jump_forward_safe = jump_forward_safe
         self.closing_hints = tuple(closing_hints or ())
         self.json_output = json_output
+        self.backend_name = "xgrammar"
         self._num_bytes = compiled.memory_size_bytes + 256  # + this wrapper, roughly
 
     @property
