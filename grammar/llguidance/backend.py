@@ -16,7 +16,7 @@ from grammar.chat.tool_calls import ToolCalls
 from grammar.json_schema.limits import check_limits, parse_schema
 from grammar.json_schema.rewrite import rewrite
 from grammar.json_schema.values import check_keyword_values
-from grammar.llguidance import lark_text
+from grammar.llguidance import lark_text, output_bounds
 from grammar.llguidance.json_options import (WHITESPACE_OPTIONS, closed_schema, keyword_locations,
                                              unimplemented_keywords)
 from grammar.llguidance.matcher import LLGuidanceCompiled, LLGuidanceGrammar
@@ -98,6 +98,7 @@ class LLGuidanceBackend(GrammarBackend):
             return self._json_grammar(constraint, schema, not_enforced)
         if kind == "regex":
             self._check_repeats(constraint.spec)
+            output_bounds.check_regex(kind, constraint.spec, self.config.max_forced_bytes)
             return llg.LLMatcher.grammar_from_regex(constraint.spec)
         if kind == "grammar":
             return llg.LLMatcher.grammar_from_lark(self._lark(constraint))
@@ -134,6 +135,7 @@ class LLGuidanceBackend(GrammarBackend):
         check_keyword_values(parsed, self.config.max_repeat_count)
         rewritten = rewrite(parsed)
         not_enforced += rewritten.notes
+        output_bounds.check_schema(rewritten.schema, self.config.max_forced_bytes)
         return closed_schema(rewritten.schema)
 
     def _json_grammar(self, constraint: Constraint, schema: Any, not_enforced: list[str]) -> str:
@@ -152,9 +154,12 @@ class LLGuidanceBackend(GrammarBackend):
             raise UnsupportedError(f"{constraint.kind} uses keywords llguidance does not enforce: "
                                f"{', '.join(locations)}; send strict=false to compile it without them, "
                                "or use the xgrammar backend")
-        if keywords:
-            not_enforced += keyword_locations(schema, keywords)
+        if keywords:  # the strict compile stops at the first; the lenient one warns of each
             grammar = llg.LLMatcher.grammar_from_json_schema(schema, defaults={**options, "lenient": True})
+            _, warnings = llg.LLMatcher.validate_grammar_with_warnings(grammar, self.llg_tokenizer,
+                                                                      limits=self._limits)
+            keywords = list(dict.fromkeys(keywords + [k for w in warnings for k in unimplemented_keywords(w)]))
+            not_enforced += keyword_locations(schema, keywords)
         elif is_error and "not supported" in messages[0]:  # a feature (overlapping oneOf), not a bad schema
             raise UnsupportedError(f"{constraint.kind} is not enforced by llguidance: {_short(messages[0])}")
         elif is_error:
@@ -236,10 +241,10 @@ class LLGuidanceBackend(GrammarBackend):
 
 def _compose(main_lark: str, named: dict[str, str]) -> str:
     """One llguidance grammar of a Lark grammar that refers to others as `@name`; `named`: name ->
-    a grammar in llguidance's JSON form (one grammar each)."""
+    a grammar as llguidance's grammar_from_* wrote it (its JSON form, or plain Lark)."""
     grammars: list[dict[str, Any]] = [{"lark_grammar": main_lark}]
     for name, text in named.items():
-        inner = json.loads(text)["grammars"]
+        inner = json.loads(text)["grammars"] if text.lstrip().startswith("{") else [{"lark_grammar": text}]
         if len(inner) != 1:
             raise GrammarError(f"the {name} grammar has {len(inner)} parts; one is supported here")
         grammars.append({**inner[0], "name": name})

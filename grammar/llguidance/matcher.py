@@ -2,6 +2,7 @@
 from, and the matcher seen as a TextCursor for the closing search."""
 from __future__ import annotations
 
+import logging
 from typing import TYPE_CHECKING
 
 import llguidance as llg
@@ -17,6 +18,8 @@ if TYPE_CHECKING:
     from grammar.backend import FirstFillBudget
     from grammar.runtime.char_tokens import CharTokens
     from grammar.runtime.jump_forward import ForcedTextTokenizer
+
+logger = logging.getLogger(__name__)
 
 _COMPILED_OVERHEAD_BYTES = 16 << 10  # the template matcher's parser state, roughly
 
@@ -47,7 +50,9 @@ class LLGuidanceGrammar(Grammar):
     table), so a fill costs about the same everywhere: tens of µs to a few ms.
 
     A rejected token would put llguidance's matcher in an error state for good, so every
-    accept is validated first and only a fully valid list is consumed.
+    accept is validated first and only a fully valid list is consumed. Its parser limits can
+    still fail a consume (too many Earley items in one step): the matcher is then broken, allows
+    nothing and never terminates, so the engine ends the request with an error.
     """
 
     def __init__(self, compiled: LLGuidanceCompiled, forced_text: ForcedTextTokenizer, stop_token_ids: list[int],
@@ -67,6 +72,9 @@ class LLGuidanceGrammar(Grammar):
 
     def fill_bitmask(self, bitmask: torch.Tensor, row: int) -> None:
         """llguidance writes 0 for ids past its vocabulary (the padding ids) itself."""
+        if self._matcher.is_error():
+            bitmask[row] = 0
+            return
         llg_torch.fill_next_token_bitmask(self._matcher, bitmask, row)
 
     def accept_tokens(self, token_ids: list[int]) -> bool:
@@ -76,8 +84,10 @@ class LLGuidanceGrammar(Grammar):
             return True
         if self._matcher.is_stopped() or self._matcher.validate_tokens(token_ids) < len(token_ids):
             return False
-        if not self._matcher.consume_tokens(token_ids):  # validated above: a library fault
-            raise RuntimeError(f"llguidance rejected validated tokens: {self._matcher.get_error()[:200]}")
+        if not self._matcher.consume_tokens(token_ids):  # validated above: one of its parser limits
+            logger.warning("llguidance matcher failed after %d tokens: %s", len(self._token_ids),
+                           self._matcher.get_error()[:200])
+            return False
         self._token_ids += token_ids
         return True
 
@@ -90,8 +100,9 @@ class LLGuidanceGrammar(Grammar):
         del self._token_ids[-num_tokens:]
 
     def is_terminated(self) -> bool:
-        """llguidance stops once only a stop token may follow (a closed JSON object) and after one."""
-        return self._matcher.is_stopped()
+        """llguidance stops once only a stop token may follow (a closed JSON object) and after one
+        (and when broken, which is no end)."""
+        return self._matcher.is_stopped() and not self._matcher.is_error()
 
     def jump_forward_token_ids(self) -> list[int]:
         """llguidance's forced bytes, tokenized and seam-checked as on xgrammar
