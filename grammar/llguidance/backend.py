@@ -150,10 +150,10 @@ class LLGuidanceBackend(GrammarBackend):
                                                                          limits=self._limits)
         keywords = [k for m in messages for k in unimplemented_keywords(m)]
         if keywords and constraint.strict:
-            locations = keyword_locations(schema, keywords)
-            raise UnsupportedError(f"{constraint.kind} uses keywords llguidance does not enforce: "
-                               f"{', '.join(locations)}; send strict=false to compile it without them, "
-                               "or use the xgrammar backend")
+            shown = "; ".join('unsupported keyword "{}" at {}'.format(*where.split(" at ", 1))
+                              for where in keyword_locations(schema, keywords))
+            raise UnsupportedError(f"{shown}: llguidance does not enforce it. Send strict=false to compile the "
+                                   "schema with it listed as not enforced, or use the xgrammar backend")
         if keywords:  # the strict compile stops at the first; the lenient one warns of each
             grammar = llg.LLMatcher.grammar_from_json_schema(schema, defaults={**options, "lenient": True})
             _, warnings = llg.LLMatcher.validate_grammar_with_warnings(grammar, self.llg_tokenizer,
