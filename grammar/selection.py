@@ -5,9 +5,10 @@ constraint compiled by the one it names, or by the engine's default, or picked (
 UnsupportedError) and the other is tried; a best-effort constraint goes to the backend that
 leaves nothing out when one does. Among the backends that enforce it all, the one expected to
 answer first: xgrammar compiles its token masks before the first token (tens of ms for a small
-schema, seconds for a large one), llguidance builds each mask as the output reaches it (about a
-millisecond to start), so a large schema starts on llguidance and a small one on xgrammar, whose
-later fills are cheaper.
+schema, seconds for a large one), llguidance builds each mask as the output reaches it (a few ms
+to start, about the same per step), so a large schema starts on llguidance. A small one stays on
+xgrammar, which does more at compile time (never-ending grammars refused, the shortest output
+searched, think budgets).
 """
 from __future__ import annotations
 
@@ -28,8 +29,9 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 
 # spec text (a schema, a grammar, tool definitions) up to which xgrammar's compile is expected to
-# take a few tens of ms: JSONSchemaBench's median schema (~1 KB) compiles in 37 ms here, while
-# llguidance starts any of them in ~1 ms (docs/benchmarks.md, "Grammar backends")
+# take a few tens of ms (JSONSchemaBench's median schema, ~1 KB, compiles in 37 ms here), past
+# which it reaches seconds; llguidance starts any of them in a few ms (docs/benchmarks.md,
+# "Grammar backends: time to the first mask")
 XGRAMMAR_CHEAP_SPEC_CHARS = 2048
 
 
