@@ -2,7 +2,7 @@
 constraint compiled by the one it names, or by the engine's default, or picked ("auto").
 
 "auto" keeps strict strict: a backend that would drop a keyword refuses a strict constraint (an
-UnsupportedError) and the other is tried; a best-effort constraint goes to the backend that
+UnsupportedError) and the other is tried (any refusal, when llguidance went first for speed); a best-effort constraint goes to the backend that
 leaves nothing out when one does. Among the backends that enforce it all, the one expected to
 answer first: xgrammar compiles its token masks before the first token (tens of ms for a small
 schema, seconds for a large one), llguidance builds each mask as the output reaches it (a few ms
@@ -74,6 +74,12 @@ class SelectingBackend(GrammarBackend):
                 return self._compile_with(second, constraint)
             except GrammarError as other:
                 raise GrammarError(f"{e} ({second}: {other})") from None
+        except GrammarError:
+            if second != "xgrammar":
+                raise
+            # llguidance was first only for speed: xgrammar, the default, has the last word (its
+            # message, too), so a spec is never refused for being large
+            return self._compile_with(second, constraint)
         if compiled.not_enforced and second is not None:  # best effort: does the other leave nothing out?
             try:
                 other = self._compile_with(second, constraint)

@@ -4,7 +4,7 @@ from __future__ import annotations
 import pytest
 from grammar_factories import make_backend, make_constraint, make_llguidance_backend
 
-from grammar.backend import GrammarError
+from grammar.backend import CompiledGrammar, GrammarBackend, GrammarError
 from grammar.config import GrammarConfig
 from grammar.constraint import Constraint
 from grammar.selection import XGRAMMAR_CHEAP_SPEC_CHARS, SelectingBackend
@@ -84,3 +84,59 @@ def test_an_unknown_backend_name_is_refused_with_the_names_it_takes():
 
 def test_the_backend_is_part_of_the_cache_key():
     assert Constraint("regex", "a").cache_key != Constraint("regex", "a", grammar_backend="llguidance").cache_key
+
+
+class _Compiled(CompiledGrammar):
+    num_bytes = 1
+
+    def __init__(self, not_enforced: list[str] | None = None) -> None:
+        self.not_enforced = not_enforced or []
+
+
+class _ScriptedBackend(GrammarBackend):
+    """Answers each compile with `outcome` (a GrammarError to raise, or not_enforced entries)."""
+
+    def __init__(self, outcome) -> None:
+        self.outcome = outcome
+        self.num_compiles = 0
+
+    def compile(self, constraint):
+        self.num_compiles += 1
+        if isinstance(self.outcome, GrammarError):
+            raise self.outcome
+        return _Compiled(self.outcome)
+
+    def make_grammar(self, compiled):
+        raise NotImplementedError
+
+    def allocate_bitmask(self, num_rows):
+        raise NotImplementedError
+
+
+def scripted(xgrammar_outcome, llguidance_outcome) -> tuple[SelectingBackend, dict[str, _ScriptedBackend]]:
+    backends = {"xgrammar": _ScriptedBackend(xgrammar_outcome), "llguidance": _ScriptedBackend(llguidance_outcome)}
+    return SelectingBackend(backends, GrammarConfig()), backends
+
+
+LARGE = Constraint("regex", "a" * (XGRAMMAR_CHEAP_SPEC_CHARS + 1))
+
+
+def test_a_large_spec_llguidance_refuses_falls_back_to_xgrammar_and_its_message():
+    selecting, _ = scripted(None, GrammarError("llguidance cannot"))
+    assert selecting.compile(LARGE).backend_name == "xgrammar"
+    selecting, _ = scripted(GrammarError("xgrammar says why"), GrammarError("llguidance cannot"))
+    with pytest.raises(GrammarError, match="^xgrammar says why$"):
+        selecting.compile(LARGE)
+
+
+def test_a_small_spec_xgrammar_refuses_as_invalid_is_not_retried():
+    selecting, backends = scripted(GrammarError("bad spec"), None)
+    with pytest.raises(GrammarError, match="^bad spec$"):
+        selecting.compile(Constraint("regex", "a"))
+    assert backends["llguidance"].num_compiles == 0
+
+
+def test_best_effort_keeps_the_first_when_the_other_leaves_out_as_much():
+    selecting, backends = scripted(["uniqueItems at /"], ["uniqueItems at /"])
+    assert selecting.compile(Constraint("regex", "a", strict=False)).backend_name == "xgrammar"
+    assert backends["llguidance"].num_compiles == 1
