@@ -18,9 +18,12 @@ def _compile_worker(connection, model_dir: str, vocab_size: int, config) -> None
     from grammar.backend import GrammarError
     from grammar.constraint import Constraint
     from grammar.json_schema.limits import check_limits
+    from grammar.runtime.low_priority import run_at_low_priority
     from grammar.selection import make_selecting_backend
 
-    backend = make_selecting_backend(model_dir, vocab_size, config)
+    # a spare loads while another process compiles: loading both backends at idle priority keeps
+    # it from taking that compile's CPU (and its time limit)
+    backend = run_at_low_priority(make_selecting_backend, model_dir, vocab_size, config)
     for name in ("xgrammar", "llguidance"):  # first-compile costs, not a schema's
         backend.compile(Constraint(kind="json_schema", spec='{"type": "integer"}', grammar_backend=name))
     connection.send("ready")
