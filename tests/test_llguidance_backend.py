@@ -114,3 +114,12 @@ def test_the_bombs_llguidance_takes_cost_it_little(name):
             if token_id in backend.stop_token_ids or not grammar.accept_tokens([token_id]):
                 break
     assert time.thread_time() - start < 1.0
+
+
+def test_choices_are_taken_literally_and_a_think_section_comes_before_any_kind():
+    choice = make_constraint("choice", "", choices=['it depends (see "notes")', "a\\b", "é\n"])
+    assert accepts(choice, 'it depends (see "notes")') and accepts(choice, "a\\b") and accepts(choice, "é\n")
+    assert not accepts(choice, "a")
+    lark = make_constraint("grammar", 'start: "yes" | "no"', grammar_syntax="lark", think_end="</think>")
+    assert accepts(lark, "hmm</think>\nno") and not accepts(lark, "hmm</think>maybe")
+    assert accepts(make_constraint("json_object", "", think_end="</think>"), 'x</think>{"a":1}')
