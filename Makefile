@@ -8,7 +8,7 @@ STAMP := $(VENV)/.installed
 export OMP_WAIT_POLICY ?= PASSIVE
 
 # Pinned set measured to install together here (see docs/benchmarks.md for the machine).
-PINS := torch==2.13.0 transformers==5.24.0 tokenizers==0.23.3 xgrammar==0.2.9 gguf==0.19.0 \
+PINS := torch==2.13.0 transformers==5.24.0 tokenizers==0.23.3 xgrammar==0.2.9 llguidance==1.9.1 gguf==0.19.0 \
 	accelerate==1.15.0 grpcio==1.85.3 grpcio-tools==1.85.1 grpcio-reflection==1.85.1 \
 	grpcio-health-checking==1.85.1 googleapis-common-protos==1.76.0 protobuf==7.36.2 msgspec==0.23.0 jsonschema==4.26.0 numpy==2.4.6 \
 	ninja==1.13.2 fastapi==0.163.2 uvicorn==0.54.0 pydantic==2.14.4 \

@@ -2,7 +2,9 @@
 side by side with llguidance (a benchmark-only peer, bench/peers/llguidance_peer.py).
 
 Formwork's figure is what a request meets: the size/depth limits and the compile timeout of
-GrammarConfig, the xgrammar backend, strict mode, compact JSON, no cache.
+GrammarConfig, the grammar backend --grammar-backend names (auto: picked per schema; the backends
+picked are counted), strict mode, no cache. The time is the time to the first token mask: both
+backends fill the first mask inside their compile.
 llguidance's is `LLMatcher.grammar_from_json_schema` plus `validate_grammar` with the same
 tokenizer, its defaults (an unimplemented keyword is an error). Neither generates anything.
 """
@@ -22,6 +24,7 @@ class CompileTally:
     compiled: int = 0
     times_s: list[float] = field(default_factory=list)
     rejected: Counter = field(default_factory=Counter)
+    backends: Counter = field(default_factory=Counter)  # backend name -> schemas it compiled
 
     def share(self) -> float:
         return self.compiled / self.total if self.total else 0.0
@@ -52,10 +55,11 @@ def compile_formwork(schemas: list[tuple[str, str, dict]], engine_config,
         for subset, sid, schema in schemas:
             record = done.get((subset, sid))
             if record is None:
-                ok, reason, seconds = process.compile(json.dumps(schema), config.compile_timeout_s)
+                ok, reason, seconds, backend = process.compile(json.dumps(schema), config.compile_timeout_s)
                 if ok and seconds > config.compile_timeout_s:
                     ok, reason = False, "compile time limit"
-                record = {"subset": subset, "id": sid, "ok": ok, "reason": reason, "compile_s": seconds}
+                record = {"subset": subset, "id": sid, "ok": ok, "reason": reason, "compile_s": seconds,
+                          "backend": backend}
                 if records is not None:
                     records.write(json.dumps(record) + "\n")
                     records.flush()
@@ -65,6 +69,8 @@ def compile_formwork(schemas: list[tuple[str, str, dict]], engine_config,
             tally.times_s.append(record["compile_s"])
             if not record["ok"]:
                 tally.rejected[record["reason"]] += 1
+            elif record.get("backend"):
+                tally.backends[record["backend"]] += 1
     finally:
         process.close()
         if records is not None:
@@ -121,10 +127,14 @@ def _overall(tallies: dict[str, CompileTally]) -> CompileTally:
         out.compiled += t.compiled
         out.times_s += t.times_s
         out.rejected.update(t.rejected)
+        out.backends.update(t.backends)
     return out
 
 
-def print_compile_report(ours: dict[str, CompileTally], peer: dict[str, CompileTally] | str) -> None:
+def print_compile_report(ours: dict[str, CompileTally], peer: dict[str, CompileTally] | str,
+                         grammar_backend: str = "") -> None:
+    if grammar_backend:
+        print(f"formwork grammar backend: {grammar_backend}")
     print(f"{'subset':<16} {'n':>4}  {'formwork':>8} {'p50 ms':>7} {'p99 ms':>8}   {'llguidance':>10} "
           f"{'p50 ms':>7} {'p99 ms':>8}")
     rows = [*ours.items(), ("overall", _overall(ours))]
@@ -141,6 +151,8 @@ def print_compile_report(ours: dict[str, CompileTally], peer: dict[str, CompileT
         if isinstance(tallies, dict):
             reasons = _overall(tallies).rejected
             print(f"{name} rejected: " + "; ".join(f"{c} x {r}" for r, c in reasons.most_common(12)))
+    picked = _overall(ours).backends
+    print("formwork compiled by: " + "; ".join(f"{c} x {name}" for name, c in picked.most_common()))
 
 
 def main(args, engine_config) -> int:
@@ -150,5 +162,5 @@ def main(args, engine_config) -> int:
     schemas = interleaved(load_schemas(args.subset or list(SUBSETS), args.limit, data=args.data))
     ours = compile_formwork(schemas, engine_config, args.records)
     peer = compile_llguidance(schemas, engine_config) if not args.no_peer else "--no-peer"
-    print_compile_report(ours, peer)
+    print_compile_report(ours, peer, engine_config.grammar.grammar_backend if engine_config is not None else "")
     return 0

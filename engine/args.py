@@ -37,9 +37,12 @@ def add_engine_args(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--enforce-eager", action="store_true", help="CUDA: no CUDA graphs for decode steps")
     g.add_argument("--attention-backend", choices=["auto", "flash_attn", "torch"], default="auto",
                    help="CUDA: flash-attn if usable (auto), flash-attn or an error, or torch SDPA")
-    from grammar.config import GrammarConfig
+    from grammar.config import GRAMMAR_BACKENDS, GrammarConfig
     defaults = GrammarConfig()
     b = parser.add_argument_group("grammar bounds (a constraint past one is refused: docs/constraints.md)")
+    b.add_argument("--grammar-backend", choices=list(GRAMMAR_BACKENDS), default=defaults.grammar_backend,
+                   help="the library that compiles a constraint which names none; auto picks per constraint "
+                        "(docs/constraints.md) (default: %(default)s)")
     b.add_argument("--compile-timeout", type=float, default=defaults.compile_timeout_s,
                    help="seconds one grammar compile may take (default: %(default)s)")
     b.add_argument("--max-schema-depth", type=int, default=defaults.max_schema_depth,
@@ -85,7 +88,7 @@ def engine_config_from_args(args: argparse.Namespace):
                               compile_timeout_s=args.compile_timeout,
                               max_schema_depth=args.max_schema_depth, max_forced_bytes=args.max_forced_bytes,
                               max_repeat_count=args.max_repeat_count, max_fill_ms=args.max_fill_ms,
-                              lazy_fill_budget_ms=args.lazy_fill_budget_ms),
+                              lazy_fill_budget_ms=args.lazy_fill_budget_ms, grammar_backend=args.grammar_backend),
         cuda=CudaConfig(gpu_memory_utilization=args.gpu_memory_utilization, enforce_eager=args.enforce_eager,
                         attention_backend=args.attention_backend),
         host_memory=HostMemoryConfig(

@@ -148,6 +148,7 @@ class ConstraintReport(msgspec.Struct, array_like=True, omit_defaults=True):
     compile_s: float = 0.0
     cached: bool = False
     not_enforced: list[str] = []
+    backend: str = ""  # the grammar library that compiled it ("xgrammar", "llguidance")
 
 
 class EngineCoreOutputs(msgspec.Struct, array_like=True, omit_defaults=True, tag=True):

@@ -19,6 +19,11 @@ class GrammarError(ValueError):
     """A constraint that cannot be compiled or enforced; the message names the problem."""
 
 
+class UnsupportedError(GrammarError):
+    """A valid constraint that this backend does not enforce (a keyword, a feature): another
+    backend may (grammar/selection.py tries it)."""
+
+
 class FirstFillBudget(Protocol):
     """CPU time a request may spend waiting for first fills (grammar/runtime/slow_fills.py's SlowFills)."""
 
@@ -38,6 +43,8 @@ class CompiledGrammar(ABC):
     # its token masks are built on first use: a state's first fill builds its mask (tens of ms,
     # up to ~1 s), later fills of that state take microseconds (GrammarConfig.lazy_fill_budget_ms)
     lazy_masks: bool = False
+    # the library that compiled it ("xgrammar", "llguidance"), reported with the request
+    backend_name: str = ""
 
     @property
     @abstractmethod

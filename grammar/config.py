@@ -3,6 +3,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+# which library compiles a constraint ("auto": grammar/selection.py picks per constraint)
+GRAMMAR_BACKENDS = ("auto", "xgrammar", "llguidance")
+
 
 @dataclass(frozen=True)
 class GrammarConfig:
@@ -33,6 +36,9 @@ class GrammarConfig:
     # close a constrained output before it runs out of tokens, and the JSON kinds' runaway loops
     # (grammar/runtime/early_closing.py); engine default, a request may switch it off (or on)
     close_early: bool = True
+    # the library that compiles a constraint which names none: "auto" (grammar/selection.py picks
+    # per constraint), "xgrammar" or "llguidance"
+    grammar_backend: str = "auto"
 
     def __post_init__(self) -> None:
         for name in ("max_spec_bytes", "max_schema_depth", "cache_bytes", "num_compile_threads",
@@ -41,6 +47,9 @@ class GrammarConfig:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
         if self.max_repeat_count >= 1 << 31:
             raise ValueError(f"max_repeat_count must be below 2**31, got {self.max_repeat_count}")
+        if self.grammar_backend not in GRAMMAR_BACKENDS:
+            raise ValueError(f"grammar_backend must be one of {', '.join(GRAMMAR_BACKENDS)}, got "
+                             f"{self.grammar_backend!r}")
         for name in ("max_fill_ms", "lazy_fill_budget_ms"):
             if not getattr(self, name) > 0:
                 raise ValueError(f"{name} must be > 0, got {getattr(self, name)}")

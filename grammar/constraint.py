@@ -11,6 +11,7 @@ from dataclasses import replace
 import msgspec
 
 from grammar.chat.tool_calls import ToolCalls
+from grammar.config import GRAMMAR_BACKENDS
 
 # Whitespace between JSON tokens: "compact" {"a":1,"b":2}; "spaced" {"a": 1, "b": 2} (what models
 # write most); "bounded" any whitespace, at most BOUNDED_JSON_WHITESPACE characters per gap (no
@@ -45,6 +46,7 @@ class Constraint(msgspec.Struct, array_like=True, omit_defaults=True, frozen=Tru
     think_end: non-empty: the output first thinks freely until this marker (grammar/chat/reasoning.py),
                and the constraint applies after it.
     think_budget: the most tokens of thinking (0: no limit); at the limit the marker is forced.
+    grammar_backend: one of GRAMMAR_BACKENDS ("": the engine's GrammarConfig.grammar_backend).
     """
 
     kind: str
@@ -58,6 +60,7 @@ class Constraint(msgspec.Struct, array_like=True, omit_defaults=True, frozen=Tru
     think_end: str = ""
     think_budget: int = 0
     close_early: bool | None = None
+    grammar_backend: str = ""
 
     @property
     def json_whitespace(self) -> str:
@@ -80,6 +83,9 @@ class Constraint(msgspec.Struct, array_like=True, omit_defaults=True, frozen=Tru
                 raise ValueError("choices must be non-empty strings")
         elif self.kind in ("json_schema", "regex", "grammar", "tool_calls") and not self.spec.strip():
             raise ValueError(f"a {self.kind} constraint needs a non-empty spec")
+        if self.grammar_backend and self.grammar_backend not in GRAMMAR_BACKENDS:
+            raise ValueError(f"unknown grammar backend {self.grammar_backend!r}; expected one of "
+                             f"{', '.join(GRAMMAR_BACKENDS)}")
         if self.think_budget < 0:
             raise ValueError(f"think_budget must be >= 0 (0: no limit), got {self.think_budget}")
         if self.think_budget and not self.think_end:
@@ -107,7 +113,7 @@ class Constraint(msgspec.Struct, array_like=True, omit_defaults=True, frozen=Tru
         whitespace = self.json_whitespace if self.kind in ("json_schema", "json_object", "tool_calls") else ""
         syntax = (self.grammar_syntax or "auto") if self.kind == "grammar" else ""
         return (self.kind, spec, tuple(self.choices), self.strict, whitespace, syntax, self.think_end,
-                self.think_budget)
+                self.think_budget, self.grammar_backend)
 
 
 # the output after a think section, for a request with a reasoning budget and no constraint of its own

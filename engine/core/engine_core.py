@@ -48,9 +48,9 @@ class EngineCore:
 
         self.runner = ModelRunner(config, self.model_dir, hf_config, self.max_model_len)
         self.executor = Executor(self.runner)
-        from grammar.xgrammar.backend import XGrammarBackend
+        from grammar.selection import make_selecting_backend
         self.structured_output_manager = StructuredOutputManager(
-            XGrammarBackend(str(self.model_dir), self.vocab_size, config=config.grammar), config.grammar)
+            make_selecting_backend(str(self.model_dir), self.vocab_size, config.grammar), config.grammar)
         # the steps' timings, for the front end's metrics and benchmarks (None: not collected)
         self.step_stats = StepStatsCollector() if config.collect_stats else None
         self.speculator = Speculator(config.resolved_speculative, self.structured_output_manager.backend)
@@ -189,7 +189,7 @@ class EngineCore:
         except ValueError as e:
             return ConstraintReport(ok=False, error=str(e))
         return ConstraintReport(ok=True, compile_s=compile_s, cached=cached,
-                                not_enforced=list(compiled.not_enforced))
+                                not_enforced=list(compiled.not_enforced), backend=compiled.backend_name)
 
     def reset_prefix_cache(self) -> None:
         """Forget every cached prefix (benchmarks: each run starts from the same cache state)."""

@@ -29,7 +29,7 @@ from grammar.xgrammar.conversion import (builds_masks_lazily, check_repeats, cho
                                          unsupported_error, warning_keywords, with_decimal_numbers)
 from grammar.xgrammar.log_capture import capture_native_log, strip_native_prefix
 from grammar.xgrammar.matcher import XGrammarCompiled, XGrammarGrammar
-from grammar.xgrammar.matcher_cursor import CharTokens
+from grammar.runtime.char_tokens import CharTokens
 from grammar.xgrammar.schema_gaps import Finding, find_unsupported, normalize
 
 if TYPE_CHECKING:
@@ -270,7 +270,7 @@ class XGrammarBackend(GrammarBackend):
                 check_limits(schema, self.config.max_spec_bytes, self.config.max_schema_depth)
                 grammar, notes = self._json_grammar(schema)
             except GrammarError as e:
-                raise GrammarError(f'tools[{index}] "{tool.name}" parameters: {e}') from None
+                raise type(e)(f'tools[{index}] "{tool.name}" parameters: {e}') from None  # unsupported stays so
             not_enforced += [f'tool "{tool.name}": {note}' for note in notes]
             arguments[tool.name] = str(grammar)
         return structural_tags.tool_calls_format(spec, arguments, self._answer_ebnf(constraint, spec, not_enforced))

@@ -6,7 +6,7 @@ import re
 
 import xgrammar as xgr
 
-from grammar.backend import GrammarError
+from grammar.backend import GrammarError, UnsupportedError
 from grammar.regex.repeat_counts import find_large_repeat
 from grammar.xgrammar import decimal_numbers
 from grammar.xgrammar.log_capture import capture_native_log, strip_native_prefix
@@ -110,8 +110,8 @@ def warning_keywords(line: str) -> set[str]:
     return found or {"(xgrammar warning)"}
 
 
-def unsupported_error(findings: list[Finding]) -> GrammarError:
+def unsupported_error(findings: list[Finding]) -> UnsupportedError:
     shown = "; ".join(f.message for f in findings[:5])
     more = f" (and {len(findings) - 5} more)" if len(findings) > 5 else ""
-    return GrammarError(f"{shown}{more}. Remove these keywords, or set strict=false to accept "
+    return UnsupportedError(f"{shown}{more}. Remove these keywords, or set strict=false to accept "
                         "the schema with them listed as not enforced")

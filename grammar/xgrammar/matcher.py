@@ -11,9 +11,10 @@ import xgrammar as xgr
 
 from grammar import bitmask as bitmask_ops
 from grammar.backend import CompiledGrammar, Grammar
+from grammar.runtime.char_tokens import CharTokens
 from grammar.runtime.closing_search import find_closing
 from grammar.runtime.jump_forward import ForcedTextTokenizer
-from grammar.xgrammar.matcher_cursor import CharTokens, MatcherCursor
+from grammar.xgrammar.matcher_cursor import MatcherCursor
 
 if TYPE_CHECKING:
     from collections.abc import Sequence
@@ -41,6 +42,7 @@ class XGrammarCompiled(CompiledGrammar):
         self.jump_forward_safe = jump_forward_safe
         self.closing_hints = tuple(closing_hints or ())
         self.json_output = json_output
+        self.backend_name = "xgrammar"
         self._num_bytes = compiled.memory_size_bytes + 256  # + this wrapper, roughly
 
     @property

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 import numpy as np
 import pytest
-from grammar_factories import VOCAB_PADDING, make_backend, make_constraint
+from grammar_factories import VOCAB_PADDING, make_backend, make_constraint, make_llguidance_backend
 
 from grammar.backend import CompiledGrammar, Grammar, GrammarBackend, GrammarError
 from grammar.chat.tool_calls import Tool, ToolCalls
@@ -54,8 +54,13 @@ def _xgrammar() -> BackendUnderTest:
     return BackendUnderTest(backend, backend.stop_token_ids[0])
 
 
-# name -> factory; a second backend (llguidance) adds itself here
-BACKENDS = {"xgrammar": _xgrammar}
+def _llguidance() -> BackendUnderTest:
+    backend = make_llguidance_backend()
+    return BackendUnderTest(backend, backend.stop_token_ids[0])
+
+
+# name -> factory
+BACKENDS = {"xgrammar": _xgrammar, "llguidance": _llguidance}
 
 
 @pytest.fixture(params=sorted(BACKENDS), scope="module")

@@ -148,3 +148,22 @@ def test_jump_forward_saves_forward_passes_and_stays_valid(llm):
         # the canonical tokenization, which the model without forcing need not have chosen)
         assert list(json.loads(on.text)) == list(json.loads(off.text)) == list(schema["properties"])
         assert on.counters.num_forward_passes < off.counters.num_forward_passes
+
+
+def test_each_request_may_name_its_grammar_backend(llm):
+    """llguidance through the whole engine: masks, jump-forward, closing early, not_enforced."""
+    import jsonschema
+
+    finished = 0
+    for schema in HAND_WRITTEN:
+        constraint = Constraint(kind="json_schema", spec=json.dumps(schema), grammar_backend="llguidance")
+        out = ask(llm, constraint, "Answer as JSON.", max_tokens=96)
+        assert out.finish_reason in (FinishReason.STOP, FinishReason.LENGTH), out.error
+        if out.finish_reason == FinishReason.STOP:
+            jsonschema.validate(json.loads(out.text), schema)
+            finished += 1
+    assert finished >= 3
+    out = ask(llm, Constraint(kind="regex", spec=r"[A-Z]{2}-\d{3}", grammar_backend="llguidance"), "A product code.")
+    assert out.finish_reason == FinishReason.STOP and re.fullmatch(r"[A-Z]{2}-\d{3}", out.text)
+    report = llm.engine.validate_constraint(Constraint(kind="json_schema", spec='{"type": "number", "multipleOf": 0.5}'))
+    assert report.ok and report.backend == "llguidance"  # auto: xgrammar does not enforce that multipleOf

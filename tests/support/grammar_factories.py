@@ -16,6 +16,15 @@ def make_backend(padding: int = VOCAB_PADDING):
     return XGrammarBackend(str(resolve_model(None)), 49152 + padding)
 
 
+@functools.lru_cache(maxsize=None)
+def make_llguidance_backend(padding: int = VOCAB_PADDING):
+    """The llguidance backend on the same tokenizer and padding as make_backend."""
+    from engine.model_files import resolve_model
+    from grammar.llguidance.backend import LLGuidanceBackend
+
+    return LLGuidanceBackend(str(resolve_model(None)), 49152 + padding)
+
+
 def make_constraint(kind: str = "json_schema", spec: object = "", **options):
     from grammar.constraint import Constraint
 

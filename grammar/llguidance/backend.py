@@ -1,0 +1,257 @@
+"""LLGuidanceBackend: every constraint kind compiled with llguidance for one tokenizer."""
+from __future__ import annotations
+
+import json
+import logging
+from typing import TYPE_CHECKING, Any
+
+import llguidance as llg
+import llguidance.hf as llg_hf
+import llguidance.torch as llg_torch
+import msgspec
+from llguidance.gbnf_to_lark import any_to_lark
+
+from grammar.backend import GrammarBackend, GrammarError, UnsupportedError
+from grammar.chat.tool_calls import ToolCalls
+from grammar.json_schema.limits import check_limits, parse_schema
+from grammar.json_schema.rewrite import rewrite
+from grammar.json_schema.values import check_keyword_values
+from grammar.llguidance import lark_text, output_bounds
+from grammar.llguidance.json_options import (WHITESPACE_OPTIONS, closed_schema, keyword_locations,
+                                             unimplemented_keywords)
+from grammar.llguidance.matcher import LLGuidanceCompiled, LLGuidanceGrammar
+from grammar.regex.repeat_counts import find_large_repeat
+from grammar.runtime.char_tokens import CharTokens
+from grammar.runtime.closing_hints import closing_hints
+from grammar.runtime.closing_search import ALPHABET
+from grammar.runtime.jump_forward import ForcedTextTokenizer
+
+if TYPE_CHECKING:
+    from collections.abc import Callable
+
+    import torch
+
+    from grammar.backend import CompiledGrammar
+    from grammar.config import GrammarConfig
+    from grammar.constraint import Constraint
+
+logger = logging.getLogger(__name__)
+
+_MAX_ERROR_CHARS = 400  # llguidance's messages can quote a whole grammar
+
+
+class LLGuidanceBackend(GrammarBackend):
+    """Compiles constraints with llguidance for one tokenizer. `compile` is thread-safe.
+
+    Compiling validates the grammar and builds a template matcher; no token mask is built ahead
+    (llguidance computes each step's mask from its lexer and parser), so a new schema answers in
+    about a millisecond. Think sections with a token budget are refused (a GrammarError naming
+    the limit): the budget's forced end marker is xgrammar's.
+    """
+
+    name = "llguidance"
+
+    def __init__(self, tokenizer_dir: str, vocab_size: int, *, config: GrammarConfig | None = None) -> None:
+        """`vocab_size` is the LM head's width; ids from the tokenizer's size up to it are
+        padding and are never allowed."""
+        from transformers import AutoTokenizer
+
+        from grammar.config import GrammarConfig
+
+        self.config = config or GrammarConfig()
+        self.tokenizer = AutoTokenizer.from_pretrained(tokenizer_dir)
+        self.vocab_size = vocab_size
+        self.stop_token_ids = [self.tokenizer.eos_token_id]
+        self.llg_tokenizer = llg_hf.from_tokenizer(self.tokenizer, n_vocab=vocab_size, eos_token=self.stop_token_ids)
+        self._limits = llg.LLParserLimits(verbose_errors=False)
+        # a tokenizer that prepends a space to every encoded text cannot encode mid-output text
+        prefix_space = bool(getattr(self.tokenizer, "add_prefix_space", False))
+        self.forced_text = ForcedTextTokenizer(self.tokenizer, enabled=not prefix_space)
+        num_tokens = len(self.tokenizer)
+        self.token_bytes = [self.llg_tokenizer.decode_bytes([t]) if t < num_tokens else b""
+                            for t in range(vocab_size)]
+        self.char_tokens = CharTokens(self._single_char_tokens())
+
+    def compile(self, constraint: Constraint) -> LLGuidanceCompiled:
+        if constraint.think_budget:
+            raise UnsupportedError("think_budget is not enforced by the llguidance backend (its end marker cannot "
+                               "be forced after a token count); use the xgrammar backend")
+        not_enforced: list[str] = []
+        grammar = self._grammar(constraint, not_enforced)
+        if constraint.think_end:
+            grammar = _compose(lark_text.think_then("@answer", constraint.think_end), {"answer": grammar})
+        template = llg.LLMatcher(self.llg_tokenizer, grammar, log_level=0, limits=self._limits)
+        if template.is_error():
+            raise GrammarError(f"{constraint.kind} does not compile: {_short(template.get_error())}")
+        notes = [w for w in template.get_grammar_warnings() if not unimplemented_keywords(w)]
+        if notes and constraint.strict:
+            raise GrammarError(f"{constraint.kind} is not fully enforceable: {_short(notes[0])}")
+        not_enforced += [f"{constraint.kind}: {_short(n)}" for n in notes]
+        self._probe_first_fill(constraint.kind, template)
+        return LLGuidanceCompiled(template, grammar, constraint.kind, not_enforced, closing_hints(constraint))
+
+    def _grammar(self, constraint: Constraint, not_enforced: list[str]) -> str:
+        """llguidance's grammar text (its JSON form) of a constraint, think section aside."""
+        kind = constraint.kind
+        if kind in ("json_schema", "json_object"):
+            schema = self._json_schema(constraint, not_enforced)
+            return self._json_grammar(constraint, schema, not_enforced)
+        if kind == "regex":
+            self._check_repeats(constraint.spec)
+            output_bounds.check_regex(kind, constraint.spec, self.config.max_forced_bytes)
+            return llg.LLMatcher.grammar_from_regex(constraint.spec)
+        if kind == "grammar":
+            return llg.LLMatcher.grammar_from_lark(self._lark(constraint))
+        if kind == "choice":
+            return llg.LLMatcher.grammar_from_lark(lark_text.choice_lark(constraint.choices))
+        if kind == "tool_calls":
+            return self._tool_calls_grammar(constraint, not_enforced)
+        raise GrammarError(f"unknown constraint kind {kind!r}")
+
+    def _lark(self, constraint: Constraint) -> str:
+        """Lark passes unchanged; EBNF (GBNF's `root ::= ...`) is translated by llguidance."""
+        syntax = constraint.grammar_syntax or "auto"
+        if syntax == "lark" or (syntax == "auto" and "::=" not in constraint.spec):
+            return constraint.spec
+        try:
+            return any_to_lark(constraint.spec)
+        except Exception as e:  # its translator raises whatever its parser met
+            raise GrammarError(f"grammar (EBNF) is not supported by llguidance: {_short(str(e))}") from None
+
+    def _check_repeats(self, pattern: str) -> None:
+        large = find_large_repeat(pattern, self.config.max_repeat_count)
+        if large is not None:
+            raise GrammarError(f"regex repeat count {large[1]} in {large[0]!r} is over this server's "
+                               f"max_repeat_count limit of {self.config.max_repeat_count}")
+
+    # -- JSON -------------------------------------------------------------------------------
+
+    def _json_schema(self, constraint: Constraint, not_enforced: list[str]) -> Any:
+        """The schema after Formwork's rewrite (the same normalized schema xgrammar sees), with
+        undeclared properties closed as on xgrammar."""
+        if constraint.kind == "json_object":
+            return {"type": "object"}
+        parsed = parse_schema(constraint.spec)
+        check_keyword_values(parsed, self.config.max_repeat_count)
+        rewritten = rewrite(parsed)
+        not_enforced += rewritten.notes
+        output_bounds.check_schema(rewritten.schema, self.config.max_forced_bytes)
+        return closed_schema(rewritten.schema)
+
+    def _json_grammar(self, constraint: Constraint, schema: Any, not_enforced: list[str]) -> str:
+        """Strict: a keyword llguidance does not implement is an error naming it and where it is;
+        best effort: it is listed and the rest compiled (llguidance's lenient mode)."""
+        options = WHITESPACE_OPTIONS[constraint.json_whitespace]
+        try:
+            grammar = llg.LLMatcher.grammar_from_json_schema(schema, defaults=options)
+        except ValueError as e:
+            raise GrammarError(f"{constraint.kind} does not compile: {_short(str(e))}") from None
+        is_error, messages = llg.LLMatcher.validate_grammar_with_warnings(grammar, self.llg_tokenizer,
+                                                                         limits=self._limits)
+        keywords = [k for m in messages for k in unimplemented_keywords(m)]
+        if keywords and constraint.strict:
+            shown = "; ".join('unsupported keyword "{}" at {}'.format(*where.split(" at ", 1))
+                              for where in keyword_locations(schema, keywords))
+            raise UnsupportedError(f"{shown}: llguidance does not enforce it. Send strict=false to compile the "
+                                   "schema with it listed as not enforced, or use the xgrammar backend")
+        if keywords:  # the strict compile stops at the first; the lenient one warns of each
+            grammar = llg.LLMatcher.grammar_from_json_schema(schema, defaults={**options, "lenient": True})
+            _, warnings = llg.LLMatcher.validate_grammar_with_warnings(grammar, self.llg_tokenizer,
+                                                                      limits=self._limits)
+            keywords = list(dict.fromkeys(keywords + [k for w in warnings for k in unimplemented_keywords(w)]))
+            not_enforced += keyword_locations(schema, keywords)
+        elif is_error and "not supported" in messages[0]:  # a feature (overlapping oneOf), not a bad schema
+            raise UnsupportedError(f"{constraint.kind} is not enforced by llguidance: {_short(messages[0])}")
+        elif is_error:
+            raise GrammarError(f"{constraint.kind} does not compile: {_short(messages[0])}")
+        return grammar
+
+    # -- tool calls -------------------------------------------------------------------------
+
+    def _tool_calls_grammar(self, constraint: Constraint, not_enforced: list[str]) -> str:
+        """Calls only (required / named), or with choice auto either an answer in its constraint
+        or calls; auto with free text around the calls is refused (xgrammar's triggered tags)."""
+        try:
+            spec = ToolCalls.from_spec(constraint.spec)
+        except ValueError as e:
+            raise GrammarError(str(e)) from None
+        if spec.choice == "auto" and spec.answer is None:
+            raise UnsupportedError("tool_calls with choice auto and a free-text answer is not supported by the "
+                               "llguidance backend; use the xgrammar backend")
+        options = WHITESPACE_OPTIONS[constraint.json_whitespace]
+        schemas: dict[str, Any] = {}
+        allowed = {tool.name for tool in spec.allowed_tools}
+        for index, tool in enumerate(spec.tools):
+            if tool.name not in allowed:
+                continue
+            schema = msgspec.structs.replace(constraint, kind="json_schema", choices=[], think_end="", think_budget=0,
+                                             spec=json.dumps(tool.schema, ensure_ascii=False))
+            notes: list[str] = []
+            try:
+                check_limits(schema, self.config.max_spec_bytes, self.config.max_schema_depth)
+                schemas[tool.name] = self._json_schema(schema, notes)
+                self._json_grammar(schema, schemas[tool.name], notes)  # its errors, named per tool
+            except GrammarError as e:
+                raise type(e)(f'tools[{index}] "{tool.name}" parameters: {e}') from None  # unsupported stays so
+            not_enforced += [f'tool "{tool.name}": {note}' for note in notes]
+        calls = lark_text.tool_calls_lark(spec, schemas, {**options, "lenient": not constraint.strict})
+        if spec.answer is None:
+            return llg.LLMatcher.grammar_from_lark("start: calls\n" + calls)
+        answer = msgspec.structs.replace(constraint, kind=spec.answer["kind"], spec=spec.answer.get("spec", ""),
+                                         choices=list(spec.answer.get("choices", [])), think_end="", think_budget=0)
+        try:
+            answer.validate()
+            check_limits(answer, self.config.max_spec_bytes, self.config.max_schema_depth)
+        except ValueError as e:
+            raise GrammarError(f"the answer's {answer.kind}: {e}") from None
+        return _compose("start: @answer | calls\n" + calls, {"answer": self._grammar(answer, not_enforced)})
+
+    # -- the rest of the ABC ----------------------------------------------------------------
+
+    def _probe_first_fill(self, kind: str, template: llg.LLMatcher) -> None:
+        """The first mask, here on the compile thread: a grammar llguidance cannot start (its
+        parser limits) fails its own compile rather than a step."""
+        probe = template.deep_copy()
+        bitmask = llg_torch.allocate_token_bitmask(1, self.vocab_size)
+        llg_torch.fill_next_token_bitmask(probe, bitmask, 0)
+        if probe.is_error():
+            raise GrammarError(f"{kind}: its first token mask failed: {_short(probe.get_error())}")
+
+    def make_grammar(self, compiled: CompiledGrammar) -> LLGuidanceGrammar:
+        if not isinstance(compiled, LLGuidanceCompiled):
+            raise TypeError(f"expected a grammar compiled by LLGuidanceBackend, got {type(compiled).__name__}")
+        return LLGuidanceGrammar(compiled, self.forced_text, self.stop_token_ids, self.vocab_size,
+                                 self.config.max_forced_bytes, self.char_tokens, self.llg_tokenizer)
+
+    def allocate_bitmask(self, num_rows: int) -> torch.Tensor:
+        return llg_torch.allocate_token_bitmask(num_rows, self.vocab_size)
+
+    def text_encoder(self) -> Callable[[str], list[int]] | None:
+        return self.forced_text.encode if self.forced_text.enabled else None
+
+    def _single_char_tokens(self) -> dict[str, int]:
+        """The closing search's characters that the vocabulary has as tokens of their own."""
+        out = {}
+        for char in ALPHABET:
+            ids = self.tokenizer.encode(char, add_special_tokens=False)
+            if len(ids) == 1 and self.token_bytes[ids[0]] == char.encode():
+                out[char] = ids[0]
+        return out
+
+
+def _compose(main_lark: str, named: dict[str, str]) -> str:
+    """One llguidance grammar of a Lark grammar that refers to others as `@name`; `named`: name ->
+    a grammar as llguidance's grammar_from_* wrote it (its JSON form, or plain Lark)."""
+    grammars: list[dict[str, Any]] = [{"lark_grammar": main_lark}]
+    for name, text in named.items():
+        inner = json.loads(text)["grammars"] if text.lstrip().startswith("{") else [{"lark_grammar": text}]
+        if len(inner) != 1:
+            raise GrammarError(f"the {name} grammar has {len(inner)} parts; one is supported here")
+        grammars.append({**inner[0], "name": name})
+    return json.dumps({"grammars": grammars})
+
+
+def _short(message: str) -> str:
+    """llguidance's message up to its state dump, at most _MAX_ERROR_CHARS."""
+    message = message.split("\n<state>", 1)[0].strip()
+    return message if len(message) <= _MAX_ERROR_CHARS else message[:_MAX_ERROR_CHARS] + "..."

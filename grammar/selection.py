@@ -1,0 +1,119 @@
+"""The backend the engine sees: xgrammar and llguidance behind one GrammarBackend, each
+constraint compiled by the one it names, or by the engine's default, or picked ("auto").
+
+"auto" keeps strict strict: a backend that would drop a keyword refuses a strict constraint (an
+UnsupportedError) and the other is tried (any refusal, when llguidance went first for speed); a best-effort constraint goes to the backend that
+leaves nothing out when one does. Among the backends that enforce it all, the one expected to
+answer first: xgrammar compiles its token masks before the first token (tens of ms for a small
+schema, seconds for a large one), llguidance builds each mask as the output reaches it (a few ms
+to start, about the same per step), so a large schema starts on llguidance. A small one stays on
+xgrammar, which does more at compile time (never-ending grammars refused, the shortest output
+searched, think budgets).
+"""
+from __future__ import annotations
+
+import logging
+from typing import TYPE_CHECKING
+
+from grammar.backend import GrammarBackend, GrammarError, UnsupportedError
+
+if TYPE_CHECKING:
+    from collections.abc import Callable, Sequence
+
+    import torch
+
+    from grammar.backend import CompiledGrammar, Grammar
+    from grammar.config import GrammarConfig
+    from grammar.constraint import Constraint
+
+logger = logging.getLogger(__name__)
+
+# spec text (a schema, a grammar, tool definitions) up to which xgrammar's compile is expected to
+# take a few tens of ms (JSONSchemaBench's median schema, ~1 KB, compiles in 37 ms here), past
+# which it reaches seconds; llguidance starts any of them in a few ms (docs/benchmarks.md,
+# "Grammar backends: time to the first mask")
+XGRAMMAR_CHEAP_SPEC_CHARS = 2048
+
+
+def preferred_order(constraint: Constraint) -> tuple[str, str]:
+    """The backends to try for an "auto" constraint, first choice first."""
+    if constraint.think_budget:
+        return ("xgrammar", "llguidance")  # only xgrammar forces the end marker at the budget
+    if len(constraint.spec) > XGRAMMAR_CHEAP_SPEC_CHARS:
+        return ("llguidance", "xgrammar")
+    return ("xgrammar", "llguidance")
+
+
+class SelectingBackend(GrammarBackend):
+    """Dispatches each constraint to a backend by name (Constraint.grammar_backend, else
+    GrammarConfig.grammar_backend); "auto" follows preferred_order with the fallbacks above.
+    The compiled grammar carries its backend's name, and make_grammar hands it to that backend.
+    Both backends share the tokenizer, so bitmask layout, token bytes and text encoding are one."""
+
+    def __init__(self, backends: dict[str, GrammarBackend], config: GrammarConfig) -> None:
+        if not backends:
+            raise ValueError("SelectingBackend needs at least one backend")
+        self._backends = backends
+        self._default = config.grammar_backend
+        first = next(iter(backends.values()))
+        self.token_bytes: Sequence[bytes] | None = first.token_bytes
+        self._first = first
+
+    def compile(self, constraint: Constraint) -> CompiledGrammar:
+        name = constraint.grammar_backend or self._default
+        if name != "auto":
+            return self._compile_with(name, constraint)
+        order = [n for n in preferred_order(constraint) if n in self._backends]
+        first, second = order[0], (order[1] if len(order) > 1 else None)
+        try:
+            compiled = self._compile_with(first, constraint)
+        except UnsupportedError as e:
+            if second is None:
+                raise
+            try:
+                return self._compile_with(second, constraint)
+            except GrammarError as other:
+                raise GrammarError(f"{e} ({second}: {other})") from None
+        except GrammarError:
+            if second != "xgrammar":
+                raise
+            # llguidance was first only for speed: xgrammar, the default, has the last word (its
+            # message, too), so a spec is never refused for being large
+            return self._compile_with(second, constraint)
+        if compiled.not_enforced and second is not None:  # best effort: does the other leave nothing out?
+            try:
+                other = self._compile_with(second, constraint)
+            except GrammarError:
+                return compiled
+            if len(other.not_enforced) < len(compiled.not_enforced):
+                return other
+        return compiled
+
+    def _compile_with(self, name: str, constraint: Constraint) -> CompiledGrammar:
+        backend = self._backends.get(name)
+        if backend is None:
+            raise GrammarError(f"grammar backend {name!r} is not available on this server")
+        compiled = backend.compile(constraint)
+        compiled.backend_name = name
+        return compiled
+
+    def make_grammar(self, compiled: CompiledGrammar) -> Grammar:
+        backend = self._backends.get(compiled.backend_name)
+        if backend is None:
+            raise TypeError(f"no backend {compiled.backend_name!r} for a {type(compiled).__name__}")
+        return backend.make_grammar(compiled)
+
+    def allocate_bitmask(self, num_rows: int) -> torch.Tensor:
+        return self._first.allocate_bitmask(num_rows)
+
+    def text_encoder(self) -> Callable[[str], list[int]] | None:
+        return self._first.text_encoder()
+
+
+def make_selecting_backend(tokenizer_dir: str, vocab_size: int, config: GrammarConfig) -> SelectingBackend:
+    """Both backends on one tokenizer (a request may name either, whatever the default)."""
+    from grammar.llguidance.backend import LLGuidanceBackend
+    from grammar.xgrammar.backend import XGrammarBackend
+
+    return SelectingBackend({"xgrammar": XGrammarBackend(tokenizer_dir, vocab_size, config=config),
+                             "llguidance": LLGuidanceBackend(tokenizer_dir, vocab_size, config=config)}, config)

@@ -1,0 +1,142 @@
+"""grammar/selection.py: which backend compiles a constraint, by name or picked ("auto")."""
+from __future__ import annotations
+
+import pytest
+from grammar_factories import make_backend, make_constraint, make_llguidance_backend
+
+from grammar.backend import CompiledGrammar, GrammarBackend, GrammarError
+from grammar.config import GrammarConfig
+from grammar.constraint import Constraint
+from grammar.selection import XGRAMMAR_CHEAP_SPEC_CHARS, SelectingBackend
+
+SMALL = {"type": "object", "properties": {"n": {"type": "integer"}}, "required": ["n"]}
+# llguidance enforces it, xgrammar refuses it (a multipleOf that is no power of ten)
+HALVES = {"type": "number", "multipleOf": 0.5}
+
+
+def make_selecting(default: str = "auto") -> SelectingBackend:
+    return SelectingBackend({"xgrammar": make_backend(), "llguidance": make_llguidance_backend()},
+                            GrammarConfig(grammar_backend=default))
+
+
+def large_schema(**extra) -> dict:
+    """An object of many properties: its text is past what xgrammar compiles cheaply."""
+    properties = {f"field_{i:03d}": {"type": "string", "maxLength": 20} for i in range(60)}
+    return {"type": "object", "properties": properties, **extra}
+
+
+def test_auto_takes_xgrammar_for_a_small_schema_and_llguidance_for_a_large_one():
+    backend = make_selecting()
+    assert backend.compile(make_constraint(spec=SMALL)).backend_name == "xgrammar"
+    large = make_constraint(spec=large_schema())
+    assert len(large.spec) > XGRAMMAR_CHEAP_SPEC_CHARS
+    assert backend.compile(large).backend_name == "llguidance"
+
+
+def test_a_named_backend_compiles_it_whatever_the_default():
+    backend = make_selecting("xgrammar")
+    assert backend.compile(make_constraint(spec=SMALL)).backend_name == "xgrammar"
+    compiled = backend.compile(make_constraint(spec=SMALL, grammar_backend="llguidance"))
+    assert compiled.backend_name == "llguidance"
+    grammar = backend.make_grammar(compiled)
+    assert grammar.accept_tokens(make_backend().forced_text.encode('{"n":1}')) and grammar.is_terminated()
+
+
+def test_a_server_default_of_one_backend_is_kept_even_where_auto_would_switch():
+    with pytest.raises(GrammarError, match="multipleOf"):
+        make_selecting("xgrammar").compile(make_constraint(spec=HALVES))
+
+
+def test_auto_stays_strict_by_taking_the_backend_that_enforces_every_keyword():
+    backend = make_selecting()
+    assert backend.compile(make_constraint(spec=HALVES)).backend_name == "llguidance"
+    # llguidance does not enforce propertyNames: a large schema with it goes to xgrammar
+    names = make_constraint(spec=large_schema(propertyNames={"pattern": "^[a-z_0-9]+$"}))
+    compiled = backend.compile(names)
+    assert compiled.backend_name == "xgrammar" and compiled.not_enforced == []
+
+
+def test_a_keyword_neither_enforces_is_refused_naming_both_backends():
+    schema = {"type": "array", "items": {"type": "integer"}, "uniqueItems": True}
+    with pytest.raises(GrammarError, match=r"uniqueItems.*\(llguidance: .*uniqueItems"):
+        make_selecting().compile(make_constraint(spec=schema))
+
+
+def test_best_effort_takes_the_backend_that_leaves_nothing_out():
+    compiled = make_selecting().compile(make_constraint(spec=HALVES, strict=False))
+    assert compiled.backend_name == "llguidance" and compiled.not_enforced == []
+
+
+def test_a_think_budget_goes_to_xgrammar_which_forces_the_end_marker():
+    constraint = make_constraint("regex", "(yes|no)", think_end="</think>", think_budget=8)
+    assert make_selecting().compile(constraint).backend_name == "xgrammar"
+    with pytest.raises(GrammarError, match="think_budget"):
+        make_selecting().compile(make_constraint("regex", "(yes|no)", think_end="</think>", think_budget=8,
+                                                 grammar_backend="llguidance"))
+
+
+def test_an_unknown_backend_name_is_refused_with_the_names_it_takes():
+    with pytest.raises(ValueError, match="auto, xgrammar, llguidance"):
+        Constraint("regex", "a", grammar_backend="outlines").validate()
+    with pytest.raises(ValueError, match="grammar_backend"):
+        GrammarConfig(grammar_backend="outlines")
+
+
+def test_the_backend_is_part_of_the_cache_key():
+    assert Constraint("regex", "a").cache_key != Constraint("regex", "a", grammar_backend="llguidance").cache_key
+
+
+class _Compiled(CompiledGrammar):
+    num_bytes = 1
+
+    def __init__(self, not_enforced: list[str] | None = None) -> None:
+        self.not_enforced = not_enforced or []
+
+
+class _ScriptedBackend(GrammarBackend):
+    """Answers each compile with `outcome` (a GrammarError to raise, or not_enforced entries)."""
+
+    def __init__(self, outcome) -> None:
+        self.outcome = outcome
+        self.num_compiles = 0
+
+    def compile(self, constraint):
+        self.num_compiles += 1
+        if isinstance(self.outcome, GrammarError):
+            raise self.outcome
+        return _Compiled(self.outcome)
+
+    def make_grammar(self, compiled):
+        raise NotImplementedError
+
+    def allocate_bitmask(self, num_rows):
+        raise NotImplementedError
+
+
+def scripted(xgrammar_outcome, llguidance_outcome) -> tuple[SelectingBackend, dict[str, _ScriptedBackend]]:
+    backends = {"xgrammar": _ScriptedBackend(xgrammar_outcome), "llguidance": _ScriptedBackend(llguidance_outcome)}
+    return SelectingBackend(backends, GrammarConfig()), backends
+
+
+LARGE = Constraint("regex", "a" * (XGRAMMAR_CHEAP_SPEC_CHARS + 1))
+
+
+def test_a_large_spec_llguidance_refuses_falls_back_to_xgrammar_and_its_message():
+    selecting, _ = scripted(None, GrammarError("llguidance cannot"))
+    assert selecting.compile(LARGE).backend_name == "xgrammar"
+    selecting, _ = scripted(GrammarError("xgrammar says why"), GrammarError("llguidance cannot"))
+    with pytest.raises(GrammarError, match="^xgrammar says why$"):
+        selecting.compile(LARGE)
+
+
+def test_a_small_spec_xgrammar_refuses_as_invalid_is_not_retried():
+    selecting, backends = scripted(GrammarError("bad spec"), None)
+    with pytest.raises(GrammarError, match="^bad spec$"):
+        selecting.compile(Constraint("regex", "a"))
+    assert backends["llguidance"].num_compiles == 0
+
+
+def test_best_effort_keeps_the_first_when_the_other_leaves_out_as_much():
+    selecting, backends = scripted(["uniqueItems at /"], ["uniqueItems at /"])
+    assert selecting.compile(Constraint("regex", "a", strict=False)).backend_name == "xgrammar"
+    assert backends["llguidance"].num_compiles == 1

@@ -1,0 +1,125 @@
+"""What the llguidance backend does beyond the shared contract (tests/test_grammar_backend_contract.py):
+the same closed objects and whitespace as xgrammar, its own refusals, and hostile constraints."""
+from __future__ import annotations
+
+import json
+import time
+
+import pytest
+from fuzz_requests import BOMBS
+from grammar_factories import make_constraint, make_llguidance_backend
+
+from grammar.backend import GrammarError, UnsupportedError
+from grammar.chat.tool_calls import Tool, ToolCalls
+from grammar.compiler import GrammarCompiler
+from grammar.config import GrammarConfig
+from grammar.constraint import Constraint
+
+PERSON = {"type": "object", "properties": {"name": {"type": "string"}}, "required": ["name"]}
+
+
+def accepts(constraint: Constraint, text: str) -> bool:
+    backend = make_llguidance_backend()
+    grammar = backend.make_grammar(backend.compile(constraint))
+    return grammar.accept_tokens(backend.forced_text.encode(text)) and (
+        grammar.is_terminated() or grammar.accept_tokens(backend.stop_token_ids))
+
+
+def test_undeclared_properties_are_refused_as_on_xgrammar():
+    assert accepts(make_constraint(spec=PERSON, whitespace="compact"), '{"name":"a"}')
+    assert not accepts(make_constraint(spec=PERSON, whitespace="compact"), '{"name":"a","x":1}')
+
+
+@pytest.mark.parametrize("whitespace, good, bad", [
+    ("compact", '{"name":"a"}', '{"name": "a"}'),
+    ("spaced", '{"name": "a"}', '{"name":"a"}'),
+    ("bounded", '{ "name" :  "a"}', '{"name":   "a"}'),
+    ("any", '{\n\n\n   "name":"a"}', '{"name":"a",}'),
+])
+def test_each_whitespace_mode(whitespace, good, bad):
+    constraint = make_constraint(spec=PERSON, whitespace=whitespace)
+    assert accepts(constraint, good)
+    assert not accepts(constraint, bad)
+
+
+def test_ebnf_is_translated_and_lark_read_as_it_is():
+    assert accepts(make_constraint("grammar", 'root ::= "a" [0-9]+'), "a42")
+    assert accepts(make_constraint("grammar", 'start: "a" /[0-9]+/', grammar_syntax="lark"), "a42")
+
+
+def test_best_effort_lists_each_keyword_llguidance_drops_with_its_place():
+    schema = {"type": "object", "properties": {"tags": {"type": "array", "uniqueItems": True}},
+              "propertyNames": {"minLength": 1}}
+    # strict: llguidance reports the first keyword it meets
+    with pytest.raises(UnsupportedError, match=r'unsupported keyword "propertyNames" at / \(the root\)'):
+        make_llguidance_backend().compile(make_constraint(spec=schema))
+    compiled = make_llguidance_backend().compile(make_constraint(spec=schema, strict=False))
+    assert sorted(compiled.not_enforced) == ["propertyNames at / (the root)", "uniqueItems at /properties/tags"]
+
+
+def test_what_only_xgrammar_does_is_refused_naming_it():
+    backend = make_llguidance_backend()
+    free_calls = ToolCalls((Tool("f"),), "auto").to_spec()
+    with pytest.raises(UnsupportedError, match="xgrammar"):
+        backend.compile(make_constraint("tool_calls", free_calls))
+    with pytest.raises(UnsupportedError, match="think_budget"):
+        backend.compile(make_constraint("regex", "a", think_end="</think>", think_budget=4))
+
+
+def test_tool_calls_with_an_answer_take_either():
+    spec = ToolCalls((Tool("f", parameters={"type": "object", "properties": {"x": {"type": "integer"}}}),), "auto",
+                     answer={"kind": "choice", "choices": ["done"]}).to_spec()
+    constraint = make_constraint("tool_calls", spec)
+    assert accepts(constraint, "done")
+    assert accepts(constraint, '<tool_call>\n{"name": "f", "arguments": {"x": 1}}\n</tool_call>')
+    assert not accepts(constraint, "other")
+
+
+REFUSED = ["regex-huge-count", "regex-wrapping-count", "regex-nested-counts", "regex-wide-count", "regex-deep-parens",
+           "regex-unbalanced", "schema-pattern-nested-counts", "schema-pattern-huge-count", "schema-min-length",
+           "schema-min-items", "schema-max-length-negative", "schema-pattern-not-string", "schema-type-nonsense",
+           "schema-enum-not-list", "schema-text-deep-1000", "schema-text-deep-brackets", "ebnf-undefined"]
+
+
+def _constraint(bomb: dict) -> Constraint:
+    (field, value), = bomb.items()
+    kind = {"json_schema_text": "json_schema"}.get(field, field)
+    return Constraint(kind, value if isinstance(value, str) else json.dumps(value))
+
+
+@pytest.mark.parametrize("name", REFUSED)
+def test_compile_bombs_are_refused_with_a_message(name):
+    compiler = GrammarCompiler(make_llguidance_backend(), GrammarConfig())
+    with pytest.raises(GrammarError) as error:
+        compiler.compile_sync(_constraint(BOMBS[name]))
+    assert len(str(error.value)) > 20 and "internal error" not in str(error.value)
+
+
+@pytest.mark.parametrize("name", sorted(set(BOMBS) - set(REFUSED) - {"schema-struct-deep-40", "schema-text-not-json",
+                                                                         "choice-empty-string", "regex-empty"}))
+def test_the_bombs_llguidance_takes_cost_it_little(name):
+    """Ambiguous repeats fill fast on llguidance; a grammar that never ends is not refused
+    (docs/constraints.md) but each fill stays cheap, so the request runs to its max_tokens."""
+    backend = make_llguidance_backend()
+    grammar = backend.make_grammar(backend.compile(_constraint(BOMBS[name])))
+    bitmask = backend.allocate_bitmask(1)
+    start = time.thread_time()
+    for _ in range(16):
+        grammar.fill_bitmask(bitmask, 0)
+        forced = grammar.jump_forward_token_ids()
+        allowed = (bitmask[0] != 0).nonzero()
+        if not forced and len(allowed):
+            word = int(allowed[0][0])
+            token_id = next(32 * word + b for b in range(32) if int(bitmask[0, word]) >> b & 1)
+            if token_id in backend.stop_token_ids or not grammar.accept_tokens([token_id]):
+                break
+    assert time.thread_time() - start < 1.0
+
+
+def test_choices_are_taken_literally_and_a_think_section_comes_before_any_kind():
+    choice = make_constraint("choice", "", choices=['it depends (see "notes")', "a\\b", "é\n"])
+    assert accepts(choice, 'it depends (see "notes")') and accepts(choice, "a\\b") and accepts(choice, "é\n")
+    assert not accepts(choice, "a")
+    lark = make_constraint("grammar", 'start: "yes" | "no"', grammar_syntax="lark", think_end="</think>")
+    assert accepts(lark, "hmm</think>\nno") and not accepts(lark, "hmm</think>maybe")
+    assert accepts(make_constraint("json_object", "", think_end="</think>"), 'x</think>{"a":1}')
