@@ -13,12 +13,13 @@ searched, think budgets).
 from __future__ import annotations
 
 import logging
+from types import MappingProxyType
 from typing import TYPE_CHECKING
 
 from grammar.backend import GrammarBackend, GrammarError, UnsupportedError
 
 if TYPE_CHECKING:
-    from collections.abc import Callable, Sequence
+    from collections.abc import Callable, Mapping, Sequence
 
     import torch
 
@@ -58,6 +59,11 @@ class SelectingBackend(GrammarBackend):
         first = next(iter(backends.values()))
         self.token_bytes: Sequence[bytes] | None = first.token_bytes
         self._first = first
+
+    @property
+    def backends(self) -> Mapping[str, GrammarBackend]:
+        """The backends by name (read-only: the selection owns them)."""
+        return MappingProxyType(self._backends)
 
     def compile(self, constraint: Constraint) -> CompiledGrammar:
         name = constraint.grammar_backend or self._default

@@ -102,7 +102,8 @@ def check_think_steps(llm, steps) -> list[tuple[str, set[int]]]:
     tokenizer, marker = llm.tokenizer, "</think>"
     # free thinking refuses only the ends of the output (so an answer always follows) and the
     # special tokens, which have no text
-    refusable = set(llm.engine.structured_output_manager.backend.stop_token_ids) | tokenizer.special_token_ids
+    xgrammar = llm.engine.structured_output_manager.backend.backends["xgrammar"]  # a think budget's backend
+    refusable = set(xgrammar.stop_token_ids) | tokenizer.special_token_ids
     everything = set(range(tokenizer.vocab_size))
     answer_steps = []
     for output_ids, allowed_ids in steps:
@@ -123,7 +124,7 @@ def check_think_steps(llm, steps) -> list[tuple[str, set[int]]]:
 def check_answer_rows(llm, answer_steps, answer: Constraint) -> None:
     """After the marker each row is the answer grammar's own row once the answer so far is
     accepted; only the blank line the model may write after the marker is allowed on top."""
-    backend = llm.engine.structured_output_manager.backend
+    backend = llm.engine.structured_output_manager.backend.backends["xgrammar"]  # auto's choice for these specs
     compiled = backend.compile(answer)
     row = backend.allocate_bitmask(1)
     for raw, allowed_ids in answer_steps:
