@@ -37,10 +37,13 @@ class ChatOutput:
 
 
 class LLM:
-    def __init__(self, model: str | None = None, config: EngineConfig | None = None) -> None:
+    def __init__(self, model: str | None = None, config: EngineConfig | None = None,
+                 quantization: str | None = None) -> None:
         config = config or EngineConfig()
         if model is not None:
             config = replace(config, model=model)
+        if quantization is not None:  # "int8": see EngineConfig.quantization
+            config = replace(config, quantization=quantization)
         self.engine = EngineCore(config)
         self.tokenizer = Tokenizer.from_model_dir(self.engine.model_dir)
         self.output_processor = OutputProcessor(self.tokenizer)

@@ -77,7 +77,11 @@ class ModelRunner:
         self.model = model.to(self.dtype).to_empty(device=self.device)
         self.model.load_weights(model_dir)
         self.model.eval()
-        if packed := self.model.pack_cpu_weights():
+        if config.quantization is not None:
+            quantized = self.model.quantize_cpu_weights(config.quantize_lm_head, config.quantization_lenient)
+            logger.info("%d weight matrices quantized once to int8 (per-channel scales) for the CPU kernels",
+                        quantized)
+        elif packed := self.model.pack_cpu_weights():
             logger.info("%d weight matrices packed once for the CPU kernels' bf16 matmuls", packed)
         self.vocab_size = hf_config.vocab_size
         self.attn_backend = get_attention_backend(self.device, self.block_size, config.cuda.attention_backend)
