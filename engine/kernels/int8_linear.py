@@ -3,10 +3,12 @@
 A weight is quantized once, when the model loads, to int8 with one fp32 scale per output channel
 (max|w| / 127), or taken as it is from a GGUF file's Q8_0 blocks (one scale per 32 values, the
 file's own; `from_q8_0`). It is held once, in the GEMM's layout (engine/kernels/csrc/int8_gemm.h);
-the float weight is dropped. Each call quantizes x per row (dynamic, per token) to int8, sums
-the products in int32 and scales them back in fp32; the output is in x's dtype (or fp32 for the
-logits). The int32 sums are exact, so a row's output does not depend on the other rows of the
-batch, nor on which kernel (AVX-512 VNNI, AVX2, portable) computed it.
+the float weight is dropped. Each call quantizes x dynamically, per token and group of 32 values
+(a scale per token alone lets one outlier channel flatten the rest of the row: greedy agreement
+with the unquantized default model fell under 90%), sums the products of each group in int32 and
+scales them back in fp32; the output is in x's dtype (or fp32 for the logits). The int32 sums are
+exact, so a row's output does not depend on the other rows of the batch, nor on which kernel
+(AVX-512 VNNI, AVX2, portable) computed it.
 """
 from __future__ import annotations
 
@@ -20,24 +22,22 @@ from engine.kernels.loader import load_cpu_kernels
 logger = logging.getLogger(__name__)
 
 BLOCK_COLUMNS = 16  # output columns per block of the layout
-# The VNNI kernel's int32 sums reach 255 * 127 per value of K: past this K they could overflow
-MAX_IN_FEATURES = (2 ** 31 - 1) // (255 * 127)
-Q8_0_GROUP = 32  # values per scale in a GGUF Q8_0 block
+GROUP = 32  # values of K per activation scale (and per weight scale in GGUF Q8_0)
 
 
 class Int8Linear(nn.Module):
     """y = x @ W.T + b with W held once as int8 plus fp32 scales, in the int8 GEMM's layout."""
 
-    def __init__(self, packed: tuple[torch.Tensor, torch.Tensor, torch.Tensor], out_features: int,
+    def __init__(self, packed: tuple[torch.Tensor, torch.Tensor], out_features: int,
                  in_features: int, bias: torch.Tensor | None, dtype: torch.dtype, kernels) -> None:
         super().__init__()
         self.out_features, self.in_features = out_features, in_features
-        self.packed_weight, self.scales, self.offsets = packed
+        self.packed_weight, self.scales = packed
         self.bias = None if bias is None else bias.detach().float().contiguous()  # added to the fp32 sums
         self.dtype = dtype  # of the activations: rows() hands back this dtype
         self.kernels = kernels
-        # what a forward reads: the int8 values, their scales and offsets, the bias (roofline figures)
-        self.weight_bytes = out_features * (in_features + 8 * self.scales.shape[1]) + _bytes(self.bias)
+        # what a forward reads: the int8 values, their scales, the bias (roofline figures)
+        self.weight_bytes = out_features * (in_features + 4 * self.scales.shape[1]) + _bytes(self.bias)
 
     @classmethod
     def from_weight(cls, weight: torch.Tensor, bias: torch.Tensor | None, kernels) -> Int8Linear:
@@ -56,8 +56,8 @@ class Int8Linear(nn.Module):
 
     @property
     def resident_bytes(self) -> int:
-        """Bytes this layer holds (the packed values with their padding, scales, offsets, bias)."""
-        return sum(_bytes(t) for t in (self.packed_weight, self.scales, self.offsets, self.bias))
+        """Bytes this layer holds (the packed values with their padding, scales, bias)."""
+        return sum(_bytes(t) for t in (self.packed_weight, self.scales, self.bias))
 
     @property
     def shares_rows(self) -> bool:
@@ -67,8 +67,7 @@ class Int8Linear(nn.Module):
     def forward(self, x: torch.Tensor, fp32_out: bool = False) -> torch.Tensor:
         """x @ W.T (+ bias) in x's dtype; fp32_out: in float32, the scaled sums unrounded."""
         flat = x if x.dim() == 2 and x.stride(1) == 1 else x.reshape(-1, x.shape[-1]).contiguous()
-        y = self.kernels.int8_gemm(flat, self.packed_weight, self.scales, self.offsets, self.out_features,
-                                   self.bias, fp32_out)
+        y = self.kernels.int8_gemm(flat, self.packed_weight, self.scales, self.out_features, self.bias, fp32_out)
         if not fp32_out and y.dtype != x.dtype:  # the kernel writes bf16 or fp32
             y = y.to(x.dtype)
         return y if x.dim() == 2 else y.view(*x.shape[:-1], self.out_features)
@@ -80,7 +79,7 @@ class Int8Linear(nn.Module):
         values = self.packed_weight[blocks, :, columns, :]  # [*ids, quads, 4]
         values = values.reshape(*ids.shape, -1)[..., :self.in_features].float()
         scales = self.scales[blocks, :, columns]  # [*ids, groups]
-        group = values.shape[-1] if scales.shape[-1] == 1 else Q8_0_GROUP
+        group = values.shape[-1] if scales.shape[-1] == 1 else GROUP
         return values * scales.repeat_interleave(group, dim=-1)[..., :self.in_features]
 
     def rows(self, ids: torch.Tensor) -> torch.Tensor:
@@ -98,10 +97,15 @@ def int8_unsupported_reason(weight: torch.Tensor) -> str | None:
         return f"int8 weights run on CPU only, this one is on {weight.device.type}"
     if load_cpu_kernels() is None:
         return "int8 needs Formwork's CPU kernels, which could not be built here (see the warning above)"
-    if not 0 < weight.shape[1] <= MAX_IN_FEATURES:
-        return (f"its {weight.shape[1]} input features are more than the int8 GEMM's int32 sums hold "
-                f"(at most {MAX_IN_FEATURES})")
+    if weight.shape[1] % GROUP:
+        return (f"its {weight.shape[1]} input features are not a multiple of {GROUP}, the int8 GEMM's "
+                "group of values per scale")
     return None
+
+
+def _refusal(name: str, reason: str) -> ValueError:
+    return ValueError(f"--quantization int8: layer {name} cannot be quantized: {reason}; "
+                      "--quantization int8:lenient serves such layers unquantized")
 
 
 def quantize_linear(name: str, weight: torch.Tensor, bias: torch.Tensor | None, lenient: bool) -> Int8Linear | None:
@@ -111,18 +115,22 @@ def quantize_linear(name: str, weight: torch.Tensor, bias: torch.Tensor | None, 
     if reason is None:
         return Int8Linear.from_weight(weight, bias, load_cpu_kernels())
     if not lenient:
-        raise ValueError(f"--quantization int8: layer {name} cannot be quantized: {reason}; "
-                         "--quantization int8:lenient serves such layers unquantized")
+        raise _refusal(name, reason)
     logger.warning("layer %s stays unquantized: %s", name, reason)
     return None
 
 
-def quantize_linears(module: nn.Module, lenient: bool) -> tuple[int, list[str]]:
+def quantize_linears(module: nn.Module, lenient: bool, prefix: str = "") -> tuple[int, list[str]]:
     """Replaces every nn.Linear under module with its Int8Linear, each float weight dropped once
-    quantized; returns (how many, the names of those left in float)."""
-    targets = [(f"{parent_name}.{name}".lstrip("."), parent, name)
+    quantized; returns (how many, the names of those left in float). Without lenient, a layer that
+    cannot be quantized raises ValueError naming it before any layer changes."""
+    targets = [(".".join(filter(None, (prefix, parent_name, name))), parent, name)
                for parent_name, parent in module.named_modules() for name, child in parent.named_children()
                if isinstance(child, nn.Linear)]
+    if not lenient:
+        for full_name, parent, name in targets:
+            if reason := int8_unsupported_reason(getattr(parent, name).weight):
+                raise _refusal(full_name, reason)
     left: list[str] = []
     for full_name, parent, name in targets:
         plain = getattr(parent, name)

@@ -239,7 +239,7 @@ class DecoderForCausalLM(nn.Module):
         head too with quantize_lm_head (else packed in bf16, as pack_cpu_weights does); layers left in
         float (lenient) are packed as usual. The layers run op by op (the fused layer is bf16's).
         Call after load_weights. Returns how many weights are int8."""
-        count, _ = quantize_linears(self.layers, lenient)
+        count, _ = quantize_linears(self.layers, lenient, prefix="layers")
         pack_linears(self.layers)
         head = quantize_linear("lm_head", self.lm_head_weight, None, lenient) if quantize_lm_head else None
         count += head is not None

@@ -1,15 +1,18 @@
 // int8 matrix products y = x @ W.T (+ bias) from one packed copy of an int8 weight (int8_gemm.h).
 //
 // A decode step at a small batch reads every weight once, so its time is the weight's bytes over
-// the memory bandwidth: int8 halves what bf16 reads. x is quantized per row (per token) to int8 at
-// the start of each call, the products are summed in int32 (exact), and each group's sum is scaled
-// back in fp32: y = sum_g int32_g * w_scale_g * x_scale (+ bias).
+// the memory bandwidth: int8 halves what bf16 reads. x is quantized at the start of each call, per
+// row and group of 32 values (one scale each, as llama.cpp quantizes activations for Q8_0: a
+// per-token scale alone lets one outlier channel flatten the rest of the row), the products of a
+// group are summed in int32 (exact), and each group's sum is scaled back in fp32:
+// y = sum_g int32_g * (x_scale_g * w_scale_g) (+ bias), w_scale_g one per column (per-channel
+// weights) or per column and group (GGUF Q8_0).
 //
 // Kernels, by what the build targets:
 // * AVX-512 VNNI: `vpdpbusd` multiplies 4 unsigned bytes of x by 4 signed bytes of 16 columns into
-//   16 int32 sums. x is made unsigned by adding 128 (a xor of the sign bit); the sums start from
-//   the packed offsets (-128 x the group's column sums), which take those 128s back out exactly.
-//   A register tile is up to 8 rows x 3 blocks (24 int32 accumulators).
+//   16 int32 sums. x is made unsigned by adding 128 (a xor of the sign bit); one more `vpdpbusd` of
+//   ones by the weight per block (shared by every row of the tile) sums the group's weights, and
+//   128 times that comes back off, exactly. A register tile is up to 8 rows x 3 blocks.
 // * AVX2: `vpmaddubsw` on |x| and w carrying x's sign (`vpsignb`): products of at most 127 x 127,
 //   two to a 16-bit lane, never saturate; `vpmaddwd` by ones widens them to int32.
 // * portable: plain int32 loops.
@@ -48,14 +51,16 @@ constexpr int64_t kTileRows = 4;
 
 inline int64_t padded_k(int64_t k) { return (k + kKAlign - 1) / kKAlign * kKAlign; }
 
+constexpr int64_t kGroup = 32;       // values of x per scale
+constexpr int64_t kGroupQuads = kGroup / 4;
+
 struct Int8Operands {
-  const int8_t* x;         // [m, kp]: x quantized per row, zero padded
-  const float* x_scales;   // [m]
+  const int8_t* x;         // [m, kp]: x quantized per row and group, zero padded
+  const float* x_scales;   // [m, kp / 32]
   int64_t m, kp;
   const int8_t* w;         // packed
-  const float* w_scales;   // [blocks, groups, 16]
-  const int32_t* offsets;  // [blocks, groups, 16]
-  int64_t groups, group_quads;
+  const float* w_scales;   // [blocks, w_groups, 16]
+  int64_t w_groups;        // 1 (per channel) or kp / 32 (per group)
   const float* bias;       // [n] or nullptr
   int64_t n;
   void* y;                 // [m, n]: bf16 when y_bf16, else fp32
@@ -63,7 +68,12 @@ struct Int8Operands {
   int64_t num_blocks() const { return (n + kBlock - 1) / kBlock; }
   int64_t block_bytes() const { return kp * kBlock; }
   const int8_t* quad(int64_t block, int64_t q) const { return w + block * block_bytes() + q * 4 * kBlock; }
-  int64_t group_at(int64_t block, int64_t g) const { return (block * groups + g) * kBlock; }
+  int64_t groups() const { return kp / kGroup; }
+  // column block's 16 weight scales for group g
+  const float* w_scale(int64_t block, int64_t g) const {
+    return w_scales + (block * w_groups + (w_groups == 1 ? 0 : g)) * kBlock;
+  }
+  float x_scale(int64_t row, int64_t g) const { return x_scales[row * groups() + g]; }
 };
 
 inline int32_t x_quad(const Int8Operands& op, int64_t row, int64_t q) {
@@ -72,12 +82,11 @@ inline int32_t x_quad(const Int8Operands& op, int64_t row, int64_t q) {
   return quad;
 }
 
-// row's 16 columns from col: sums (sum_g int32_g * w_scale_g) times the row's scale, plus the bias
+// row's 16 columns from col: the scaled sums, plus the bias
 void store(const Int8Operands& op, int64_t row, int64_t col, const float* sums) {
   const int64_t cols = std::min(kBlock, op.n - col);
-  const float x_scale = op.x_scales[row];
   for (int64_t i = 0; i < cols; ++i) {
-    float v = sums[i] * x_scale;
+    float v = sums[i];
     if (op.bias != nullptr) v += op.bias[col + i];
     if (op.y_bf16)
       static_cast<uint16_t*>(op.y)[row * op.n + col + i] = formwork::float_to_bf16_bits(v);
@@ -90,20 +99,22 @@ void store(const Int8Operands& op, int64_t row, int64_t col, const float* sums) 
 // rows [m0, m0 + MR) x blocks [b0, b0 + NB)
 template <int MR, int NB>
 void tile(const Int8Operands& op, int64_t m0, int64_t b0) {
+  const __m512i ones = _mm512_set1_epi8(1);
   __m512 scaled[MR][NB];
   for (int m = 0; m < MR; ++m)
     for (int j = 0; j < NB; ++j) scaled[m][j] = _mm512_setzero_ps();
-  for (int64_t g = 0; g < op.groups; ++g) {
-    __m512i acc[MR][NB];
+  for (int64_t g = 0; g < op.groups(); ++g) {
+    __m512i acc[MR][NB], w_sum[NB];
     for (int j = 0; j < NB; ++j) {
-      const __m512i start = _mm512_loadu_si512(op.offsets + op.group_at(b0 + j, g));
-      for (int m = 0; m < MR; ++m) acc[m][j] = start;
+      w_sum[j] = _mm512_setzero_si512();
+      for (int m = 0; m < MR; ++m) acc[m][j] = _mm512_setzero_si512();
     }
-    for (int64_t q = g * op.group_quads; q < (g + 1) * op.group_quads; ++q) {
+    for (int64_t q = g * kGroupQuads; q < (g + 1) * kGroupQuads; ++q) {
       __m512i wv[NB];
       for (int j = 0; j < NB; ++j) {
         _mm_prefetch(reinterpret_cast<const char*>(op.quad(b0 + j, q + 8)), _MM_HINT_T0);
         wv[j] = _mm512_loadu_si512(op.quad(b0 + j, q));
+        w_sum[j] = _mm512_dpbusd_epi32(w_sum[j], ones, wv[j]);
       }
       for (int m = 0; m < MR; ++m) {
         const __m512i xv = _mm512_set1_epi32(x_quad(op, m0 + m, q) ^ static_cast<int32_t>(0x80808080u));
@@ -111,8 +122,12 @@ void tile(const Int8Operands& op, int64_t m0, int64_t b0) {
       }
     }
     for (int j = 0; j < NB; ++j) {
-      const __m512 w_scale = _mm512_loadu_ps(op.w_scales + op.group_at(b0 + j, g));
-      for (int m = 0; m < MR; ++m) scaled[m][j] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(acc[m][j]), w_scale, scaled[m][j]);
+      const __m512i shift = _mm512_slli_epi32(w_sum[j], 7);  // the 128s added to x, times the weights
+      const __m512 w_scale = _mm512_loadu_ps(op.w_scale(b0 + j, g));
+      for (int m = 0; m < MR; ++m) {
+        const __m512 scale = _mm512_mul_ps(w_scale, _mm512_set1_ps(op.x_scale(m0 + m, g)));
+        scaled[m][j] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_sub_epi32(acc[m][j], shift)), scale, scaled[m][j]);
+      }
     }
   }
   for (int m = 0; m < MR; ++m)
@@ -130,10 +145,10 @@ void tile(const Int8Operands& op, int64_t m0, int64_t b0) {
   for (int j = 0; j < NB; ++j) {
     __m256 scaled[MR][2];
     for (int m = 0; m < MR; ++m) scaled[m][0] = scaled[m][1] = _mm256_setzero_ps();
-    for (int64_t g = 0; g < op.groups; ++g) {
+    for (int64_t g = 0; g < op.groups(); ++g) {
       __m256i acc[MR][2];
       for (int m = 0; m < MR; ++m) acc[m][0] = acc[m][1] = _mm256_setzero_si256();
-      for (int64_t q = g * op.group_quads; q < (g + 1) * op.group_quads; ++q) {
+      for (int64_t q = g * kGroupQuads; q < (g + 1) * kGroupQuads; ++q) {
         const int8_t* w = op.quad(b0 + j, q);
         _mm_prefetch(reinterpret_cast<const char*>(op.quad(b0 + j, q + 8)), _MM_HINT_T0);
         const __m256i lo = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w));
@@ -145,11 +160,12 @@ void tile(const Int8Operands& op, int64_t m0, int64_t b0) {
           acc[m][1] = _mm256_add_epi32(acc[m][1], _mm256_madd_epi16(_mm256_maddubs_epi16(magnitude, _mm256_sign_epi8(hi, xv)), ones));
         }
       }
-      const float* w_scale = op.w_scales + op.group_at(b0 + j, g);
+      const float* w_scale = op.w_scale(b0 + j, g);
       const __m256 scale_lo = _mm256_loadu_ps(w_scale), scale_hi = _mm256_loadu_ps(w_scale + 8);
       for (int m = 0; m < MR; ++m) {
-        scaled[m][0] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(acc[m][0]), scale_lo, scaled[m][0]);
-        scaled[m][1] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(acc[m][1]), scale_hi, scaled[m][1]);
+        const __m256 x_scale = _mm256_set1_ps(op.x_scale(m0 + m, g));
+        scaled[m][0] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(acc[m][0]), _mm256_mul_ps(scale_lo, x_scale), scaled[m][0]);
+        scaled[m][1] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(acc[m][1]), _mm256_mul_ps(scale_hi, x_scale), scaled[m][1]);
       }
     }
     for (int m = 0; m < MR; ++m) {
@@ -167,14 +183,14 @@ void tile(const Int8Operands& op, int64_t m0, int64_t b0) {
   for (int j = 0; j < NB; ++j)
     for (int m = 0; m < MR; ++m) {
       float sums[kBlock] = {};
-      for (int64_t g = 0; g < op.groups; ++g) {
-        const float* w_scale = op.w_scales + op.group_at(b0 + j, g);
+      for (int64_t g = 0; g < op.groups(); ++g) {
+        const float* w_scale = op.w_scale(b0 + j, g);
         for (int64_t i = 0; i < kBlock; ++i) {
           int32_t acc = 0;
-          for (int64_t q = g * op.group_quads; q < (g + 1) * op.group_quads; ++q)
+          for (int64_t q = g * kGroupQuads; q < (g + 1) * kGroupQuads; ++q)
             for (int64_t t = 0; t < 4; ++t)
               acc += static_cast<int32_t>(op.x[(m0 + m) * op.kp + 4 * q + t]) * op.quad(b0 + j, q)[4 * i + t];
-          sums[i] = std::fma(static_cast<float>(acc), w_scale[i], sums[i]);
+          sums[i] = std::fma(static_cast<float>(acc), w_scale[i] * op.x_scale(m0 + m, g), sums[i]);
         }
       }
       store(op, m0 + m, (b0 + j) * kBlock, sums);
@@ -225,18 +241,26 @@ void multiply(const Int8Operands& op) {
   }
 }
 
-// one row: scale = max|x| / 127, q = x * (127 / max|x|) rounded to nearest even, the padding zero
+// one group of values: scale = max|x| / 127, q = x * (127 / max|x|) rounded to nearest even
 template <typename scalar_t>
-void quantize_row(const scalar_t* x, int64_t k, int64_t kp, int8_t* q, float* scale) {
+void quantize_group(const scalar_t* x, int64_t count, int8_t* q, float* scale) {
   float amax = 0.f;
-  for (int64_t i = 0; i < k; ++i) amax = std::max(amax, std::fabs(formwork::to_float(x[i])));
+  for (int64_t i = 0; i < count; ++i) amax = std::max(amax, std::fabs(formwork::to_float(x[i])));
   const float inverse = amax > 0.f ? 127.f / amax : 0.f;
-  for (int64_t i = 0; i < k; ++i) q[i] = static_cast<int8_t>(std::nearbyint(formwork::to_float(x[i]) * inverse));
-  std::memset(q + k, 0, kp - k);
+  for (int64_t i = 0; i < count; ++i) q[i] = static_cast<int8_t>(std::nearbyint(formwork::to_float(x[i]) * inverse));
   *scale = amax / 127.f;
 }
 
-// x's rows into q [m, kp] and scales [m]; a decode batch on the calling thread, prompt chunks split
+// one row of k values in groups of `group` into q [kp] (the padding zero) and scales [kp / group]
+template <typename scalar_t>
+void quantize_row(const scalar_t* x, int64_t k, int64_t kp, int64_t group, int8_t* q, float* scales) {
+  std::memset(q, 0, kp);
+  for (int64_t g = 0; g < kp / group; ++g)
+    if (g * group < k) quantize_group(x + g * group, std::min(group, k - g * group), q + g * group, scales + g);
+    else scales[g] = 0.f;
+}
+
+// x's rows into q [m, kp] and scales [m, kp / 32]; a decode batch on the calling thread, prompt chunks split
 void quantize(const torch::Tensor& x, int64_t kp, int8_t* q, float* scales) {
   const int64_t m = x.size(0), k = x.size(1), stride = x.stride(0);
   constexpr int64_t kRowGrain = 64;
@@ -244,45 +268,37 @@ void quantize(const torch::Tensor& x, int64_t kp, int8_t* q, float* scales) {
     const scalar_t* data = x.data_ptr<scalar_t>();
     formwork::parallel_chunks((m + kRowGrain - 1) / kRowGrain, [&](int64_t chunk) {
       for (int64_t r = chunk * kRowGrain; r < std::min(m, (chunk + 1) * kRowGrain); ++r)
-        quantize_row(data + r * stride, k, kp, q + r * kp, scales + r);
+        quantize_row(data + r * stride, k, kp, kGroup, q + r * kp, scales + r * (kp / kGroup));
     });
   });
 }
 
-// empty (packed, scales, offsets) for an [n, k] weight with `groups` scales per column
+// empty (packed, scales) for an [n, k] weight with `groups` scales per column
 std::vector<torch::Tensor> allocate_packed(int64_t n, int64_t k, int64_t groups) {
   const int64_t num_blocks = (n + kBlock - 1) / kBlock;
   return {torch::zeros({num_blocks, padded_k(k) / 4, kBlock, 4}, torch::kInt8),
-          torch::zeros({num_blocks, groups, kBlock}, torch::kFloat),
-          torch::zeros({num_blocks, groups, kBlock}, torch::kInt)};
+          torch::zeros({num_blocks, groups, kBlock}, torch::kFloat)};
 }
 
-// writes column c's quantized values and, per group of group_size, its offset
-void place_column(std::vector<torch::Tensor>& packed, int64_t c, const int8_t* values, int64_t k, int64_t group_size) {
-  const int64_t quads = packed[0].size(1), groups = packed[1].size(1), b = c / kBlock, i = c % kBlock;
-  int8_t* column = packed[0].data_ptr<int8_t>() + b * quads * 4 * kBlock + 4 * i;
-  int32_t* offsets = packed[2].data_ptr<int32_t>() + b * groups * kBlock + i;
-  for (int64_t v = 0; v < k; ++v) {
-    column[v / 4 * 4 * kBlock + v % 4] = values[v];
-    offsets[v / group_size * kBlock] -= 128 * values[v];
-  }
+// writes column c's k quantized values into the layout
+void place_column(torch::Tensor& packed, int64_t c, const int8_t* values, int64_t k) {
+  int8_t* column = packed.data_ptr<int8_t>() + c / kBlock * packed.size(1) * 4 * kBlock + 4 * (c % kBlock);
+  for (int64_t v = 0; v < k; ++v) column[v / 4 * 4 * kBlock + v % 4] = values[v];
 }
 
 }  // namespace
 
 std::vector<torch::Tensor> pack_int8_weight(torch::Tensor weight) {
   TORCH_CHECK(weight.dim() == 2 && weight.size(1) > 0 && weight.is_floating_point(), "weight: 2-D float, K > 0");
-  const torch::Tensor w = weight.to(torch::kFloat).contiguous();  // one row at a time would do; packing is once
+  const torch::Tensor w = weight.to(torch::kFloat).contiguous();  // one matrix at a time, once
   const int64_t n = w.size(0), k = w.size(1);
   auto packed = allocate_packed(n, k, 1);
   float* scales = packed[1].data_ptr<float>();
   at::parallel_for(0, n, 64, [&](int64_t begin, int64_t end) {
-    std::vector<int8_t> values(padded_k(k));
-    float scale;
+    std::vector<int8_t> values(k);
     for (int64_t c = begin; c < end; ++c) {
-      quantize_row(w.data_ptr<float>() + c * k, k, padded_k(k), values.data(), &scale);
-      scales[c / kBlock * kBlock + c % kBlock] = scale;
-      place_column(packed, c, values.data(), k, padded_k(k));
+      quantize_group(w.data_ptr<float>() + c * k, k, values.data(), scales + c);  // [blocks, 1, 16] is [n] padded
+      place_column(packed[0], c, values.data(), k);
     }
   });
   return packed;
@@ -308,7 +324,7 @@ std::vector<torch::Tensor> pack_q8_0_weight(torch::Tensor rows, int64_t k) {
         for (int64_t v = 0; v < kQ8Group; ++v)
           values[g * kQ8Group + v] = std::max<int8_t>(-127, static_cast<int8_t>(row[g * kQ8BlockBytes + 2 + v]));
       }
-      place_column(packed, c, values.data(), k, kQ8Group);
+      place_column(packed[0], c, values.data(), k);
     }
   });
   return packed;
@@ -316,24 +332,23 @@ std::vector<torch::Tensor> pack_q8_0_weight(torch::Tensor rows, int64_t k) {
 
 std::vector<torch::Tensor> quantize_rows(torch::Tensor x) {
   TORCH_CHECK(x.dim() == 2 && x.stride(1) == 1 && x.is_floating_point(), "x: 2-D float with contiguous rows");
-  auto q = torch::empty({x.size(0), x.size(1)}, torch::kInt8);
-  auto scales = torch::empty({x.size(0)}, torch::kFloat);
-  if (x.size(0) > 0) quantize(x, x.size(1), q.data_ptr<int8_t>(), scales.data_ptr<float>());
-  return {q, scales};
+  const int64_t m = x.size(0), kp = (x.size(1) + kGroup - 1) / kGroup * kGroup;
+  auto q = torch::empty({m, kp}, torch::kInt8);
+  auto scales = torch::empty({m, kp / kGroup}, torch::kFloat);
+  if (m > 0) quantize(x, kp, q.data_ptr<int8_t>(), scales.data_ptr<float>());
+  return {q.narrow(1, 0, x.size(1)), scales};
 }
 
-torch::Tensor int8_gemm(torch::Tensor x, torch::Tensor packed, torch::Tensor scales, torch::Tensor offsets,
-                        int64_t n, c10::optional<torch::Tensor> bias, bool fp32_out) {
+torch::Tensor int8_gemm(torch::Tensor x, torch::Tensor packed, torch::Tensor scales, int64_t n,
+                        c10::optional<torch::Tensor> bias, bool fp32_out) {
   TORCH_CHECK(x.dim() == 2 && x.stride(1) == 1 && x.is_floating_point(), "x: 2-D float with contiguous rows");
   const int64_t m = x.size(0), k = x.size(1), kp = padded_k(k), num_blocks = (n + kBlock - 1) / kBlock;
   TORCH_CHECK(packed.dim() == 4 && packed.scalar_type() == torch::kInt8 && packed.is_contiguous()
               && packed.size(0) == num_blocks && packed.size(1) == kp / 4 && packed.size(2) == kBlock
               && packed.size(3) == 4, "packed: the int8 layout of an [N, K] weight, K = x's columns");
   TORCH_CHECK(scales.dim() == 3 && scales.scalar_type() == torch::kFloat && scales.is_contiguous()
-              && scales.size(0) == num_blocks && scales.size(1) > 0 && (kp / 4) % scales.size(1) == 0
-              && scales.size(2) == kBlock, "scales: fp32 [blocks, groups, 16], groups dividing K's quads");
-  TORCH_CHECK(offsets.sizes() == scales.sizes() && offsets.scalar_type() == torch::kInt && offsets.is_contiguous(),
-              "offsets: int32, the scales' shape");
+              && scales.size(0) == num_blocks && (scales.size(1) == 1 || scales.size(1) == kp / kGroup)
+              && scales.size(2) == kBlock, "scales: fp32 [blocks, 1 or K / 32 (padded), 16]");
   if (bias) {
     TORCH_CHECK(bias->dim() == 1 && bias->size(0) == n && bias->scalar_type() == torch::kFloat && bias->is_contiguous(),
                 "bias: contiguous fp32 [N]");
@@ -342,12 +357,10 @@ torch::Tensor int8_gemm(torch::Tensor x, torch::Tensor packed, torch::Tensor sca
   auto y = torch::empty({m, n}, x.options().dtype(y_bf16 ? torch::kBFloat16 : torch::kFloat));
   if (m == 0 || n == 0) return y;
   std::vector<int8_t> q(m * kp);
-  std::vector<float> x_scales(m);
+  std::vector<float> x_scales(m * (kp / kGroup));
   quantize(x, kp, q.data(), x_scales.data());
-  const int64_t groups = scales.size(1);
   const Int8Operands op{q.data(), x_scales.data(), m, kp, packed.data_ptr<int8_t>(), scales.data_ptr<float>(),
-                        offsets.data_ptr<int32_t>(), groups, kp / 4 / groups,
-                        bias ? bias->data_ptr<float>() : nullptr, n, y.data_ptr(), y_bf16};
+                        scales.size(1), bias ? bias->data_ptr<float>() : nullptr, n, y.data_ptr(), y_bf16};
   multiply(op);
   return y;
 }
