@@ -19,7 +19,8 @@ SHAPES = [(m, 96, 208) for m in (1, 2, 3, 4, 5, 7, 8, 9, 16, 17, 33, 64, 65)] + 
 def unpack(packed: torch.Tensor, scales: torch.Tensor, n: int, k: int) -> tuple[torch.Tensor, torch.Tensor]:
     """The packed layout read back: int8 [n, k] and the scales [n, groups]."""
     blocks, quads = packed.shape[:2]
-    values = packed.permute(0, 2, 1, 3).reshape(blocks * 16, quads * 4)[:n, :k]
+    assert packed.dtype == torch.uint8  # w + 128
+    values = (packed.permute(0, 2, 1, 3).reshape(blocks * 16, quads * 4)[:n, :k].int() - 128).to(torch.int8)
     return values, scales.permute(0, 2, 1).reshape(blocks * 16, -1)[:n]
 
 

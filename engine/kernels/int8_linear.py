@@ -73,11 +73,11 @@ class Int8Linear(nn.Module):
         return y if x.dim() == 2 else y.view(*x.shape[:-1], self.out_features)
 
     def dequantized_rows(self, ids: torch.Tensor) -> torch.Tensor:
-        """W[ids] as the kernel multiplies by it (int8 times its scales), in float32."""
+        """W[ids] as the kernel multiplies by it (int8 values times their scales), in float32."""
         ids = ids.long()
         blocks, columns = ids // BLOCK_COLUMNS, ids % BLOCK_COLUMNS
-        values = self.packed_weight[blocks, :, columns, :]  # [*ids, quads, 4]
-        values = values.reshape(*ids.shape, -1)[..., :self.in_features].float()
+        values = self.packed_weight[blocks, :, columns, :]  # [*ids, quads, 4], stored as w + 128
+        values = values.reshape(*ids.shape, -1)[..., :self.in_features].float() - 128
         scales = self.scales[blocks, :, columns]  # [*ids, groups]
         group = values.shape[-1] if scales.shape[-1] == 1 else GROUP
         return values * scales.repeat_interleave(group, dim=-1)[..., :self.in_features]

@@ -9,10 +9,10 @@
 // weights) or per column and group (GGUF Q8_0).
 //
 // Kernels, by what the build targets:
-// * AVX-512 VNNI: `vpdpbusd` multiplies 4 unsigned bytes of x by 4 signed bytes of 16 columns into
-//   16 int32 sums. x is made unsigned by adding 128 (a xor of the sign bit); one more `vpdpbusd` of
-//   ones by the weight per block (shared by every row of the tile) sums the group's weights, and
-//   128 times that comes back off, exactly. A register tile is up to 8 rows x 3 blocks.
+// * AVX-512 VNNI: `vpdpbusd` multiplies 4 unsigned bytes of 16 columns by 4 signed bytes of x into
+//   16 int32 sums. The weight is stored unsigned, w + 128 (int8_gemm.h); 128 times the sum of x's
+//   group, counted as x is quantized, comes back off each sum, exactly. A register tile is up to
+//   4 rows x 3 blocks: 12 int32 and 12 fp32 accumulators stay in registers.
 // * AVX2: `vpmaddubsw` on |x| and w carrying x's sign (`vpsignb`): products of at most 127 x 127,
 //   two to a 16-bit lane, never saturate; `vpmaddwd` by ones widens them to int32.
 // * portable: plain int32 loops.
@@ -43,11 +43,7 @@ constexpr int64_t kQ8Group = 32;    // values per scale in GGUF Q8_0
 constexpr int64_t kQ8BlockBytes = 2 + kQ8Group;  // its fp16 scale, then the values
 constexpr int64_t kPanel = 3;       // blocks per register tile and per thread work unit
 constexpr int64_t kChunkBytes = 512 << 10;  // rows of x per pass over the weight: about this many bytes
-#if defined(__AVX512VNNI__)
-constexpr int64_t kTileRows = 8;
-#else
 constexpr int64_t kTileRows = 4;
-#endif
 
 inline int64_t padded_k(int64_t k) { return (k + kKAlign - 1) / kKAlign * kKAlign; }
 
@@ -57,8 +53,9 @@ constexpr int64_t kGroupQuads = kGroup / 4;
 struct Int8Operands {
   const int8_t* x;         // [m, kp]: x quantized per row and group, zero padded
   const float* x_scales;   // [m, kp / 32]
+  const int32_t* x_sums;   // [m, kp / 32]: each group's sum of quantized values
   int64_t m, kp;
-  const int8_t* w;         // packed
+  const uint8_t* w;        // packed: w + 128
   const float* w_scales;   // [blocks, w_groups, 16]
   int64_t w_groups;        // 1 (per channel) or kp / 32 (per group)
   const float* bias;       // [n] or nullptr
@@ -67,13 +64,14 @@ struct Int8Operands {
   bool y_bf16;
   int64_t num_blocks() const { return (n + kBlock - 1) / kBlock; }
   int64_t block_bytes() const { return kp * kBlock; }
-  const int8_t* quad(int64_t block, int64_t q) const { return w + block * block_bytes() + q * 4 * kBlock; }
+  const uint8_t* quad(int64_t block, int64_t q) const { return w + block * block_bytes() + q * 4 * kBlock; }
   int64_t groups() const { return kp / kGroup; }
   // column block's 16 weight scales for group g
   const float* w_scale(int64_t block, int64_t g) const {
     return w_scales + (block * w_groups + (w_groups == 1 ? 0 : g)) * kBlock;
   }
   float x_scale(int64_t row, int64_t g) const { return x_scales[row * groups() + g]; }
+  int32_t x_sum(int64_t row, int64_t g) const { return x_sums[row * groups() + g]; }
 };
 
 inline int32_t x_quad(const Int8Operands& op, int64_t row, int64_t q) {
@@ -99,34 +97,30 @@ void store(const Int8Operands& op, int64_t row, int64_t col, const float* sums) 
 // rows [m0, m0 + MR) x blocks [b0, b0 + NB)
 template <int MR, int NB>
 void tile(const Int8Operands& op, int64_t m0, int64_t b0) {
-  const __m512i ones = _mm512_set1_epi8(1);
   __m512 scaled[MR][NB];
   for (int m = 0; m < MR; ++m)
     for (int j = 0; j < NB; ++j) scaled[m][j] = _mm512_setzero_ps();
   for (int64_t g = 0; g < op.groups(); ++g) {
-    __m512i acc[MR][NB], w_sum[NB];
-    for (int j = 0; j < NB; ++j) {
-      w_sum[j] = _mm512_setzero_si512();
-      for (int m = 0; m < MR; ++m) acc[m][j] = _mm512_setzero_si512();
-    }
+    __m512i acc[MR][NB];
+    for (int m = 0; m < MR; ++m)
+      for (int j = 0; j < NB; ++j) acc[m][j] = _mm512_setzero_si512();
     for (int64_t q = g * kGroupQuads; q < (g + 1) * kGroupQuads; ++q) {
       __m512i wv[NB];
       for (int j = 0; j < NB; ++j) {
         _mm_prefetch(reinterpret_cast<const char*>(op.quad(b0 + j, q + 8)), _MM_HINT_T0);
         wv[j] = _mm512_loadu_si512(op.quad(b0 + j, q));
-        w_sum[j] = _mm512_dpbusd_epi32(w_sum[j], ones, wv[j]);
       }
       for (int m = 0; m < MR; ++m) {
-        const __m512i xv = _mm512_set1_epi32(x_quad(op, m0 + m, q) ^ static_cast<int32_t>(0x80808080u));
-        for (int j = 0; j < NB; ++j) acc[m][j] = _mm512_dpbusd_epi32(acc[m][j], xv, wv[j]);
+        const __m512i xv = _mm512_set1_epi32(x_quad(op, m0 + m, q));
+        for (int j = 0; j < NB; ++j) acc[m][j] = _mm512_dpbusd_epi32(acc[m][j], wv[j], xv);
       }
     }
-    for (int j = 0; j < NB; ++j) {
-      const __m512i shift = _mm512_slli_epi32(w_sum[j], 7);  // the 128s added to x, times the weights
-      const __m512 w_scale = _mm512_loadu_ps(op.w_scale(b0 + j, g));
-      for (int m = 0; m < MR; ++m) {
-        const __m512 scale = _mm512_mul_ps(w_scale, _mm512_set1_ps(op.x_scale(m0 + m, g)));
-        scaled[m][j] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_sub_epi32(acc[m][j], shift)), scale, scaled[m][j]);
+    for (int m = 0; m < MR; ++m) {
+      const __m512i offset = _mm512_set1_epi32(128 * op.x_sum(m0 + m, g));  // the 128 added to each weight
+      const __m512 x_scale = _mm512_set1_ps(op.x_scale(m0 + m, g));
+      for (int j = 0; j < NB; ++j) {
+        const __m512 scale = _mm512_mul_ps(_mm512_loadu_ps(op.w_scale(b0 + j, g)), x_scale);
+        scaled[m][j] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_sub_epi32(acc[m][j], offset)), scale, scaled[m][j]);
       }
     }
   }
@@ -141,7 +135,7 @@ void tile(const Int8Operands& op, int64_t m0, int64_t b0) {
 // rows [m0, m0 + MR) x blocks [b0, b0 + NB), one block at a time (16 registers)
 template <int MR, int NB>
 void tile(const Int8Operands& op, int64_t m0, int64_t b0) {
-  const __m256i ones = _mm256_set1_epi16(1);
+  const __m256i ones = _mm256_set1_epi16(1), sign_bits = _mm256_set1_epi8(static_cast<char>(0x80));
   for (int j = 0; j < NB; ++j) {
     __m256 scaled[MR][2];
     for (int m = 0; m < MR; ++m) scaled[m][0] = scaled[m][1] = _mm256_setzero_ps();
@@ -149,10 +143,11 @@ void tile(const Int8Operands& op, int64_t m0, int64_t b0) {
       __m256i acc[MR][2];
       for (int m = 0; m < MR; ++m) acc[m][0] = acc[m][1] = _mm256_setzero_si256();
       for (int64_t q = g * kGroupQuads; q < (g + 1) * kGroupQuads; ++q) {
-        const int8_t* w = op.quad(b0 + j, q);
+        const uint8_t* w = op.quad(b0 + j, q);
         _mm_prefetch(reinterpret_cast<const char*>(op.quad(b0 + j, q + 8)), _MM_HINT_T0);
-        const __m256i lo = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w));
-        const __m256i hi = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w + 32));
+        // w + 128 back to w
+        const __m256i lo = _mm256_xor_si256(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(w)), sign_bits);
+        const __m256i hi = _mm256_xor_si256(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(w + 32)), sign_bits);
         for (int m = 0; m < MR; ++m) {
           const __m256i xv = _mm256_set1_epi32(x_quad(op, m0 + m, q));
           const __m256i magnitude = _mm256_sign_epi8(xv, xv);  // |x|: x never holds -128
@@ -189,7 +184,7 @@ void tile(const Int8Operands& op, int64_t m0, int64_t b0) {
           int32_t acc = 0;
           for (int64_t q = g * kGroupQuads; q < (g + 1) * kGroupQuads; ++q)
             for (int64_t t = 0; t < 4; ++t)
-              acc += static_cast<int32_t>(op.x[(m0 + m) * op.kp + 4 * q + t]) * op.quad(b0 + j, q)[4 * i + t];
+              acc += static_cast<int32_t>(op.x[(m0 + m) * op.kp + 4 * q + t]) * (op.quad(b0 + j, q)[4 * i + t] - 128);
           sums[i] = std::fma(static_cast<float>(acc), w_scale[i] * op.x_scale(m0 + m, g), sums[i]);
         }
       }
@@ -210,15 +205,7 @@ Tile tile_for(int64_t mr, int64_t nb) {
     case 1: return tile_for_blocks<1>(nb);
     case 2: return tile_for_blocks<2>(nb);
     case 3: return tile_for_blocks<3>(nb);
-#if defined(__AVX512VNNI__)
-    case 4: return tile_for_blocks<4>(nb);
-    case 5: return tile_for_blocks<5>(nb);
-    case 6: return tile_for_blocks<6>(nb);
-    case 7: return tile_for_blocks<7>(nb);
-    default: return tile_for_blocks<8>(nb);
-#else
     default: return tile_for_blocks<4>(nb);
-#endif
   }
 }
 
@@ -241,34 +228,42 @@ void multiply(const Int8Operands& op) {
   }
 }
 
-// one group of values: scale = max|x| / 127, q = x * (127 / max|x|) rounded to nearest even
+// one group of values: scale = max|x| / 127, q = x * (127 / max|x|) rounded to nearest even; returns sum(q)
 template <typename scalar_t>
-void quantize_group(const scalar_t* x, int64_t count, int8_t* q, float* scale) {
+int32_t quantize_group(const scalar_t* x, int64_t count, int8_t* q, float* scale) {
   float amax = 0.f;
   for (int64_t i = 0; i < count; ++i) amax = std::max(amax, std::fabs(formwork::to_float(x[i])));
   const float inverse = amax > 0.f ? 127.f / amax : 0.f;
-  for (int64_t i = 0; i < count; ++i) q[i] = static_cast<int8_t>(std::nearbyint(formwork::to_float(x[i]) * inverse));
+  int32_t sum = 0;
+  for (int64_t i = 0; i < count; ++i) {
+    q[i] = static_cast<int8_t>(std::nearbyint(formwork::to_float(x[i]) * inverse));
+    sum += q[i];
+  }
   *scale = amax / 127.f;
+  return sum;
 }
 
-// one row of k values in groups of `group` into q [kp] (the padding zero) and scales [kp / group]
+// one row of k values in groups of 32 into q [kp] (the padding zero), scales and sums [kp / 32]
 template <typename scalar_t>
-void quantize_row(const scalar_t* x, int64_t k, int64_t kp, int64_t group, int8_t* q, float* scales) {
+void quantize_row(const scalar_t* x, int64_t k, int64_t kp, int8_t* q, float* scales, int32_t* sums) {
   std::memset(q, 0, kp);
-  for (int64_t g = 0; g < kp / group; ++g)
-    if (g * group < k) quantize_group(x + g * group, std::min(group, k - g * group), q + g * group, scales + g);
-    else scales[g] = 0.f;
+  for (int64_t g = 0; g < kp / kGroup; ++g) {
+    scales[g] = 0.f;
+    sums[g] = g * kGroup < k ? quantize_group(x + g * kGroup, std::min(kGroup, k - g * kGroup), q + g * kGroup,
+                                              scales + g) : 0;
+  }
 }
 
-// x's rows into q [m, kp] and scales [m, kp / 32]; a decode batch on the calling thread, prompt chunks split
-void quantize(const torch::Tensor& x, int64_t kp, int8_t* q, float* scales) {
+// x's rows into q [m, kp], scales and sums [m, kp / 32]; a decode batch on the calling thread, prompt
+// chunks split
+void quantize(const torch::Tensor& x, int64_t kp, int8_t* q, float* scales, int32_t* sums) {
   const int64_t m = x.size(0), k = x.size(1), stride = x.stride(0);
   constexpr int64_t kRowGrain = 64;
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, x.scalar_type(), "quantize_rows", [&] {
     const scalar_t* data = x.data_ptr<scalar_t>();
     formwork::parallel_chunks((m + kRowGrain - 1) / kRowGrain, [&](int64_t chunk) {
       for (int64_t r = chunk * kRowGrain; r < std::min(m, (chunk + 1) * kRowGrain); ++r)
-        quantize_row(data + r * stride, k, kp, kGroup, q + r * kp, scales + r * (kp / kGroup));
+        quantize_row(data + r * stride, k, kp, q + r * kp, scales + r * (kp / kGroup), sums + r * (kp / kGroup));
     });
   });
 }
@@ -276,14 +271,14 @@ void quantize(const torch::Tensor& x, int64_t kp, int8_t* q, float* scales) {
 // empty (packed, scales) for an [n, k] weight with `groups` scales per column
 std::vector<torch::Tensor> allocate_packed(int64_t n, int64_t k, int64_t groups) {
   const int64_t num_blocks = (n + kBlock - 1) / kBlock;
-  return {torch::zeros({num_blocks, padded_k(k) / 4, kBlock, 4}, torch::kInt8),
+  return {torch::zeros({num_blocks, padded_k(k) / 4, kBlock, 4}, torch::kUInt8),
           torch::zeros({num_blocks, groups, kBlock}, torch::kFloat)};
 }
 
-// writes column c's k quantized values into the layout
+// writes column c's k quantized values into the layout, as w + 128 (the padding stays 0 x 0: its x is 0)
 void place_column(torch::Tensor& packed, int64_t c, const int8_t* values, int64_t k) {
-  int8_t* column = packed.data_ptr<int8_t>() + c / kBlock * packed.size(1) * 4 * kBlock + 4 * (c % kBlock);
-  for (int64_t v = 0; v < k; ++v) column[v / 4 * 4 * kBlock + v % 4] = values[v];
+  uint8_t* column = packed.data_ptr<uint8_t>() + c / kBlock * packed.size(1) * 4 * kBlock + 4 * (c % kBlock);
+  for (int64_t v = 0; v < k; ++v) column[v / 4 * 4 * kBlock + v % 4] = static_cast<uint8_t>(values[v] + 128);
 }
 
 }  // namespace
@@ -335,7 +330,8 @@ std::vector<torch::Tensor> quantize_rows(torch::Tensor x) {
   const int64_t m = x.size(0), kp = (x.size(1) + kGroup - 1) / kGroup * kGroup;
   auto q = torch::empty({m, kp}, torch::kInt8);
   auto scales = torch::empty({m, kp / kGroup}, torch::kFloat);
-  if (m > 0) quantize(x, kp, q.data_ptr<int8_t>(), scales.data_ptr<float>());
+  std::vector<int32_t> sums(m * (kp / kGroup));
+  if (m > 0) quantize(x, kp, q.data_ptr<int8_t>(), scales.data_ptr<float>(), sums.data());
   return {q.narrow(1, 0, x.size(1)), scales};
 }
 
@@ -343,7 +339,7 @@ torch::Tensor int8_gemm(torch::Tensor x, torch::Tensor packed, torch::Tensor sca
                         c10::optional<torch::Tensor> bias, bool fp32_out) {
   TORCH_CHECK(x.dim() == 2 && x.stride(1) == 1 && x.is_floating_point(), "x: 2-D float with contiguous rows");
   const int64_t m = x.size(0), k = x.size(1), kp = padded_k(k), num_blocks = (n + kBlock - 1) / kBlock;
-  TORCH_CHECK(packed.dim() == 4 && packed.scalar_type() == torch::kInt8 && packed.is_contiguous()
+  TORCH_CHECK(packed.dim() == 4 && packed.scalar_type() == torch::kUInt8 && packed.is_contiguous()
               && packed.size(0) == num_blocks && packed.size(1) == kp / 4 && packed.size(2) == kBlock
               && packed.size(3) == 4, "packed: the int8 layout of an [N, K] weight, K = x's columns");
   TORCH_CHECK(scales.dim() == 3 && scales.scalar_type() == torch::kFloat && scales.is_contiguous()
@@ -358,8 +354,9 @@ torch::Tensor int8_gemm(torch::Tensor x, torch::Tensor packed, torch::Tensor sca
   if (m == 0 || n == 0) return y;
   std::vector<int8_t> q(m * kp);
   std::vector<float> x_scales(m * (kp / kGroup));
-  quantize(x, kp, q.data(), x_scales.data());
-  const Int8Operands op{q.data(), x_scales.data(), m, kp, packed.data_ptr<int8_t>(), scales.data_ptr<float>(),
+  std::vector<int32_t> x_sums(m * (kp / kGroup));
+  quantize(x, kp, q.data(), x_scales.data(), x_sums.data());
+  const Int8Operands op{q.data(), x_scales.data(), x_sums.data(), m, kp, packed.data_ptr<uint8_t>(), scales.data_ptr<float>(),
                         scales.size(1), bias ? bias->data_ptr<float>() : nullptr, n, y.data_ptr(), y_bf16};
   multiply(op);
   return y;

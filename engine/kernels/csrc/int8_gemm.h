@@ -1,8 +1,8 @@
 // The int8 GEMM's entry points (int8_gemm.cpp), as bindings.cpp exposes them.
 //
-// Packed layout of an [N, K] weight: int8 [ceil(N/16) blocks, Kp/4 quads, 16 columns, 4], Kp = K
-// rounded up to a multiple of 64 (an AMX tile row), zero padded: one 64-byte row per quad of K,
-// which is what `vpdpbusd` multiplies by 4 broadcast bytes of x. Scales are fp32 [blocks, groups,
+// Packed layout of an [N, K] weight: uint8 w + 128 [ceil(N/16) blocks, Kp/4 quads, 16 columns, 4],
+// Kp = K rounded up to a multiple of 64, the padding 0: one 64-byte row per quad of K, the unsigned
+// operand `vpdpbusd` multiplies by 4 broadcast signed bytes of x. Scales are fp32 [blocks, groups,
 // 16]: one per column (groups 1, per-channel weights) or per column and 32 values of K (GGUF Q8_0).
 #pragma once
 #include <torch/extension.h>
