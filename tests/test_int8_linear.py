@@ -90,13 +90,14 @@ def test_one_group_is_the_product_bit_for_bit(kernels):
 
 
 def test_a_row_does_not_depend_on_the_batch(kernels):
-    """The same row alone and at every place of batches of 2..300 rows: the same bits."""
+    """The same row alone and at every place of batches of 2..300 rows: the same bits (below 16
+    rows and above, AMX tiles where the CPU has them: the same int32 sums, scaled alike)."""
     gen = torch.Generator().manual_seed(2)
     n, k = 200, 576
     packed, scales = kernels.pack_int8_weight(torch.randn(n, k, generator=gen))
     rows = torch.randn(300, k, generator=gen).bfloat16()
     alone = torch.cat([kernels.int8_gemm(rows[i:i + 1], packed, scales, n, None, True) for i in range(300)])
-    for size in (2, 5, 8, 9, 33, 64, 300):
+    for size in (2, 5, 8, 9, 15, 16, 17, 33, 64, 300):
         for start in (0, 300 - size, (300 - size) // 2):
             batch = kernels.int8_gemm(rows[start:start + size], packed, scales, n, None, True)
             assert torch.equal(batch, alone[start:start + size]), (size, start)
@@ -145,6 +146,8 @@ def test_the_build_has_the_int8_isa_asked_for(kernels):
     from engine.config import cpu_flags
     if os.environ.get("FORMWORK_CPU_ISA") == "avx2":
         assert kernels.int8_gemm_isa() == "avx2"
+    elif "amx_int8" in cpu_flags():
+        assert kernels.int8_gemm_isa() == "amx_int8"  # from 16 rows; AVX-512 VNNI below
     elif "avx512_vnni" in cpu_flags():
         assert kernels.int8_gemm_isa() == "avx512_vnni"
 

@@ -16,9 +16,12 @@
 // * AVX2: `vpmaddubsw` on |x| and w carrying x's sign (`vpsignb`): products of at most 127 x 127,
 //   two to a 16-bit lane, never saturate; `vpmaddwd` by ones widens them to int32.
 // * portable: plain int32 loops.
+// From 16 rows, where the CPU has AMX-INT8, the int32 group sums come from AMX tiles instead
+// (amx_int8_gemm.cpp), scaled by the same fp32 operations.
 // Every kernel forms the same int32 sums, and those are exact: the output does not depend on the
 // kernel, the tile, the thread, or the other rows of the batch (each row is quantized alone).
 #include "int8_gemm.h"
+#include "int8_operands.h"
 
 #include <ATen/Parallel.h>
 
@@ -37,66 +40,23 @@
 
 namespace {
 
-constexpr int64_t kBlock = 16;      // output columns per block
-constexpr int64_t kKAlign = 64;     // K padded to a multiple of this
+using namespace formwork::int8;
 constexpr int64_t kQ8Group = 32;    // values per scale in GGUF Q8_0
 constexpr int64_t kQ8BlockBytes = 2 + kQ8Group;  // its fp16 scale, then the values
 constexpr int64_t kPanel = 3;       // blocks per register tile and per thread work unit
 constexpr int64_t kChunkBytes = 512 << 10;  // rows of x per pass over the weight: about this many bytes
 constexpr int64_t kTileRows = 4;
 
-inline int64_t padded_k(int64_t k) { return (k + kKAlign - 1) / kKAlign * kKAlign; }
-
-constexpr int64_t kGroup = 32;       // values of x per scale
-constexpr int64_t kGroupQuads = kGroup / 4;
-
-struct Int8Operands {
-  const int8_t* x;         // [m, kp]: x quantized per row and group, zero padded
-  const float* x_scales;   // [m, kp / 32]
-  const int32_t* x_sums;   // [m, kp / 32]: each group's sum of quantized values
-  int64_t m, kp;
-  const uint8_t* w;        // packed: w + 128
-  const float* w_scales;   // [blocks, w_groups, 16]
-  int64_t w_groups;        // 1 (per channel) or kp / 32 (per group)
-  const float* bias;       // [n] or nullptr
-  int64_t n;
-  void* y;                 // [m, n]: bf16 when y_bf16, else fp32
-  bool y_bf16;
-  int64_t num_blocks() const { return (n + kBlock - 1) / kBlock; }
-  int64_t block_bytes() const { return kp * kBlock; }
-  const uint8_t* quad(int64_t block, int64_t q) const { return w + block * block_bytes() + q * 4 * kBlock; }
-  int64_t groups() const { return kp / kGroup; }
-  // column block's 16 weight scales for group g
-  const float* w_scale(int64_t block, int64_t g) const {
-    return w_scales + (block * w_groups + (w_groups == 1 ? 0 : g)) * kBlock;
-  }
-  float x_scale(int64_t row, int64_t g) const { return x_scales[row * groups() + g]; }
-  int32_t x_sum(int64_t row, int64_t g) const { return x_sums[row * groups() + g]; }
-};
-
-inline int32_t x_quad(const Int8Operands& op, int64_t row, int64_t q) {
+inline int32_t x_quad(const Operands& op, int64_t row, int64_t q) {
   int32_t quad;
   std::memcpy(&quad, op.x + row * op.kp + 4 * q, sizeof quad);
   return quad;
 }
 
-// row's 16 columns from col: the scaled sums, plus the bias
-void store(const Int8Operands& op, int64_t row, int64_t col, const float* sums) {
-  const int64_t cols = std::min(kBlock, op.n - col);
-  for (int64_t i = 0; i < cols; ++i) {
-    float v = sums[i];
-    if (op.bias != nullptr) v += op.bias[col + i];
-    if (op.y_bf16)
-      static_cast<uint16_t*>(op.y)[row * op.n + col + i] = formwork::float_to_bf16_bits(v);
-    else
-      static_cast<float*>(op.y)[row * op.n + col + i] = v;
-  }
-}
-
 #if defined(__AVX512VNNI__)
 // rows [m0, m0 + MR) x blocks [b0, b0 + NB)
 template <int MR, int NB>
-void tile(const Int8Operands& op, int64_t m0, int64_t b0) {
+void tile(const Operands& op, int64_t m0, int64_t b0) {
   __m512 scaled[MR][NB];
   for (int m = 0; m < MR; ++m)
     for (int j = 0; j < NB; ++j) scaled[m][j] = _mm512_setzero_ps();
@@ -134,7 +94,7 @@ void tile(const Int8Operands& op, int64_t m0, int64_t b0) {
 #elif defined(__AVX2__)
 // rows [m0, m0 + MR) x blocks [b0, b0 + NB), one block at a time (16 registers)
 template <int MR, int NB>
-void tile(const Int8Operands& op, int64_t m0, int64_t b0) {
+void tile(const Operands& op, int64_t m0, int64_t b0) {
   const __m256i ones = _mm256_set1_epi16(1), sign_bits = _mm256_set1_epi8(static_cast<char>(0x80));
   for (int j = 0; j < NB; ++j) {
     __m256 scaled[MR][2];
@@ -174,7 +134,7 @@ void tile(const Int8Operands& op, int64_t m0, int64_t b0) {
 #else
 // the portable kernel: int32 sums column by column
 template <int MR, int NB>
-void tile(const Int8Operands& op, int64_t m0, int64_t b0) {
+void tile(const Operands& op, int64_t m0, int64_t b0) {
   for (int j = 0; j < NB; ++j)
     for (int m = 0; m < MR; ++m) {
       float sums[kBlock] = {};
@@ -193,7 +153,7 @@ void tile(const Int8Operands& op, int64_t m0, int64_t b0) {
 }
 #endif
 
-using Tile = void (*)(const Int8Operands&, int64_t, int64_t);
+using Tile = void (*)(const Operands&, int64_t, int64_t);
 
 template <int MR>
 constexpr Tile tile_for_blocks(int64_t nb) {
@@ -211,7 +171,8 @@ Tile tile_for(int64_t mr, int64_t nb) {
 
 // Threads split the columns into panels (a panel stays in L2 while a chunk of x's rows passes over
 // it), as the bf16 GEMM does (gemm.cpp).
-void multiply(const Int8Operands& op) {
+void multiply(const Operands& op) {
+  if (op.m >= kAmxMinRows && amx_int8_ready()) return multiply_amx(op);  // the same sums, the same scaling
   const int64_t num_blocks = op.num_blocks(), num_panels = (num_blocks + kPanel - 1) / kPanel;
   const int64_t chunk_rows = std::max<int64_t>(kTileRows, kChunkBytes / op.kp / kTileRows * kTileRows);
   const int64_t work = op.n * op.kp * (1 + op.m / 8);
@@ -352,17 +313,19 @@ torch::Tensor int8_gemm(torch::Tensor x, torch::Tensor packed, torch::Tensor sca
   const bool y_bf16 = !fp32_out && x.scalar_type() == torch::kBFloat16;
   auto y = torch::empty({m, n}, x.options().dtype(y_bf16 ? torch::kBFloat16 : torch::kFloat));
   if (m == 0 || n == 0) return y;
-  std::vector<int8_t> q(m * kp);
-  std::vector<float> x_scales(m * (kp / kGroup));
-  std::vector<int32_t> x_sums(m * (kp / kGroup));
+  const int64_t rows = (m + 15) / 16 * 16;  // whole AMX tiles of rows, the extra ones zero
+  std::vector<int8_t> q(rows * kp, 0);
+  std::vector<float> x_scales(rows * (kp / kGroup), 0.f);
+  std::vector<int32_t> x_sums(rows * (kp / kGroup), 0);
   quantize(x, kp, q.data(), x_scales.data(), x_sums.data());
-  const Int8Operands op{q.data(), x_scales.data(), x_sums.data(), m, kp, packed.data_ptr<uint8_t>(), scales.data_ptr<float>(),
+  const Operands op{q.data(), x_scales.data(), x_sums.data(), m, kp, packed.data_ptr<uint8_t>(), scales.data_ptr<float>(),
                         scales.size(1), bias ? bias->data_ptr<float>() : nullptr, n, y.data_ptr(), y_bf16};
   multiply(op);
   return y;
 }
 
 std::string int8_gemm_isa() {
+  if (amx_int8_ready()) return "amx_int8";  // from 16 rows; avx512_vnni below
 #if defined(__AVX512VNNI__)
   return "avx512_vnni";
 #elif defined(__AVX2__)
