@@ -43,12 +43,18 @@ def agreement(reference: list[list[int]], choices: list[list[int]]) -> float:
     return sum(r == c for r, c in pairs) / max(1, len(pairs))
 
 
-def structured_answers(llm, items: list[dict], max_tokens: int) -> list[str]:
+def structured_answers(llm, items: list[dict], max_tokens: int) -> tuple[list[str], dict[str, int]]:
+    """The constrained answers' texts and how many ended for each reason."""
+    from collections import Counter
+
+    from engine.protocol import FinishReason
     from engine.sampling_params import SamplingParams
     from grammar.constraint import Constraint
     params = [SamplingParams(max_tokens=max_tokens, temperature=0,
                              constraint=Constraint("json_schema", json.dumps(item["schema"]))) for item in items]
-    return [o.text for o in llm.generate([extraction_prompt(item) for item in items], params)]
+    outputs = llm.generate([extraction_prompt(item) for item in items], params)
+    ends = Counter("unfinished" if o.finish_reason is None else FinishReason(o.finish_reason).name for o in outputs)
+    return [o.text for o in outputs], dict(ends)
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -69,13 +75,13 @@ def main(argv: list[str] | None = None) -> None:
     llm = LLM(config=plain)
     prompts = [llm.encode_prompt(p) for p in chat_prompts(args.num_prompts)]
     reference = greedy_answers(llm, prompts, args.max_tokens)
-    plain_texts = structured_answers(llm, items, 256) if items else []
+    plain_texts, plain_ends = structured_answers(llm, items, 256) if items else ([], {})
     llm.shutdown()
 
     llm = LLM(config=int8)
     choices = teacher_forced_choices(llm, prompts, reference)
     free_running = greedy_answers(llm, prompts, args.max_tokens)
-    int8_texts = structured_answers(llm, items, 256) if items else []
+    int8_texts, int8_ends = structured_answers(llm, items, 256) if items else ([], {})
     llm.shutdown()
 
     label = int8.quantization + (" + lm_head" if int8.quantize_lm_head else "")
@@ -84,9 +90,9 @@ def main(argv: list[str] | None = None) -> None:
           f"{agreement(reference, free_running):.1%} free-running")
     if items:
         schemas = [item["schema"] for item in items]
-        for name, texts in (("unquantized", plain_texts), (label, int8_texts)):
+        for name, texts, ends in (("unquantized", plain_texts, plain_ends), (label, int8_texts, int8_ends)):
             valid, accuracy = score(items, texts, schemas)
-            print(f"  structured ({name}): {valid}/{len(items)} valid, field accuracy {accuracy:.3f}")
+            print(f"  structured ({name}): {valid}/{len(items)} valid, field accuracy {accuracy:.3f}, ended: {ends}")
 
 
 if __name__ == "__main__":
