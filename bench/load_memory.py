@@ -1,6 +1,7 @@
 """Peak memory of loading a model, against its weight bytes.
 
     python -m bench.load_memory MODEL_DIR [--dtype bfloat16] [--pack]
+    python -m bench.load_memory FILE.gguf  # a Q8_0 GGUF served as int8 from its blocks, against the file
 
 Builds the model as the engine does (meta device, empty storage in the served dtype, safetensors
 read tensor by tensor) in this process, then prints the process's peak resident memory before and
@@ -32,6 +33,8 @@ def main() -> None:
 
     from engine.models import model_class
 
+    if args.model_dir.endswith(".gguf"):
+        return q8_0_gguf(Path(args.model_dir), getattr(torch, args.dtype))
     config = AutoConfig.from_pretrained(args.model_dir)
     base = peak_rss_bytes()
     with torch.device("meta"):
@@ -48,6 +51,29 @@ def main() -> None:
         count = model.pack_cpu_weights()
         packed = peak_rss_bytes()
         print(f"peak RSS after packing {count} weights {packed / gib:.2f} GiB = {packed / weights:.2f}x the weights")
+
+
+def q8_0_gguf(gguf: Path, dtype) -> None:
+    """Peak memory of reading a Q8_0 GGUF's weights as int8 (engine/models/gguf_loader.py), against the file."""
+    import torch
+    from transformers import AutoConfig
+
+    from engine.kernels.loader import load_cpu_kernels
+    from engine.model_files import prepare_gguf
+    from engine.models import model_class
+    from engine.models.gguf_loader import load_q8_0_gguf
+
+    config = AutoConfig.from_pretrained(prepare_gguf(gguf, "int8"))
+    load_cpu_kernels()  # the kernels' library is not the weights'
+    base = peak_rss_bytes()
+    with torch.device("meta"):
+        model = model_class(config)(config, 2048)
+    model = load_q8_0_gguf(model, gguf, dtype)
+    loaded, size, mib = peak_rss_bytes(), gguf.stat().st_size, 1 << 20
+    print(f"{gguf.name}: {size / mib:.0f} MiB; process before loading {base / mib:.0f} MiB; resident weights "
+          f"{model.resident_weight_bytes() / mib:.0f} MiB")
+    print(f"peak RSS after loading {loaded / mib:.0f} MiB: loading added {(loaded - base) / mib:.0f} MiB = "
+          f"{(loaded - base) / size:.2f}x the file")
 
 
 if __name__ == "__main__":

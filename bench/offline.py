@@ -53,8 +53,9 @@ def matmul_flops_per_token(model) -> int:
     from torch import nn
 
     from engine.kernels.cpu_linear import PackedLinear
+    from engine.kernels.int8_linear import Int8Linear
     linears = sum(m.in_features * m.out_features for m in model.layers.modules()
-                  if isinstance(m, (nn.Linear, PackedLinear)))
+                  if isinstance(m, (nn.Linear, PackedLinear, Int8Linear)))
     return 2 * (linears + model.config.vocab_size * model.config.hidden_size)
 
 
@@ -74,6 +75,23 @@ def run_transformers(model_dir, tokenizer, prompts, max_tokens: int, batch_size:
                                  pad_token_id=hf_tok.pad_token_id)
         total_tokens += (out.shape[1] - batch["input_ids"].shape[1]) * out.shape[0]
     return time.perf_counter() - start, total_tokens
+
+
+def compare_unquantized(engine_config, quantized_times: dict[int, float], bandwidth: float) -> None:
+    """The same decode curve without --quantization, in this run, beside the quantized one."""
+    from dataclasses import replace
+
+    from engine.llm import LLM
+    llm = LLM(config=replace(engine_config, quantization=None, quantize_lm_head=False))
+    run_formwork(llm, [[{"role": "user", "content": "Hello"}]], 4)  # warm-up
+    plain_times = decode_step_times(llm, tuple(quantized_times))
+    weight_bytes = llm.engine.runner.model.weight_bytes()
+    llm.shutdown()
+    print(f"unquantized ({engine_config.torch_dtype}; weight-read floor "
+          f"{weight_bytes / (bandwidth * 1e9) * 1e3:.1f} ms = {weight_bytes / 2**20:.0f} MiB), same run:")
+    for b, step_s in plain_times.items():
+        print(f"  batch {b:>3}: {step_s * 1e3:6.1f} ms  {b / step_s:6.1f} tok/s  "
+              f"{engine_config.quantization} is {step_s / quantized_times[b]:4.2f}x as fast")
 
 
 def main(args, engine_config) -> int:
@@ -106,6 +124,8 @@ def main(args, engine_config) -> int:
         of_peak = f"  {100 * gflops / peak:5.1f}% of the peak" if peak else ""
         print(f"  batch {b:>3}: {step_s * 1e3:6.1f} ms  {b / step_s:6.1f} tok/s  {step_s / floor_s:5.2f}x the floor  "
               f"{gflops:6.1f} GFLOP/s{of_peak}")
+    if engine_config.quantization is not None:
+        compare_unquantized(engine_config, step_times, bandwidth)
     if args.skip_transformers:
         return 0
     hf_s, hf_tokens = run_transformers(llm.engine.model_dir, llm.tokenizer, prompts, args.max_tokens,

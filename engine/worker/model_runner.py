@@ -17,7 +17,9 @@ import torch
 
 from engine.attention import AttentionInputs, get_attention_backend
 from engine.config import EngineConfig, model_eos_token_ids
+from engine.model_files import gguf_weights_file
 from engine.models import model_class
+from engine.models.gguf_loader import load_q8_0_gguf
 from engine.sched.scheduler_output import ModelRunnerOutput, SchedulerOutput
 from engine.structured_output.grammar_output import GrammarOutput
 from engine.worker.draft_verification import draft_logits_indices, num_accepted
@@ -75,11 +77,7 @@ class ModelRunner:
         # once, as they are read (engine/models/weight_loader.py), never as an fp32 copy first
         with torch.device("meta"), _no_weight_init():
             model = model_class(hf_config)(hf_config, max_model_len)
-        self.model = model.to(self.dtype).to_empty(device=self.device)
-        self.model.load_weights(model_dir)
-        self.model.eval()
-        if packed := self.model.pack_cpu_weights():
-            logger.info("%d weight matrices packed once for the CPU kernels' bf16 matmuls", packed)
+        self.model = self._load_weights(model, model_dir)
         self.vocab_size = hf_config.vocab_size
         # the ids that end an output unless ignore_eos: min_tokens bans them until it is reached
         self.eos_token_ids = np.array(model_eos_token_ids(model_dir), dtype=np.int64)
@@ -103,6 +101,24 @@ class ModelRunner:
         self._parked: _ParkedLogits | None = None
         self.last_forward_s = 0.0  # wall time of the last execute_model (benchmarks)
         self.last_forward_cpu_s = 0.0  # its thread's CPU time: the forward's own, whatever else runs on the machine
+
+    def _load_weights(self, model, model_dir: Path):
+        """The model built on the meta device, with its weights: read from the folder (then packed, or
+        quantized to int8), or from the GGUF file a folder prepared for Q8_0 weights names."""
+        config = self.config
+        if (gguf := gguf_weights_file(model_dir)) is not None:
+            logger.info("weights read from %s: Q8_0 matmuls as int8 with the file's per-block scales", gguf.name)
+            return load_q8_0_gguf(model, gguf, self.dtype).eval()
+        model = model.to(self.dtype).to_empty(device=self.device)
+        model.load_weights(model_dir)
+        model.eval()
+        if config.quantization is not None:
+            quantized = model.quantize_cpu_weights(config.quantize_lm_head, config.quantization_lenient)
+            logger.info("%d weight matrices quantized once to int8 (per-channel scales) for the CPU kernels",
+                        quantized)
+        elif packed := model.pack_cpu_weights():
+            logger.info("%d weight matrices packed once for the CPU kernels' bf16 matmuls", packed)
+        return model
 
     def _determine_num_blocks(self, hf_config) -> int:
         if self.config.cache.num_blocks is not None:

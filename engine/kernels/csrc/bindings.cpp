@@ -3,6 +3,7 @@
 
 #include <string>
 
+#include "int8_gemm.h"
 #include "ops.h"
 #include "worker_pool.h"
 
@@ -50,4 +51,15 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         "x [M, K] bf16 @ W.T (+ bias) from pack_weight: [M, N] bf16, fp32 sums "
         "(fp32_out: the sums unrounded, [M, N] float)",
         py::arg("x"), py::arg("packed"), py::arg("n"), py::arg("bias") = py::none(), py::arg("fp32_out") = false);
+  m.def("pack_int8_weight", &pack_int8_weight,
+        "[N, K] float weight -> (packed int8, fp32 scales), one scale per output channel");
+  m.def("pack_q8_0_weight", &pack_q8_0_weight, "GGUF Q8_0 rows [N, K / 32 * 34] -> (packed int8, its scales)",
+        py::arg("rows"), py::arg("k"));
+  m.def("quantize_rows", &quantize_rows, "x [M, K] -> (int8 [M, K], fp32 scales [M, ceil(K / 32)]), as int8_gemm quantizes x");
+  m.def("int8_gemm", &int8_gemm, py::call_guard<py::gil_scoped_release>(),
+        "x [M, K] (quantized per row and 32 values) @ W.T (+ fp32 bias) from pack_int8_weight / pack_q8_0_weight: "
+        "[M, N] bf16 for bf16 x, else fp32 (fp32_out: fp32 always)",
+        py::arg("x"), py::arg("packed"), py::arg("scales"), py::arg("n"),
+        py::arg("bias") = py::none(), py::arg("fp32_out") = false);
+  m.def("int8_gemm_isa", &int8_gemm_isa, "the int8 GEMM's instruction set in this build: avx512_vnni, avx2 or portable");
 }

@@ -1,0 +1,141 @@
+"""A GGUF file's Q8_0 weights served as int8 straight from the file (`--quantization int8`).
+
+llama.cpp's Q8_0 keeps each 32 values of a row as int8 with one fp16 scale, which is the int8
+GEMM's own arithmetic with a scale per 32 values (engine/kernels/csrc/int8_gemm.cpp): the blocks
+are re-laid into the GEMM's layout as they are, never widened to float on the way, and the scales
+stay per block (a per-channel scale could not hold them exactly). Each tensor is read with plain
+file reads into one temporary buffer and packed: peak memory is the packed weights plus the largest
+tensor, and the file's pages never count in the process's resident memory (as a mapped file's do).
+
+Only llama.cpp's `llama` architecture (Llama, Mistral, SmolLM and the like) is read here; the
+config and tokenizer come from transformers, prepared once (engine/model_files.py). Tensor types:
+Q8_0 matmul weights as they are; F32/F16/BF16 matmul weights quantized per channel; F32/F16/BF16
+norms in the served dtype. The embedding shares its int8 copy with a tied head, and an untied
+head is int8 too when the file holds it as Q8_0: the file's own precision.
+"""
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from engine.kernels.cpu_linear import PackedEmbedding
+from engine.kernels.int8_linear import Int8Linear, int8_unsupported_reason
+from engine.kernels.loader import load_cpu_kernels
+from engine.model_files import gguf_index
+
+logger = logging.getLogger(__name__)
+
+# GGUF tensor type name -> torch dtype of the values as stored (Q8_0: rows of 34-byte blocks)
+_FLOAT_TYPES = {"F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16}
+SUPPORTED_TYPES = ("Q8_0", *_FLOAT_TYPES)
+_Q8_0_BLOCK_BYTES = 34  # an fp16 scale, then 32 int8 values
+
+# per layer: checkpoint name in the file -> our parameter
+_NORMS = {"attn_norm": "input_layernorm", "ffn_norm": "post_attention_layernorm"}
+
+
+def load_q8_0_gguf(model, path: Path, dtype: torch.dtype):
+    """Fill `model` (a DecoderForCausalLM built on the meta device) from the GGUF file at path: its
+    matmuls become Int8Linear layers, the rest gets storage in dtype and the file's values.
+    ValueError naming the tensor for an architecture, type or name this path does not read."""
+    kernels = load_cpu_kernels()
+    if kernels is None:
+        raise ValueError("--quantization int8 needs Formwork's CPU kernels, which could not be built here")
+    arch, index = gguf_index(path)
+    if arch != "llama":
+        raise ValueError(f"{path.name}: the int8 GGUF path reads llama.cpp's llama architecture, not {arch!r}")
+    tensors = {t.name: t for t in index}
+    config = model.config
+    unread = set(tensors)
+    with open(path, "rb") as f:
+        def linear(*names: str, heads: tuple[int | None, ...] = ()) -> Int8Linear:
+            unread.difference_update(names)
+            return _linear(f, [tensors[n] for n in names], heads, dtype, kernels)
+
+        for i, layer in enumerate(model.layers):
+            blk = f"blk.{i}"
+            # llama.cpp interleaves the rotary halves of q and k rows: undone row by row, as transformers does
+            layer.qkv_proj = linear(f"{blk}.attn_q.weight", f"{blk}.attn_k.weight", f"{blk}.attn_v.weight",
+                                    heads=(config.num_attention_heads, config.num_key_value_heads, None))
+            layer.o_proj = linear(f"{blk}.attn_output.weight")
+            layer.gate_up_proj = linear(f"{blk}.ffn_gate.weight", f"{blk}.ffn_up.weight")
+            layer.down_proj = linear(f"{blk}.ffn_down.weight")
+        embedding = linear("token_embd.weight")
+        head = linear("output.weight") if "output.weight" in tensors else embedding
+        model.embed_tokens = PackedEmbedding(embedding)
+        model.packed_lm_head, model.lm_head = head, None
+        model.to(dtype).to_empty(device="cpu")
+        params = dict(model.named_parameters())
+        norms = {f"blk.{i}.{name}.weight": f"layers.{i}.{ours}.weight"
+                 for i in range(len(model.layers)) for name, ours in _NORMS.items()}
+        norms["output_norm.weight"] = "norm.weight"
+        for name, ours in norms.items():
+            if name not in tensors:
+                raise ValueError(f"{path.name} has no tensor {name}")
+            unread.discard(name)
+            params.pop(ours).data.copy_(_read_float(f, tensors[name]).view(-1))
+    leftover = sorted(unread - {"rope_freqs.weight"})  # llama3's rope table: our rope comes from the config
+    if leftover or params:
+        raise ValueError(f"{path.name}: the int8 GGUF path reads Llama's tensors only; "
+                         f"unread: {leftover[:3]}, unfilled: {sorted(params)[:3]}")
+    return model
+
+
+def _linear(f, parts: list, heads: tuple[int | None, ...], dtype: torch.dtype, kernels) -> Int8Linear:
+    """One Int8Linear from GGUF tensors stacked by rows (q, k, v or gate, up)."""
+    types = {p.tensor_type.name for p in parts}
+    for p in parts:
+        if p.tensor_type.name not in SUPPORTED_TYPES:
+            raise ValueError(f"GGUF tensor {p.name} is {p.tensor_type.name}, which the int8 path does not "
+                             f"read; supported: {', '.join(SUPPORTED_TYPES)}")
+    in_features = int(parts[0].shape[0])  # GGUF lists a matrix's dimensions innermost first
+    if len(types) > 1 or any(len(p.shape) != 2 or int(p.shape[0]) != in_features for p in parts):
+        raise ValueError(f"GGUF tensors {[p.name for p in parts]} cannot be stacked: {sorted(types)}, "
+                         f"shapes {[list(map(int, p.shape)) for p in parts]}")
+    rows = [_unpermute(_read_rows(f, p), n) if n else _read_rows(f, p)
+            for p, n in zip(parts, heads or (None,) * len(parts))]
+    stacked = rows[0] if len(rows) == 1 else torch.cat(rows)
+    if types == {"Q8_0"}:
+        return Int8Linear.from_q8_0(stacked, stacked.shape[0], in_features, dtype, kernels)
+    reason = int8_unsupported_reason(stacked)
+    if reason is not None:
+        raise ValueError(f"--quantization int8: GGUF tensor {parts[0].name} cannot be quantized: {reason}")
+    return Int8Linear.from_weight(stacked, None, kernels)
+
+
+def _read_rows(f, tensor) -> torch.Tensor:
+    """The tensor's rows as stored: uint8 [N, bytes per row] for Q8_0, else [N, K] of its float dtype."""
+    num_rows, in_features = int(tensor.shape[1]), int(tensor.shape[0])
+    if tensor.tensor_type.name == "Q8_0":
+        out = torch.empty(num_rows, in_features // 32 * _Q8_0_BLOCK_BYTES, dtype=torch.uint8)
+    else:
+        out = torch.empty(num_rows, in_features, dtype=_FLOAT_TYPES[tensor.tensor_type.name])
+    _read_into(f, tensor, out)
+    return out
+
+
+def _read_float(f, tensor) -> torch.Tensor:
+    if tensor.tensor_type.name not in _FLOAT_TYPES:
+        raise ValueError(f"GGUF tensor {tensor.name} is {tensor.tensor_type.name}; the int8 path reads "
+                         f"norms as {', '.join(_FLOAT_TYPES)}")
+    out = torch.empty(int(np.prod([int(d) for d in tensor.shape])), dtype=_FLOAT_TYPES[tensor.tensor_type.name])
+    _read_into(f, tensor, out)
+    return out
+
+
+def _read_into(f, tensor, out: torch.Tensor) -> None:
+    expected = out.numel() * out.element_size()
+    if int(tensor.n_bytes) != expected:
+        raise ValueError(f"GGUF tensor {tensor.name} holds {int(tensor.n_bytes)} bytes, its shape needs {expected}")
+    f.seek(int(tensor.data_offset))
+    if f.readinto(out.view(-1).view(torch.uint8).numpy()) != expected:
+        raise ValueError(f"GGUF tensor {tensor.name} is truncated")
+
+
+def _unpermute(rows: torch.Tensor, num_heads: int) -> torch.Tensor:
+    """llama.cpp's q/k row order back to Hugging Face's: per head, rows (0, 2, 4, ..., 1, 3, ...)."""
+    half = rows.shape[0] // num_heads // 2
+    return rows.view(num_heads, half, 2, rows.shape[1]).transpose(1, 2).reshape(rows.shape)
