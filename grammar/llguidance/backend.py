@@ -23,7 +23,6 @@ from grammar.llguidance.matcher import LLGuidanceCompiled, LLGuidanceGrammar
 from grammar.regex.repeat_counts import find_large_repeat
 from grammar.runtime.char_tokens import CharTokens
 from grammar.runtime.closing_hints import closing_hints
-from grammar.runtime.closing_search import ALPHABET
 from grammar.runtime.jump_forward import ForcedTextTokenizer
 
 if TYPE_CHECKING:
@@ -70,7 +69,8 @@ class LLGuidanceBackend(GrammarBackend):
         num_tokens = len(self.tokenizer)
         self.token_bytes = [self.llg_tokenizer.decode_bytes([t]) if t < num_tokens else b""
                             for t in range(vocab_size)]
-        self.char_tokens = CharTokens(self._single_char_tokens())
+        self.char_tokens = CharTokens.of_vocabulary(
+            lambda text: self.tokenizer.encode(text, add_special_tokens=False), self.token_bytes)
 
     def compile(self, constraint: Constraint) -> LLGuidanceCompiled:
         if constraint.think_budget:
@@ -228,15 +228,6 @@ class LLGuidanceBackend(GrammarBackend):
 
     def text_encoder(self) -> Callable[[str], list[int]] | None:
         return self.forced_text.encode if self.forced_text.enabled else None
-
-    def _single_char_tokens(self) -> dict[str, int]:
-        """The closing search's characters that the vocabulary has as tokens of their own."""
-        out = {}
-        for char in ALPHABET:
-            ids = self.tokenizer.encode(char, add_special_tokens=False)
-            if len(ids) == 1 and self.token_bytes[ids[0]] == char.encode():
-                out[char] = ids[0]
-        return out
 
 
 def _compose(main_lark: str, named: dict[str, str]) -> str:

@@ -112,14 +112,7 @@ class LLGuidanceGrammar(Grammar):
         text = self._matcher.compute_ff_bytes()[:self._max_forced_bytes].decode("utf-8", errors="ignore")
         if not text:
             return []
-        ids = self._forced_text.encode_after(self._token_ids, text)
-        if not ids or not self.accept_tokens(ids):
-            return []
-        if self.is_terminated():
-            return ids  # nothing can follow, so the last chunk cannot merge with anything
-        num_stable = self._forced_text.num_stable_tokens(text, ids)
-        self.rollback(len(ids) - num_stable)
-        return ids[:num_stable]
+        return self._forced_text.force(self, self._token_ids, text)
 
     def closing_token_ids(self, max_tokens: int, first_fills: FirstFillBudget | None = None, max_nodes: int = 1000,
                           max_cpu_s: float = 0.02) -> list[int] | None:

@@ -2,7 +2,11 @@
 (the closing search's cursors, grammar/runtime/closing_search.py)."""
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
+
 import numpy as np
+
+from grammar.runtime.closing_search import ALPHABET
 
 
 class CharTokens:
@@ -18,3 +22,15 @@ class CharTokens:
         ids = self.token_ids
         bits = (bitmask_row[ids >> 5] >> (ids & 31).astype(np.uint32)) & 1
         return "".join(self.chars[i] for i in np.flatnonzero(bits))
+
+    @classmethod
+    def of_vocabulary(cls, encode: Callable[[str], list[int]], token_bytes: Sequence[bytes]) -> CharTokens:
+        """The closing search's characters that the vocabulary has as tokens of their own
+        (`encode`: the model tokenizer's plain encoding of a text)."""
+        char_to_token_id = {}
+        for char in ALPHABET:
+            ids = encode(char)
+            if len(ids) == 1 and ids[0] < len(token_bytes) and token_bytes[ids[0]] == char.encode():
+                char_to_token_id[char] = ids[0]
+        return cls(char_to_token_id)
+

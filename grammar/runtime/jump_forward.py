@@ -23,6 +23,8 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
 
+    from grammar.backend import Grammar
+
 # last tokens whose text and encoding are kept (a step's forced runs and closings mostly follow
 # the same few: a quote, a colon, a comma)
 _SEAM_CACHE_SIZE = 4096
@@ -76,6 +78,20 @@ class ForcedTextTokenizer:
         head = self._encode(text[:cut]) if cut > 0 else []
         # the chunks before the last are tokenized on their own; verify rather than trust it
         return len(head) if ids[: len(head)] == head else 0
+
+    def force(self, grammar: Grammar, context_ids: list[int], text: str) -> list[int]:
+        """Accepts `text` (forced by `grammar` after `context_ids`) into `grammar` and returns the
+        tokens it keeps: all of them when the grammar ends right after, else only the stable ones
+        (the rest is rolled back and comes again, maybe merged with what follows). [] when the seam
+        or the grammar refuses; the grammar is then as before."""
+        ids = self.encode_after(context_ids, text)
+        if not ids or not grammar.accept_tokens(ids):
+            return []
+        if grammar.is_terminated():
+            return ids  # nothing can follow, so the last chunk cannot merge with anything
+        num_stable = self.num_stable_tokens(text, ids)
+        grammar.rollback(len(ids) - num_stable)
+        return ids[:num_stable]
 
     def encode(self, text: str) -> list[int]:
         """The plain encoding of `text`, seams unchecked ([] when disabled)."""

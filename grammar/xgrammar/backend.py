@@ -20,7 +20,6 @@ from grammar.json_schema.rewrite import rewrite
 from grammar.json_schema.values import check_keyword_values
 from grammar.json_schema.walk import iter_subschemas
 from grammar.runtime.closing_hints import closing_hints
-from grammar.runtime.closing_search import ALPHABET
 from grammar.runtime.jump_forward import ForcedTextTokenizer
 from grammar.runtime.low_priority import run_at_low_priority
 from grammar.runtime.slow_fills import SlowFills
@@ -81,7 +80,8 @@ class XGrammarBackend(GrammarBackend):
         prefix_space = self.tokenizer_info.add_prefix_space
         self.forced_text = ForcedTextTokenizer(self.tokenizer, enabled=not prefix_space)
         self.token_bytes = self.tokenizer_info.decoded_vocab
-        self.char_tokens = CharTokens(self._single_char_tokens())
+        self.char_tokens = CharTokens.of_vocabulary(
+            lambda text: self.tokenizer.encode(text, add_special_tokens=False), self.token_bytes)
 
     def compile(self, constraint: Constraint) -> XGrammarCompiled:
         """Also refuses a grammar that would cost more than its own request (a GrammarError):
@@ -148,15 +148,6 @@ class XGrammarBackend(GrammarBackend):
 
     def text_encoder(self) -> Callable[[str], list[int]] | None:
         return self.forced_text.encode if self.forced_text.enabled else None
-
-    def _single_char_tokens(self) -> dict[str, int]:
-        """The closing search's characters that the vocabulary has as tokens of their own."""
-        out = {}
-        for char in ALPHABET:
-            ids = self.tokenizer.encode(char, add_special_tokens=False)
-            if len(ids) == 1 and ids[0] < len(self.token_bytes) and self.token_bytes[ids[0]] == char.encode():
-                out[char] = ids[0]
-        return out
 
     def output_bounds(self, grammar: xgr.Grammar) -> output_bounds.OutputBounds:
         """What the grammar's rules need (grammar/xgrammar/output_bounds.py); inexact (jump-forward off,
