@@ -148,13 +148,13 @@ def test_gemm_rejects_what_it_cannot_take(kernels):
     with pytest.raises(RuntimeError, match="packed"):
         kernels.gemm(torch.zeros(1, 8, dtype=torch.bfloat16), packed, 40)
     with pytest.raises(RuntimeError, match="bf16"):
-        kernels.gemm(torch.zeros(1, 8), packed, 32)
+        kernels.gemm(torch.zeros(1, 8, dtype=torch.float16), packed, 32)
     with pytest.raises(RuntimeError, match="contiguous rows"):
         kernels.gemm(torch.zeros(8, 2, dtype=torch.bfloat16).T, packed, 32)
     with pytest.raises(RuntimeError, match="bias"):
         kernels.gemm(torch.zeros(1, 8, dtype=torch.bfloat16), packed, 32, torch.zeros(31, dtype=torch.bfloat16))
     with pytest.raises(RuntimeError, match="2-D bf16"):
-        kernels.pack_weight(torch.zeros(4, 4))
+        kernels.pack_weight(torch.zeros(4, 4, dtype=torch.float16))
     assert kernels.gemm(torch.zeros(0, 8, dtype=torch.bfloat16), packed, 32).shape == (0, 32)
 
 
@@ -181,9 +181,10 @@ def test_rows_read_the_plain_weight_back_from_the_packed_copy(kernels, n, k):
     assert packed.resident_bytes == -(-n // 16) * 16 * -(-k // 32) * 32 * 2  # the padded copy, nothing more
 
 
-def test_float32_and_other_devices_stay_plain():
-    assert pack_linear(torch.randn(8, 8)) is None  # fp32 is the exact-comparison mode: MKL as before
+def test_float16_stays_plain_and_float32_packs_only_for_the_kernels(monkeypatch):
     assert pack_linear(torch.randn(8, 8, dtype=torch.float16)) is None
+    monkeypatch.setattr(cpu_linear, "load_cpu_kernels", lambda: None)  # oneDNN's packing is bf16 only
+    assert pack_linear(torch.randn(8, 8)) is None
 
 
 @needs_packing
