@@ -30,6 +30,9 @@ def add_engine_args(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--device", default="cpu")
     g.add_argument("--dtype", choices=["auto", "float32", "bfloat16", "float16"], default="auto",
                    help="weights and activations (auto: bfloat16 on CUDA and on CPUs with bf16 dot products)")
+    g.add_argument("--cpu-weight-dtype", choices=["auto", "float32", "bfloat16"], default="auto",
+                   help="float32 on CPU: how the matmul weights are held (auto: bfloat16 with --dtype auto, "
+                        "else float32, or bf16 where that loses nothing)")
     # CUDA options (a CPU engine ignores them)
     g.add_argument("--block-size", type=int, default=16, help="tokens per KV cache block")
     g.add_argument("--gpu-memory-utilization", type=float, default=0.9,
@@ -78,6 +81,7 @@ def engine_config_from_args(args: argparse.Namespace):
         model=args.model,
         device=args.device,
         dtype=args.dtype,
+        cpu_weight_dtype=args.cpu_weight_dtype,
         max_model_len=args.max_model_len,
         num_threads=args.threads,
         scheduler=SchedulerConfig(max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.max_num_batched_tokens),

@@ -78,8 +78,10 @@ class ModelRunner:
         self.model = model.to(self.dtype).to_empty(device=self.device)
         self.model.load_weights(model_dir)
         self.model.eval()
-        if packed := self.model.pack_cpu_weights():
-            logger.info("%d weight matrices packed once for the CPU kernels' bf16 matmuls", packed)
+        logger.info("dtype %s", config.dtype_choice)
+        weight_dtype = config.cpu_weight_torch_dtype
+        if packed := self.model.pack_cpu_weights(getattr(torch, weight_dtype) if weight_dtype else None):
+            logger.info("%d weight matrices packed once for the CPU kernels' %s matmuls", packed, config.torch_dtype)
         self.vocab_size = hf_config.vocab_size
         # the ids that end an output unless ignore_eos: min_tokens bans them until it is reached
         self.eos_token_ids = np.array(model_eos_token_ids(model_dir), dtype=np.int64)
