@@ -2,7 +2,9 @@
 from __future__ import annotations
 
 import json
+import logging
 import os
+import sys
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
@@ -201,18 +203,43 @@ class EngineConfig:
         if cpu_has_bf16_dot():
             return "bfloat16 (auto: this CPU has bf16 dot products)"
         return (f"float32{held} (auto: this CPU has no bf16 dot products, so the kernels' fp32 GEMM "
-                f"({os.environ.get('FORMWORK_CPU_ISA', 'native')} build) widens bf16 weights in registers: "
+                f"({cpu_isa()} build) widens bf16 weights in registers: "
                 f"half the bytes a decode step reads)")
 
 
+# FORMWORK_CPU_ISA -> the variables that hold torch's own CPU ops (ATen's vector kernels, oneDNN,
+# MKL) to the same instruction sets as the kernels' build; each library reads its variable once, when
+# torch loads
+_TORCH_ISA_LIMITS = {"avx2": {"ATEN_CPU_CAPABILITY": "avx2", "ONEDNN_MAX_CPU_ISA": "AVX2",
+                              "MKL_ENABLE_INSTRUCTIONS": "AVX2"}}
+
+
+def cpu_isa() -> str:
+    """FORMWORK_CPU_ISA: "native", or "avx2" to run as a CPU with AVX2 + FMA and neither AVX-512 nor
+    AMX does (the kernels' build, engine/kernels/loader.py; torch's ops; dtype auto)."""
+    return os.environ.get("FORMWORK_CPU_ISA", "native")
+
+
+def limit_torch_to_cpu_isa() -> None:
+    """Holds torch's CPU ops to cpu_isa() (a variable already set is kept). Only before torch is
+    imported: later it says so, and torch's ops use what the CPU has."""
+    limits = _TORCH_ISA_LIMITS.get(cpu_isa(), {})
+    if limits and "torch" in sys.modules and any(os.environ.get(k) != v for k, v in limits.items()):
+        logging.getLogger(__name__).warning("FORMWORK_CPU_ISA=%s: torch was imported first, its own ops use every "
+                                            "instruction set of this CPU", cpu_isa())
+        return
+    for name, value in limits.items():
+        os.environ.setdefault(name, value)
+
+
 def cpu_has_bf16_dot() -> bool:
-    """Whether this CPU multiplies bf16 natively (AVX-512 BF16 or AMX). FORMWORK_CPU_ISA=avx2 (the
-    kernels built for AVX2 + FMA only, engine/kernels/loader.py) answers as such a CPU would.
+    """Whether this CPU multiplies bf16 natively (AVX-512 BF16 or AMX). FORMWORK_CPU_ISA=avx2 answers
+    as a CPU without either would.
 
     Measured on a 2-core EPYC with avx512_bf16: the decoder's matmuls at 64 tokens take 67 ms in
     bf16 against 151 ms in fp32 (MKL's fp32 path); without native bf16, bf16 is 3x slower.
     """
-    if os.environ.get("FORMWORK_CPU_ISA") == "avx2":
+    if cpu_isa() == "avx2":
         return False
     flags = cpu_flags()
     return "avx512_bf16" in flags or "amx_bf16" in flags
