@@ -10,7 +10,8 @@
 // A register tile is up to 6 rows of x by up to 3 blocks (2 x 8 lanes a block, 12 accumulators at
 // most): for each K value the block's 16 weights are loaded once and multiplied by each row's x
 // value broadcast. Threads split the columns into panels of 3 blocks, x is taken in chunks that
-// fit L2, as gemm.cpp does.
+// fit L2, as gemm.cpp does; where many row tiles pass over a bf16 panel (prompts, large batches) it
+// is widened once into a thread's fp32 copy first, so that no tile widens it again.
 //
 // A row's output never depends on the other rows of the call: every output column is one fma chain
 // over k = 0, 1, ..., K-1 starting from its bias, whatever the tile's height or width, the thread
@@ -24,6 +25,7 @@
 #include <cstdint>
 #include <cstring>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #if defined(__FMA__)
@@ -93,21 +95,39 @@ struct Bf16Pairs {
   }
 };
 
+// The 16 weights of block b for K values 2p and 2p + 1, from K rows of 16 fp32 columns; blocks
+// from first_block on (a panel widened from bf16 holds its own blocks only).
 struct Fp32Rows {
   const float* w;
-  int64_t block_stride;
+  int64_t block_stride, first_block = 0;
   explicit Fp32Rows(const Operands& op) : w(static_cast<const float*>(op.w)), block_stride(op.k * kBlock) {}
+  Fp32Rows(const float* panel, int64_t k, int64_t first) : w(panel), block_stride(k * kBlock), first_block(first) {}
   void load(int64_t b, int64_t p, F8 (&even)[2], F8 (&odd)[2]) const {
-    const float* at = w + b * block_stride + 2 * p * kBlock;
+    const float* at = w + (b - first_block) * block_stride + 2 * p * kBlock;
     even[0] = load8(at), even[1] = load8(at + 8);
     odd[0] = load8(at + kBlock), odd[1] = load8(at + kBlock + 8);
   }
   // odd K: only the last row exists
   void load_last(int64_t b, int64_t p, F8 (&even)[2]) const {
-    const float* at = w + b * block_stride + 2 * p * kBlock;
+    const float* at = w + (b - first_block) * block_stride + 2 * p * kBlock;
     even[0] = load8(at), even[1] = load8(at + 8);
   }
 };
+
+// blocks [b0, b0 + nb) of bf16 pairs widened once into Fp32Rows' layout at panel: when many row
+// tiles pass over a panel, each then reads fp32 weights instead of widening them again
+void widen_panel(const Operands& op, int64_t b0, int64_t nb, float* panel) {
+  const Bf16Pairs weights(op);
+  for (int64_t j = 0; j < nb; ++j) {
+    float* out = panel + j * op.k * kBlock;
+    for (int64_t p = 0; p < (op.k + 1) / 2; ++p) {
+      F8 even[2], odd[2];
+      weights.load(b0 + j, p, even, odd);
+      std::memcpy(out + 2 * p * kBlock, even, sizeof even);
+      if (2 * p + 1 < op.k) std::memcpy(out + (2 * p + 1) * kBlock, odd, sizeof odd);
+    }
+  }
+}
 
 // odd K for bf16 pairs: the padding half is zero and never used
 inline void load_last(const Bf16Pairs& w, int64_t b, int64_t p, F8 (&even)[2]) {
@@ -196,9 +216,11 @@ void row_tile(const Operands& op, const Weights& weights, int64_t m0, int64_t ro
   }
 }
 
+// Weights: how the packed copy is read (Bf16Pairs or Fp32Rows)
 template <typename Weights>
 void multiply(const Operands& op) {
   const Weights weights(op);
+  constexpr bool kWidens = std::is_same_v<Weights, Bf16Pairs>;
   const int64_t num_blocks = op.num_blocks(), num_panels = (num_blocks + kPanel - 1) / kPanel;
   const int64_t chunk_rows = std::max<int64_t>(kTileRows, kChunkBytes / (4 * op.k) / kTileRows * kTileRows);
   // one thread only for the smallest products; above that the helpers share the weight read
@@ -207,9 +229,20 @@ void multiply(const Operands& op) {
   const int64_t num_chunks = (num_panels + chunk_panels - 1) / chunk_panels;
   for (int64_t m_chunk = 0; m_chunk < op.m; m_chunk += chunk_rows) {
     const int64_t m_end = std::min(op.m, m_chunk + chunk_rows);
+    // bf16 weights for more than a few row tiles: each panel widened once per pass (the same values)
+    const bool widen = kWidens && m_end - m_chunk > 2 * kTileRows;
     formwork::parallel_chunks(num_chunks, [&](int64_t chunk) {
+      thread_local std::vector<float> widened;
       for (int64_t panel = chunk * chunk_panels; panel < std::min(num_panels, (chunk + 1) * chunk_panels); ++panel) {
         const int64_t b0 = panel * kPanel, nb = std::min(kPanel, num_blocks - b0);
+        if (widen) {
+          widened.resize(kPanel * op.k * kBlock);
+          widen_panel(op, b0, nb, widened.data());
+          const Fp32Rows rows(widened.data(), op.k, b0);
+          for (int64_t m0 = m_chunk; m0 < m_end; m0 += kTileRows)
+            row_tile(op, rows, m0, std::min(kTileRows, m_end - m0), b0, nb);
+          continue;
+        }
         for (int64_t m0 = m_chunk; m0 < m_end; m0 += kTileRows)
           row_tile(op, weights, m0, std::min(kTileRows, m_end - m0), b0, nb);
       }
