@@ -55,3 +55,25 @@ def test_the_flag_reaches_the_config():
     add_engine_args(parser)
     args = parser.parse_args(["--dtype", "float32", "--cpu-weight-dtype", "bfloat16"])
     assert engine_config_from_args(args).cpu_weight_torch_dtype == "bfloat16"
+
+
+@pytest.mark.skipif(not {"avx2", "fma"} <= set(config.cpu_flags()), reason="this CPU has no AVX2 + FMA")
+def test_a_forced_avx2_run_holds_torch_to_avx2_too():
+    import os
+    import subprocess
+    import sys
+    env = {k: v for k, v in os.environ.items() if k not in ("ATEN_CPU_CAPABILITY", "ONEDNN_MAX_CPU_ISA",
+                                                            "MKL_ENABLE_INSTRUCTIONS")}
+    code = "import engine, torch; print(torch.backends.cpu.get_cpu_capability())"  # engine first, as the CLI does
+    result = subprocess.run([sys.executable, "-c", code], env={**env, "FORMWORK_CPU_ISA": "avx2"},
+                            capture_output=True, text=True, timeout=300)
+    assert result.stdout.strip() == "AVX2", result.stderr[-2000:]
+
+
+def test_too_late_to_hold_torch_back_is_said(monkeypatch, caplog):
+    import torch  # noqa: F401  (already loaded here: the limits can no longer apply)
+    monkeypatch.setenv("FORMWORK_CPU_ISA", "avx2")
+    monkeypatch.delenv("ATEN_CPU_CAPABILITY", raising=False)
+    config.limit_torch_to_cpu_isa()
+    assert "torch was imported first" in caplog.text
+    assert "ATEN_CPU_CAPABILITY" not in __import__("os").environ
