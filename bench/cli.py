@@ -15,6 +15,8 @@ def add_bench_parser(subparsers, add_engine_args) -> None:
     offline.add_argument("--workload", choices=["chat", "json-extraction"], default="chat")
     offline.add_argument("--batch-sizes", default="1,8,32,64", help="json-extraction: concurrency levels")
     offline.add_argument("--skip-transformers", action="store_true")
+    offline.add_argument("--prefill-prompts", type=int, default=4, help="chat: long prompts of the prefill rate")
+    offline.add_argument("--prefill-tokens", type=int, default=1500, help="chat: tokens of each prefill prompt")
     offline.add_argument("--repeats", type=int, default=2,
                          help="json-extraction: rounds of all modes, alternated; each mode keeps its fastest round")
     offline.add_argument("--hf-max-batch", type=int, default=8, help="json-extraction: largest batch for transformers")

@@ -1,6 +1,9 @@
 """`formwork bench offline`: Formwork vs transformers' batched generate on the same prompts.
 
-Both run greedy with EOS ignored so that both produce exactly num_prompts * max_tokens tokens.
+Both run greedy with EOS ignored so that both produce exactly num_prompts * max_tokens tokens. Beside
+them: the decode step's curve over batch size and the prefill rate of long prompts (prompt tokens/s,
+cold prefix cache, one output token), each against the peak of the matmul path that ran
+(bench.roofline.matmul_peak).
 """
 from __future__ import annotations
 
@@ -8,7 +11,7 @@ import time
 
 import torch
 
-from bench.roofline import measure_bandwidth_gbs, measure_gemm_peak_gflops
+from bench.roofline import matmul_peak, measure_bandwidth_gbs
 
 
 def run_formwork(llm, prompts, max_tokens: int) -> tuple[float, int]:
@@ -42,21 +45,34 @@ def decode_step_times(llm, batch_sizes: tuple[int, ...] = DECODE_BATCH_SIZES, ma
     return times
 
 
-def gemm_isa() -> str:
-    from engine.kernels.loader import load_cpu_kernels
-    kernels = load_cpu_kernels()
-    return kernels.gemm_isa() if kernels is not None else "none"
+def prefill_rate(llm, num_prompts: int, prompt_tokens: int, repeats: int = 2) -> float:
+    """Prompt tokens/s over num_prompts distinct prompts of prompt_tokens tokens each, one output
+    token each, from an empty prefix cache: the best of `repeats` runs (the machine is shared)."""
+    from engine.sampling_params import SamplingParams
+    story = "The lighthouse keeper wrote down the storm, the lost ship and every light along the coast. "
+    text = story * (prompt_tokens // 12 + 8)
+    # a different first token each: no two prompts share a cached block
+    prompts = [{"prompt_token_ids": llm.tokenizer.encode(f"{i}: {text}")[:prompt_tokens]} for i in range(num_prompts)]
+    params = SamplingParams(max_tokens=1, temperature=0, ignore_eos=True, speculative=False)
+    best = float("inf")
+    for _ in range(repeats):
+        llm.engine.reset_prefix_cache()
+        start = time.perf_counter()
+        llm.generate(prompts, params)
+        best = min(best, time.perf_counter() - start)
+    return num_prompts * prompt_tokens / best
 
 
-def matmul_flops_per_token(model) -> int:
-    """2 x the multiply-adds of every matmul one token goes through: the decoder's linears and the head."""
+def matmul_flops_per_token(model, with_head: bool = True) -> int:
+    """2 x the multiply-adds of every matmul one token goes through: the decoder's linears and (with_head)
+    the head, which a prompt's tokens but its last skip."""
     from torch import nn
 
     from engine.kernels.cpu_linear import PackedLinear
     from engine.kernels.int8_linear import Int8Linear
     linears = sum(m.in_features * m.out_features for m in model.layers.modules()
                   if isinstance(m, (nn.Linear, PackedLinear, Int8Linear)))
-    return 2 * (linears + model.config.vocab_size * model.config.hidden_size)
+    return 2 * (linears + with_head * model.config.vocab_size * model.config.hidden_size)
 
 
 def run_transformers(model_dir, tokenizer, prompts, max_tokens: int, batch_size: int,
@@ -106,24 +122,27 @@ def main(args, engine_config) -> int:
     fw_s, fw_tokens = run_formwork(llm, prompts, args.max_tokens)
     print(f"formwork:     {fw_tokens} tokens in {fw_s:.1f} s = {fw_tokens / fw_s:.1f} tok/s")
     step_times = decode_step_times(llm)
+    prefill = prefill_rate(llm, args.prefill_prompts, args.prefill_tokens)
     model = llm.engine.runner.model
     weight_bytes, resident_bytes, flops_per_token = model.weight_bytes(), model.resident_weight_bytes(), \
         matmul_flops_per_token(model)
+    peak, path = matmul_peak(model)
     llm.shutdown()
     bandwidth = measure_bandwidth_gbs()
     floor_s = weight_bytes / (bandwidth * 1e9)
-    peak = measure_gemm_peak_gflops()
-    print(f"decode step ({engine_config.torch_dtype}; weight-read floor {floor_s * 1e3:.1f} ms = "
+    threads = torch.get_num_threads()
+    print(f"decode step ({engine_config.dtype_choice}; weight-read floor {floor_s * 1e3:.1f} ms = "
           f"{weight_bytes / 2**20:.0f} MiB / {bandwidth:.1f} GB/s):")
     print(f"  resident weights {resident_bytes / 2**20:.0f} MiB = {resident_bytes / weight_bytes:.2f}x their bytes; "
-          f"matmuls {flops_per_token / 1e6:.0f} MFLOP a token; " + (
-              f"bf16 GEMM inner-loop peak {peak:.0f} GFLOP/s ({gemm_isa()}, {torch.get_num_threads()} threads)" if peak
-              else "no CPU kernels: no GEMM peak"))
+          f"matmuls {flops_per_token / 1e6:.0f} MFLOP a token; peak {peak:.0f} GFLOP/s: {path}, {threads} threads")
     for b, step_s in step_times.items():
         gflops = b * flops_per_token / step_s / 1e9
-        of_peak = f"  {100 * gflops / peak:5.1f}% of the peak" if peak else ""
         print(f"  batch {b:>3}: {step_s * 1e3:6.1f} ms  {b / step_s:6.1f} tok/s  {step_s / floor_s:5.2f}x the floor  "
-              f"{gflops:6.1f} GFLOP/s{of_peak}")
+              f"{gflops:6.1f} GFLOP/s  {100 * gflops / peak:5.1f}% of the peak")
+    prefill_gflops = prefill * matmul_flops_per_token(model, with_head=False) / 1e9
+    print(f"prefill: {args.prefill_prompts} prompts x {args.prefill_tokens} tokens, cold prefix cache, 1 output token: "
+          f"{prefill:.1f} prompt tok/s, matmuls {prefill_gflops:.1f} GFLOP/s = {100 * prefill_gflops / peak:.1f}% "
+          f"of the peak (attention not counted)")
     if engine_config.quantization is not None:
         compare_unquantized(engine_config, step_times, bandwidth)
     if args.skip_transformers:

@@ -36,6 +36,43 @@ def measure_gemm_peak_gflops(repeats: int = 5, tiles: int = 20000) -> float | No
     return max(kernels.gemm_inner_loop_gflops(tiles) for _ in range(repeats))
 
 
+def measure_torch_matmul_gflops(dtype: str = "float32", repeats: int = 5, calls: int = 20) -> float:
+    """torch's own matmul at a prompt chunk's shape (512 rows by SmolLM2's 576 x 3072 gate/up), the
+    best of `repeats` runs of `calls` products: the peak of a model torch multiplies."""
+    import torch
+    x = torch.randn(512, 576).to(getattr(torch, dtype))
+    w = torch.randn(3072, 576).to(x.dtype)
+    best = float("inf")
+    for _ in range(repeats):
+        start = time.perf_counter()
+        for _ in range(calls):
+            torch.nn.functional.linear(x, w)
+        best = min(best, (time.perf_counter() - start) / calls)
+    return 2 * 512 * 576 * 3072 / best / 1e9
+
+
+def matmul_peak(model, repeats: int = 5, tiles: int = 20000) -> tuple[float, str]:
+    """The peak GFLOP/s of the matmul path `model` runs, and its name: the kernels' inner loop for
+    the layers they multiply (the bf16 GEMM's, or the fp32 GEMM's with the weights as held),
+    torch's matmul for layers left plain. "% of the peak" then compares a run with what its own
+    kernel does at best on this CPU."""
+    import torch
+
+    from engine.kernels.cpu_linear import PackedLinear
+    layer = model.layers[0].qkv_proj
+    if not isinstance(layer, PackedLinear) or layer.kernels is None:
+        dtype = str(next(model.parameters()).dtype).removeprefix("torch.")
+        return measure_torch_matmul_gflops(dtype, repeats), f"torch {dtype} matmul"
+    kernels = layer.kernels
+    if layer.dtype == torch.float32:
+        bf16_weights = layer.stored_dtype == torch.bfloat16
+        peak = max(kernels.gemm_fp32_inner_loop_gflops(tiles, bf16_weights) for _ in range(repeats))
+        held = "bf16" if bf16_weights else "fp32"
+        return peak, f"fp32 GEMM inner loop ({kernels.gemm_fp32_isa()}, {held} weights)"
+    return max(kernels.gemm_inner_loop_gflops(tiles) for _ in range(repeats)), \
+        f"bf16 GEMM inner loop ({kernels.gemm_isa()})"
+
+
 def weight_bytes(model_dir: Path, dtype: str = "float32") -> int:
     """Bytes of the weights as served: every stored tensor once (tied embeddings are stored once),
     in the engine's dtype (it casts the fp32 files when loading)."""

@@ -57,6 +57,7 @@ SMOKE_ITEMS = ("people-02", "invoice-02", "event-03", "ticket-01", "flight-01", 
                "weather-01")
 # what the started server's "auto" dtype resolves to here: the peers run it too, the roofline counts it
 SERVED_DTYPE = EngineConfig().torch_dtype
+SERVED_WEIGHT_DTYPE = EngineConfig().cpu_weight_torch_dtype or SERVED_DTYPE  # what a decode step reads
 PEER_TIMEOUT_S = {"transformers": 2400.0, "llama-cpp": 1800.0, "vllm": 2400.0, "vllm-compiled": 2400.0,
                   "vllm-ngram": 2400.0, "vllm-http": 2400.0}
 
@@ -281,7 +282,7 @@ async def _main_async(args, server_address: str, model_dir: str, http_url: str |
             from bench.roofline import roofline
             unconstrained = [r for r in result["runs"] if r["system"] == "formwork" and r["mode"] == "unconstrained"
                              and r.get("concurrency")]
-            result["roofline"] = roofline(Path(model_dir), unconstrained, SERVED_DTYPE)
+            result["roofline"] = roofline(Path(model_dir), unconstrained, SERVED_WEIGHT_DTYPE)
         if args.burst:
             result["burst"] = await burst_test(client)
         result["goals"] = goals(result["runs"], result.get("burst"))

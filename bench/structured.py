@@ -65,6 +65,10 @@ def split_summary(timings) -> dict:
             "sample_share": med([t.sample_s / t.total_s for t in decode])}
 
 
+CACHE_STATE = ("every prompt in the prefix cache before each timed run (a one-token request each, not counted), "
+               "for Formwork's modes and every peer alike; transformers generate has no prefix cache")
+
+
 def run_formwork(llm, items, mode: str, batch_size: int, max_tokens: int,
                  lengths: list[int] | None = None) -> RunResult:
     """lengths (mode unconstrained-matched): each answer's exact length, EOS ignored."""
@@ -83,9 +87,10 @@ def run_formwork(llm, items, mode: str, batch_size: int, max_tokens: int,
                                     jump_forward=(mode == "constrained+jf"))
         params.append(SamplingParams(temperature=0, max_tokens=max_tokens, constraint=constraint))
     prompts = [extraction_prompt(item) for item in items]
-    # every mode starts with only the shared system prompt cached, not the previous mode's prompts
+    # every mode and every peer meets the same cache (CACHE_STATE): the previous mode's goes, then each
+    # prompt once, one token, unconstrained, as bench/peers/peer_loop.py warms the peers
     llm.engine.reset_prefix_cache()
-    llm.generate([prompts[0][:1] + [{"role": "user", "content": "warm-up"}]], SamplingParams(max_tokens=1))
+    llm.generate(prompts, SamplingParams(max_tokens=1))
     llm.engine.step_stats.take_timings()  # the warm-up's steps
     start = time.perf_counter()
     # all at once: the engine keeps batch_size (= max_num_seqs) running and admits the next request
@@ -200,7 +205,7 @@ def main(args, engine_config) -> int:
     batch_sizes = [int(b) for b in args.batch_sizes.split(",")]
     results = []
     print(f"json-extraction: {len(items)} items, max_tokens {args.max_tokens}, greedy; batch size = requests "
-          f"in flight (max_num_seqs), twice as many requests as that (8 at batch 1)", flush=True)
+          f"in flight (max_num_seqs), twice as many requests as that (8 at batch 1); {CACHE_STATE}", flush=True)
     model_dir = tokenizer = None
     chunks = {b: [items[i % len(items)] for i in range(max(8, 2 * b))] for b in batch_sizes}
     for batch_size in batch_sizes:

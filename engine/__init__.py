@@ -3,7 +3,11 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from engine.sampling_params import SamplingParams
+from engine.config import limit_torch_to_cpu_isa
+
+limit_torch_to_cpu_isa()  # first: before anything below imports torch
+
+from engine.sampling_params import SamplingParams  # noqa: E402
 from grammar.constraint import Constraint
 
 if TYPE_CHECKING:

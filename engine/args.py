@@ -36,6 +36,9 @@ def add_engine_args(parser: argparse.ArgumentParser) -> None:
                         "int8 kernel cannot take unquantized instead of refusing the model (docs/models.md)")
     g.add_argument("--quantize-lm-head", action="store_true",
                    help="with --quantization: the lm_head (the logits' matmul) in int8 too")
+    g.add_argument("--cpu-weight-dtype", choices=["auto", "float32", "bfloat16"], default="auto",
+                   help="float32 on CPU: how the matmul weights are held (auto: bfloat16 with --dtype auto, "
+                        "else float32, or bf16 where that loses nothing)")
     # CUDA options (a CPU engine ignores them)
     g.add_argument("--block-size", type=int, default=16, help="tokens per KV cache block")
     g.add_argument("--gpu-memory-utilization", type=float, default=0.9,
@@ -84,6 +87,7 @@ def engine_config_from_args(args: argparse.Namespace):
         model=args.model,
         device=args.device,
         dtype=args.dtype,
+        cpu_weight_dtype=args.cpu_weight_dtype,
         max_model_len=args.max_model_len,
         num_threads=args.threads,
         quantization=args.quantization,

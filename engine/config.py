@@ -2,6 +2,9 @@
 from __future__ import annotations
 
 import json
+import logging
+import os
+import sys
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
@@ -139,6 +142,10 @@ class EngineConfig:
     model: str | None = None  # local Hugging Face folder or .gguf file; None: the packaged SmolLM2-135M-Instruct
     device: str = "cpu"
     dtype: str = "auto"  # "auto": bfloat16 on CUDA and on CPUs with bf16 dot products, else float32; see torch_dtype
+    # how a float32 model on the CPU kernels holds its matmul weights: "float32", "bfloat16" (rounded
+    # once; fp32 activations and sums), or "auto": bfloat16 when dtype is auto, else float32 (then held
+    # as bf16 only where that loses nothing: a checkpoint stored in bf16); see cpu_weight_torch_dtype
+    cpu_weight_dtype: str = "auto"
     max_model_len: int | None = None  # None: the model's own context length
     num_threads: int | None = None  # torch intra-op threads; None: torch's default
     scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
@@ -164,6 +171,8 @@ class EngineConfig:
                              "the int8 kernels have no CUDA path: leave it unset on CUDA")
         if self.quantize_lm_head and self.quantization is None:
             raise ValueError("quantize_lm_head needs quantization (e.g. --quantization int8)")
+        if self.cpu_weight_dtype not in ("auto", "float32", "bfloat16"):
+            raise ValueError(f"cpu_weight_dtype must be auto, float32 or bfloat16, got {self.cpu_weight_dtype!r}")
         if self.max_model_len is not None and self.max_model_len < 2:
             raise ValueError(f"max_model_len must be >= 2, got {self.max_model_len}")
 
@@ -186,13 +195,72 @@ class EngineConfig:
             return self.dtype
         return "bfloat16" if self.device.startswith("cuda") or cpu_has_bf16_dot() else "float32"
 
+    @property
+    def cpu_weight_torch_dtype(self) -> str | None:
+        """How a float32 CPU model's packed matmul weights are held: cpu_weight_dtype resolved, None
+        for the weights' own dtype (bf16 only where that loses nothing) and wherever nothing is packed
+        in float32 (CUDA, bf16 models).
+
+        bf16 for dtype auto: a batch-1 decode step reads every weight once, so half the bytes is
+        nearly half the step; the activations and every sum stay fp32, so the answers are those of
+        fp32 weights rounded once to bf16, as the bf16 models of bf16 CPUs have them, with fewer
+        roundings after that."""
+        if self.device.startswith("cuda") or self.torch_dtype != "float32":
+            return None
+        if self.cpu_weight_dtype == "auto":
+            return "bfloat16" if self.dtype == "auto" else None
+        return self.cpu_weight_dtype
+
+    @property
+    def dtype_choice(self) -> str:
+        """What torch_dtype and cpu_weight_torch_dtype came to, and why: for the start-up log."""
+        weights = self.cpu_weight_torch_dtype
+        held = f", matmul weights held as {weights}" if weights else ""
+        if self.dtype != "auto":
+            return f"{self.dtype}{held} (as set)"
+        if self.device.startswith("cuda"):
+            return "bfloat16 (auto: CUDA)"
+        if cpu_has_bf16_dot():
+            return "bfloat16 (auto: this CPU has bf16 dot products)"
+        return (f"float32{held} (auto: this CPU has no bf16 dot products, so the kernels' fp32 GEMM "
+                f"({cpu_isa()} build) widens bf16 weights in registers: "
+                f"half the bytes a decode step reads)")
+
+
+# FORMWORK_CPU_ISA -> the variables that hold torch's own CPU ops (ATen's vector kernels, oneDNN,
+# MKL) to the same instruction sets as the kernels' build; each library reads its variable once, when
+# torch loads
+_TORCH_ISA_LIMITS = {"avx2": {"ATEN_CPU_CAPABILITY": "avx2", "ONEDNN_MAX_CPU_ISA": "AVX2",
+                              "MKL_ENABLE_INSTRUCTIONS": "AVX2"}}
+
+
+def cpu_isa() -> str:
+    """FORMWORK_CPU_ISA: "native", or "avx2" to run as a CPU with AVX2 + FMA and neither AVX-512 nor
+    AMX does (the kernels' build, engine/kernels/loader.py; torch's ops; dtype auto)."""
+    return os.environ.get("FORMWORK_CPU_ISA", "native")
+
+
+def limit_torch_to_cpu_isa() -> None:
+    """Holds torch's CPU ops to cpu_isa() (a variable already set is kept). Only before torch is
+    imported: later it says so, and torch's ops use what the CPU has."""
+    limits = _TORCH_ISA_LIMITS.get(cpu_isa(), {})
+    if limits and "torch" in sys.modules and any(os.environ.get(k) != v for k, v in limits.items()):
+        logging.getLogger(__name__).warning("FORMWORK_CPU_ISA=%s: torch was imported first, its own ops use every "
+                                            "instruction set of this CPU", cpu_isa())
+        return
+    for name, value in limits.items():
+        os.environ.setdefault(name, value)
+
 
 def cpu_has_bf16_dot() -> bool:
-    """Whether this CPU multiplies bf16 natively (AVX-512 BF16 or AMX).
+    """Whether this CPU multiplies bf16 natively (AVX-512 BF16 or AMX). FORMWORK_CPU_ISA=avx2 answers
+    as a CPU without either would.
 
     Measured on a 2-core EPYC with avx512_bf16: the decoder's matmuls at 64 tokens take 67 ms in
     bf16 against 151 ms in fp32 (MKL's fp32 path); without native bf16, bf16 is 3x slower.
     """
+    if cpu_isa() == "avx2":
+        return False
     flags = cpu_flags()
     return "avx512_bf16" in flags or "amx_bf16" in flags
 

@@ -12,15 +12,15 @@ OneRequest = Callable[..., Awaitable[dict]]
 
 
 async def warm_schemas(payload: dict, one: OneRequest) -> float:
-    """One one-token request per distinct (schema, whitespace) and per distinct tool-call chat, so no
-    run pays a compile (and, like Formwork's warm-up, each chat's prompt is in the prefix cache); its
-    seconds."""
+    """One one-token request per distinct (prompt, schema, whitespace) and per distinct tool-call chat,
+    so no run pays a compile and, as in Formwork's warm-up (bench/structured.py, bench/serve_bench.py),
+    every prompt is in the prefix cache; its seconds."""
     started = time.perf_counter()
     seen, warm = set(), []
     for run in payload["runs"]:
         for r in run["requests"]:
-            key = json.dumps([r["schema"], r.get("any_whitespace", False), r.get("tools"), r.get("tool_choice"),
-                              r.get("messages")], sort_keys=True)
+            key = json.dumps([r.get("prompt_token_ids"), r["schema"], r.get("any_whitespace", False), r.get("tools"),
+                              r.get("tool_choice"), r.get("messages")], sort_keys=True)
             if key not in seen:
                 seen.add(key)
                 warm.append(r)

@@ -143,7 +143,7 @@ async def _run(payload: dict) -> dict:
             server.wait(timeout=60)
         except subprocess.TimeoutExpired:
             server.kill()
-    notes = [f"warm-up (one token per distinct schema) {warm_s:.1f} s, not counted"]
+    notes = [f"warm-up (one token per distinct schema and prompt) {warm_s:.1f} s, not counted"]
     if payload.get("tool_call_parser"):
         notes.append(f"tool calls: streamed /v1/chat/completions, --tool-call-parser {payload['tool_call_parser']}; "
                      f"{_prompt_mismatches(payload, runs_out)} prompts rendered to another length than Formwork's")

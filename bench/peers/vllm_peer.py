@@ -71,7 +71,7 @@ async def _run(payload: dict) -> dict:
     return {"peer": "vllm", "version": f"vllm {vllm.__version__} (CPU build), {args.dtype}, "
             f"{'torch.compile' if compiled else 'eager'}, {binding} thread binding"
             + (f", speculative_config {json.dumps(speculation)}" if speculation else ""),
-            "load_s": load_s, "notes": [f"warm-up (one token per distinct schema) {warm_s:.1f} s, not counted"],
+            "load_s": load_s, "notes": [f"warm-up (one token per distinct schema and prompt) {warm_s:.1f} s, not counted"],
             "runs": runs_out}
 
 

@@ -11,7 +11,8 @@ fraction of a second, from any clone or environment with the same sources and to
 cannot be built, the engine says why once and uses torch ops.
 
 FORMWORK_CPU_ISA=avx2 builds for AVX2 and FMA only (`-march=x86-64-v3`, its own build folder): the
-kernels a CPU without AVX-512 runs, so that they can be tested on one that has it.
+kernels a CPU without AVX-512 runs, so that they can be tested on one that has it (engine.config
+holds torch's own CPU ops to AVX2 as well, and dtype auto chooses as on such a CPU).
 """
 from __future__ import annotations
 
@@ -27,14 +28,14 @@ from collections.abc import Iterator
 from pathlib import Path
 from types import ModuleType
 
-from engine.config import cpu_flags
+from engine.config import cpu_flags, cpu_isa
 from engine.model_files import cache_dir
 
 logger = logging.getLogger(__name__)
 
 _CSRC = Path(__file__).parent / "csrc"
 _SOURCES = ("bindings.cpp", "paged_attention.cpp", "fused_ops.cpp", "gemm.cpp", "amx_gemm.cpp", "worker_pool.cpp",
-            "decoder_layer.cpp", "int8_gemm.cpp", "amx_int8_gemm.cpp")
+            "decoder_layer.cpp", "gemm_fp32.cpp", "int8_gemm.cpp", "amx_int8_gemm.cpp")
 # FORMWORK_CPU_ISA -> the target flags of the build
 _ISA_FLAGS = {"native": ["-march=native"], "avx2": ["-march=x86-64-v3", "-mtune=native"]}
 _BUILT = "built"  # written once a build has loaded: its module is whole
@@ -55,7 +56,7 @@ def load_cpu_kernels() -> ModuleType | None:
 def _build() -> ModuleType | None:
     if os.environ.get("FORMWORK_CPU_KERNELS", "1") == "0":
         return None
-    isa = os.environ.get("FORMWORK_CPU_ISA", "native")
+    isa = cpu_isa()
     if isa not in _ISA_FLAGS:
         logger.warning("FORMWORK_CPU_ISA=%s is not one of %s: using native", isa, ", ".join(_ISA_FLAGS))
         isa = "native"

@@ -4,7 +4,7 @@ A family is Llama's decoder with a few switches (`DecoderFeatures`): biases on q
 each head of q and k, Gemma's extra norms and (1 + w) norm weights, GeGLU, scaled embeddings,
 attention-logit and final-logit soft-capping, a sliding window per layer, a rope per layer type,
 partial rotary. Each family module reads its config into those switches; everything else is here:
-fused QKV and gate/up projections (packed once for the CPU GEMM on bf16 CPUs), the fused CPU elementwise
+fused QKV and gate/up projections (packed once for the CPU GEMM), the fused CPU elementwise
 ops, attention through an AttentionBackend, and logits only where they are sampled.
 
 transformers supplies the config and the weights and is the reference in tests; the forward is ours
@@ -220,14 +220,15 @@ class DecoderForCausalLM(nn.Module):
         self.rotary = {key: RotaryTables(spec, max_positions) for key, spec in features.ropes.items()}
         self.packed_lm_head: nn.Module | None = None  # see pack_cpu_weights
 
-    def pack_cpu_weights(self) -> int:
-        """bf16 on CPU: the matmul weights packed once for the CPU GEMM (engine/kernels/cpu_linear.py); elsewhere
+    def pack_cpu_weights(self, stored_dtype: torch.dtype | None = None) -> int:
+        """On CPU: the matmul weights packed once for the CPU GEMM (engine/kernels/cpu_linear.py: bf16, and
+        float32 on the kernels' fp32 GEMM; stored_dtype bfloat16 holds float32 weights as bf16); elsewhere
         nothing changes. Call after load_weights. Returns how many weights were packed."""
-        count = pack_linears(self.layers)
+        count = pack_linears(self.layers, stored_dtype)
         for layer in self.layers:
             layer.use_fused_kernels()
         if count:
-            head = self.packed_lm_head = pack_linear(self.lm_head_weight)
+            head = self.packed_lm_head = pack_linear(self.lm_head_weight, None, stored_dtype)
             count += head is not None
             if head is not None and head.shares_rows and self.lm_head is None:
                 # tied: the embedding looks its rows up in the head's packed copy, the only one held

@@ -106,6 +106,7 @@ class ModelRunner:
         """The model built on the meta device, with its weights: read from the folder (then packed, or
         quantized to int8), or from the GGUF file a folder prepared for Q8_0 weights names."""
         config = self.config
+        logger.info("dtype %s", config.dtype_choice)
         if (gguf := gguf_weights_file(model_dir)) is not None:
             logger.info("weights read from %s: Q8_0 matmuls as int8 with the file's per-block scales", gguf.name)
             return load_q8_0_gguf(model, gguf, self.dtype).eval()
@@ -116,8 +117,8 @@ class ModelRunner:
             quantized = model.quantize_cpu_weights(config.quantize_lm_head, config.quantization_lenient)
             logger.info("%d weight matrices quantized once to int8 (per-channel scales) for the CPU kernels",
                         quantized)
-        elif packed := model.pack_cpu_weights():
-            logger.info("%d weight matrices packed once for the CPU kernels' bf16 matmuls", packed)
+        elif packed := model.pack_cpu_weights(_torch_dtype(config.cpu_weight_torch_dtype)):
+            logger.info("%d weight matrices packed once for the CPU kernels' %s matmuls", packed, config.torch_dtype)
         return model
 
     def _determine_num_blocks(self, hf_config) -> int:
@@ -313,3 +314,7 @@ class ModelRunner:
                 if ids:
                     banned[row] = np.unique(np.array(ids, dtype=np.int64))
         return banned
+
+
+def _torch_dtype(name: str | None) -> torch.dtype | None:
+    return getattr(torch, name) if name else None

@@ -148,13 +148,13 @@ def test_gemm_rejects_what_it_cannot_take(kernels):
     with pytest.raises(RuntimeError, match="packed"):
         kernels.gemm(torch.zeros(1, 8, dtype=torch.bfloat16), packed, 40)
     with pytest.raises(RuntimeError, match="bf16"):
-        kernels.gemm(torch.zeros(1, 8), packed, 32)
+        kernels.gemm(torch.zeros(1, 8, dtype=torch.float16), packed, 32)
     with pytest.raises(RuntimeError, match="contiguous rows"):
         kernels.gemm(torch.zeros(8, 2, dtype=torch.bfloat16).T, packed, 32)
     with pytest.raises(RuntimeError, match="bias"):
         kernels.gemm(torch.zeros(1, 8, dtype=torch.bfloat16), packed, 32, torch.zeros(31, dtype=torch.bfloat16))
     with pytest.raises(RuntimeError, match="2-D bf16"):
-        kernels.pack_weight(torch.zeros(4, 4))
+        kernels.pack_weight(torch.zeros(4, 4, dtype=torch.float16))
     assert kernels.gemm(torch.zeros(0, 8, dtype=torch.bfloat16), packed, 32).shape == (0, 32)
 
 
@@ -181,9 +181,10 @@ def test_rows_read_the_plain_weight_back_from_the_packed_copy(kernels, n, k):
     assert packed.resident_bytes == -(-n // 16) * 16 * -(-k // 32) * 32 * 2  # the padded copy, nothing more
 
 
-def test_float32_and_other_devices_stay_plain():
-    assert pack_linear(torch.randn(8, 8)) is None  # fp32 is the exact-comparison mode: MKL as before
+def test_float16_stays_plain_and_float32_packs_only_for_the_kernels(monkeypatch):
     assert pack_linear(torch.randn(8, 8, dtype=torch.float16)) is None
+    monkeypatch.setattr(cpu_linear, "load_cpu_kernels", lambda: None)  # oneDNN's packing is bf16 only
+    assert pack_linear(torch.randn(8, 8)) is None
 
 
 @needs_packing
@@ -212,13 +213,19 @@ def test_a_packed_layer_that_disagrees_is_not_used(monkeypatch, caplog):
 
 @pytest.mark.slow
 def test_the_served_model_reads_every_weight_once(llm, model_dir):
-    """bf16 on CPU: the decoder's matmuls are packed and the roofline still counts each weight once."""
+    """On CPU the decoder's matmuls are packed and the roofline still counts each weight once (the
+    matmul weights in the dtype they are held in: bf16 for a float32 model of dtype auto)."""
     from bench.roofline import weight_bytes
     model = llm.engine.runner.model
     dtype = next(model.parameters()).dtype
-    packs = dtype == torch.bfloat16 and can_pack(next(model.parameters()))
+    packs = can_pack(next(model.parameters()))
     assert isinstance(model.layers[0].qkv_proj, PackedLinear) == packs
     assert (model.packed_lm_head is not None) == packs
-    assert model.weight_bytes() == weight_bytes(model_dir, str(dtype).removeprefix("torch."))
+    held = model.layers[0].qkv_proj.stored_dtype if packs else dtype
+    assert held == getattr(torch, llm.engine.config.cpu_weight_torch_dtype or str(dtype).removeprefix("torch."))
+    if held == dtype:
+        assert model.weight_bytes() == weight_bytes(model_dir, str(dtype).removeprefix("torch."))
+    else:  # the norms stay float32: a few KiB over the bf16 count
+        assert 0 < model.weight_bytes() - weight_bytes(model_dir, "bfloat16") < 2 ** 20
     if packs and model.packed_lm_head.shares_rows:  # the tied embedding reads the head's packed copy
         assert model.resident_weight_bytes() == model.weight_bytes()  # each weight held once: 1.0x

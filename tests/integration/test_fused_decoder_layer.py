@@ -1,6 +1,7 @@
 """The CPU kernels' one-call decoder layer (engine/kernels/csrc/decoder_layer.cpp) computes what the
 decoder's op-by-op path computes, bit for bit: the same greedy tokens and the same logprobs for
-prompts prefilled in chunks beside decodes, with the default model in bf16."""
+prompts prefilled in chunks beside decodes, with the default model in bf16 and in float32 (its
+matmul weights held as float32 or as bf16: the fp32 GEMM of CPUs without bf16 dot products)."""
 from __future__ import annotations
 
 import pytest
@@ -18,9 +19,11 @@ def _answers(llm, prompts):
     return [(o.token_ids, [(lp.token_id, lp.logprob, lp.top) for lp in o.logprobs]) for o in outputs]
 
 
-def test_the_fused_layer_gives_the_op_by_op_bits(kernels):
+@pytest.mark.parametrize("dtype,weight_dtype", [("bfloat16", "auto"), ("float32", "float32"), ("float32", "bfloat16")])
+def test_the_fused_layer_gives_the_op_by_op_bits(kernels, dtype, weight_dtype):
     from engine.llm import LLM
-    llm = LLM(config=EngineConfig(dtype="bfloat16", scheduler=SchedulerConfig(max_num_seqs=8, max_num_batched_tokens=64),
+    llm = LLM(config=EngineConfig(dtype=dtype, cpu_weight_dtype=weight_dtype,
+                                  scheduler=SchedulerConfig(max_num_seqs=8, max_num_batched_tokens=64),
                                   cache=CacheConfig(num_blocks=256, enable_prefix_caching=False)))
     try:
         layers = llm.engine.runner.model.layers

@@ -46,10 +46,16 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("gemm_isa", &gemm_isa, "the GEMM's instruction set in this build: avx512_bf16 or portable");
   m.def("gemm_inner_loop_gflops", &gemm_inner_loop_gflops,
         "GFLOP/s of the GEMM's register tile walking an L2-resident weight panel on every pool thread, repeats tiles each");
-  m.def("pack_weight", &pack_weight, "[N, K] bf16 -> the blocked layout gemm reads (the only copy kept)");
+  m.def("gemm_fp32_isa", &gemm_fp32_isa, "the float32 GEMM's instruction set in this build: avx2_fma or portable");
+  m.def("gemm_fp32_inner_loop_gflops", &gemm_fp32_inner_loop_gflops,
+        "GFLOP/s of the float32 GEMM's register tile over an L2-resident panel (bf16- or float32-stored) on every "
+        "pool thread, repeats tiles each", py::arg("repeats"), py::arg("bf16_weights"));
+  m.def("pack_weight", &pack_weight,
+        "[N, K] bf16 or float32 -> the blocked layout gemm reads (the only copy kept); a bf16 copy serves bf16 "
+        "and float32 x alike");
   m.def("gemm", &gemm, py::call_guard<py::gil_scoped_release>(),
         "x [M, K] bf16 @ W.T (+ bias) from pack_weight: [M, N] bf16, fp32 sums "
-        "(fp32_out: the sums unrounded, [M, N] float)",
+        "(fp32_out: the sums unrounded, [M, N] float); x float32 (bias float32): [M, N] float32",
         py::arg("x"), py::arg("packed"), py::arg("n"), py::arg("bias") = py::none(), py::arg("fp32_out") = false);
   m.def("pack_int8_weight", &pack_int8_weight,
         "[N, K] float weight -> (packed int8, fp32 scales), one scale per output channel");

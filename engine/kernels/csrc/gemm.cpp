@@ -29,6 +29,7 @@
 
 #include "conversions.h"
 #include "gemm.h"
+#include "ops.h"
 #include "worker_pool.h"
 
 namespace {
@@ -219,7 +220,8 @@ std::string gemm_isa() {
 // Written straight into its one allocation: packing a model's largest matrix (a 150K-token head)
 // holds the weight and its packed copy, never a padded copy in between.
 torch::Tensor pack_weight(torch::Tensor weight) {
-  TORCH_CHECK(weight.dim() == 2 && weight.scalar_type() == torch::kBFloat16, "weight: 2-D bf16");
+  if (weight.scalar_type() == torch::kFloat) return pack_weight_fp32(weight);  // gemm_fp32.cpp's layout
+  TORCH_CHECK(weight.dim() == 2 && weight.scalar_type() == torch::kBFloat16, "weight: 2-D bf16 or float32");
   const int64_t n = weight.size(0), k = weight.size(1), pairs = formwork::gemm::padded_pairs(k);
   const int64_t num_blocks = (n + kBlock - 1) / kBlock;
   auto packed = torch::zeros({num_blocks, pairs, kBlock, 2}, weight.options());
@@ -238,11 +240,13 @@ torch::Tensor pack_weight(torch::Tensor weight) {
 }
 
 // x [M, K] bf16 (rows strided, M >= 0) times the packed weight of an [N, K] matrix, plus bias [N]
-// when given: [M, N] bf16, fp32 sums; with fp32_out the sums themselves, unrounded ([M, N] float)
+// when given: [M, N] bf16, fp32 sums; with fp32_out the sums themselves, unrounded ([M, N] float).
+// float32 x goes to gemm_fp32 (weights packed from bf16 or float32, bias float32, float32 out).
 torch::Tensor gemm(torch::Tensor x, torch::Tensor packed, int64_t n, c10::optional<torch::Tensor> bias,
                    bool fp32_out) {
+  if (x.scalar_type() == torch::kFloat) return gemm_fp32(x, packed, n, bias);  // its sums are its output
   TORCH_CHECK(x.dim() == 2 && x.scalar_type() == torch::kBFloat16 && x.stride(1) == 1,
-              "x: 2-D bf16 with contiguous rows");
+              "x: 2-D bf16 or float32 with contiguous rows");
   const int64_t m = x.size(0), k = x.size(1);
   TORCH_CHECK(packed.dim() == 4 && packed.scalar_type() == torch::kBFloat16 && packed.is_contiguous()
               && packed.size(0) == (n + kBlock - 1) / kBlock && packed.size(1) == formwork::gemm::padded_pairs(k)

@@ -17,6 +17,10 @@ double gemm_inner_loop_gflops(int64_t repeats);
 torch::Tensor pack_weight(torch::Tensor weight);
 torch::Tensor gemm(torch::Tensor x, torch::Tensor packed, int64_t n, c10::optional<torch::Tensor> bias,
                    bool fp32_out);
+std::string gemm_fp32_isa();
+double gemm_fp32_inner_loop_gflops(int64_t repeats, bool bf16_weights);
+torch::Tensor pack_weight_fp32(torch::Tensor weight);
+torch::Tensor gemm_fp32(torch::Tensor x, torch::Tensor packed, int64_t n, c10::optional<torch::Tensor> bias);
 torch::Tensor decoder_layer(torch::Tensor residual, c10::optional<torch::Tensor> hidden, torch::Tensor input_norm,
                             torch::Tensor post_attention_norm, double eps, torch::Tensor qkv_packed,
                             c10::optional<torch::Tensor> qkv_bias, int64_t num_heads, int64_t num_kv_heads,

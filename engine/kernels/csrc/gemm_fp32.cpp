@@ -1,0 +1,332 @@
+// fp32 matrix products y = x @ W.T (+ bias) for CPUs without native bf16 (AVX2 + FMA), from one
+// packed copy of W held either as fp32 or as bf16 (widened in registers: a decode step reads half
+// the bytes, and a checkpoint stored in bf16 loses nothing).
+//
+// Layouts, 16 output columns per block as in gemm.h:
+// * bf16: gemm.h's [ceil(N/16), P, 16, 2] pairs. A 32-bit word holds (W[c][2p], W[c][2p+1]): its
+//   low half shifted up is the even K value as fp32 and the word with its low half cleared is the
+//   odd one, so 8 columns' pairs widen into two vectors with one shift and one mask;
+// * fp32: [ceil(N/16), K, 16], zero padded: K row k of a block is its 16 columns' W[c][k].
+// A register tile is up to 6 rows of x by up to 3 blocks (2 x 8 lanes a block, 12 accumulators at
+// most): for each K value the block's 16 weights are loaded once and multiplied by each row's x
+// value broadcast. Threads split the columns into panels of 3 blocks, x is taken in chunks that
+// fit L2, as gemm.cpp does; where many row tiles pass over a bf16 panel (prompts, large batches) it
+// is widened once into a thread's fp32 copy first, so that no tile widens it again.
+//
+// A row's output never depends on the other rows of the call: every output column is one fma chain
+// over k = 0, 1, ..., K-1 starting from its bias, whatever the tile's height or width, the thread
+// or the weight's storage (bf16-stored weights give the bits of the same values stored as fp32).
+#include <torch/extension.h>
+#include <ATen/Parallel.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <string>
+#include <type_traits>
+#include <vector>
+
+#if defined(__FMA__)
+#include <immintrin.h>
+#endif
+
+#include "gemm.h"
+#include "ops.h"
+#include "worker_pool.h"
+
+namespace {
+
+using formwork::gemm::kBlock;
+constexpr int64_t kPanel = 3;      // blocks per thread work unit
+constexpr int64_t kTileRows = 6;   // rows of x per register tile
+constexpr int64_t kChunkBytes = 512 << 10;  // rows of x per pass over the weight: about this many bytes
+
+// 8 lanes as one value; GCC lowers them to one AVX register (to narrower vectors elsewhere)
+typedef float F8 __attribute__((vector_size(32)));
+typedef uint32_t U8 __attribute__((vector_size(32)));
+
+inline F8 load8(const float* p) {
+  F8 v;
+  std::memcpy(&v, p, sizeof v);
+  return v;
+}
+
+inline F8 splat(float s) { return F8{s, s, s, s, s, s, s, s}; }
+
+// a * b + c rounded once: an explicit fma, which -ffast-math never splits or reorders
+inline F8 fma8(F8 a, F8 b, F8 c) {
+#if defined(__FMA__)
+  return (F8)_mm256_fmadd_ps((__m256)a, (__m256)b, (__m256)c);
+#else
+  F8 r;
+  for (int i = 0; i < 8; ++i) r[i] = std::fma(a[i], b[i], c[i]);
+  return r;
+#endif
+}
+
+// Where one call's operands are. x rows are strided; y is [m, n] contiguous.
+struct Operands {
+  const float* x;
+  int64_t x_stride, m, k;
+  const void* w;  // packed: uint16_t (bf16 pairs) or float
+  bool bf16_weights;
+  const float* bias;  // [n] or nullptr
+  float* y;
+  int64_t n;
+  int64_t num_blocks() const { return (n + kBlock - 1) / kBlock; }
+};
+
+// The 16 weights of block b for K values 2p and 2p + 1, as lanes of columns 0-7 and 8-15.
+struct Bf16Pairs {
+  const uint16_t* w;
+  int64_t block_stride;  // elements between blocks
+  explicit Bf16Pairs(const Operands& op)
+      : w(static_cast<const uint16_t*>(op.w)), block_stride(formwork::gemm::padded_pairs(op.k) * 2 * kBlock) {}
+  void load(int64_t b, int64_t p, F8 (&even)[2], F8 (&odd)[2]) const {
+    const uint16_t* at = w + b * block_stride + p * 2 * kBlock;
+    for (int h = 0; h < 2; ++h) {
+      U8 pairs;
+      std::memcpy(&pairs, at + 16 * h, sizeof pairs);
+      even[h] = (F8)(pairs << 16);
+      odd[h] = (F8)(pairs & 0xFFFF0000u);
+    }
+  }
+};
+
+// The 16 weights of block b for K values 2p and 2p + 1, from K rows of 16 fp32 columns; blocks
+// from first_block on (a panel widened from bf16 holds its own blocks only).
+struct Fp32Rows {
+  const float* w;
+  int64_t block_stride, first_block = 0;
+  explicit Fp32Rows(const Operands& op) : w(static_cast<const float*>(op.w)), block_stride(op.k * kBlock) {}
+  Fp32Rows(const float* panel, int64_t k, int64_t first) : w(panel), block_stride(k * kBlock), first_block(first) {}
+  void load(int64_t b, int64_t p, F8 (&even)[2], F8 (&odd)[2]) const {
+    const float* at = w + (b - first_block) * block_stride + 2 * p * kBlock;
+    even[0] = load8(at), even[1] = load8(at + 8);
+    odd[0] = load8(at + kBlock), odd[1] = load8(at + kBlock + 8);
+  }
+  // odd K: only the last row exists
+  void load_last(int64_t b, int64_t p, F8 (&even)[2]) const {
+    const float* at = w + (b - first_block) * block_stride + 2 * p * kBlock;
+    even[0] = load8(at), even[1] = load8(at + 8);
+  }
+};
+
+// blocks [b0, b0 + nb) of bf16 pairs widened once into Fp32Rows' layout at panel: when many row
+// tiles pass over a panel, each then reads fp32 weights instead of widening them again
+void widen_panel(const Operands& op, int64_t b0, int64_t nb, float* panel) {
+  const Bf16Pairs weights(op);
+  for (int64_t j = 0; j < nb; ++j) {
+    float* out = panel + j * op.k * kBlock;
+    for (int64_t p = 0; p < (op.k + 1) / 2; ++p) {
+      F8 even[2], odd[2];
+      weights.load(b0 + j, p, even, odd);
+      std::memcpy(out + 2 * p * kBlock, even, sizeof even);
+      if (2 * p + 1 < op.k) std::memcpy(out + (2 * p + 1) * kBlock, odd, sizeof odd);
+    }
+  }
+}
+
+// odd K for bf16 pairs: the padding half is zero and never used
+inline void load_last(const Bf16Pairs& w, int64_t b, int64_t p, F8 (&even)[2]) {
+  F8 odd[2];
+  w.load(b, p, even, odd);
+}
+inline void load_last(const Fp32Rows& w, int64_t b, int64_t p, F8 (&even)[2]) { w.load_last(b, p, even); }
+
+// rows [m0, m0 + MR) x blocks [b0, b0 + NB)
+template <typename Weights, int MR, int NB>
+void tile(const Operands& op, const Weights& weights, int64_t m0, int64_t b0) {
+  F8 acc[MR][NB][2];
+  for (int j = 0; j < NB; ++j) {
+    float start[kBlock] = {};
+    const int64_t col = (b0 + j) * kBlock, cols = std::min<int64_t>(kBlock, op.n - col);
+    if (op.bias != nullptr) std::memcpy(start, op.bias + col, cols * sizeof(float));
+    for (int m = 0; m < MR; ++m) acc[m][j][0] = load8(start), acc[m][j][1] = load8(start + 8);
+  }
+  const float* x = op.x + m0 * op.x_stride;
+  const int64_t full_pairs = op.k / 2;
+  for (int64_t p = 0; p < full_pairs; ++p) {
+    for (int j = 0; j < NB; ++j) {
+      F8 even[2], odd[2];
+      weights.load(b0 + j, p, even, odd);
+      for (int m = 0; m < MR; ++m) {  // k = 2p, then k = 2p + 1: one chain per column
+        const F8 x0 = splat(x[m * op.x_stride + 2 * p]);
+        acc[m][j][0] = fma8(even[0], x0, acc[m][j][0]);
+        acc[m][j][1] = fma8(even[1], x0, acc[m][j][1]);
+      }
+      for (int m = 0; m < MR; ++m) {
+        const F8 x1 = splat(x[m * op.x_stride + 2 * p + 1]);
+        acc[m][j][0] = fma8(odd[0], x1, acc[m][j][0]);
+        acc[m][j][1] = fma8(odd[1], x1, acc[m][j][1]);
+      }
+    }
+  }
+  if (op.k % 2) {
+    for (int j = 0; j < NB; ++j) {
+      F8 even[2];
+      load_last(weights, b0 + j, full_pairs, even);
+      for (int m = 0; m < MR; ++m) {
+        const F8 x0 = splat(x[m * op.x_stride + op.k - 1]);
+        acc[m][j][0] = fma8(even[0], x0, acc[m][j][0]);
+        acc[m][j][1] = fma8(even[1], x0, acc[m][j][1]);
+      }
+    }
+  }
+  for (int j = 0; j < NB; ++j) {
+    const int64_t col = (b0 + j) * kBlock, cols = std::min<int64_t>(kBlock, op.n - col);
+    for (int m = 0; m < MR; ++m) {
+      float* out = op.y + (m0 + m) * op.n + col;
+      if (cols == kBlock) {
+        std::memcpy(out, &acc[m][j][0], sizeof(F8));
+        std::memcpy(out + 8, &acc[m][j][1], sizeof(F8));
+      } else {
+        float sums[kBlock];
+        std::memcpy(sums, &acc[m][j][0], sizeof(F8));
+        std::memcpy(sums + 8, &acc[m][j][1], sizeof(F8));
+        std::memcpy(out, sums, cols * sizeof(float));
+      }
+    }
+  }
+}
+
+// rows [m0, m0 + MR) x blocks [b0, b0 + nb): as many blocks per tile as 12 accumulators hold
+template <typename Weights, int MR>
+void tiles(const Operands& op, const Weights& weights, int64_t m0, int64_t b0, int64_t nb) {
+  constexpr int64_t kMaxBlocks = std::min<int64_t>(kPanel, std::max(1, 6 / MR));
+  for (int64_t b = b0; b < b0 + nb; b += kMaxBlocks) {
+    const int64_t blocks = std::min(kMaxBlocks, b0 + nb - b);
+    if (blocks >= 3) tile<Weights, MR, (kMaxBlocks >= 3 ? 3 : 1)>(op, weights, m0, b);
+    else if (blocks == 2) tile<Weights, MR, (kMaxBlocks >= 2 ? 2 : 1)>(op, weights, m0, b);
+    else tile<Weights, MR, 1>(op, weights, m0, b);
+  }
+}
+
+template <typename Weights>
+void row_tile(const Operands& op, const Weights& weights, int64_t m0, int64_t rows, int64_t b0, int64_t nb) {
+  switch (rows) {
+    case 1: return tiles<Weights, 1>(op, weights, m0, b0, nb);
+    case 2: return tiles<Weights, 2>(op, weights, m0, b0, nb);
+    case 3: return tiles<Weights, 3>(op, weights, m0, b0, nb);
+    case 4: return tiles<Weights, 4>(op, weights, m0, b0, nb);
+    case 5: return tiles<Weights, 5>(op, weights, m0, b0, nb);
+    default: return tiles<Weights, 6>(op, weights, m0, b0, nb);
+  }
+}
+
+// Weights: how the packed copy is read (Bf16Pairs or Fp32Rows)
+template <typename Weights>
+void multiply(const Operands& op) {
+  const Weights weights(op);
+  constexpr bool kWidens = std::is_same_v<Weights, Bf16Pairs>;
+  const int64_t num_blocks = op.num_blocks(), num_panels = (num_blocks + kPanel - 1) / kPanel;
+  const int64_t chunk_rows = std::max<int64_t>(kTileRows, kChunkBytes / (4 * op.k) / kTileRows * kTileRows);
+  // one thread only for the smallest products; above that the helpers share the weight read
+  const int64_t work = op.n * op.k * (1 + op.m / 8);
+  const int64_t chunk_panels = work < (1 << 17) ? num_panels : std::max<int64_t>(1, num_panels / 16);
+  const int64_t num_chunks = (num_panels + chunk_panels - 1) / chunk_panels;
+  for (int64_t m_chunk = 0; m_chunk < op.m; m_chunk += chunk_rows) {
+    const int64_t m_end = std::min(op.m, m_chunk + chunk_rows);
+    // bf16 weights for more than a few row tiles: each panel widened once per pass (the same values)
+    const bool widen = kWidens && m_end - m_chunk > 2 * kTileRows;
+    formwork::parallel_chunks(num_chunks, [&](int64_t chunk) {
+      thread_local std::vector<float> widened;
+      for (int64_t panel = chunk * chunk_panels; panel < std::min(num_panels, (chunk + 1) * chunk_panels); ++panel) {
+        const int64_t b0 = panel * kPanel, nb = std::min(kPanel, num_blocks - b0);
+        if (widen) {
+          widened.resize(kPanel * op.k * kBlock);
+          widen_panel(op, b0, nb, widened.data());
+          const Fp32Rows rows(widened.data(), op.k, b0);
+          for (int64_t m0 = m_chunk; m0 < m_end; m0 += kTileRows)
+            row_tile(op, rows, m0, std::min(kTileRows, m_end - m0), b0, nb);
+          continue;
+        }
+        for (int64_t m0 = m_chunk; m0 < m_end; m0 += kTileRows)
+          row_tile(op, weights, m0, std::min(kTileRows, m_end - m0), b0, nb);
+      }
+    });
+  }
+}
+
+}  // namespace
+
+std::string gemm_fp32_isa() {
+#if defined(__AVX2__) && defined(__FMA__)
+  return "avx2_fma";
+#else
+  return "portable";
+#endif
+}
+
+// GFLOP/s of the inner loop alone on every thread of the pool: the 6-row tile walking 60 rows of x
+// down one panel of 3 blocks at the default model's K (576: x 135 KiB, the panel 54 KiB as bf16,
+// 108 KiB as fp32, in L2), `repeats` tiles per thread
+double gemm_fp32_inner_loop_gflops(int64_t repeats, bool bf16_weights) {
+  constexpr int64_t k = 576, rows = 60;
+  const int64_t threads = at::get_num_threads(), walks = std::max<int64_t>(1, repeats / (rows / kTileRows));
+  const auto start = std::chrono::steady_clock::now();
+  formwork::parallel_chunks(threads, [&](int64_t) {
+    std::vector<float> x(rows * k, 1.f), w32(kPanel * k * kBlock, 1.f), y(rows * kPanel * kBlock);
+    std::vector<uint16_t> w16(kPanel * formwork::gemm::padded_pairs(k) * 2 * kBlock, 0x3F80);
+    const Operands op{x.data(), k, rows, k, bf16_weights ? static_cast<const void*>(w16.data()) : w32.data(),
+                      bf16_weights, nullptr, y.data(), kPanel * kBlock};
+    for (int64_t r = 0; r < walks; ++r)
+      for (int64_t m0 = 0; m0 < rows; m0 += kTileRows) {
+        if (bf16_weights) tiles<Bf16Pairs, kTileRows>(op, Bf16Pairs(op), m0, 0, kPanel);
+        else tiles<Fp32Rows, kTileRows>(op, Fp32Rows(op), m0, 0, kPanel);
+      }
+  });
+  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  return 2.0 * rows * kPanel * kBlock * k * walks * threads / seconds / 1e9;
+}
+
+// weight [N, K] float -> [ceil(N/16), K, 16] float, zero padded, written straight into its one allocation
+torch::Tensor pack_weight_fp32(torch::Tensor weight) {
+  TORCH_CHECK(weight.dim() == 2 && weight.scalar_type() == torch::kFloat, "weight: 2-D float32");
+  const int64_t n = weight.size(0), k = weight.size(1), num_blocks = (n + kBlock - 1) / kBlock;
+  auto packed = torch::zeros({num_blocks, k, kBlock}, weight.options());
+  const float* w = weight.data_ptr<float>();
+  float* p = packed.data_ptr<float>();
+  const int64_t row_stride = weight.stride(0), col_stride = weight.stride(1);
+  at::parallel_for(0, num_blocks, 16, [&](int64_t begin, int64_t end) {
+    for (int64_t b = begin; b < end; ++b)
+      for (int64_t c = 0; c < std::min<int64_t>(kBlock, n - b * kBlock); ++c) {
+        const float* row = w + (b * kBlock + c) * row_stride;
+        float* column = p + b * k * kBlock + c;
+        for (int64_t i = 0; i < k; ++i) column[i * kBlock] = row[i * col_stride];
+      }
+  });
+  return packed;
+}
+
+// x [M, K] float (rows strided) times a packed [N, K] weight (pack_weight of bf16, or of float32),
+// plus bias [N] float when given: [M, N] float
+torch::Tensor gemm_fp32(torch::Tensor x, torch::Tensor packed, int64_t n, c10::optional<torch::Tensor> bias) {
+  TORCH_CHECK(x.dim() == 2 && x.scalar_type() == torch::kFloat && x.stride(1) == 1,
+              "x: 2-D float32 with contiguous rows");
+  const int64_t m = x.size(0), k = x.size(1), num_blocks = (n + kBlock - 1) / kBlock;
+  const bool bf16_weights = packed.scalar_type() == torch::kBFloat16;
+  if (bf16_weights) {
+    TORCH_CHECK(packed.dim() == 4 && packed.is_contiguous() && packed.size(0) == num_blocks
+                && packed.size(1) == formwork::gemm::padded_pairs(k) && packed.size(2) == kBlock && packed.size(3) == 2,
+                "packed: pack_weight of an [N, K] weight, K = x's columns");
+  } else {
+    TORCH_CHECK(packed.dim() == 3 && packed.scalar_type() == torch::kFloat && packed.is_contiguous()
+                && packed.size(0) == num_blocks && packed.size(1) == k && packed.size(2) == kBlock,
+                "packed: pack_weight of an [N, K] weight, K = x's columns");
+  }
+  if (bias) {
+    TORCH_CHECK(bias->dim() == 1 && bias->size(0) == n && bias->scalar_type() == torch::kFloat && bias->is_contiguous(),
+                "bias: contiguous float32 [N]");
+  }
+  auto y = torch::empty({m, n}, x.options());
+  if (m == 0 || n == 0) return y;
+  if (k == 0) return bias ? y.copy_(bias->expand({m, n})) : y.zero_();
+  const Operands op{x.data_ptr<float>(), x.stride(0), m, k, packed.data_ptr(), bf16_weights,
+                    bias ? bias->data_ptr<float>() : nullptr, y.data_ptr<float>(), n};
+  if (bf16_weights) multiply<Bf16Pairs>(op);
+  else multiply<Fp32Rows>(op);
+  return y;
+}
