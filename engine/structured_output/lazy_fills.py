@@ -17,11 +17,11 @@ neither schedules the request nor drafts for it, and the fill leaves the matcher
 from __future__ import annotations
 
 import time
-from concurrent.futures import Future, ThreadPoolExecutor, wait
+from concurrent.futures import Future, wait
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from grammar.runtime.low_priority import lower_current_thread_priority
+from grammar.runtime.low_priority import IdleClassPool
 
 if TYPE_CHECKING:
     import torch
@@ -45,8 +45,7 @@ class LazyFills:
 
     def __init__(self, backend: GrammarBackend) -> None:
         self._backend = backend
-        self._pool = ThreadPoolExecutor(max_workers=_NUM_THREADS, thread_name_prefix="formwork-lazy-fill",
-                                        initializer=lower_current_thread_priority)
+        self._pool = IdleClassPool(_NUM_THREADS, thread_name_prefix="formwork-lazy-fill")
         self._fills: dict[str, LazyFill] = {}  # req_id -> a fill not taken yet (running or done)
 
     def in_flight(self, req_id: str) -> bool:
@@ -70,6 +69,7 @@ class LazyFills:
         pending = [self._fills[r].future for r in req_ids if not self._fills[r].future.done()]
         if pending:
             wait(pending, timeout=wait_s)
+            self._pool.promote_starved()  # other processes may keep every core busy
         done_ms: dict[str, float] = {}
         failed: dict[str, BaseException] = {}
         deferred: set[str] = set()
@@ -94,6 +94,10 @@ class LazyFills:
     @property
     def num_in_flight(self) -> int:
         return len(self.running())
+
+    def promote_starved(self) -> None:
+        """Fills kept waiting by other processes' load get a normal share of a core."""
+        self._pool.promote_starved()
 
     def forget(self, req_id: str) -> None:
         """The request is gone: a fill still running finishes unseen."""

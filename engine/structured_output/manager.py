@@ -172,6 +172,7 @@ class StructuredOutputManager:
         pending = [f for f in self._futures.values() if not f.done()] + self.lazy_fills.running()
         if pending:
             wait(pending, timeout=timeout_s, return_when=FIRST_COMPLETED)
+            self.lazy_fills.promote_starved()
 
     def shutdown(self) -> None:
         self.compiler.shutdown()
