@@ -94,8 +94,10 @@ def _atom_suffixes(atom: Atom) -> set[str]:
     inside = _body_suffixes(atom)
     if (atom.low, atom.high) == (1, 1):
         return inside
-    once = _body_witness(atom)
     low = atom.low
+    if low > _MAX_COUNTED_REPEAT:  # before the turns are listed: a{100000} would fill memory
+        raise _Unsupported("counted repeat")
+    once = _body_witness(atom)
     # inside one turn with `left` more turns still required (0 once the minimum is met),
     # or before the repeat (all `low` turns ahead)
     out = {s + once * left for s in inside for left in range(low)} | inside | {once * low}
