@@ -12,7 +12,7 @@ from __future__ import annotations
 from grammar.regex.characters import CLASS_ESCAPES, class_members, escaped_char
 from grammar.regex.parsed import Atom, parse_pattern
 
-_CLASS_ESCAPES = {"d": "0-9", "w": "a-zA-Z0-9_", "s": " \\t\\n\\r\\f\\v"}
+_CLASS_ESCAPE_MEMBERS = {"d": "0-9", "w": "a-zA-Z0-9_", "s": " \\t\\n\\r\\f\\v"}
 
 
 def regex_to_ebnf(pattern: str) -> str:
@@ -103,7 +103,7 @@ class _Converter:
         if not letter:
             return [string_literal(text)]
         if letter in CLASS_ESCAPES:
-            return [char_class(_CLASS_ESCAPES[letter.lower()], negated=letter.isupper())]
+            return [char_class(_CLASS_ESCAPE_MEMBERS[letter.lower()], negated=letter.isupper())]
         if letter in "bB":
             raise self.fail(f"a word boundary '\\{letter}'")
         if letter.isdigit() and letter != "0":
@@ -124,7 +124,7 @@ class _Converter:
             if member.escape.isupper():
                 raise self.fail(f"a negated class escape '\\{member.escape}' inside a class")
             if member.escape:
-                items.append(_CLASS_ESCAPES[member.escape])
+                items.append(_CLASS_ESCAPE_MEMBERS[member.escape])
             elif member.low == member.high:
                 items.append(class_char(member.low))
             else:
