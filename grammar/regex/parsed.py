@@ -75,7 +75,10 @@ class RegexSyntaxError(ValueError):
 def parse_pattern(pattern: str) -> list[list[Atom]]:
     """The alternatives of `pattern`; raises RegexSyntaxError where the syntax refuses it."""
     parser = _Parser(pattern)
-    parsed = parser.alternatives()
+    try:
+        parsed = parser.alternatives()
+    except RecursionError:
+        raise RegexSyntaxError(pattern, "groups nested too deeply", parser.i) from None
     if parser.i < len(pattern):  # only an unbalanced ")" stops the top level early
         raise RegexSyntaxError(pattern, "unbalanced ')'", parser.i)
     return parsed
@@ -199,6 +202,8 @@ class _Parser:
             low, high = {"*": (0, None), "+": (1, None), "?": (0, 1)}[pattern[start]]
             self.i += 1
         elif braced := _braced(pattern, start):
+            if any(len(count.lstrip("0")) > _MAX_COUNT_DIGITS for count in braced.group(1, 3) if count):
+                raise self.fail("a repeat count too long to read", start)
             low, high = int(braced.group(1)), (int(braced.group(3)) if braced.group(3) else None)
             if not braced.group(2):
                 high = low
@@ -216,6 +221,7 @@ class _Parser:
         return low, high
 
 
+_MAX_COUNT_DIGITS = 4000  # int() refuses longer digit strings; no regex library reads such counts
 _BRACED = re.compile(r"\{(\d+)(,(\d*))?\}")  # ECMA-262's braced quantifier: digits only
 
 

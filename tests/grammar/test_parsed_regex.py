@@ -53,3 +53,11 @@ def test_a_class_reads_ranges_escapes_and_a_literal_dash():
     assert class_members(r"[\d-z]", r"[\d-z]")[1] == [ClassMember(escape="d"), ClassMember("-", "-"), ClassMember("z", "z")]
     with pytest.raises(RegexSyntaxError, match="bad range z-a"):
         class_members("[z-a]", "[z-a]")
+
+
+def test_what_is_too_large_to_read_is_refused_not_crashed_on():
+    with pytest.raises(RegexSyntaxError, match="a repeat count too long to read"):
+        parse_pattern("a{" + "9" * 5000 + "}")
+    assert units("b{00000000000000000007}") == [("b", 7, 7)]
+    with pytest.raises(RegexSyntaxError, match="groups nested too deeply"):
+        parse_pattern("(" * 5000 + ")" * 5000)
