@@ -1,23 +1,28 @@
-"""A regular expression parsed once into alternatives of quantified atoms, for the analyses that
-read its structure (lengths, caps) rather than its text.
+"""A regular expression parsed once into alternatives of quantified atoms: the one form every
+reader of patterns walks (the length analyses, the shortest suffixes, the EBNF conversion).
 
 The form: a pattern is a list of alternatives; an alternative is a list of `Atom`s; an atom is one
 character unit as written (a character, an escape, a [...] class), a group (with its own
-alternatives), or an anchor (`^`, `$`), each with the quantifier it carries. What the parser
-cannot delimit gives None: an unbalanced group or class, a quantifier with nothing to repeat, a
-group opened with `(?` other than `(?:` (lookaround, named groups, flags). A class ends at the
-first unescaped `]` that is not its first member (as Python reads `[]a]`; ECMA-262 reads `[]` as
-empty: the analyses refuse `[]` and `[^]`). Escapes are kept as written whatever they mean (\\b,
-\\1, \\p{L}): each analysis refuses those it does not model. The
-atoms of the tree are the pattern's own text, so an analysis that changes counts renders the rest
-unchanged.
+alternatives), or an anchor (`^`, `$`), each with the quantifier it carries.
+
+The syntax is ECMA-262's (JSON Schema's `pattern`), without the u flag: a quantifier is `*`, `+`,
+`?` or `{m}` `{m,}` `{m,n}` with digits only, optionally lazy (`?` after it); a `{` that does not
+open one is a literal character (`a{,5}`, `a{ 2}`), as are `}` and `]`. A quantifier on a
+quantifier (`a**`, `a{2}+`, `a{2}{3}`), on nothing, or on an anchor, `{n,m}` with n > m, an
+unbalanced group or class, a lookaround or an inline flag are refused with a `RegexSyntaxError`
+naming what and where. Groups: `(`, `(?:` and named `(?<name>` (also Python's `(?P<name>`). One
+reading stays Python's, as every reader here has always read it: a "]" first in a class is a
+member (`[]a]` is one class; ECMA-262 reads `[]` as an empty class, so `[]` and `[^]` alone are
+unterminated here). Escapes are kept as written whatever they mean (\\b, \\1, \\p{L}): each
+reader refuses those it does not model. The atoms are the pattern's own text, so an analysis that
+changes counts renders the rest unchanged.
 """
 from __future__ import annotations
 
+import re
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 
-from grammar.regex.pieces import quantifier
 
 # escapes that match no character (a position), whatever an analysis does with them
 ZERO_WIDTH_ESCAPES = frozenset("bBAzZG")
@@ -58,11 +63,33 @@ class Atom:
         return f"{{{self.low}}}" if self.low == self.high else f"{{{self.low},{self.high}}}"
 
 
-def parse_regex(pattern: str) -> list[list[Atom]] | None:
-    """The alternatives of `pattern`, or None where it cannot be delimited (see the module docstring)."""
+class RegexSyntaxError(ValueError):
+    """A pattern this syntax refuses; the message names the pattern, what and where."""
+
+    def __init__(self, pattern: str, what: str, position: int) -> None:
+        super().__init__(f"regex /{pattern}/: {what} at position {position}")
+        self.what = what
+        self.position = position
+
+
+def parse_pattern(pattern: str) -> list[list[Atom]]:
+    """The alternatives of `pattern`; raises RegexSyntaxError where the syntax refuses it."""
     parser = _Parser(pattern)
-    parsed = parser.alternatives()
-    return parsed if parsed is not None and parser.i == len(pattern) else None
+    try:
+        parsed = parser.alternatives()
+    except RecursionError:
+        raise RegexSyntaxError(pattern, "groups nested too deeply", parser.i) from None
+    if parser.i < len(pattern):  # only an unbalanced ")" stops the top level early
+        raise RegexSyntaxError(pattern, "unbalanced ')'", parser.i)
+    return parsed
+
+
+def parse_regex(pattern: str) -> list[list[Atom]] | None:
+    """The alternatives of `pattern`, or None where the syntax refuses it (see the module docstring)."""
+    try:
+        return parse_pattern(pattern)
+    except RegexSyntaxError:
+        return None
 
 
 def render(sequence: list[Atom]) -> str:
@@ -100,13 +127,16 @@ def lengths(sequence: list[Atom]) -> tuple[int, int | None]:
 
 
 class _Parser:
-    """A recursive reader of the form above; None from any method: not delimited."""
+    """A recursive reader of the form above; raises RegexSyntaxError where the syntax refuses."""
 
     def __init__(self, pattern: str) -> None:
         self.pattern = pattern
         self.i = 0
 
-    def alternatives(self) -> list[list[Atom]] | None:
+    def fail(self, what: str, position: int | None = None) -> RegexSyntaxError:
+        return RegexSyntaxError(self.pattern, what, self.i if position is None else position)
+
+    def alternatives(self) -> list[list[Atom]]:
         out: list[list[Atom]] = [[]]
         pattern = self.pattern
         while self.i < len(pattern) and pattern[self.i] != ")":
@@ -114,54 +144,104 @@ class _Parser:
                 out.append([])
                 self.i += 1
                 continue
-            atom = self.atom()
-            if atom is None:
-                return None
-            out[-1].append(atom)
+            out[-1].append(self.atom())
         return out
 
-    def atom(self) -> Atom | None:
+    def atom(self) -> Atom:
         pattern, start = self.pattern, self.i
         char = pattern[start]
         alternatives: list[list[Atom]] = []
         if char in "^$":
             self.i += 1
+            if self.i < len(pattern) and (pattern[self.i] in "*+?" or _braced(pattern, self.i)):
+                raise self.fail("a quantifier after an anchor")
             return Atom(char, 1, 1, "", anchor=True)
         if char == "(":
-            opener = "(?:" if pattern.startswith("(?:", start) else "("
-            if pattern.startswith("(?", start) and opener == "(":
-                return None  # lookaround, named groups, flags
+            opener = self.group_opener()
             self.i += len(opener)
-            inner = self.alternatives()
-            if inner is None or not pattern.startswith(")", self.i):
-                return None
+            alternatives = self.alternatives()
+            if not pattern.startswith(")", self.i):
+                raise self.fail("missing ')'")
             self.i += 1
-            text, alternatives = opener, inner
+            text = opener
         elif char == "[":
-            j = start + 1 + pattern.startswith("^", start + 1)
-            j += pattern.startswith("]", j)  # a "]" first is a member
-            while j < len(pattern) and pattern[j] != "]":
-                j += 2 if pattern[j] == "\\" else 1
-            if j >= len(pattern):
-                return None
-            self.i = j + 1
+            self.i = _class_end(self, start)
             text = pattern[start:self.i]
         elif char == "\\":
             if start + 1 >= len(pattern):
-                return None
+                raise self.fail("a trailing backslash")
             self.i = start + _escape_width(pattern, start)
             text = pattern[start:self.i]
-        elif char in "*+?{}":
-            return None
-        else:
+        elif char in "*+?" or _braced(pattern, start):
+            raise self.fail("nothing to repeat")
+        else:  # "{" "}" "]" that open nothing are characters
             self.i += 1
             text = char
-        low, high, end = quantifier(pattern, self.i, len(pattern))
-        if low < 0:
-            return None
-        quantifier_text = pattern[self.i:end]
-        self.i = end
-        return Atom(text, low, high, quantifier_text, alternatives)
+        quantifier_start = self.i
+        low, high = self.quantifier()
+        return Atom(text, low, high, pattern[quantifier_start:self.i], alternatives)
+
+    def group_opener(self) -> str:
+        rest = self.pattern[self.i:]
+        if not rest.startswith("(?"):
+            return "("
+        if rest.startswith("(?:"):
+            return "(?:"
+        if named := re.match(r"\(\?P?<[A-Za-z_]\w*>", rest):
+            return named.group()
+        if rest.startswith(("(?=", "(?!", "(?<=", "(?<!")):
+            raise self.fail("a lookaround")
+        raise self.fail("an inline flag or extension group")
+
+    def quantifier(self) -> tuple[int, int | None]:
+        """(low, high) of the quantifier at i (1, 1 where there is none), i moved past it."""
+        pattern, start = self.pattern, self.i
+        if start >= len(pattern):
+            return 1, 1
+        if pattern[start] in "*+?":
+            low, high = {"*": (0, None), "+": (1, None), "?": (0, 1)}[pattern[start]]
+            self.i += 1
+        elif braced := _braced(pattern, start):
+            if any(len(count.lstrip("0")) > _MAX_COUNT_DIGITS for count in braced.group(1, 3) if count):
+                raise self.fail("a repeat count too long to read", start)
+            low, high = int(braced.group(1)), (int(braced.group(3)) if braced.group(3) else None)
+            if not braced.group(2):
+                high = low
+            if high is not None and high < low:
+                raise self.fail("numbers out of order in a {} quantifier", start)
+            self.i = braced.end()
+        else:
+            return 1, 1
+        if pattern.startswith("?", self.i):  # lazy: the same set of full matches
+            self.i += 1
+        elif pattern.startswith("+", self.i):
+            raise self.fail("a possessive quantifier")
+        if self.i < len(pattern) and (pattern[self.i] in "*+?" or _braced(pattern, self.i)):
+            raise self.fail("nothing to repeat")
+        return low, high
+
+
+_MAX_COUNT_DIGITS = 4000  # int() refuses longer digit strings; no regex library reads such counts
+_BRACED = re.compile(r"\{(\d+)(,(\d*))?\}")  # ECMA-262's braced quantifier: digits only
+
+
+def _braced(pattern: str, i: int) -> re.Match[str] | None:
+    return _BRACED.match(pattern, i)
+
+
+def _class_end(parser: _Parser, start: int) -> int:
+    """The index after the class opened at `start`: its first unescaped "]" that is not its first member."""
+    pattern = parser.pattern
+    j = start + 1 + pattern.startswith("^", start + 1)
+    j += pattern.startswith("]", j)  # a "]" first is a member (see the module docstring)
+    while j < len(pattern) and pattern[j] != "]":
+        j += 2 if pattern[j] == "\\" else 1
+    if j >= len(pattern):
+        raise parser.fail("unterminated character class", start)
+    return j + 1
+
+
+_HEX_WIDTHS = {"x": 2, "u": 4}  # without their hex digits they are the letter itself
 
 
 def _escape_width(pattern: str, start: int) -> int:
@@ -170,4 +250,8 @@ def _escape_width(pattern: str, start: int) -> int:
     if letter in "pP" and pattern.startswith("{", start + 2):
         close = pattern.find("}", start)
         return close - start + 1 if close >= 0 else 2
-    return {"u": 6, "x": 4}.get(letter, 2)
+    digits = _HEX_WIDTHS.get(letter, 0)
+    text = pattern[start + 2:start + 2 + digits]
+    if digits and len(text) == digits and all(d in "0123456789abcdefABCDEF" for d in text):
+        return 2 + digits
+    return 2

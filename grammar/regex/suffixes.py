@@ -8,19 +8,14 @@ left) the shortest text that takes it to the end, built from the shortest match 
 still ahead. The shortest completion from wherever an output stands inside the pattern is one of
 these, so the search tries them (the matcher says which fit) before it goes round a loop.
 
-Parsed with Python's own regex parser (`re._parser`): JSON-Schema patterns and Formwork's regex
-constraints use the common subset of regex syntax, and a pattern it cannot read (or with
-back-references or lookaround) simply gives no suffixes. Library-free.
+Read from the pattern's parsed form (grammar/regex/parsed.py, ECMA-262 syntax): a pattern it
+refuses, or one with back-references or a class with no plain character, simply gives no
+suffixes. Library-free.
 """
 from __future__ import annotations
 
-import re
-
-try:  # the parser behind `re` (Python 3.11+), with its opcodes
-    from re import _constants as sre
-    from re import _parser as sre_parse
-except ImportError:  # pragma: no cover - an interpreter without it gets no suffixes
-    sre = sre_parse = None
+from grammar.regex.characters import CLASS_ESCAPES, class_members, escaped_char, in_class_escape
+from grammar.regex.parsed import ZERO_WIDTH_ESCAPES, Atom, parse_regex
 
 MAX_SUFFIXES = 64  # per pattern, shortest first
 MAX_SUFFIX_CHARS = 256  # a longer way out is left to the character search
@@ -36,29 +31,29 @@ class _Unsupported(Exception):
 def regex_suffixes(pattern: str) -> list[str]:
     """The distinct shortest completions of `pattern` from each point inside it, shortest first
     (the empty one, "already at the end", left out); [] if the pattern is not understood."""
-    if sre_parse is None:
+    parsed = parse_regex(pattern)
+    if parsed is None:
         return []
     try:
-        parsed = sre_parse.parse(pattern)
-        suffixes = _suffixes(list(parsed))
-    except (_Unsupported, re.error, RecursionError, OverflowError, ValueError, TypeError):
+        suffixes = _bounded(set().union(*(_suffixes(alternative) for alternative in parsed)))
+    except (_Unsupported, ValueError, RecursionError):
         return []
     return sorted((s for s in suffixes if s), key=lambda s: (len(s), s))[:MAX_SUFFIXES]
 
 
-def _witness(items: list) -> str:
-    """The shortest text the parsed items match."""
-    return "".join(_item_witness(op, arg) for op, arg in items)
+def _witness(sequence: list[Atom]) -> str:
+    """The shortest text the sequence matches."""
+    return "".join(_atom_witness(atom) for atom in sequence)
 
 
-def _suffixes(items: list) -> set[str]:
-    """Completions from every point of a sequence: from inside element i, that element's own
+def _suffixes(sequence: list[Atom]) -> set[str]:
+    """Completions from every point of a sequence: from inside atom i, that atom's own
     completions followed by the shortest match of everything after it."""
     out = {""}
     tail = ""
-    for op, arg in reversed(items):
-        out |= _bounded({s + tail for s in _item_suffixes(op, arg)})
-        tail = _item_witness(op, arg) + tail
+    for atom in reversed(sequence):
+        out |= _bounded({s + tail for s in _atom_suffixes(atom)})
+        tail = _atom_witness(atom) + tail
         if len(tail) > MAX_SUFFIX_CHARS:
             raise _Unsupported("too long")
     return _bounded(out)
@@ -71,89 +66,68 @@ def _bounded(suffixes: set[str]) -> set[str]:
     return kept
 
 
-def _item_witness(op, arg) -> str:
-    if op in (sre.LITERAL, sre.NOT_LITERAL, sre.IN, sre.ANY):
-        return _one_char(op, arg)
-    if op is sre.AT:
+def _atom_witness(atom: Atom) -> str:
+    if atom.low > _MAX_COUNTED_REPEAT:
+        raise _Unsupported("counted repeat")
+    return _body_witness(atom) * atom.low
+
+
+def _body_witness(atom: Atom) -> str:
+    """The shortest text one turn of the atom matches."""
+    if atom.anchor:
         return ""
-    if op is sre.SUBPATTERN:
-        return _witness(list(arg[-1]))
-    if op is sre.ATOMIC_GROUP:
-        return _witness(list(arg))
-    if op is sre.BRANCH:
-        return min((_witness(list(alt)) for alt in arg[1]), key=len)
-    if op in _REPEATS:
-        low, _, body = arg
-        if low > _MAX_COUNTED_REPEAT:
-            raise _Unsupported("counted repeat")
-        return _witness(list(body)) * low
-    raise _Unsupported(str(op))  # back-references, lookaround, conditionals
+    if atom.alternatives:
+        return min((_witness(alternative) for alternative in atom.alternatives), key=len)
+    return _one_char(atom)
 
 
-def _item_suffixes(op, arg) -> set[str]:
-    if op in (sre.LITERAL, sre.NOT_LITERAL, sre.IN, sre.ANY):
-        return {_one_char(op, arg), ""}
-    if op is sre.AT:
+def _body_suffixes(atom: Atom) -> set[str]:
+    """Completions from every point inside one turn of the atom."""
+    if atom.anchor:
         return {""}
-    if op is sre.SUBPATTERN:
-        return _suffixes(list(arg[-1]))
-    if op is sre.ATOMIC_GROUP:
-        return _suffixes(list(arg))
-    if op is sre.BRANCH:
-        return _bounded(set().union(*(_suffixes(list(alt)) for alt in arg[1])))
-    if op in _REPEATS:
-        low, _, body = arg
-        items = list(body)
-        once = _witness(items)
-        inside = _suffixes(items)
-        # inside one turn with `left` more turns still required (0 once the minimum is met),
-        # or before the repeat (all `low` turns ahead)
-        out = {s + once * left for s in inside for left in range(low)} | inside | {once * low}
-        return _bounded(out)
-    raise _Unsupported(str(op))
+    if atom.alternatives:
+        return _bounded(set().union(*(_suffixes(alternative) for alternative in atom.alternatives)))
+    return {_one_char(atom), ""}
 
 
-_REPEATS = tuple(getattr(sre, name) for name in ("MAX_REPEAT", "MIN_REPEAT", "POSSESSIVE_REPEAT")
-                 if sre is not None and hasattr(sre, name))
+def _atom_suffixes(atom: Atom) -> set[str]:
+    inside = _body_suffixes(atom)
+    if (atom.low, atom.high) == (1, 1):
+        return inside
+    low = atom.low
+    if low > _MAX_COUNTED_REPEAT:  # before the turns are listed: a{100000} would fill memory
+        raise _Unsupported("counted repeat")
+    once = _body_witness(atom)
+    # inside one turn with `left` more turns still required (0 once the minimum is met),
+    # or before the repeat (all `low` turns ahead)
+    out = {s + once * left for s in inside for left in range(low)} | inside | {once * low}
+    return _bounded(out)
 
 
-def _one_char(op, arg) -> str:
-    """A character the element matches, plain text preferred."""
-    if op is sre.LITERAL:
-        return chr(arg)
-    if op is sre.NOT_LITERAL:
-        return next(c for c in _REPRESENTATIVES if ord(c) != arg)
-    if op is sre.ANY:
+def _one_char(atom: Atom) -> str:
+    """A character the unit matches, plain text preferred ("" for a position such as \\b)."""
+    text, letter = atom.text, atom.escape
+    if text == ".":
         return _REPRESENTATIVES[0]
+    if text.startswith("["):
+        return _class_char(text)
+    if not letter:
+        return text
+    if letter in ZERO_WIDTH_ESCAPES:
+        return ""
+    if letter in CLASS_ESCAPES:
+        return next(c for c in _REPRESENTATIVES if in_class_escape(c, letter))
+    if letter.isdigit() and letter != "0" or letter in "pPkc":
+        raise _Unsupported("back-reference, property or control escape")
+    char = escaped_char(text)
+    if char is None:
+        raise _Unsupported("incomplete escape")
+    return char
+
+
+def _class_char(text: str) -> str:
+    negated, members = class_members(text, text)
     for char in _REPRESENTATIVES:
-        if _in_class(char, arg):
+        if any(member.contains(char) for member in members) != negated:
             return char
     raise _Unsupported("no plain character in the class")
-
-
-def _in_class(char: str, items: list) -> bool:
-    negated = bool(items) and items[0][0] is sre.NEGATE
-    code = ord(char)
-    found = False
-    for op, arg in items[1:] if negated else items:
-        if op is sre.LITERAL:
-            found = code == arg
-        elif op is sre.RANGE:
-            found = arg[0] <= code <= arg[1]
-        elif op is sre.CATEGORY:
-            found = _in_category(char, arg)
-        else:
-            raise _Unsupported(str(op))
-        if found:
-            break
-    return found != negated
-
-
-def _in_category(char: str, category) -> bool:
-    word = char.isalnum() or char == "_"
-    tests = {sre.CATEGORY_DIGIT: char.isdigit(), sre.CATEGORY_NOT_DIGIT: not char.isdigit(),
-             sre.CATEGORY_SPACE: char.isspace(), sre.CATEGORY_NOT_SPACE: not char.isspace(),
-             sre.CATEGORY_WORD: word, sre.CATEGORY_NOT_WORD: not word}
-    if category not in tests:
-        raise _Unsupported(str(category))
-    return tests[category]

@@ -1,27 +1,24 @@
 """A regular expression as one xgrammar EBNF expression (xgrammar's EBNF has no /regex/ atom).
 
-Covers the subset grammar terminals use: literals and escapes, `.`, classes (ranges, negation,
-\\d \\w \\s), groups (plain, non-capturing, named), alternation, the quantifiers ? * + {m} {m,}
-{m,n} (lazy forms match the same strings), and ^ / $ at the ends. Whatever changes what matches
-in a way a context-free grammar cannot say (lookarounds, backreferences, inline flags, \\b) is
+Walks the pattern's parsed form (grammar/regex/parsed.py: ECMA-262 syntax, which also refuses
+lookarounds, inline flags and quantified quantifiers): literals and escapes, `.`, classes (ranges,
+negation, \\d \\w \\s), groups (plain, non-capturing, named), alternation, the quantifiers ? * +
+{m} {m,} {m,n} (lazy forms match the same strings), and ^ / $ (\\A, \\Z, \\z) at the ends.
+Whatever changes what matches in a way a context-free grammar cannot say (backreferences, \\b) is
 refused with a ValueError naming it. Pure Python.
 """
 from __future__ import annotations
 
-import re
+from grammar.regex.characters import CLASS_ESCAPES, class_members, escaped_char
+from grammar.regex.parsed import Atom, parse_pattern
 
-_CLASS_ESCAPES = {"d": "0-9", "w": "a-zA-Z0-9_", "s": " \\t\\n\\r\\f\\v"}
-_CHAR_ESCAPES = {"n": "\n", "t": "\t", "r": "\r", "f": "\f", "v": "\v", "0": "\0", "a": "\a"}
-_QUANTIFIER = re.compile(r"\{(\d+)(,(\d*))?\}")
+_CLASS_ESCAPE_MEMBERS = {"d": "0-9", "w": "a-zA-Z0-9_", "s": " \\t\\n\\r\\f\\v"}
 
 
 def regex_to_ebnf(pattern: str) -> str:
     """The EBNF expression matching exactly the strings `pattern` fully matches."""
-    parser = _RegexParser(pattern)
-    expression = parser.alternation()
-    if parser.pos < len(pattern):  # only an unbalanced ")" stops the top level early
-        raise ValueError(f"regex /{pattern}/: unbalanced ')' at position {parser.pos}")
-    return expression
+    parsed = parse_pattern(pattern)
+    return _Converter(pattern, parsed).alternation(parsed)
 
 
 def string_literal(text: str) -> str:
@@ -53,165 +50,83 @@ def _escape(c: str, specials: str) -> str:
     return c
 
 
-class _RegexParser:
-    def __init__(self, pattern: str) -> None:
+class _Converter:
+    """The EBNF of each part of one parsed pattern."""
+
+    def __init__(self, pattern: str, parsed: list[list[Atom]]) -> None:
         self.pattern = pattern
-        self.pos = 0
+        # the atoms that stand at the pattern's first and last characters: where ^ and $ may be
+        self.first = parsed[0][0] if parsed[0] else None
+        self.last = parsed[-1][-1] if parsed[-1] else None
 
-    def _fail(self, what: str) -> ValueError:
-        return ValueError(f"regex /{self.pattern}/: {what} (at position {self.pos}) cannot be expressed in a grammar")
+    def fail(self, what: str) -> ValueError:
+        return ValueError(f"regex /{self.pattern}/: {what} cannot be expressed in a grammar")
 
-    def _peek(self) -> str | None:
-        return self.pattern[self.pos] if self.pos < len(self.pattern) else None
-
-    def alternation(self) -> str:
-        branches = [self.sequence()]
-        while self._peek() == "|":
-            self.pos += 1
-            branches.append(self.sequence())
+    def alternation(self, alternatives: list[list[Atom]]) -> str:
+        branches = [self.sequence(alternative) for alternative in alternatives]
         return branches[0] if len(branches) == 1 else "(" + " | ".join(branches) + ")"
 
-    def sequence(self) -> str:
-        items: list[str] = []
-        while self._peek() not in (None, "|", ")"):
-            item = self.quantified()
-            if item:
-                items.append(item)
+    def sequence(self, atoms: list[Atom]) -> str:
+        items = [item for atom in atoms for item in self.quantified(atom) if item]
         if not items:
             return '""'
         return items[0] if len(items) == 1 else "(" + " ".join(items) + ")"
 
-    def quantified(self) -> str:
-        atom = self.atom()
-        while True:
-            c = self._peek()
-            if c in ("?", "*", "+"):
-                self.pos += 1
-                suffix = c
-            elif c == "{" and (match := _QUANTIFIER.match(self.pattern, self.pos)):
-                self.pos = match.end()
-                low, comma, high = match.group(1), match.group(2), match.group(3)
-                suffix = "{" + low + ("," + high if comma else "") + "}"  # {m} {m,} {m,n}
-            else:
-                return atom
-            if not atom:
-                raise self._fail("a quantifier after an anchor")
-            if self._peek() == "?":  # lazy: the same strings match
-                self.pos += 1
-            elif self._peek() == "+":
-                raise self._fail("a possessive quantifier")
-            atom = f"({atom}){suffix}" if atom.endswith(("?", "*", "+", "}")) else atom + suffix
+    def quantified(self, atom: Atom) -> list[str]:
+        """The atom's items (a \\p{...} written without the u flag is several characters), the
+        quantifier on the last."""
+        items = self.atom(atom)
+        if not atom.quantifier_text:
+            return items
+        if not items[-1]:
+            raise self.fail("a quantifier after an anchor")
+        # lazy forms match the same full strings; the counts stay as written
+        suffix = atom.quantifier_text[:-1] if len(atom.quantifier_text) > 1 and atom.quantifier_text.endswith("?") \
+            else atom.quantifier_text
+        last = items[-1]
+        items[-1] = f"({last}){suffix}" if last.endswith(("?", "*", "+", "}")) else last + suffix
+        return items
 
-    def atom(self) -> str:
-        c = self.pattern[self.pos]
-        self.pos += 1
-        if c == "(":
-            return self._group()
-        if c == "[":
-            return self._class()
-        if c == ".":
-            return "[^\\n]"
-        if c == "^":
-            if self.pos != 1:
-                raise self._fail("'^' inside the pattern")
-            return ""
-        if c == "$":
-            if self.pos != len(self.pattern):
-                raise self._fail("'$' inside the pattern")
-            return ""
-        if c in "*+?":
-            raise ValueError(f"regex /{self.pattern}/: nothing to repeat at position {self.pos - 1}")
-        if c == "\\":
-            return self._escape_atom()
-        return string_literal(c)
-
-    def _group(self) -> str:
-        if self.pattern.startswith("?", self.pos):
-            rest = self.pattern[self.pos:]
-            if rest.startswith("?:"):
-                self.pos += 2
-            elif named := re.match(r"\?P?<[A-Za-z_]\w*>", rest):
-                self.pos += named.end()
-            elif rest.startswith(("?=", "?!", "?<=", "?<!")):
-                raise self._fail("a lookaround")
-            else:
-                raise self._fail("an inline flag or extension group")
-        inner = self.alternation()
-        if self._peek() != ")":
-            raise ValueError(f"regex /{self.pattern}/: missing ')'")
-        self.pos += 1
-        return f"({inner})"
-
-    def _escape_atom(self) -> str:
-        if self.pos >= len(self.pattern):
-            raise ValueError(f"regex /{self.pattern}/: a trailing backslash")
-        c = self.pattern[self.pos]
-        self.pos += 1
-        if c.lower() in _CLASS_ESCAPES:
-            return char_class(_CLASS_ESCAPES[c.lower()], negated=c.isupper())
-        if c in "AZz":
-            at_edge = self.pos == 2 if c == "A" else self.pos == len(self.pattern)
+    def atom(self, atom: Atom) -> list[str]:
+        text, letter = atom.text, atom.escape
+        if atom.alternatives:
+            return [f"({self.alternation(atom.alternatives)})"]
+        if atom.anchor or letter in ("A", "Z", "z"):
+            at_edge = atom is self.first if text in ("^", "\\A") else atom is self.last
             if not at_edge:
-                raise self._fail(f"'\\{c}' inside the pattern")
-            return ""
-        if c in "bB":
-            raise self._fail(f"a word boundary '\\{c}'")
-        if c.isdigit() and c != "0":
-            raise self._fail("a backreference")
-        return string_literal(self._escaped_char(c))
+                raise self.fail(f"'{text}' inside the pattern")
+            return [""]
+        if text == ".":
+            return ["[^\\n]"]
+        if text.startswith("["):
+            return [self.char_class(text)]
+        if not letter:
+            return [string_literal(text)]
+        if letter in CLASS_ESCAPES:
+            return [char_class(_CLASS_ESCAPE_MEMBERS[letter.lower()], negated=letter.isupper())]
+        if letter in "bB":
+            raise self.fail(f"a word boundary '\\{letter}'")
+        if letter.isdigit() and letter != "0":
+            raise self.fail("a backreference")
+        if letter == "U":  # Python's \\UXXXXXXXX is the letter U in ECMA-262: neither reading is safe
+            raise self.fail("'\\U' (write the character itself or \\uXXXX)")
+        if letter in "pP" and len(text) > 2:  # without the u flag: the letter, then literal text
+            return [string_literal(char) for char in text[1:]]
+        char = escaped_char(text)
+        if char is None:
+            raise ValueError(f"regex /{self.pattern}/: bad {text} escape")
+        return [string_literal(char)]
 
-    def _escaped_char(self, c: str) -> str:
-        """The character of an escape whose letter `c` was just read (\\n, \\x41, \\u00e9, \\.)."""
-        if c in _CHAR_ESCAPES:
-            return _CHAR_ESCAPES[c]
-        width = {"x": 2, "u": 4, "U": 8}.get(c)
-        if width is None:
-            return c
-        digits = self.pattern[self.pos:self.pos + width]
-        if len(digits) != width or not all(d in "0123456789abcdefABCDEF" for d in digits):
-            raise ValueError(f"regex /{self.pattern}/: bad \\{c} escape at position {self.pos - 2}")
-        self.pos += width
-        return chr(int(digits, 16))
-
-    def _class(self) -> str:
-        negated = self._peek() == "^"
-        if negated:
-            self.pos += 1
+    def char_class(self, text: str) -> str:
+        negated, members = class_members(self.pattern, text)
         items: list[str] = []
-        first = True
-        while True:
-            c = self._peek()
-            if c is None:
-                raise ValueError(f"regex /{self.pattern}/: unterminated character class")
-            if c == "]" and not first:
-                self.pos += 1
-                break
-            first = False
-            self.pos += 1
-            if c == "\\":
-                if self.pos >= len(self.pattern):
-                    raise ValueError(f"regex /{self.pattern}/: unterminated character class")
-                letter = self.pattern[self.pos]
-                self.pos += 1
-                if letter in _CLASS_ESCAPES:
-                    items.append(_CLASS_ESCAPES[letter])
-                    continue
-                if letter.lower() in _CLASS_ESCAPES:
-                    raise self._fail(f"a negated class escape '\\{letter}' inside a class")
-                low = "\b" if letter == "b" else self._escaped_char(letter)
+        for member in members:
+            if member.escape.isupper():
+                raise self.fail(f"a negated class escape '\\{member.escape}' inside a class")
+            if member.escape:
+                items.append(_CLASS_ESCAPE_MEMBERS[member.escape])
+            elif member.low == member.high:
+                items.append(class_char(member.low))
             else:
-                low = c
-            if self._peek() == "-" and self.pattern[self.pos + 1:self.pos + 2] not in ("]", ""):
-                self.pos += 1
-                high = self.pattern[self.pos]
-                self.pos += 1
-                if high == "\\":
-                    letter = self.pattern[self.pos]
-                    self.pos += 1
-                    high = self._escaped_char(letter)
-                if ord(high) < ord(low):
-                    raise ValueError(f"regex /{self.pattern}/: bad range {low}-{high}")
-                items.append(f"{class_char(low)}-{class_char(high)}")
-            else:
-                items.append(class_char(low))
+                items.append(f"{class_char(member.low)}-{class_char(member.high)}")
         return char_class("".join(items), negated)

@@ -56,3 +56,9 @@ def test_a_schema_pattern_becomes_the_end_of_a_json_string():
     assert hints == sorted(hints, key=len)
     assert closing_hints(Constraint("regex", r"\w+\.dll"))[:2] == ["l", "ll"]
     assert closing_hints(Constraint("json_object", "", think_end="</think>")) == ["</think>"]
+
+
+def test_edge_syntax_is_read_as_json_schema_reads_it():
+    assert regex_suffixes("a{,5}")[-1] == "a{,5}"  # ECMA-262: literal text, not 0 to 5 repeats
+    assert regex_suffixes("a{2}+") == []  # a quantifier on a quantifier is refused
+    assert regex_suffixes("(?<n>ab)\\d") == ["0", "b0", "ab0"]  # named groups are read
