@@ -115,7 +115,7 @@ class _ScriptedBackend(GrammarBackend):
 
 def scripted(xgrammar_outcome, llguidance_outcome) -> tuple[SelectingBackend, dict[str, _ScriptedBackend]]:
     backends = {"xgrammar": _ScriptedBackend(xgrammar_outcome), "llguidance": _ScriptedBackend(llguidance_outcome)}
-    return SelectingBackend(backends, GrammarConfig()), backends
+    return SelectingBackend(backends, GrammarConfig(grammar_backend="auto")), backends
 
 
 LARGE = Constraint("regex", "a" * (XGRAMMAR_CHEAP_SPEC_CHARS + 1))
