@@ -13,6 +13,8 @@ from collections import OrderedDict
 from concurrent.futures import Future, InvalidStateError, ThreadPoolExecutor
 from typing import TYPE_CHECKING
 
+import msgspec
+
 from grammar.backend import CompiledGrammar, GrammarBackend, GrammarError
 from grammar.json_schema.limits import check_limits
 
@@ -243,3 +245,17 @@ def _resolve(future: Future[CompiledGrammar], outcome: CompiledGrammar | Grammar
             future.set_result(outcome)
     except InvalidStateError:
         pass
+
+
+def answer_constraint(constraint: Constraint, answer: dict, config: GrammarConfig) -> Constraint:
+    """The constraint a text answer beside tool calls follows (ToolCalls.answer), with the tool
+    constraint's options, checked like any constraint (GrammarError naming the answer)."""
+    checked = msgspec.structs.replace(constraint, kind=answer["kind"], spec=answer.get("spec", ""),
+                                      choices=list(answer.get("choices", [])), think_end="", think_budget=0)
+    try:
+        checked.validate()
+        check_limits(checked, config.max_spec_bytes, config.max_schema_depth)
+    except ValueError as e:
+        raise GrammarError(f"the answer's {checked.kind}: {e}") from None
+    return checked
+

@@ -13,6 +13,7 @@ from llguidance.gbnf_to_lark import any_to_lark
 
 from grammar.backend import GrammarBackend, GrammarError, UnsupportedError
 from grammar.chat.tool_calls import ToolCalls
+from grammar.compiler import answer_constraint
 from grammar.json_schema.limits import check_limits, parse_schema
 from grammar.json_schema.rewrite import rewrite
 from grammar.json_schema.values import check_keyword_values
@@ -197,13 +198,7 @@ class LLGuidanceBackend(GrammarBackend):
         calls = lark_text.tool_calls_lark(spec, schemas, {**options, "lenient": not constraint.strict})
         if spec.answer is None:
             return llg.LLMatcher.grammar_from_lark("start: calls\n" + calls)
-        answer = msgspec.structs.replace(constraint, kind=spec.answer["kind"], spec=spec.answer.get("spec", ""),
-                                         choices=list(spec.answer.get("choices", [])), think_end="", think_budget=0)
-        try:
-            answer.validate()
-            check_limits(answer, self.config.max_spec_bytes, self.config.max_schema_depth)
-        except ValueError as e:
-            raise GrammarError(f"the answer's {answer.kind}: {e}") from None
+        answer = answer_constraint(constraint, spec.answer, self.config)
         return _compose("start: @answer | calls\n" + calls, {"answer": self._grammar(answer, not_enforced)})
 
     # -- the rest of the ABC ----------------------------------------------------------------

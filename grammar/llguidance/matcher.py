@@ -125,17 +125,7 @@ class LLGuidanceGrammar(Grammar):
                             self._closing_hints, first_fills)
         if text is None:
             return None
-        ids = (self._forced_text.encode_after(self._token_ids, text) or self._forced_text.encode(text)) if text else []
-        if not self.accept_tokens(ids):
-            return None
-        if not self.is_terminated():  # the output may go on: end it with a stop token
-            stop = next((t for t in self._stop_token_ids if self.accept_tokens([t])), None)
-            if stop is None:
-                self.rollback(len(ids))
-                return None
-            ids = ids + [stop]
-        self.rollback(len(ids))
-        return ids if len(ids) <= max_tokens else None
+        return self._forced_text.closing(self, self._token_ids, text, self._stop_token_ids, max_tokens)
 
     def completes(self, token_ids: list[int], strict: bool = False) -> bool:
         if not token_ids or self._matcher.is_stopped() or not self.accept_tokens(token_ids):

@@ -21,6 +21,8 @@ from functools import lru_cache
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
+
     from transformers import PreTrainedTokenizerBase
 
     from grammar.backend import Grammar
@@ -92,6 +94,23 @@ class ForcedTextTokenizer:
         num_stable = self.num_stable_tokens(text, ids)
         grammar.rollback(len(ids) - num_stable)
         return ids[:num_stable]
+
+    def closing(self, grammar: Grammar, context_ids: list[int], text: str, stop_token_ids: list[int],
+                max_tokens: int, check: Callable[[list[int]], bool] | None = None) -> list[int] | None:
+        """The tokens of a closing `text` after `context_ids` (seam-checked, else plainly encoded),
+        with a stop token after them where the output could go on; None if `check` or the grammar
+        refuses them or they pass `max_tokens`. The grammar is left as it was."""
+        ids = (self.encode_after(context_ids, text) or self.encode(text)) if text else []
+        if (check is not None and not check(ids)) or not grammar.accept_tokens(ids):
+            return None
+        if not grammar.is_terminated():  # the output may go on: end it with a stop token
+            stop = next((t for t in stop_token_ids if grammar.accept_tokens([t])), None)
+            if stop is None:
+                grammar.rollback(len(ids))
+                return None
+            ids = ids + [stop]
+        grammar.rollback(len(ids))
+        return ids if len(ids) <= max_tokens else None
 
     def encode(self, text: str) -> list[int]:
         """The plain encoding of `text`, seams unchecked ([] when disabled)."""

@@ -14,6 +14,7 @@ import xgrammar as xgr
 
 from grammar.backend import CompiledGrammar, GrammarBackend, GrammarError
 from grammar.chat.tool_calls import ToolCalls
+from grammar.compiler import answer_constraint
 from grammar.constraint import BOUNDED_JSON_WHITESPACE, Constraint
 from grammar.json_schema.limits import check_limits, parse_schema
 from grammar.json_schema.rewrite import rewrite
@@ -271,13 +272,7 @@ class XGrammarBackend(GrammarBackend):
         constraint's options; None: free text."""
         if spec.answer is None:
             return None
-        answer = msgspec.structs.replace(constraint, kind=spec.answer["kind"], spec=spec.answer.get("spec", ""),
-                                         choices=list(spec.answer.get("choices", [])), think_end="", think_budget=0)
-        try:
-            answer.validate()
-            check_limits(answer, self.config.max_spec_bytes, self.config.max_schema_depth)
-        except ValueError as e:
-            raise GrammarError(f"the answer's {answer.kind}: {e}") from None
+        answer = answer_constraint(constraint, spec.answer, self.config)
         return str(self._plain_grammar(answer, not_enforced))
 
     # -- JSON -------------------------------------------------------------------------------

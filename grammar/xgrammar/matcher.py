@@ -150,17 +150,8 @@ class XGrammarGrammar(Grammar):
                             self._closing_hints, first_fills)
         if text is None:
             return None
-        ids = (self._forced_text.encode_after(self._token_ids, text) or self._forced_text.encode(text)) if text else []
-        if not self._parses_as_json(ids) or not self.accept_tokens(ids):
-            return None
-        if not self.is_terminated():  # the output may go on: end it with a stop token
-            stop = next((t for t in self._stop_token_ids if self.accept_tokens([t])), None)
-            if stop is None:
-                self.rollback(len(ids))
-                return None
-            ids = ids + [stop]
-        self.rollback(len(ids))
-        return ids if len(ids) <= max_tokens else None
+        return self._forced_text.closing(self, self._token_ids, text, self._stop_token_ids, max_tokens,
+                                         check=self._parses_as_json)
 
     def completes(self, token_ids: list[int], strict: bool = False) -> bool:
         """Accepting and rolling back the tokens costs a few µs each; without `strict` no bitmask
