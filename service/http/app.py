@@ -21,7 +21,6 @@ import logging
 import secrets
 import time
 from collections.abc import AsyncIterator, Callable
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import msgspec
@@ -31,15 +30,15 @@ from fastapi.responses import Response, StreamingResponse
 from starlette.exceptions import HTTPException
 
 from engine.protocol import FinishReason
-from service.assistant_output import AssistantStream, OutputShape
 from service.errors import ErrorCode, ServiceError, error_from_output
 from service.http import responses
+from service.http.completion_stream import CompletionCall, completion_events
 from service.http.conversion import Translated, translate_chat, translate_completion
 from service.http.errors import HttpError, bad_request, http_error, not_found, too_large
 from service.http.protocol import ChatCompletionRequest, CompletionRequest, field_path
 from service.http.response_object import ResponseEvents, ResponseHeader, whole_response
 from service.http.response_request import ResponsesRequest, translate_response_request
-from service.http.streaming import DONE_EVENT, encode_json, event, merged, releasing, unless_disconnected
+from service.http.streaming import encode_json, merged, releasing, unless_disconnected
 from service.observability.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from service.security import ApiKeys, KeyLimiter, SecurityConfig
 
@@ -58,20 +57,6 @@ class _Refused(Exception):
     def __init__(self, error: HttpError) -> None:
         super().__init__(error.message)
         self.error = error
-
-
-@dataclass(frozen=True)
-class _Call:
-    """One generation call: what it asks for, and how to answer."""
-
-    translated: Translated
-    chat: bool
-    logprobs: bool
-    model: str
-    response_id: str
-    created: int
-    shape: OutputShape = OutputShape()  # how each choice's output is read back
-    num_prompt_tokens: int = 0  # of all prompts, each once
 
 
 class OpenAIApi:
@@ -212,7 +197,7 @@ class OpenAIApi:
 
     async def _generate(self, request: Request, model: str | None, translated: Translated, chat: bool,
                         logprobs: bool) -> Response:
-        call = _Call(translated, chat, logprobs, self._served_model(model),
+        call = CompletionCall(translated, chat, logprobs, self._served_model(model),
                      f"{'chatcmpl' if chat else 'cmpl'}-{secrets.token_hex(12)}", int(time.time()))
         try:
             prepared, outputs = await self._start(translated, call.response_id)
@@ -221,7 +206,7 @@ class OpenAIApi:
             num_outputs = len(prepared.prompts) * translated.num_choices
             if translated.stream:
                 first = await self._first(outputs, translated)
-                return StreamingResponse(self._events(call, first, outputs, num_outputs),
+                return StreamingResponse(completion_events(call, first, outputs, num_outputs, self._llm.token_text),
                                          media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
             finals = await unless_disconnected(request, self._collect(outputs, num_outputs, translated))
             if finals is None:  # nobody is left to answer; closing the outputs aborted the requests
@@ -338,57 +323,6 @@ class OpenAIApi:
         if output.finish_reason == FinishReason.ERROR:
             logger.info("request %s failed: %s", output.request_id, output.error)
             raise error_from_output(output, translated.request.constraint_field)
-
-    async def _events(self, call: _Call, first: tuple[int, RequestOutput],
-                      outputs: AsyncIterator[tuple[int, RequestOutput]], num_choices: int) -> AsyncIterator[bytes]:
-        translated = call.translated
-        token_text, include_usage = self._llm.token_text, translated.include_usage
-        finals: list[RequestOutput | None] = [None] * num_choices
-        readers = [AssistantStream(call.shape) for _ in range(num_choices)]
-        num_output_tokens = [0] * num_choices  # per choice, so far: continuous usage
-
-        def chunk(index: int, output: RequestOutput | None, opening: bool = False) -> bytes:
-            usage_so_far = None
-            if translated.continuous_usage:
-                if output is not None:
-                    num_output_tokens[index] = output.num_output_tokens
-                usage_so_far = responses.running_usage(call.num_prompt_tokens, sum(num_output_tokens))
-            if call.chat:
-                return b"".join(event(c) for c in responses.chat_chunks(
-                    call.response_id, call.created, call.model, index, output, token_text, call.logprobs,
-                    include_usage, opening, None if call.shape.plain else readers[index], usage_so_far))
-            assert output is not None
-            return event(responses.completion_chunk(call.response_id, call.created, call.model, index, output,
-                                                    token_text, call.logprobs, include_usage, usage_so_far))
-
-        async with contextlib.aclosing(outputs):  # type: ignore[type-var]
-            if call.chat:
-                yield b"".join(chunk(index, None, opening=True) for index in range(num_choices))
-            pending = [first]
-            while True:
-                for index, output in pending:
-                    if output.finish_reason == FinishReason.ERROR:
-                        error = error_from_output(output, translated.request.constraint_field)
-                        renamed, param = translated.field_names.rename(error)
-                        yield event(http_error(renamed, param).body())
-                        yield DONE_EVENT
-                        return
-                    if output.finished:
-                        finals[index] = output
-                    yield chunk(index, output)
-                try:
-                    pending = [await anext(outputs)]
-                except StopAsyncIteration:
-                    break
-                except ServiceError as e:  # the engine died mid-stream
-                    yield event(http_error(e).body())
-                    yield DONE_EVENT
-                    return
-        if include_usage:
-            obj = "chat.completion.chunk" if call.chat else "text_completion"
-            yield event(responses.usage_chunk(call.response_id, call.created, call.model, obj,
-                                              [f for f in finals if f is not None], translated.num_choices))
-        yield DONE_EVENT
 
     async def _route_error(self, request: Request, error: HTTPException) -> Response:
         if error.status_code == 404:
