@@ -40,6 +40,7 @@ class ConstraintRequest:
     close_early: bool | None = None
     whitespace: str | None = None  # a grammar.constraint JSON whitespace mode: compact, spaced, bounded, any
     grammar_syntax: str | None = None  # "ebnf" or "lark"; None: told apart by the text
+    grammar_backend: str | None = None  # "auto", "xgrammar" or "llguidance"; None: the server's default
 
 
 # the API's constraint fields -> the engine's constraint kind

@@ -24,6 +24,8 @@ _CONSTRAINT_OPTIONS = ("strict", "any_whitespace", "jump_forward", "close_early"
 _WHITESPACE = {pb.JSON_WHITESPACE_COMPACT: "compact", pb.JSON_WHITESPACE_SPACED: "spaced",
                pb.JSON_WHITESPACE_BOUNDED: "bounded", pb.JSON_WHITESPACE_ANY: "any"}
 _GRAMMAR_SYNTAX = {pb.GRAMMAR_SYNTAX_EBNF: "ebnf", pb.GRAMMAR_SYNTAX_LARK: "lark"}
+GRAMMAR_BACKEND_NAMES = {pb.GRAMMAR_BACKEND_AUTO: "auto", pb.GRAMMAR_BACKEND_XGRAMMAR: "xgrammar",
+                         pb.GRAMMAR_BACKEND_LLGUIDANCE: "llguidance"}
 _TOOL_CHOICE = {pb.TOOL_CHOICE_MODE_UNSPECIFIED: "auto", pb.TOOL_CHOICE_MODE_AUTO: "auto",
                 pb.TOOL_CHOICE_MODE_NONE: "none", pb.TOOL_CHOICE_MODE_REQUIRED: "required"}
 CONSTRAINT_FIELDS = "json_schema, json_schema_text, json_object, regex, grammar, choice"
@@ -81,6 +83,10 @@ def constraint_from_proto(constraint: pb.Constraint) -> ConstraintRequest:
         if constraint.grammar_syntax not in _GRAMMAR_SYNTAX:
             raise invalid_argument("constraint.grammar_syntax", f"unknown value {constraint.grammar_syntax}")
         options["grammar_syntax"] = _GRAMMAR_SYNTAX[constraint.grammar_syntax]
+    if constraint.HasField("grammar_backend") and constraint.grammar_backend != pb.GRAMMAR_BACKEND_UNSPECIFIED:
+        if constraint.grammar_backend not in GRAMMAR_BACKEND_NAMES:
+            raise invalid_argument("constraint.grammar_backend", f"unknown value {constraint.grammar_backend}")
+        options["grammar_backend"] = GRAMMAR_BACKEND_NAMES[constraint.grammar_backend]
     return ConstraintRequest(kind, spec, choices, **options)
 
 

@@ -228,15 +228,18 @@ def _constraint(body: _GenerationRequest, names: FieldNames) -> ConstraintReques
                                                "constraint")
         if body.formwork and body.formwork.close_early is not None:
             raise invalid_argument("formwork", "close_early needs an output constraint")
+        if body.formwork and body.formwork.grammar_backend is not None:
+            raise invalid_argument("formwork.grammar_backend", "needs an output constraint")
         return None
     http_field, constraint = found[0]
     names.names[f"constraint.{constraint.kind}"] = http_field
     names.names["constraint"] = http_field
+    names.names["constraint.grammar_backend"] = "formwork.grammar_backend"
     options = body.formwork
     if options is None:
         return constraint
     chosen = {option: getattr(options, option) for option in ("strict", "any_whitespace", "jump_forward",
-                                                               "close_early", "whitespace")
+                                                               "close_early", "whitespace", "grammar_backend")
               if getattr(options, option) is not None}
     if constraint.kind == "grammar" and options.grammar_syntax != "auto":
         chosen["grammar_syntax"] = options.grammar_syntax

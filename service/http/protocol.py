@@ -56,6 +56,8 @@ class FormworkOptions(_Strict):
     jump_forward: bool | None = None  # append forced text without sampling it (default: the engine's)
     close_early: bool | None = None  # close before the budget runs out / on loops (default: the engine's)
     grammar_syntax: Literal["auto", "ebnf", "lark"] = "auto"  # of a grammar constraint
+    # auto, xgrammar or llguidance (checked with gRPC's Constraint.grammar_backend); None: the server's
+    grammar_backend: str | None = None
     priority: int = 0  # lower runs first under load, as gRPC's `priority`
     reasoning_budget: int | None = None  # most tokens of thinking, as gRPC's reasoning.budget_tokens
     speculative: bool | None = None  # drafting from the prompt on or off (default: the server's), as gRPC's

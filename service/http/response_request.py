@@ -98,7 +98,8 @@ def translate_response_request(body: ResponsesRequest) -> Translated:
     _refuse_unsupported(body)
     names = FieldNames({"chat.messages": "input", "chat": "input", "max_tokens": "max_output_tokens",
                         "tool_choice.function_name": "tool_choice.name", "reasoning.budget_tokens":
-                        "formwork.reasoning_budget", "constraint": "text.format"})
+                        "formwork.reasoning_budget", "constraint": "text.format",
+                        "constraint.grammar_backend": "formwork.grammar_backend"})
     messages = ([] if body.instructions is None else [template_message("system", body.instructions)])
     messages += input_messages(body.input)
     prompt = PromptInput(field="chat", messages=messages)
@@ -196,7 +197,8 @@ def _constraint(body: ResponsesRequest) -> ConstraintRequest | None:
     if options is None:
         return constraint
     chosen = {name: getattr(options, name) for name in ("strict", "any_whitespace", "jump_forward", "close_early",
-                                                          "whitespace") if getattr(options, name) is not None}
+                                                          "whitespace", "grammar_backend")
+              if getattr(options, name) is not None}
     if chosen and constraint is None:
         raise invalid_argument("formwork", f"needs an output constraint (text.format) for {', '.join(chosen)}")
     return None if constraint is None else dataclasses.replace(constraint, **chosen)

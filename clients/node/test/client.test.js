@@ -154,6 +154,20 @@ describe("FormworkClient against a live server", () => {
     assert.ok(bestEffort.not_enforced.some((entry) => entry.includes("uniqueItems")));
   });
 
+  test("grammarBackend: the request names its grammar library and the answer says which served it", async () => {
+    const constraint = regex("[A-Z]{3}", { grammarBackend: "llguidance" });
+    assert.equal(constraint.grammar_backend, "GRAMMAR_BACKEND_LLGUIDANCE");
+    const report = await client.validateConstraint(constraint);
+    assert.equal(report.ok, true);
+    assert.equal(report.grammar_backend, "GRAMMAR_BACKEND_LLGUIDANCE");
+    const response = await client.generate({ prompt: "Code:", max_tokens: 4, temperature: 0, constraint });
+    assert.match(response.text, /^[A-Z]{3}$/);
+    assert.equal(response.grammar_backend, "GRAMMAR_BACKEND_LLGUIDANCE");
+    const plain = await client.generate({ prompt: "Code:", max_tokens: 4, temperature: 0, constraint: regex("[A-Z]{3}") });
+    assert.equal(plain.grammar_backend, "GRAMMAR_BACKEND_XGRAMMAR"); // the server's default
+    assert.throws(() => regex("a", { grammarBackend: "outlines" }), /grammarBackend must be one of auto, xgrammar, llguidance/);
+  });
+
   test("min_tokens holds off a stop string until that many tokens", async () => {
     const request = { prompt: "Count: one, two, three,", max_tokens: 16, temperature: 0, stop: [","] };
     assert.ok((await client.generate(request)).usage.completion_tokens < 6);
