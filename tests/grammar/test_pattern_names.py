@@ -48,10 +48,11 @@ SCHEMAS = {
     "disjoint": {"type": "object", "patternProperties": {"^x-[a-z]*$": {"type": "string"},
                                                           "^y-[a-z]*$": {"type": "integer"}},
                  "additionalProperties": False},
-    "classes": {"type": "object", "patternProperties": {"^[0-9]+$": {"type": "string"}, "^[a-z]+$": {"type": "integer"}},
-                "additionalProperties": False},
+    "classes": {"type": "object", "additionalProperties": False,
+                "patternProperties": {"^[0-9]+$": {"type": "string"}, "^[a-z]+$": {"type": "integer"}}},
     "declared": {"type": "object", "properties": {"x-a": {}, "name": {"type": "string"}},
-                 "patternProperties": {"^x-[a-z]*$": {"type": "string", "maxLength": 2}}, "additionalProperties": False},
+                 "patternProperties": {"^x-[a-z]*$": {"type": "string", "maxLength": 2}},
+                 "additionalProperties": False},
 }
 INSTANCES = [{}, {"x-a": "s"}, {"x-a": 1}, {"y-b": 1}, {"y-b": "s"}, {"x-a": "s", "y-b": 2}, {"12": "s"},
              {"12": 1}, {"ab": 1}, {"ab": "s"}, {"x-a": "long"}, {"x-a": "ok", "name": "n"}]
