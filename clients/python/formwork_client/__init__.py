@@ -15,7 +15,9 @@ from formwork_client.constraints import (CONSTRAINT_KEY_HEADER, choice, constrai
                                          regex)
 from formwork_client.errors import (DeadlineExceededError, FieldViolation, FormworkError, IncompleteOutputError,
                                     InternalError, InvalidArgumentError, RequestCancelledError,
-                                    ResourceExhaustedError, StatusError, UnauthenticatedError, UnavailableError)
+                                    ResourceExhaustedError, StatusError, UnauthenticatedError, UnavailableError,
+                                    is_transient)
+from formwork_client.extraction import ExtractionResult, Usage
 from formwork_client.request import DEFAULT_ADDRESS
 
 __all__ = [
@@ -23,5 +25,5 @@ __all__ = [
     "choice", "grammar", "json_object", "json_schema", "regex", "CONSTRAINT_KEY_HEADER", "constraint_key",
     "DeadlineExceededError", "FieldViolation", "FormworkError", "IncompleteOutputError", "InternalError",
     "InvalidArgumentError", "RequestCancelledError", "ResourceExhaustedError", "StatusError", "UnauthenticatedError",
-    "UnavailableError",
+    "UnavailableError", "is_transient", "ExtractionResult", "Usage",
 ]

@@ -94,6 +94,24 @@ _ERROR_CLASSES: dict[grpc.StatusCode, type[StatusError]] = {
 }
 
 
+# in what the server says when a RESOURCE_EXHAUSTED is about load, not about the request: the queue
+# is full or the engine short of memory ("... retry later"), or the API key's calls in flight
+_OVERLOADED_DETAILS = ("retry later", "requests in flight")
+
+
+def is_transient(error: FormworkError) -> bool:
+    """Whether the same call sent again later may succeed: UNAVAILABLE (the server is loading,
+    restarting, unreachable, or went away mid-call), and RESOURCE_EXHAUSTED when the server says it
+    is overloaded. A request too large for the engine's KV cache is RESOURCE_EXHAUSTED too, and
+    never succeeds, so it is not transient."""
+    if not isinstance(error, StatusError):
+        return False
+    if error.code == grpc.StatusCode.UNAVAILABLE:
+        return True
+    return error.code == grpc.StatusCode.RESOURCE_EXHAUSTED and any(
+        phrase in error.message for phrase in _OVERLOADED_DETAILS)
+
+
 def from_rpc_error(error: grpc.RpcError) -> StatusError:
     """The typed exception for a failed call (sync or asyncio); codes without a class of their own
     (e.g. UNIMPLEMENTED from a server without this API) are a plain StatusError. An HTTP/2 reset
