@@ -52,6 +52,22 @@ export class IncompleteOutputError extends Error {
   }
 }
 
+// in what the server says when a RESOURCE_EXHAUSTED is about load, not about the request: the queue
+// is full or the engine short of memory ("... retry later"), or the API key's calls in flight
+const OVERLOADED_DETAILS = ["retry later", "requests in flight"];
+
+/**
+ * Whether the same call sent again later may succeed: UNAVAILABLE (the server is loading,
+ * restarting, unreachable, or went away mid-call), and RESOURCE_EXHAUSTED when the server says it
+ * is overloaded. A request too large for the engine's KV cache is RESOURCE_EXHAUSTED too, and never
+ * succeeds, so it is not transient. The Python client's errors.is_transient is the same rule.
+ */
+export function isTransient(error) {
+  if (!(error instanceof FormworkError)) return false;
+  if (error.code === "UNAVAILABLE") return true;
+  return error.code === "RESOURCE_EXHAUSTED" && OVERLOADED_DETAILS.some((phrase) => error.details?.includes(phrase));
+}
+
 // in what grpc-js reports for an HTTP/2 RST_STREAM that ended a call before any status arrived, e.g.
 // "Received RST_STREAM with code 2 (Internal server error)" from Envoy
 const RESET_DETAILS = "Received RST_STREAM";
