@@ -4,7 +4,8 @@
     with Client("127.0.0.1:50051") as client:
         person = client.extract({"type": "object", ...}, "Ada Lovelace was born in 1815.")
 
-`Client` is synchronous and thread-safe; `AsyncClient` has the same calls for asyncio. Responses
+`client.extract_many(documents, schema)` extracts from many documents, several calls at a time,
+with a result (or an error) per document. `Client` is synchronous and thread-safe; `AsyncClient` has the same calls for asyncio. Responses
 are the API's protobuf messages (`formwork_client.pb`); failures raise the StatusError subclass of
 their gRPC code (`formwork_client.errors`).
 """
