@@ -83,6 +83,9 @@ export function toDocuments(documents) {
  */
 export function extractMany(generate, documents, schema, { concurrency = 8, onProgress, ordered = true,
   maxRetries = 4, backoffMs = 500, maxBackoffMs = 30_000, ...options } = {}) {
+  if (typeof schema !== "string" && typeof schema !== "boolean" && (schema === null || typeof schema !== "object")) {
+    throw new TypeError(`schema must be a JSON Schema (an object, JSON text or a boolean), got ${describe(schema)}`);
+  }
   checkInteger("concurrency", concurrency, 1);
   checkInteger("maxRetries", maxRetries, 0);
   for (const [name, value] of Object.entries({ backoffMs, maxBackoffMs })) {
@@ -165,7 +168,9 @@ async function extractOne(job, index, signal) {
       }
       continue;
     }
-    const usage = { promptTokens: response.usage?.prompt_tokens ?? 0, completionTokens: response.usage?.completion_tokens ?? 0 };
+    const usage = {
+      promptTokens: response.usage?.prompt_tokens ?? 0, completionTokens: response.usage?.completion_tokens ?? 0,
+    };
     try {
       return result(index, id, { value: extractionValue(response), text: response.text, usage, attempts });
     } catch (error) {
@@ -197,5 +202,5 @@ function checkInteger(name, value, min) {
 function describe(value) {
   if (value === null) return "null";
   if (Array.isArray(value)) return `an array of ${value.length}`;
-  return typeof value === "string" ? "one string" : typeof value;
+  return typeof value === "string" ? "one string" : `a ${typeof value}`;
 }

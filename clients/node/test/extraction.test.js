@@ -205,6 +205,7 @@ describe("extractMany with a fake stub", () => {
     assert.throws(() => client.extractMany(["x"], SCHEMA, { concurrency: 0 }), /concurrency must be an integer >= 1, got 0/);
     assert.throws(() => client.extractMany(["x"], SCHEMA, { maxToken: 3 }), /unknown options: maxToken/);
     assert.throws(() => client.extractMany(["x"], SCHEMA, { requestId: "r" }), /each document is a request of its own/);
+    assert.throws(() => client.extractMany(["x"], 42), /schema must be a JSON Schema \(an object, JSON text or a boolean\), got a number/);
     assert.deepEqual(stub.calls, []);
   });
 });

@@ -5,8 +5,8 @@
         person = client.extract({"type": "object", ...}, "Ada Lovelace was born in 1815.")
 
 `client.extract_many(documents, schema)` extracts from many documents, several calls at a time,
-with a result (or an error) per document. `Client` is synchronous and thread-safe; `AsyncClient` has the same calls for asyncio. Responses
-are the API's protobuf messages (`formwork_client.pb`); failures raise the StatusError subclass of
+with a result (or an error) per document. `Client` is synchronous and thread-safe; `AsyncClient`
+has the same calls for asyncio. Responses are the API's protobuf messages (`formwork_client.pb`); failures raise the StatusError subclass of
 their gRPC code (`formwork_client.errors`).
 """
 from formwork_client._gen.formwork.v1 import generation_pb2 as pb
