@@ -16,10 +16,13 @@ from formwork_client import extraction
 from formwork_client.constraints import CONSTRAINT_KEY_HEADER
 from formwork_client.extraction import RetryPolicy
 from formwork_client.request import extract_prompt
+from service.errors import ErrorCode, ServiceError
+from service.grpc.status import STATUS_DETAILS_KEY, status_proto
 
 SCHEMA = {"type": "object", "properties": {"name": {"type": "string", "maxLength": 20}}, "required": ["name"]}
+# an overloaded server's refusal carries a retry delay (a google.rpc.RetryInfo in the trailers)
 QUEUE_FULL = (grpc.StatusCode.RESOURCE_EXHAUSTED,
-              "the queue is full: 32 requests in flight (16 running + 16 waiting at most); retry later")
+              "the queue is full: 32 requests in flight (16 running + 16 waiting at most); retry later", 0.05)
 TOO_LARGE = (grpc.StatusCode.RESOURCE_EXHAUSTED, "the request needs 900 tokens of KV cache; the engine has 512")
 LOADING = (grpc.StatusCode.UNAVAILABLE, "the model is still loading; retry once health reports SERVING")
 BAD_SCHEMA = (grpc.StatusCode.INVALID_ARGUMENT, "constraint.json_schema_text: json_schema does not compile")
@@ -27,8 +30,12 @@ GATE_TIMEOUT_S = 60  # only a safety net: a gate the test never opens fails the 
 
 
 class FakeRpcError(grpc.RpcError):
-    def __init__(self, code: grpc.StatusCode, details: str) -> None:
+    """A failed call as grpc raises it, its trailers what the server sends (service/grpc/status.py)."""
+
+    def __init__(self, code: grpc.StatusCode, details: str, retry_after_s: float | None = None) -> None:
         self._code, self._details = code, details
+        error = ServiceError(ErrorCode[code.name], details, retry_after_s=retry_after_s)
+        self._trailers = ((STATUS_DETAILS_KEY, status_proto(error).SerializeToString()),)
 
     def code(self):
         return self._code
@@ -37,7 +44,7 @@ class FakeRpcError(grpc.RpcError):
         return self._details
 
     def trailing_metadata(self):
-        return ()
+        return self._trailers
 
 
 def document_text(request: fc.pb.GenerateRequest) -> str:
@@ -174,9 +181,10 @@ def test_retry_delay_doubles_up_to_the_cap_with_full_jitter():
 def test_only_unavailable_and_an_overloaded_server_are_retried():
     policy = RetryPolicy(max_retries=3)
     assert policy.delay_s(fc.UnavailableError(*LOADING), 0) is not None
-    assert policy.delay_s(fc.ResourceExhaustedError(*QUEUE_FULL), 0) is not None
-    per_key = "this API key already has 4 requests in flight, the server's limit per key (--max-concurrent-per-key)"
-    assert policy.delay_s(fc.ResourceExhaustedError(grpc.StatusCode.RESOURCE_EXHAUSTED, per_key), 0) is not None
+    queue_full = fc.errors.from_rpc_error(FakeRpcError(*QUEUE_FULL))
+    assert isinstance(queue_full, fc.ResourceExhaustedError) and queue_full.retry_after_s == 0.05
+    assert policy.delay_s(queue_full, 0, uniform=lambda: 0.0) == 0.05  # never sooner than the server asked
+    assert policy.delay_s(queue_full, 2, uniform=lambda: 1.0) == 2.0  # the backoff when it is longer
     assert policy.delay_s(fc.ResourceExhaustedError(*TOO_LARGE), 0) is None  # never fits: final
     assert policy.delay_s(fc.InvalidArgumentError(*BAD_SCHEMA), 0) is None
     assert policy.delay_s(fc.DeadlineExceededError(grpc.StatusCode.DEADLINE_EXCEEDED, "Deadline Exceeded"), 0) is None

@@ -52,11 +52,12 @@ export function extractionValue(response) {
  * Milliseconds to wait before sending a call again after `error`, when `numRetries` retries were
  * made already, or null to give up: only transient errors (isTransient) are retried, at most
  * `maxRetries` times, after a delay drawn uniformly from [0, min(maxBackoffMs, backoffMs * 2**retry)]
- * (full jitter, so documents refused together do not come back together).
+ * (full jitter, so documents refused together do not come back together), never sooner than the
+ * delay the server asked for.
  */
 export function retryDelayMs(error, numRetries, { maxRetries, backoffMs, maxBackoffMs }, uniform = Math.random) {
   if (numRetries >= maxRetries || !isTransient(error)) return null;
-  return uniform() * Math.min(maxBackoffMs, backoffMs * 2 ** numRetries);
+  return Math.max(uniform() * Math.min(maxBackoffMs, backoffMs * 2 ** numRetries), error.retryAfterMs ?? 0);
 }
 
 /** The documents as { id, text }: strings, [id, text] pairs, or objects with `text` (and `id`). */

@@ -5,15 +5,40 @@ import assert from "node:assert/strict";
 import { describe, test } from "node:test";
 
 import grpc from "@grpc/grpc-js";
+import protobuf from "protobufjs";
 
 import { extractPrompt, FormworkClient, FormworkError, IncompleteOutputError, retryDelayMs } from "formwork-client";
+import { fromServiceError } from "../src/errors.js";
 
 const SCHEMA = { type: "object", properties: { name: { type: "string", maxLength: 20 } }, required: ["name"] };
 const LOADING = { code: grpc.status.UNAVAILABLE, details: "the model is still loading; retry once health reports SERVING" };
+// an overloaded server's refusal carries a retry delay: a google.rpc.RetryInfo in the trailers
 const QUEUE_FULL = { code: grpc.status.RESOURCE_EXHAUSTED,
-  details: "the queue is full: 32 requests in flight (16 running + 16 waiting at most); retry later" };
+  details: "the queue is full: 32 requests in flight (16 running + 16 waiting at most); retry later", retryAfterMs: 50 };
 const TOO_LARGE = { code: grpc.status.RESOURCE_EXHAUSTED, details: "the request needs 900 tokens of KV cache; the engine has 512" };
 const BAD_SCHEMA = { code: grpc.status.INVALID_ARGUMENT, details: "constraint.json_schema_text: json_schema does not compile" };
+
+// the trailers a server sends with a refusal: a google.rpc.Status, with a RetryInfo when `retryAfterMs` is set
+const rpc = protobuf.parse(`
+  syntax = "proto3";
+  package google.rpc;
+  message Any { string type_url = 1; bytes value = 2; }
+  message Status { int32 code = 1; string message = 2; repeated Any details = 3; }
+  message Duration { int64 seconds = 1; int32 nanos = 2; }
+  message RetryInfo { Duration retry_delay = 1; }
+`, { keepCase: true }).root;
+
+function trailers(retryAfterMs) {
+  const metadata = new grpc.Metadata();
+  if (retryAfterMs === undefined) return metadata;
+  const RetryInfo = rpc.lookupType("google.rpc.RetryInfo");
+  const retry = RetryInfo.encode({ retry_delay: { seconds: Math.floor(retryAfterMs / 1000),
+    nanos: (retryAfterMs % 1000) * 1e6 } }).finish();
+  const status = rpc.lookupType("google.rpc.Status").encode({ code: grpc.status.RESOURCE_EXHAUSTED,
+    details: [{ type_url: "type.googleapis.com/google.rpc.RetryInfo", value: retry }] }).finish();
+  metadata.set("grpc-status-details-bin", Buffer.from(status));
+  return metadata;
+}
 
 const documentText = (request) => request.chat.messages[0].content.split("\n\n")[0];
 
@@ -57,7 +82,7 @@ class FakeStub {
     (this.gates.get(text)?.promise ?? Promise.resolve()).then(() => setImmediate(() => {
       const outcome = this.scripts[text]?.shift();
       if (outcome !== undefined && typeof outcome === "object") {
-        end({ ...outcome, metadata: new grpc.Metadata() });
+        end({ code: outcome.code, details: outcome.details, metadata: trailers(outcome.retryAfterMs) });
       } else {
         end(null, answer(text, outcome === "length"));
       }
@@ -99,7 +124,10 @@ describe("extractMany with a fake stub", () => {
     assert.deepEqual([0, 1, 2, 3, 4, 5].map((n) => retryDelayMs(loading, n, policy, () => 1)), [500, 1000, 2000, 3000, 3000, 3000]);
     assert.equal(retryDelayMs(loading, 2, policy, () => 0.25), 500);
     assert.equal(retryDelayMs(loading, 6, policy, () => 1), null); // maxRetries spent
-    assert.notEqual(retryDelayMs(new FormworkError(QUEUE_FULL.code, QUEUE_FULL.details), 0, policy), null);
+    const queueFull = fromServiceError({ ...QUEUE_FULL, metadata: trailers(QUEUE_FULL.retryAfterMs) });
+    assert.equal(queueFull.retryAfterMs, 50);
+    assert.equal(retryDelayMs(queueFull, 0, policy, () => 0), 50); // never sooner than the server asked
+    assert.equal(retryDelayMs(queueFull, 1, policy, () => 1), 1000); // the backoff when it is longer
     assert.equal(retryDelayMs(new FormworkError(TOO_LARGE.code, TOO_LARGE.details), 0, policy), null);
     assert.equal(retryDelayMs(new FormworkError(BAD_SCHEMA.code, BAD_SCHEMA.details), 0, policy), null);
   });

@@ -59,7 +59,8 @@ class RetryPolicy:
     """A transient failure (errors.is_transient: UNAVAILABLE, or RESOURCE_EXHAUSTED from an
     overloaded server) is sent again, at most `max_retries` times, after a delay drawn uniformly
     from [0, min(max_backoff_s, backoff_s * 2**retry)]: exponential, with full jitter so documents
-    refused together do not come back together. Any other failure is final."""
+    refused together do not come back together; never sooner than the delay the server asked for.
+    Any other failure is final."""
 
     max_retries: int = 4
     backoff_s: float = 0.5
@@ -78,7 +79,8 @@ class RetryPolicy:
         were made already; None: give up. `uniform` draws the jitter from [0, 1) (default: random)."""
         if num_retries >= self.max_retries or not is_transient(error):
             return None
-        return (uniform or _uniform)() * min(self.max_backoff_s, self.backoff_s * 2 ** num_retries)
+        backoff = (uniform or _uniform)() * min(self.max_backoff_s, self.backoff_s * 2 ** num_retries)
+        return max(backoff, getattr(error, "retry_after_s", None) or 0.0)
 
 
 class Document(NamedTuple):
