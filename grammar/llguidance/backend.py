@@ -45,8 +45,9 @@ class LLGuidanceBackend(GrammarBackend):
 
     Compiling validates the grammar and builds a template matcher; no token mask is built ahead
     (llguidance computes each step's mask from its lexer and parser), so a new schema answers in
-    about a millisecond. Think sections with a token budget are refused (a GrammarError naming
-    the limit): the budget's forced end marker is xgrammar's.
+    about a millisecond. Think sections with a token budget and structural tags are refused (an
+    UnsupportedError, so auto takes xgrammar): the budget's forced end marker and the tags'
+    dispatch are xgrammar's.
     """
 
     name = "llguidance"
@@ -107,6 +108,9 @@ class LLGuidanceBackend(GrammarBackend):
             return llg.LLMatcher.grammar_from_lark(lark_text.choice_lark(constraint.choices))
         if kind == "tool_calls":
             return self._tool_calls_grammar(constraint, not_enforced)
+        if kind == "structural_tag":  # triggered tags need xgrammar's tag dispatch
+            raise UnsupportedError("structural_tag is not supported by the llguidance backend; use the xgrammar "
+                                   "backend (or auto, which chooses it)")
         raise GrammarError(f"unknown constraint kind {kind!r}")
 
     def _lark(self, constraint: Constraint) -> str:
