@@ -70,6 +70,9 @@ class ChatFormat:
         template_kwargs: dict[str, Any] = dict(options.template_kwargs)
         syntax = None
         if tools and choice != "none":
+            if constraint is not None and constraint.kind == "structural_tag":
+                raise invalid_argument("constraint.structural_tag", "cannot be combined with tools; write the calls "
+                                                                    "as tags of the structural tag, or send no tools")
             calls = ToolCalls(tuple(tools), choice, options.tool_name, options.parallel_tool_calls, self.tool_syntax)
             constraint = with_tool_calls(calls, constraint)
             syntax = SYNTAXES[self.tool_syntax]

@@ -47,7 +47,8 @@ class StructuralTagError(ValueError):
 
     def __init__(self, path: str, problem: str) -> None:
         super().__init__(f"{path}: {problem}")
-        self.path = path
+        self.path = path  # "structural_tag" for the tag as a whole
+        self.problem = problem
 
 
 def parse_structural_tag(spec: str) -> Format:

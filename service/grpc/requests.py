@@ -26,7 +26,7 @@ _WHITESPACE = {pb.JSON_WHITESPACE_COMPACT: "compact", pb.JSON_WHITESPACE_SPACED:
 _GRAMMAR_SYNTAX = {pb.GRAMMAR_SYNTAX_EBNF: "ebnf", pb.GRAMMAR_SYNTAX_LARK: "lark"}
 _TOOL_CHOICE = {pb.TOOL_CHOICE_MODE_UNSPECIFIED: "auto", pb.TOOL_CHOICE_MODE_AUTO: "auto",
                 pb.TOOL_CHOICE_MODE_NONE: "none", pb.TOOL_CHOICE_MODE_REQUIRED: "required"}
-CONSTRAINT_FIELDS = "json_schema, json_schema_text, json_object, regex, grammar, choice"
+CONSTRAINT_FIELDS = "json_schema, json_schema_text, json_object, regex, grammar, choice, structural_tag"
 
 
 def generation_request_from_proto(request: pb.GenerateRequest) -> GenerationRequest:
@@ -67,7 +67,7 @@ def constraint_from_proto(constraint: pb.Constraint) -> ConstraintRequest:
     if kind == "json_schema":
         # a Struct keeps no key order: sort, so the same schema always gives the same grammar
         spec = json.dumps(struct_to_python(constraint.json_schema), ensure_ascii=False, sort_keys=True)
-    elif kind in ("json_schema_text", "regex", "grammar"):
+    elif kind in ("json_schema_text", "regex", "grammar", "structural_tag"):
         spec = getattr(constraint, kind)
     elif kind == "choice":
         choices = tuple(constraint.choice.choices)

@@ -202,14 +202,20 @@ def _constraint(body: _GenerationRequest, names: FieldNames) -> ConstraintReques
         found.append(("response_format.json_schema.schema",
                       ConstraintRequest("json_schema_text", json.dumps(schema, ensure_ascii=False),
                                         strict=response_format.json_schema.strict)))
+    elif response_format is not None and response_format.type == "structural_tag":
+        tag = response_format.model_dump(include={"type", "format", "structures", "triggers"}, exclude_none=True)
+        found.append(("response_format", ConstraintRequest("structural_tag", json.dumps(tag, ensure_ascii=False))))
+    if response_format is not None and response_format.type != "structural_tag":
+        extra = [n for n in ("format", "structures", "triggers") if getattr(response_format, n) is not None]
+        if extra:
+            raise invalid_argument(f"response_format.{extra[0]}", "belongs to type structural_tag")
     structured = body.structured_outputs
     if structured is not None:
-        if structured.structural_tag is not None:
-            raise invalid_argument("structured_outputs.structural_tag", "structural tags are not supported yet; "
-                                                                         "tools (function calls) are constrained")
-        kinds = [k for k in ("json_", "regex", "choice", "grammar", "json_object") if getattr(structured, k) is not None]
+        kinds = [k for k in ("json_", "regex", "choice", "grammar", "json_object", "structural_tag")
+                 if getattr(structured, k) is not None]
         if len(kinds) != 1:
-            raise invalid_argument("structured_outputs", "set exactly one of json, regex, choice, grammar, json_object")
+            raise invalid_argument("structured_outputs", "set exactly one of json, regex, choice, grammar, "
+                                                         "json_object, structural_tag")
         kind = kinds[0]
         found.append((f"structured_outputs.{kind.rstrip('_')}", _kind_constraint(kind, getattr(structured, kind))))
     for name, kind in (("guided_json", "json_"), ("guided_regex", "regex"), ("guided_choice", "choice"),
@@ -255,6 +261,8 @@ def _kind_constraint(kind: str, value: Any) -> ConstraintRequest:
         return ConstraintRequest("json_object")
     if kind == "choice":
         return ConstraintRequest("choice", choices=tuple(value))
+    if kind == "structural_tag":
+        return ConstraintRequest("structural_tag", _json_text(value))
     return ConstraintRequest(kind, value)
 
 

@@ -32,8 +32,13 @@ class JsonSchemaFormat(_Strict):
 
 
 class ResponseFormat(_Strict):
-    type: Literal["text", "json_object", "json_schema"]
+    type: Literal["text", "json_object", "json_schema", "structural_tag"]
     json_schema: JsonSchemaFormat | None = None
+    # type structural_tag (grammar/chat/structural_tag.py): xgrammar's `format`, or the older
+    # `structures` + `triggers` that vLLM and SGLang take; checked there, field by field
+    format: Any = None
+    structures: Any = None
+    triggers: Any = None
 
 
 class StructuredOutputs(_Strict):
@@ -44,7 +49,7 @@ class StructuredOutputs(_Strict):
     choice: list[str] | None = None
     grammar: str | None = None
     json_object: bool | None = None
-    structural_tag: Any = None  # refused for now, by name
+    structural_tag: dict[str, Any] | str | None = None  # a structural tag, inline or as JSON text
 
 
 class FormworkOptions(_Strict):

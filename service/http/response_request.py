@@ -29,11 +29,15 @@ class _Strict(BaseModel):
 
 
 class TextFormat(_Strict):
-    type: Literal["text", "json_object", "json_schema"]
+    type: Literal["text", "json_object", "json_schema", "structural_tag"]
     name: str = "response"
     description: str | None = None
     schema_: dict[str, Any] | bool | None = Field(default=None, alias="schema")
     strict: bool | None = None
+    # type structural_tag: as chat's response_format (service/http/protocol.py)
+    format: Any = None
+    structures: Any = None
+    triggers: Any = None
 
 
 class TextOptions(_Strict):
@@ -110,7 +114,8 @@ def translate_response_request(body: ResponsesRequest) -> Translated:
         sampling = dataclasses.replace(sampling, max_tokens=body.max_output_tokens)
     constraint = _constraint(body)
     if constraint is not None:
-        names.names[f"constraint.{constraint.kind}"] = "text.format.schema" if constraint.spec else "text.format"
+        schema_field = constraint.spec and constraint.kind != "structural_tag"
+        names.names[f"constraint.{constraint.kind}"] = "text.format.schema" if schema_field else "text.format"
     request = GenerationRequest((prompt,), sampling, constraint, _chat_options(body),
                                 priority=body.formwork.priority if body.formwork else 0)
     return Translated(request, names, num_choices=1, stream=body.stream, include_usage=False)
@@ -187,6 +192,9 @@ def _constraint(body: ResponsesRequest) -> ConstraintRequest | None:
         constraint = None
     elif text_format.type == "json_object":
         constraint = ConstraintRequest("json_object")
+    elif text_format.type == "structural_tag":
+        tag = text_format.model_dump(include={"type", "format", "structures", "triggers"}, exclude_none=True)
+        constraint = ConstraintRequest("structural_tag", json.dumps(tag, ensure_ascii=False))
     else:
         if text_format.schema_ is None:
             raise invalid_argument("text.format.schema", "is required with type json_schema")

@@ -13,7 +13,7 @@ from formwork_client._gen.formwork.v1 import generation_pb2 as pb
 from formwork_client.aio import AsyncClient
 from formwork_client.client import Client
 from formwork_client.constraints import (CONSTRAINT_KEY_HEADER, choice, constraint_key, grammar, json_object, json_schema,
-                                         regex)
+                                         regex, structural_tag)
 from formwork_client.errors import (DeadlineExceededError, FieldViolation, FormworkError, IncompleteOutputError,
                                     InternalError, InvalidArgumentError, RequestCancelledError,
                                     ResourceExhaustedError, StatusError, UnauthenticatedError, UnavailableError,
@@ -23,7 +23,8 @@ from formwork_client.request import DEFAULT_ADDRESS
 
 __all__ = [
     "AsyncClient", "Client", "DEFAULT_ADDRESS", "pb",
-    "choice", "grammar", "json_object", "json_schema", "regex", "CONSTRAINT_KEY_HEADER", "constraint_key",
+    "choice", "grammar", "json_object", "json_schema", "regex", "structural_tag", "CONSTRAINT_KEY_HEADER",
+    "constraint_key",
     "DeadlineExceededError", "FieldViolation", "FormworkError", "IncompleteOutputError", "InternalError",
     "InvalidArgumentError", "RequestCancelledError", "ResourceExhaustedError", "StatusError", "UnauthenticatedError",
     "UnavailableError", "is_transient", "ExtractionResult", "Usage",
