@@ -68,6 +68,7 @@ class ChatOptions:
     # more chat template variables, as sent (HTTP's chat_template_kwargs); enable_thinking among
     # them also sets `thinking`
     template_kwargs: dict[str, Any] = field(default_factory=dict)
+    allowed_tools: tuple[str, ...] = ()  # auto / required: the only tools that may be called (empty: all)
 
 
 @dataclass(frozen=True)

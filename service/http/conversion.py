@@ -14,7 +14,8 @@ from typing import Any
 
 from service.errors import FieldViolation, ServiceError, invalid_argument
 from service.http.fields import check_extra_fields
-from service.http.protocol import ChatCompletionRequest, ChatMessage, CompletionRequest, _GenerationRequest
+from service.http.protocol import (AllowedTools, AllowedToolsChoice, ChatCompletionRequest, ChatMessage, CompletionRequest,
+                                   _GenerationRequest)
 from service.request import (ChatOptions, ConstraintRequest, GenerationRequest, PromptInput, SamplingRequest, ToolSpec,
                              template_message)
 
@@ -63,7 +64,9 @@ class Translated:
 def translate_chat(body: ChatCompletionRequest) -> Translated:
     names = FieldNames({"chat.messages": "messages", "chat": "messages", "tool_choice.function_name":
                         "tool_choice.function.name", "reasoning.budget_tokens": "formwork.reasoning_budget",
-                        "reasoning.enabled": "chat_template_kwargs.enable_thinking"})
+                        "reasoning.enabled": "chat_template_kwargs.enable_thinking",
+                        "tool_choice.allowed_tools.function_names": "tool_choice.allowed_tools.tools",
+                        "tool_choice.allowed_tools.mode": "tool_choice.allowed_tools.mode"})
     _refuse(body.functions, "functions", "the legacy functions field is not supported; use tools")
     _refuse(body.audio, "audio", "audio output is not supported")
     if body.modalities and body.modalities != ["text"]:
@@ -86,9 +89,11 @@ def _chat_options(body: ChatCompletionRequest) -> ChatOptions:
                            "" if t.function.parameters is None else json.dumps(t.function.parameters,
                                                                                 ensure_ascii=False))
                   for t in body.tools or [])
-    choice, name = "auto", ""
+    choice, name, allowed = "auto", "", ()
     if isinstance(body.tool_choice, str):
         choice = body.tool_choice
+    elif isinstance(body.tool_choice, AllowedToolsChoice):
+        choice, allowed = body.tool_choice.allowed_tools.mode, _allowed_names(body.tool_choice.allowed_tools)
     elif body.tool_choice is not None:
         choice, name = "named", body.tool_choice.function.name
     kwargs = body.chat_template_kwargs or {}
@@ -103,7 +108,24 @@ def _chat_options(body: ChatCompletionRequest) -> ChatOptions:
     if budget is not None and not 0 <= budget < 1 << 32:
         raise invalid_argument("formwork.reasoning_budget", f"must be >= 0, got {budget}")
     parallel = body.parallel_tool_calls if body.parallel_tool_calls is not None else True
-    return ChatOptions(tools, choice, name, parallel, thinking, budget, template_kwargs=dict(kwargs))
+    return ChatOptions(tools, choice, name, parallel, thinking, budget, template_kwargs=dict(kwargs),
+                       allowed_tools=allowed)
+
+
+def _allowed_names(allowed: AllowedTools) -> tuple[str, ...]:
+    """The function names of OpenAI's allowed_tools (the check that each is a tool of the request
+    is the shared one, service/chat_format.py)."""
+    if not allowed.tools:
+        raise invalid_argument("tool_choice.allowed_tools.tools", "must name at least one tool")
+    names = []
+    for index, tool in enumerate(allowed.tools):
+        where = f"tool_choice.allowed_tools.tools[{index}]"
+        if tool.type != "function":
+            raise invalid_argument(f"{where}.type", f"only function tools are supported, got {tool.type!r}")
+        if tool.function is None:
+            raise invalid_argument(f"{where}.function", "is required")
+        names.append(tool.function.name)
+    return tuple(names)
 
 
 def _chat_message(message: ChatMessage, index: int) -> dict[str, Any]:
