@@ -38,8 +38,8 @@ XGRAMMAR_CHEAP_SPEC_CHARS = 2048
 
 def preferred_order(constraint: Constraint) -> tuple[str, str]:
     """The backends to try for an "auto" constraint, first choice first."""
-    if constraint.think_budget or constraint.kind == "structural_tag":
-        return ("xgrammar", "llguidance")  # only xgrammar forces a budget's end marker and dispatches tags
+    if constraint.think_budget:
+        return ("xgrammar", "llguidance")  # only xgrammar forces the end marker at the budget
     if len(constraint.spec) > XGRAMMAR_CHEAP_SPEC_CHARS:
         return ("llguidance", "xgrammar")
     return ("xgrammar", "llguidance")

@@ -13,7 +13,8 @@ from llguidance.gbnf_to_lark import any_to_lark
 
 from grammar.backend import GrammarBackend, GrammarError, UnsupportedError
 from grammar.chat.tool_calls import ToolCalls
-from grammar.compiler import answer_constraint
+from grammar.chat.structural_tag import StructuralTagError, content_field, map_contents, parse_structural_tag
+from grammar.compiler import answer_constraint, content_constraint
 from grammar.json_schema.limits import check_limits, parse_schema
 from grammar.json_schema.rewrite import rewrite
 from grammar.json_schema.values import check_keyword_values
@@ -21,6 +22,7 @@ from grammar.llguidance import lark_text, output_bounds
 from grammar.llguidance.json_options import (WHITESPACE_OPTIONS, closed_schema, keyword_locations,
                                              unimplemented_keywords)
 from grammar.llguidance.matcher import LLGuidanceCompiled, LLGuidanceGrammar
+from grammar.llguidance.structural_lark import structural_lark
 from grammar.regex.repeat_counts import find_large_repeat
 from grammar.runtime.char_tokens import CharTokens
 from grammar.runtime.closing_hints import closing_hints
@@ -45,9 +47,9 @@ class LLGuidanceBackend(GrammarBackend):
 
     Compiling validates the grammar and builds a template matcher; no token mask is built ahead
     (llguidance computes each step's mask from its lexer and parser), so a new schema answers in
-    about a millisecond. Think sections with a token budget and structural tags are refused (an
-    UnsupportedError, so auto takes xgrammar): the budget's forced end marker and the tags'
-    dispatch are xgrammar's.
+    about a millisecond. Think sections with a token budget are refused (an UnsupportedError, so
+    auto takes xgrammar): the budget's forced end marker is xgrammar's; so are the parts of a
+    structural tag structural_lark.py cannot write.
     """
 
     name = "llguidance"
@@ -108,9 +110,8 @@ class LLGuidanceBackend(GrammarBackend):
             return llg.LLMatcher.grammar_from_lark(lark_text.choice_lark(constraint.choices))
         if kind == "tool_calls":
             return self._tool_calls_grammar(constraint, not_enforced)
-        if kind == "structural_tag":  # triggered tags need xgrammar's tag dispatch
-            raise UnsupportedError("structural_tag is not supported by the llguidance backend; use the xgrammar "
-                                   "backend (or auto, which chooses it)")
+        if kind == "structural_tag":
+            return self._structural_tag_grammar(constraint, not_enforced)
         raise GrammarError(f"unknown constraint kind {kind!r}")
 
     def _lark(self, constraint: Constraint) -> str:
@@ -204,6 +205,36 @@ class LLGuidanceBackend(GrammarBackend):
             return llg.LLMatcher.grammar_from_lark("start: calls\n" + calls)
         answer = answer_constraint(constraint, spec.answer, self.config)
         return _compose("start: @answer | calls\n" + calls, {"answer": self._grammar(answer, not_enforced)})
+
+    # -- structural tags ---------------------------------------------------------------------
+
+    def _structural_tag_grammar(self, constraint: Constraint, not_enforced: list[str]) -> str:
+        """The tag's Lark (grammar/llguidance/structural_lark.py) over its contents, each compiled
+        as a constraint of its kind with the tag's options, named by its path on error."""
+        try:
+            format_ = parse_structural_tag(constraint.spec)
+        except StructuralTagError as e:
+            raise GrammarError(f"structural_tag {e}") from None
+        contents: dict[str, str] = {}
+
+        def compile_content(leaf: dict, path: str) -> dict:
+            field = content_field(path, leaf, constraint.spec)
+            content = content_constraint(constraint, leaf, field, self.config)
+            notes: list[str] = []
+            try:
+                check_limits(content, self.config.max_spec_bytes, self.config.max_schema_depth)
+                grammar = self._grammar(content, notes)
+            except GrammarError as e:
+                raise type(e)(f"{field}: {e}") from None  # unsupported stays so
+            not_enforced.extend(f"{field}: {note}" for note in notes)
+            name = f"content_{len(contents)}"
+            contents[name] = grammar
+            return {"type": "ref", "name": name}
+        try:
+            lark = structural_lark(map_contents(format_, compile_content))
+        except UnsupportedError as e:
+            raise UnsupportedError(f"structural_tag {e}") from None
+        return _compose(lark, contents)
 
     # -- the rest of the ABC ----------------------------------------------------------------
 

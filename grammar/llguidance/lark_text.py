@@ -51,12 +51,12 @@ def think_then(answer_rule: str, end_marker: str) -> str:
     """Free thinking up to and including the first `end_marker`, then `answer_rule`. The thinking
     is one lexeme that ends at the marker (llguidance's `&` and `~`: any text with the marker
     only at its end), so the lexer never has to choose where thinking stops."""
-    marker = _regex_escape(end_marker)
+    marker = regex_escape(end_marker)
     return (f"start: THINK {_AFTER_THINK} {answer_rule}\n"
             f"THINK: /(?s:.*){marker}/ & ~/(?s:.*{marker}.+)/\n")
 
 
-def _regex_escape(text: str) -> str:
+def regex_escape(text: str) -> str:
     """`text` literally inside a Lark /regex/ (the slash included)."""
     out = []
     for char in text:

@@ -6,17 +6,22 @@ from __future__ import annotations
 import json
 
 import pytest
-from grammar_factories import accepts, make_backend, make_llguidance_backend
+from grammar_factories import accepts, encode, make_backend, make_llguidance_backend
 
 from grammar.backend import GrammarError, UnsupportedError
 from grammar.chat.structural_tag import StructuralTagError, iter_contents, parse_structural_tag
 from grammar.constraint import Constraint
-from grammar.selection import preferred_order
+from grammar.config import GrammarConfig
+from grammar.selection import SelectingBackend, preferred_order
 
 WEATHER = {"type": "object", "properties": {"city": {"type": "string", "maxLength": 12}}, "required": ["city"]}
 LEGACY = {"type": "structural_tag", "triggers": ["<function="],
           "structures": [{"begin": "<function=get_weather>", "schema": WEATHER, "end": "</function>"}]}
 CALL = '<function=get_weather>{"city": "Paris"}</function>'
+
+
+def make_selecting() -> SelectingBackend:
+    return SelectingBackend({"xgrammar": make_backend(), "llguidance": make_llguidance_backend()}, GrammarConfig())
 
 
 def tagged(content, triggers=("<x",), begin="<x>", end="</x>"):
@@ -152,7 +157,61 @@ def test_the_rewrite_makes_a_schema_enforceable_inside_a_tag():
     assert not accepts(grammar, 'x <x>{"a": 9}</x>')
 
 
-def test_llguidance_refuses_and_auto_prefers_xgrammar():
-    with pytest.raises(UnsupportedError, match="structural_tag is not supported by the llguidance backend"):
-        make_llguidance_backend().compile(tag_constraint(LEGACY))
-    assert preferred_order(Constraint("structural_tag", "x" * 5000))[0] == "xgrammar"  # even a long spec
+def llguidance_accepts(compiled, text: str) -> bool:
+    backend = make_llguidance_backend()
+    grammar = backend.make_grammar(compiled)
+    return grammar.accept_tokens(encode(text)) and (grammar.is_terminated()
+                                                    or grammar.accept_tokens(backend.stop_token_ids))
+
+
+def _tag(begin, content=None):
+    return {"type": "tag", "begin": begin, "content": content or {"type": "regex", "pattern": "[0-9]+"}, "end": "</x>"}
+
+
+TEXTS = ["", "hi", "hi <x>1</x>", "<x>1</x>", "<x>1</x> bye", "a <x>1</x> b <x>2</x>", "<x>1</x><x>2</x>", "a <x>z</x>",
+         "a <y>1</x>", "<x>1</x>,<x>2</x>"]
+
+
+@pytest.mark.parametrize("format_", [
+    {"type": "triggered_tags", "triggers": ["<x"], "tags": [_tag("<x>")]},
+    {"type": "triggered_tags", "triggers": ["<x"], "tags": [_tag("<x>")], "stop_after_first": True},
+    {"type": "triggered_tags", "triggers": ["<x"], "tags": [_tag("<x>")], "at_least_one": True},
+    {"type": "triggered_tags", "triggers": ["<x"], "tags": [_tag("<x>")], "at_least_one": True,
+     "stop_after_first": True},
+    {"type": "triggered_tags", "triggers": ["<x"], "tags": [_tag("<x>")], "excludes": ["bye"]},
+    {"type": "triggered_tags", "triggers": ["<x", "<y"], "tags": [_tag("<x>"), _tag("<y>", {
+        "type": "json_schema", "json_schema": {"type": "integer"}})]},
+    {"type": "tags_with_separator", "separator": "", "tags": [_tag("<x>")]},
+    {"type": "tags_with_separator", "separator": ",", "tags": [_tag("<x>")], "at_least_one": True},
+    {"type": "tags_with_separator", "separator": "", "tags": [_tag("<x>")], "stop_after_first": True},
+    {"type": "sequence", "elements": [{"type": "or", "elements": [{"type": "const_string", "value": "a "},
+                                                                   {"type": "const_string", "value": "hi "}]},
+                                      _tag("<x>", {"type": "grammar", "grammar": 'root ::= [0-9] | "z"'})]},
+    {"type": "tag", "begin": "<x>", "content": {"type": "any_text"}, "end": ["</x>", "</y>"]},
+])
+def test_llguidance_accepts_what_xgrammar_does(format_):
+    constraint = tag_constraint({"type": "structural_tag", "format": format_})
+    on_xgrammar, on_llguidance = make_backend().compile(constraint), make_llguidance_backend().compile(constraint)
+    expected = [accepts(on_xgrammar, text) for text in TEXTS]
+    assert [llguidance_accepts(on_llguidance, text) for text in TEXTS] == expected
+    assert any(expected)
+
+
+def test_llguidance_refuses_free_text_it_cannot_end_and_auto_takes_xgrammar():
+    sequence = {"type": "sequence", "elements": [{"type": "any_text"}, {"type": "const_string", "value": "END"}]}
+    with pytest.raises(UnsupportedError, match=r"^structural_tag format\.elements\[0\]: any_text is only"):
+        make_llguidance_backend().compile(tag_constraint({"format": sequence}))
+    budget = {"type": "tag", "begin": "<a>", "content": {"type": "any_text", "max_tokens": 4}, "end": "</a>"}
+    with pytest.raises(UnsupportedError, match=r"format\.content: any_text's max_tokens"):
+        make_llguidance_backend().compile(tag_constraint({"format": budget}))
+    # long enough that auto tries llguidance first (grammar/selection.py)
+    long_end = dict(sequence, elements=[{"type": "any_text"}, {"type": "const_string", "value": "END" * 700}])
+    auto = Constraint("structural_tag", json.dumps({"format": long_end}), grammar_backend="auto")
+    assert preferred_order(auto)[0] == "llguidance"
+    assert make_selecting().compile(auto).backend_name == "xgrammar"
+
+
+def test_llguidance_names_a_content_that_does_not_compile():
+    with pytest.raises(GrammarError, match=r"^format\.tags\[0\]\.content\.json_schema: "):
+        make_llguidance_backend().compile(tag_constraint(tagged({"type": "json_schema",
+                                                                 "json_schema": {"type": "strin"}})))
