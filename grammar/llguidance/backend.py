@@ -12,6 +12,7 @@ import msgspec
 from llguidance.gbnf_to_lark import any_to_lark
 
 from grammar.backend import GrammarBackend, GrammarError, UnsupportedError
+from grammar.chat.tool_call_format import tool_calls_format
 from grammar.chat.tool_calls import ToolCalls
 from grammar.chat.structural_tag import StructuralTagError, content_field, map_contents, parse_structural_tag
 from grammar.compiler import answer_constraint, content_constraint
@@ -175,36 +176,28 @@ class LLGuidanceBackend(GrammarBackend):
     # -- tool calls -------------------------------------------------------------------------
 
     def _tool_calls_grammar(self, constraint: Constraint, not_enforced: list[str]) -> str:
-        """Calls only (required / named), or with choice auto either an answer in its constraint
-        or calls; auto with free text around the calls is refused (xgrammar's triggered tags)."""
+        """The calls as the tool-call format both backends build (grammar/chat/tool_call_format.py),
+        written as a structural tag's Lark; each allowed tool's arguments compiled as a json_schema
+        constraint with the same options, named by the tool on error."""
         try:
             spec = ToolCalls.from_spec(constraint.spec)
         except ValueError as e:
             raise GrammarError(str(e)) from None
-        if spec.choice == "auto" and spec.answer is None:
-            raise UnsupportedError("tool_calls with choice auto and a free-text answer is not supported by the "
-                               "llguidance backend; use the xgrammar backend")
-        options = WHITESPACE_OPTIONS[constraint.json_whitespace]
-        schemas: dict[str, Any] = {}
+        contents: dict[str, str] = {}
+        arguments: dict[str, dict] = {}
         allowed = {tool.name for tool in spec.allowed_tools}
         for index, tool in enumerate(spec.tools):
             if tool.name not in allowed:
                 continue
             schema = msgspec.structs.replace(constraint, kind="json_schema", choices=[], think_end="", think_budget=0,
                                              spec=json.dumps(tool.schema, ensure_ascii=False))
-            notes: list[str] = []
-            try:
-                check_limits(schema, self.config.max_spec_bytes, self.config.max_schema_depth)
-                schemas[tool.name] = self._json_schema(schema, notes)
-                self._json_grammar(schema, schemas[tool.name], notes)  # its errors, named per tool
-            except GrammarError as e:
-                raise type(e)(f'tools[{index}] "{tool.name}" parameters: {e}') from None  # unsupported stays so
-            not_enforced += [f'tool "{tool.name}": {note}' for note in notes]
-        calls = lark_text.tool_calls_lark(spec, schemas, {**options, "lenient": not constraint.strict})
-        if spec.answer is None:
-            return llg.LLMatcher.grammar_from_lark("start: calls\n" + calls)
-        answer = answer_constraint(constraint, spec.answer, self.config)
-        return _compose("start: @answer | calls\n" + calls, {"answer": self._grammar(answer, not_enforced)})
+            arguments[tool.name] = self._content_ref(schema, f'tools[{index}] "{tool.name}" parameters',
+                                                     f'tool "{tool.name}"', contents, not_enforced)
+        answer = None
+        if spec.answer is not None:
+            answer_grammar = self._grammar(answer_constraint(constraint, spec.answer, self.config), not_enforced)
+            answer = _content_ref_of(answer_grammar, contents)
+        return _compose(structural_lark(tool_calls_format(spec, arguments, answer)), contents)
 
     # -- structural tags ---------------------------------------------------------------------
 
@@ -220,21 +213,26 @@ class LLGuidanceBackend(GrammarBackend):
         def compile_content(leaf: dict, path: str) -> dict:
             field = content_field(path, leaf, constraint.spec)
             content = content_constraint(constraint, leaf, field, self.config)
-            notes: list[str] = []
-            try:
-                check_limits(content, self.config.max_spec_bytes, self.config.max_schema_depth)
-                grammar = self._grammar(content, notes)
-            except GrammarError as e:
-                raise type(e)(f"{field}: {e}") from None  # unsupported stays so
-            not_enforced.extend(f"{field}: {note}" for note in notes)
-            name = f"content_{len(contents)}"
-            contents[name] = grammar
-            return {"type": "ref", "name": name}
+            return self._content_ref(content, field, field, contents, not_enforced)
         try:
             lark = structural_lark(map_contents(format_, compile_content))
         except UnsupportedError as e:
             raise UnsupportedError(f"structural_tag {e}") from None
         return _compose(lark, contents)
+
+    def _content_ref(self, content: Constraint, error_label: str, note_label: str, contents: dict[str, str],
+                     not_enforced: list[str]) -> dict:
+        """A constraint inside a structural format (a tool's arguments, a structural tag's content)
+        compiled as it would be on its own and added to `contents`; its `ref` leaf. An error starts
+        with `error_label` (an unsupported keyword stays UnsupportedError), a note with `note_label`."""
+        notes: list[str] = []
+        try:
+            check_limits(content, self.config.max_spec_bytes, self.config.max_schema_depth)
+            grammar = self._grammar(content, notes)
+        except GrammarError as e:
+            raise type(e)(f"{error_label}: {e}") from None
+        not_enforced.extend(f"{note_label}: {note}" for note in notes)
+        return _content_ref_of(grammar, contents)
 
     # -- the rest of the ABC ----------------------------------------------------------------
 
@@ -260,15 +258,24 @@ class LLGuidanceBackend(GrammarBackend):
         return self.forced_text.encode if self.forced_text.enabled else None
 
 
+def _content_ref_of(grammar: str, contents: dict[str, str]) -> dict:
+    """`grammar` added to `contents` under a new name; the format leaf that refers to it."""
+    name = f"content_{len(contents)}"
+    contents[name] = grammar
+    return {"type": "ref", "name": name}
+
+
 def _compose(main_lark: str, named: dict[str, str]) -> str:
     """One llguidance grammar of a Lark grammar that refers to others as `@name`; `named`: name ->
-    a grammar as llguidance's grammar_from_* wrote it (its JSON form, or plain Lark)."""
+    a grammar as llguidance's grammar_from_* or _compose wrote it (its JSON form, or plain Lark).
+    A composed one brings its own named parts along; their names must not meet `named`'s."""
     grammars: list[dict[str, Any]] = [{"lark_grammar": main_lark}]
     for name, text in named.items():
         inner = json.loads(text)["grammars"] if text.lstrip().startswith("{") else [{"lark_grammar": text}]
-        if len(inner) != 1:
-            raise GrammarError(f"the {name} grammar has {len(inner)} parts; one is supported here")
-        grammars.append({**inner[0], "name": name})
+        grammars += [{**inner[0], "name": name}, *inner[1:]]
+    names = [g["name"] for g in grammars[1:]]
+    if len(set(names)) != len(names):
+        raise GrammarError(f"grammar parts share a name ({names}); this combination is not supported")
     return json.dumps({"grammars": grammars})
 
 

@@ -14,6 +14,7 @@ import xgrammar as xgr
 
 from grammar.backend import CompiledGrammar, GrammarBackend, GrammarError
 from grammar.chat.structural_tag import StructuralTagError, content_field, map_contents, parse_structural_tag
+from grammar.chat.tool_call_format import tool_calls_format
 from grammar.chat.tool_calls import ToolCalls
 from grammar.compiler import answer_constraint, content_constraint
 from grammar.constraint import BOUNDED_JSON_WHITESPACE, Constraint
@@ -256,16 +257,17 @@ class XGrammarBackend(GrammarBackend):
             spec = ToolCalls.from_spec(constraint.spec)
         except ValueError as e:
             raise GrammarError(str(e)) from None
-        arguments: dict[str, str] = {}
+        arguments: dict[str, structural_tags.Format] = {}
         allowed = {tool.name for tool in spec.allowed_tools}
         for index, tool in enumerate(spec.tools):
             if tool.name not in allowed:
                 continue
             schema = Constraint(kind="json_schema", spec=json.dumps(tool.schema, ensure_ascii=False),
                                 strict=constraint.strict, whitespace=constraint.json_whitespace)
-            arguments[tool.name] = self._content_grammar(schema, f'tools[{index}] "{tool.name}" parameters',
-                                                         f'tool "{tool.name}"', not_enforced)
-        return structural_tags.tool_calls_format(spec, arguments, self._answer_ebnf(constraint, spec, not_enforced))
+            arguments[tool.name] = structural_tags.grammar_format(self._content_grammar(
+                schema, f'tools[{index}] "{tool.name}" parameters', f'tool "{tool.name}"', not_enforced))
+        answer = self._answer_ebnf(constraint, spec, not_enforced)
+        return tool_calls_format(spec, arguments, None if answer is None else structural_tags.grammar_format(answer))
 
     def _structural_tag_format(self, constraint: Constraint, not_enforced: list[str]) -> structural_tags.Format:
         """The request's own structural tag, each schema, regex and grammar inside it compiled as
