@@ -72,7 +72,7 @@ def parse_structural_tag(spec: str) -> Format:
     if "structures" in data or "triggers" in data:
         _no_other_fields(data, ("type", "structures", "triggers"), "")
         format_ = _from_structures(data.get("structures"), data.get("triggers"))
-        _check_triggers(format_, "", legacy=True)
+        _check_triggers(format_, "", older_shape=True)
         return format_
     raise StructuralTagError("structural_tag", 'needs "format" (xgrammar\'s shape) or "structures" and '
                                                '"triggers" (the vLLM / SGLang shape)')
@@ -95,12 +95,17 @@ def map_contents(format_: Format, compile_content: Callable[[Format, str], Forma
     return out
 
 
-def content_field(path: str, leaf: Format, spec: str) -> str:
-    """The request field of the content leaf at `path` (map_contents' path) of the structural tag
-    `spec`: its schema, pattern or grammar, in the shape the tag was sent in."""
-    legacy = re.fullmatch(r"format\.tags\[(\d+)\]\.content", path)
-    if legacy and '"structures"' in spec and '"format"' not in spec:
-        return f"structures[{legacy.group(1)}].schema"
+def is_older_shape(spec: str) -> bool:
+    """Whether a checked structural tag's text is in the older structures + triggers shape."""
+    return "format" not in json.loads(spec)
+
+
+def content_field(path: str, leaf: Format, older_shape: bool) -> str:
+    """The request field of the content leaf at `path` (map_contents' path): its schema, pattern or
+    grammar, named in the shape the tag was sent in (`older_shape`: is_older_shape)."""
+    tag = re.fullmatch(r"format\.tags\[(\d+)\]\.content", path)
+    if older_shape and tag:
+        return f"structures[{tag.group(1)}].schema"
     return f"{path}.{_CONTENT_FIELD[leaf['type']]}"
 
 
@@ -268,14 +273,14 @@ def _check_tags(node: dict, path: str, depth: int) -> None:
     _check_triggers(node, path)
 
 
-def _check_triggers(node: dict, path: str, legacy: bool = False) -> None:
+def _check_triggers(node: dict, path: str, older_shape: bool = False) -> None:
     """Each tag's begin starts with exactly one trigger, and each trigger starts some tag's begin."""
-    triggers_path = "triggers" if legacy else f"{path}.triggers"
+    triggers_path = "triggers" if older_shape else f"{path}.triggers"
     triggers = node["triggers"]
     _strings(triggers, triggers_path, non_empty=True)
     used: set[str] = set()
     for index, tag in enumerate(node["tags"]):
-        where = f"structures[{index}].begin" if legacy else f"{path}.tags[{index}].begin"
+        where = f"structures[{index}].begin" if older_shape else f"{path}.tags[{index}].begin"
         matching = [t for t in triggers if tag["begin"].startswith(t)]
         if not matching:
             raise StructuralTagError(where, f"{tag['begin']!r} starts with none of the triggers "

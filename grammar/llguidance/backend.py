@@ -14,7 +14,8 @@ from llguidance.gbnf_to_lark import any_to_lark
 from grammar.backend import GrammarBackend, GrammarError, UnsupportedError
 from grammar.chat.tool_call_format import tool_calls_format
 from grammar.chat.tool_calls import ToolCalls
-from grammar.chat.structural_tag import StructuralTagError, content_field, map_contents, parse_structural_tag
+from grammar.chat.structural_tag import (StructuralTagError, content_field, is_older_shape, map_contents,
+                                         parse_structural_tag)
 from grammar.compiler import answer_constraint, content_constraint
 from grammar.json_schema.limits import check_limits, parse_schema
 from grammar.json_schema.rewrite import rewrite
@@ -208,10 +209,11 @@ class LLGuidanceBackend(GrammarBackend):
             format_ = parse_structural_tag(constraint.spec)
         except StructuralTagError as e:
             raise GrammarError(f"structural_tag {e}") from None
+        older_shape = is_older_shape(constraint.spec)
         contents: dict[str, str] = {}
 
         def compile_content(leaf: dict, path: str) -> dict:
-            field = content_field(path, leaf, constraint.spec)
+            field = content_field(path, leaf, older_shape)
             content = content_constraint(constraint, leaf, field, self.config)
             return self._content_ref(content, field, field, contents, not_enforced)
         try:

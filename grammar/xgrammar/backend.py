@@ -13,7 +13,8 @@ import torch
 import xgrammar as xgr
 
 from grammar.backend import CompiledGrammar, GrammarBackend, GrammarError
-from grammar.chat.structural_tag import StructuralTagError, content_field, map_contents, parse_structural_tag
+from grammar.chat.structural_tag import (StructuralTagError, content_field, is_older_shape, map_contents,
+                                         parse_structural_tag)
 from grammar.chat.tool_call_format import tool_calls_format
 from grammar.chat.tool_calls import ToolCalls
 from grammar.compiler import answer_constraint, content_constraint
@@ -277,9 +278,10 @@ class XGrammarBackend(GrammarBackend):
             format_ = parse_structural_tag(constraint.spec)
         except StructuralTagError as e:
             raise GrammarError(f"structural_tag {e}") from None
+        older_shape = is_older_shape(constraint.spec)
 
         def compile_content(leaf: structural_tags.Format, path: str) -> structural_tags.Format:
-            field = content_field(path, leaf, constraint.spec)
+            field = content_field(path, leaf, older_shape)
             content = content_constraint(constraint, leaf, field, self.config)
             return structural_tags.grammar_format(self._content_grammar(content, field, field, not_enforced))
         return map_contents(format_, compile_content)

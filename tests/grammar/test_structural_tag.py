@@ -136,7 +136,8 @@ def test_a_content_that_does_not_compile_is_named_by_its_field():
         backend.compile(tag_constraint(tagged({"type": "json_schema", "json_schema": {"type": "strin"}})))
     with pytest.raises(GrammarError, match=r"^format\.tags\[0\]\.content\.pattern: regex does not compile"):
         backend.compile(tag_constraint(tagged({"type": "regex", "pattern": "(ab"})))
-    bad_legacy = dict(LEGACY, structures=[dict(LEGACY["structures"][0], schema={"type": "strin"})])
+    # a "format" keyword inside the schema does not make it the newer shape
+    bad_legacy = dict(LEGACY, structures=[dict(LEGACY["structures"][0], schema={"type": "strin", "format": "email"})])
     with pytest.raises(GrammarError, match=r"^structures\[0\]\.schema: json_schema does not compile"):
         backend.compile(tag_constraint(bad_legacy))
 
