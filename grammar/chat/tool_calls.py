@@ -13,6 +13,8 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
+from grammar.chat.xml_tool_calls import CompileLeaf, Format, XmlParameterSyntax
+
 TOOL_CHOICES = ("auto", "required", "named")
 # the constraint kinds a text answer beside the calls may have (ToolCalls.answer)
 ANSWER_KINDS = ("json_schema", "json_object", "regex", "grammar", "choice")
@@ -33,6 +35,21 @@ class ToolCallSyntax:
     args_key: str
     trigger: str
     wrapped: bool = False
+
+    def for_tools(self, tools: tuple[Tool, ...] | list[Tool]) -> ToolCallSyntax:
+        """This syntax reading calls of `tools` (a JSON call carries its own types)."""
+        return self
+
+    def call_tag(self, name: str, content: Format) -> Format:
+        """One call of `name` as a format; `content`: its arguments (arguments_format)."""
+        begin = self.call_prefix(name)
+        return {"type": "tag", "begin": begin if self.wrapped else self.open + begin, "content": content,
+                "end": "}" if self.wrapped else "}" + self.close}
+
+    def arguments_format(self, tool: Tool, compile_leaf: CompileLeaf) -> tuple[Format, list[str], list[str]]:
+        """(the arguments object as a format: the tool's schema, compiled by `compile_leaf(leaf,
+        "")`; the narrowings chosen: none; the keywords not enforced beyond the schema's own: none)."""
+        return compile_leaf({"type": "json_schema", "json_schema": tool.schema}, ""), [], []
 
     def call_prefix(self, tool_name: str) -> str:
         """The text of one call up to its arguments object."""
@@ -161,8 +178,10 @@ def _skip_space(text: str, pos: int) -> int:
     return pos
 
 
+# a family's call syntax: JSON calls, or calls with one XML-ish element per parameter
+CallSyntax = ToolCallSyntax | XmlParameterSyntax
 # the call syntaxes Formwork knows, by name
-SYNTAXES: dict[str, ToolCallSyntax] = {s.name: s for s in (
+SYNTAXES: dict[str, CallSyntax] = {s.name: s for s in (
     # Hermes / Qwen 2.5 / Qwen 3: each call in its own <tool_call> block
     ToolCallSyntax("hermes", open="<tool_call>\n", close="\n</tool_call>", separator="\n", args_key="arguments",
                    trigger="<tool_call>"),
@@ -171,6 +190,8 @@ SYNTAXES: dict[str, ToolCallSyntax] = {s.name: s for s in (
     # Mistral: one [TOOL_CALLS] list holding every call
     ToolCallSyntax("mistral", open="[TOOL_CALLS][", close="]", separator=", ", args_key="arguments",
                    trigger="[TOOL_CALLS]", wrapped=True),
+    # Qwen3-Coder: <tool_call><function=NAME><parameter=ARG>value</parameter>...</function></tool_call>
+    XmlParameterSyntax(),
 )}
 DEFAULT_SYNTAX = "hermes"
 
@@ -188,6 +209,8 @@ def syntax_for_model(model_type: str | None, chat_template: str | None) -> str:
     are chosen by the template that teaches them (its ipython role), not by the architecture.
     """
     template = chat_template or ""
+    if "<function=" in template and "<parameter=" in template:
+        return "qwen3_coder"
     if "[TOOL_CALLS]" in template:
         return "mistral"
     if "<|python_tag|>" in template or "ipython" in template:
@@ -224,8 +247,8 @@ class ToolCalls:
     allowed: tuple[str, ...] = ()
 
     @property
-    def call_syntax(self) -> ToolCallSyntax:
-        return SYNTAXES[self.syntax]
+    def call_syntax(self) -> CallSyntax:
+        return SYNTAXES[self.syntax].for_tools(self.tools)
 
     @property
     def allowed_tools(self) -> tuple[Tool, ...]:
