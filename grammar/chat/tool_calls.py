@@ -13,6 +13,7 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
+from grammar.chat.tool import Tool
 from grammar.chat.xml_tool_calls import CompileLeaf, Format, XmlParameterSyntax
 
 TOOL_CHOICES = ("auto", "required", "named")
@@ -50,6 +51,15 @@ class ToolCallSyntax:
         """(the arguments object as a format: the tool's schema, compiled by `compile_leaf(leaf,
         "")`; the narrowings chosen: none; the keywords not enforced beyond the schema's own: none)."""
         return compile_leaf({"type": "json_schema", "json_schema": tool.schema}, ""), [], []
+
+    def closing_words(self, tool: Tool) -> list[str]:
+        """Words that close a call of `tool` that a closing search may not spell a character at a
+        time: none (a JSON call's ends are forced text)."""
+        return []
+
+    def raw_patterns(self, tool: Tool) -> list[str]:
+        """The regexes of `tool`'s values written raw, not as JSON: none."""
+        return []
 
     def call_prefix(self, tool_name: str) -> str:
         """The text of one call up to its arguments object."""
@@ -216,17 +226,6 @@ def syntax_for_model(model_type: str | None, chat_template: str | None) -> str:
     if "<|python_tag|>" in template or "ipython" in template:
         return "llama3_json"
     return FAMILY_SYNTAX.get(model_type or "", DEFAULT_SYNTAX)
-
-
-@dataclass(frozen=True)
-class Tool:
-    name: str
-    description: str = ""
-    parameters: Any = None  # a JSON Schema (dict or bool); None: any JSON object
-
-    @property
-    def schema(self) -> Any:
-        return {"type": "object"} if self.parameters is None else self.parameters
 
 
 @dataclass(frozen=True)

@@ -11,7 +11,8 @@
     </function>
     </tool_call>
 
-A value is typed by the tool's schema: a string parameter is written raw, any other value as JSON.
+A value is typed by the tool's schema: a string parameter is written raw (so it cannot hold
+"\n</parameter>\n", where it ends), any other value as JSON.
 The syntax reads calls back as OpenAI's arguments JSON, keys in the order written, so the
 arguments streamed while a call is written add up to the final ones. Library-free.
 """
@@ -22,10 +23,9 @@ import json
 import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-if TYPE_CHECKING:
-    from grammar.chat.tool_calls import Tool
+from grammar.chat.tool import Tool
 
 Format = dict[str, Any]
 # compiles a content leaf (json_schema / regex) of one parameter ("" for the whole arguments object)
@@ -33,8 +33,8 @@ CompileLeaf = Callable[[Format, str], Format]
 
 _FUNCTION = "<function="
 _PARAMETER = "<parameter="
-_VALUE_END = "\n</parameter>"
-_PARAMETER_END = _VALUE_END + "\n"
+# a raw value ends at the first of these (so it cannot hold one)
+_PARAMETER_END = "\n</parameter>\n"
 _CALL_END = "</function>\n</tool_call>"
 # keywords of the parameters object the parameter form cannot carry
 _OBJECT_KEYWORDS = ("anyOf", "oneOf", "allOf", "not", "if", "$ref", "patternProperties", "propertyNames",
@@ -140,12 +140,12 @@ class XmlParameterSyntax:
                 start = key_end + 1
                 if text.startswith("\n", start):
                     start += 1
-                end = text.find(_VALUE_END, start)
+                end = text.find(_PARAMETER_END, start)
                 if end < 0:
                     call.parameters.append((key, text[start:], False))
                     return call
                 call.parameters.append((key, text[start:end], True))
-                pos = _skip_space(text, end + len(_VALUE_END))
+                pos = _skip_space(text, end + len(_PARAMETER_END))
             elif text.startswith("</function>", pos):
                 pos = _skip_space(text, pos + len("</function>"))
                 if text.startswith("</tool_call>", pos):
@@ -191,6 +191,35 @@ class XmlParameterSyntax:
         return {"type": "tag", "begin": f"<tool_call>\n{_FUNCTION}{name}>\n", "content": content,
                 "end": "\n</tool_call>"}
 
+    def closing_words(self, tool: Tool) -> list[str]:
+        """Words that close a call of `tool` from inside a value, which a closing search cannot
+        spell a character at a time: the ends, the required parameters' openings, and from the
+        end of each value the rest of the call as far as the required parameters after it can be
+        left empty."""
+        schema = tool.schema if isinstance(tool.schema, dict) else {}
+        properties = schema.get("properties") if isinstance(schema.get("properties"), dict) else {}
+        required = set(schema.get("required") or ())
+        keys = list(properties)
+        words = [_PARAMETER_END, _CALL_END] + [f"{_PARAMETER}{key}>\n" for key in keys if key in required]
+        for index in range(len(keys)):
+            rest = _PARAMETER_END
+            for key in (k for k in keys[index + 1:] if k in required):
+                rest += f"{_PARAMETER}{key}>\n"
+                if not _may_be_empty(properties[key]):
+                    break
+                rest += _PARAMETER_END
+            else:
+                rest += _CALL_END
+            words.append(rest)
+        return words
+
+    def raw_patterns(self, tool: Tool) -> list[str]:
+        """The regexes of `tool`'s string values written raw (their `pattern`s)."""
+        schema = tool.schema if isinstance(tool.schema, dict) else {}
+        properties = schema.get("properties") if isinstance(schema.get("properties"), dict) else {}
+        return [p["pattern"] for p in properties.values()
+                if is_raw_string(p) and isinstance(p.get("pattern"), str)]
+
     def arguments_format(self, tool: Tool, compile_leaf: CompileLeaf) -> tuple[Format, list[str], list[str]]:
         """(the parameters of one call of `tool` as a format, each value's leaf compiled by
         `compile_leaf(leaf, parameter name)`; the narrowings chosen; the keywords not enforced).
@@ -207,8 +236,9 @@ class XmlParameterSyntax:
                        for key in sorted(required - set(properties))]
         elements: list[Format] = []
         for key, sub_schema in properties.items():
-            leaf, notes = _value_leaf(sub_schema, definitions)
-            narrowed += [f'parameter "{key}": {note}' for note in notes]
+            leaf, narrowings, keywords = _value_leaf(sub_schema, definitions)
+            narrowed += [f'parameter "{key}": {note}' for note in narrowings]
+            unenforced += [f'{keyword} of parameter "{key}"' for keyword in keywords]
             tag = {"type": "tag", "begin": f"{_PARAMETER}{key}>\n", "content": compile_leaf(leaf, key)
                    if leaf["type"] != "any_text" else leaf, "end": _PARAMETER_END}
             elements.append(tag if key in required else {"type": "tags_with_separator", "tags": [tag],
@@ -240,26 +270,31 @@ def is_raw_string(schema: Any) -> bool:
         isinstance(v, str) for v in schema["enum"])
 
 
-def _value_leaf(schema: Any, definitions: dict[str, Any]) -> tuple[Format, list[str]]:
-    """The content leaf of one parameter's value, and the narrowings it makes."""
+def _may_be_empty(schema: Any) -> bool:
+    """Whether a value may be written as nothing (a raw string without a lower bound or pattern)."""
+    return is_raw_string(schema) and not any(k in schema for k in ("minLength", "pattern", "enum", "const"))
+
+
+def _value_leaf(schema: Any, definitions: dict[str, Any]) -> tuple[Format, list[str], list[str]]:
+    """The content leaf of one parameter's value; the narrowings it makes; the keywords it leaves
+    unenforced."""
     if not is_raw_string(schema):
         if isinstance(schema, dict) and definitions and "$ref" in json.dumps(schema):
             schema = {**definitions, **schema}  # its $refs point at the tool schema's root
-        return {"type": "json_schema", "json_schema": schema}, []
+        return {"type": "json_schema", "json_schema": schema}, [], []
     if "const" in schema:
-        return {"type": "regex", "pattern": re.escape(schema["const"])}, []
+        return {"type": "regex", "pattern": re.escape(schema["const"])}, [], []
     if "enum" in schema:
-        return {"type": "regex", "pattern": "|".join(re.escape(v) for v in schema["enum"])}, []
-    notes = [f"{k} is not enforced" for k in _STRING_OTHER if k in schema]
+        return {"type": "regex", "pattern": "|".join(re.escape(v) for v in schema["enum"])}, [], []
+    unenforced = [k for k in _STRING_OTHER if k in schema]
     if "pattern" in schema:
-        if any(k in schema for k in _STRING_BOUNDS):
-            notes.append("minLength / maxLength beside a pattern are not enforced")
-        return {"type": "regex", "pattern": schema["pattern"]}, notes + ["the pattern matches the whole value"]
+        unenforced += [k for k in _STRING_BOUNDS if k in schema]
+        return {"type": "regex", "pattern": schema["pattern"]}, ["the pattern matches the whole value"], unenforced
     if any(k in schema for k in _STRING_BOUNDS):
         low, high = schema.get("minLength", 0), schema.get("maxLength", "")
-        return {"type": "regex", "pattern": f"[^<]{{{low},{high}}}"}, notes + [
-            'a string with minLength / maxLength is written without "<"']
-    return {"type": "any_text"}, notes
+        return ({"type": "regex", "pattern": f"[^\\n]{{{low},{high}}}"},
+                ["a string with minLength / maxLength is written on one line"], unenforced)
+    return {"type": "any_text"}, [], unenforced
 
 
 def _closed_value(kind: str, value: str) -> str | None:
@@ -275,8 +310,8 @@ def _closed_value(kind: str, value: str) -> str | None:
 
 def _without_end_prefix(value: str) -> str:
     """A growing value without a tail that may be the start of its end."""
-    for size in range(min(len(_VALUE_END), len(value)), 0, -1):
-        if _VALUE_END.startswith(value[-size:]):
+    for size in range(min(len(_PARAMETER_END), len(value)), 0, -1):
+        if _PARAMETER_END.startswith(value[-size:]):
             return value[:-size]
     return value
 

@@ -114,3 +114,20 @@ def test_a_call_cut_by_max_tokens_stays_a_call_once_streamed():
     reader.step(cut, finished=False)
     parts = reader.step(cut + "Pa", finished=True)
     assert parts.content == "" and [d.arguments for d in parts.call_deltas] == ["Pa"]
+
+
+@pytest.mark.parametrize("chunk", [1, 3, 1000])
+def test_qwen3_coder_calls_stream_as_json_arguments_that_add_up_to_the_whole(chunk):
+    from grammar.chat.tool_calls import Tool, ToolCalls
+    tools = (Tool("get_weather", "", {"type": "object", "properties": {"city": {"type": "string"},
+                                                                      "days": {"type": "integer"}}}),
+             Tool("get_time", "", {"type": "object", "properties": {"zone": {"type": "string"}}}))
+    syntax = ToolCalls(tools, syntax="qwen3_coder").call_syntax
+    text = "Checking.\n" + syntax.render([("get_weather", {"city": "Paris\n</b>", "days": 3}),
+                                          ("get_time", {"zone": "CET"})])
+    shape = OutputShape(syntax)
+    _, content, calls = stream(text, shape, chunk)
+    whole = split(text, shape)
+    assert content.strip() == whole.content == "Checking."
+    assert [(n, a) for _, n, a in calls] == [(c.name, c.arguments) for c in whole.calls] == [
+        ("get_weather", '{"city": "Paris\\n</b>", "days": 3}'), ("get_time", '{"zone": "CET"}')]
