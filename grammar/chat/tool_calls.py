@@ -13,6 +13,7 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
+from grammar.chat.pythonic_tool_calls import PythonicSyntax
 from grammar.chat.tool import Tool
 from grammar.chat.xml_tool_calls import CompileLeaf, Format, XmlParameterSyntax
 
@@ -189,7 +190,7 @@ def _skip_space(text: str, pos: int) -> int:
 
 
 # a family's call syntax: JSON calls, or calls with one XML-ish element per parameter
-CallSyntax = ToolCallSyntax | XmlParameterSyntax
+CallSyntax = ToolCallSyntax | XmlParameterSyntax | PythonicSyntax
 # the call syntaxes Formwork knows, by name
 SYNTAXES: dict[str, CallSyntax] = {s.name: s for s in (
     # Hermes / Qwen 2.5 / Qwen 3: each call in its own <tool_call> block
@@ -202,6 +203,8 @@ SYNTAXES: dict[str, CallSyntax] = {s.name: s for s in (
                    trigger="[TOOL_CALLS]", wrapped=True),
     # Qwen3-Coder: <tool_call><function=NAME><parameter=ARG>value</parameter>...</function></tool_call>
     XmlParameterSyntax(),
+    # Llama 3.2 / Llama 4's pythonic calls: [f(a=1, b="x"), g()]
+    PythonicSyntax(),
 )}
 DEFAULT_SYNTAX = "hermes"
 
@@ -223,6 +226,8 @@ def syntax_for_model(model_type: str | None, chat_template: str | None) -> str:
         return "qwen3_coder"
     if "[TOOL_CALLS]" in template:
         return "mistral"
+    if "[func_name" in template:  # the template teaches the pythonic list of calls
+        return "pythonic"
     if "<|python_tag|>" in template or "ipython" in template:
         return "llama3_json"
     return FAMILY_SYNTAX.get(model_type or "", DEFAULT_SYNTAX)

@@ -34,7 +34,7 @@ TOOLS = (
         "properties": {"room": {"const": "blue"}, "at": {"$ref": "#/$defs/when"}}, "required": ["room", "at"]}),
     Tool("now", "", {"type": "object", "properties": {}}),
 )
-NEW_SYNTAXES = ("qwen3_coder",)
+NEW_SYNTAXES = ("qwen3_coder", "pythonic")
 
 
 def _walk(backend, grammar, rng: random.Random) -> list[int]:
@@ -96,7 +96,8 @@ def test_qwen3_coder_constraint_holds_required_parameters_and_typed_values(backe
     def takes(text: str) -> bool:
         grammar = backend.make_grammar(compiled)
         encoded = backend.tokenizer.encode(text, add_special_tokens=False)
-        return grammar.accept_tokens(encoded) and grammar.accept_tokens([backend.stop_token_ids[0]])
+        return grammar.accept_tokens(encoded) and (grammar.is_terminated()
+                                                   or grammar.accept_tokens([backend.stop_token_ids[0]]))
     assert backend_name != "xgrammar" or accepts(compiled, syntax.render([("now", {})]))
     assert takes(syntax.render([("get_weather", {"city": "Paris <3\nor Oslo", "days": 3})]))
     assert takes(syntax.render([("get_weather", {"city": "Oslo"}), ("search", {"query": "x", "exact": True})]))
@@ -135,3 +136,29 @@ def test_auto_is_free_text_until_the_call_begins():
     assert accepts(compiled, "Let me look.\n" + call)
     assert not accepts(compiled, "Let me look.\n" + call.replace("<parameter=city>", "<parameter=town>"))
     assert SYNTAXES["qwen3_coder"].trigger == "<tool_call>"
+
+
+@pytest.mark.parametrize("backend_name", ["xgrammar", "llguidance"])
+def test_pythonic_constraint_holds_required_parameters_and_python_constants(backend_name):
+    backend = make_backend() if backend_name == "xgrammar" else make_llguidance_backend()
+    spec = ToolCalls(TOOLS, "required", syntax="pythonic")
+    compiled = backend.compile(Constraint("tool_calls", spec.to_spec(), strict=False))
+
+    def takes(text: str) -> bool:
+        grammar = backend.make_grammar(compiled)
+        encoded = backend.tokenizer.encode(text, add_special_tokens=False)
+        return grammar.accept_tokens(encoded) and (grammar.is_terminated()
+                                                   or grammar.accept_tokens([backend.stop_token_ids[0]]))
+    assert takes('[get_weather(city="Paris", days=3), now()]')
+    assert takes('[search(query="x", exact=True, tags=["a"])]')
+    assert takes('[book(room="blue", at={"day": 1, "hour": 9})]')
+    assert not takes('[search(query="x", exact=true)]')  # a top-level boolean is Python's
+    assert not takes('[get_weather(days=3)]')  # city is required
+    assert not takes('[get_weather(city="Oslo", days=30)]')  # maximum
+    assert not takes('[get_weather(city="Oslo", wind=3)]')  # not a property
+    assert not takes('[get_weather(city="Oslo", city="Oslo")]')
+    assert not takes('Sure. [now()]')  # only calls
+    auto = backend.compile(Constraint("tool_calls", ToolCalls(TOOLS, "auto", syntax="pythonic").to_spec(),
+                                      strict=False))
+    grammar = backend.make_grammar(auto)
+    assert grammar.accept_tokens(backend.tokenizer.encode("It is sunny.", add_special_tokens=False))
