@@ -39,7 +39,6 @@ class PythonicSyntax:
     separator: str = ", "  # between two calls
     trigger: str = "["
     wrapped: bool = True
-    schemas: dict[str, Any] = field(default_factory=dict, compare=False)  # unused: values carry their type
 
     def for_tools(self, tools: tuple[Tool, ...] | list[Tool]) -> PythonicSyntax:
         return self

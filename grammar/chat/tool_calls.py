@@ -201,6 +201,9 @@ SYNTAXES: dict[str, CallSyntax] = {s.name: s for s in (
     # Mistral: one [TOOL_CALLS] list holding every call
     ToolCallSyntax("mistral", open="[TOOL_CALLS][", close="]", separator=", ", args_key="arguments",
                    trigger="[TOOL_CALLS]", wrapped=True),
+    # Phi-4-mini: one <|tool_call|> list holding every call
+    ToolCallSyntax("phi4_mini", open="<|tool_call|>[", close="]<|/tool_call|>", separator=", ", args_key="arguments",
+                   trigger="<|tool_call|>", wrapped=True),
     # Qwen3-Coder: <tool_call><function=NAME><parameter=ARG>value</parameter>...</function></tool_call>
     XmlParameterSyntax(),
     # Llama 3.2 / Llama 4's pythonic calls: [f(a=1, b="x"), g()]
@@ -226,6 +229,8 @@ def syntax_for_model(model_type: str | None, chat_template: str | None) -> str:
         return "qwen3_coder"
     if "[TOOL_CALLS]" in template:
         return "mistral"
+    if "<|tool|>" in template or "<|tool_call|>" in template:  # Phi-4-mini's tool markers
+        return "phi4_mini"
     if "[func_name" in template:  # the template teaches the pythonic list of calls
         return "pythonic"
     if "<|python_tag|>" in template or "ipython" in template:

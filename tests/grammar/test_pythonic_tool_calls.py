@@ -58,3 +58,12 @@ def test_the_chat_template_picks_the_syntax():
                 "params_name2=params_value2...), func_name2(params)]' }}{{ 'ipython' }}")
     assert syntax_for_model("llama", template) == "pythonic"
     assert syntax_for_model("llama", "{{ '<|python_tag|>' }} ipython") == "llama3_json"
+
+
+def test_phi4_mini_writes_one_json_list_between_its_markers():
+    phi = SYNTAXES["phi4_mini"]
+    text = phi.render([("f", {"a": 1}), ("g", {})])
+    assert text == '<|tool_call|>[{"name": "f", "arguments": {"a": 1}}, {"name": "g", "arguments": {}}]<|/tool_call|>'
+    assert phi.parse("Sure. " + text) == ("Sure.", [("f", '{"a": 1}'), ("g", "{}")])
+    assert phi.partial_calls(text[:-len("}}]<|/tool_call|>")], 0) == [("f", '{"a": 1}'), ("g", "{")]
+    assert syntax_for_model("phi3", "{{ '<|tool|>' + tools + '<|/tool|>' }}") == "phi4_mini"

@@ -34,7 +34,7 @@ TOOLS = (
         "properties": {"room": {"const": "blue"}, "at": {"$ref": "#/$defs/when"}}, "required": ["room", "at"]}),
     Tool("now", "", {"type": "object", "properties": {}}),
 )
-NEW_SYNTAXES = ("qwen3_coder", "pythonic")
+NEW_SYNTAXES = ("qwen3_coder", "pythonic", "phi4_mini")
 
 
 def _walk(backend, grammar, rng: random.Random) -> list[int]:

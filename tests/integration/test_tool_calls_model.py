@@ -40,7 +40,7 @@ def prompt(llm, question: str, syntax: str) -> dict:
 
 @pytest.mark.parametrize("choice, name, syntax", [
     ("required", "", "hermes"), ("named", "book_table", "hermes"), ("required", "", "mistral"),
-    ("required", "", "qwen3_coder"), ("required", "", "pythonic"),
+    ("required", "", "qwen3_coder"), ("required", "", "pythonic"), ("required", "", "phi4_mini"),
 ])
 @pytest.mark.parametrize("temperature", [0.0, 1.0])
 def test_every_call_parses_names_an_allowed_tool_and_validates(llm, choice, name, syntax, temperature):
