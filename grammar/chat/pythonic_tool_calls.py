@@ -14,12 +14,11 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
-from grammar.chat.tool import Tool
-from grammar.chat.xml_tool_calls import CompileLeaf, Format
+from grammar.chat.structural_tag import Format
+from grammar.chat.tool import CompileLeaf, Tool
 
 _NAME = re.compile(r"[A-Za-z0-9_.:-]+")
 _KEY = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
-_PYTHON_CONSTANTS = {"True": True, "False": False, "None": None}
 _JSON_CONSTANTS = {"true": True, "false": False, "null": None}
 # keywords of the parameters object a keyword-argument list cannot carry
 _OBJECT_KEYWORDS = ("anyOf", "oneOf", "allOf", "not", "if", "$ref", "patternProperties", "propertyNames",

@@ -1,8 +1,15 @@
 """One tool a request offers: its name, what it does, and the JSON Schema of its arguments."""
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
+
+from grammar.chat.structural_tag import Format
+
+# compiles a content leaf (json_schema / regex) of a tool's arguments: (leaf, the parameter it is
+# the value of, "" for the whole arguments object) -> the leaf as the backend's format
+CompileLeaf = Callable[[Format, str], Format]
 
 
 @dataclass(frozen=True)

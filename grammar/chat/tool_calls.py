@@ -3,8 +3,10 @@
 A `ToolCalls` spec is what a "tool_calls" Constraint carries (as JSON text in `Constraint.spec`):
 the tools (name, description, JSON Schema of the arguments), the choice (auto / required / one
 named tool), whether several calls may follow one another, and the syntax the model writes calls
-in. The grammar side (grammar/xgrammar/) turns it into a structural tag; the front end
-reads calls back out of the text with `ToolCallSyntax.parse`. No grammar library is imported here.
+in: JSON calls (`ToolCallSyntax`, here), Qwen3-Coder's XML parameters (xml_tool_calls.py) or
+Llama's pythonic list (pythonic_tool_calls.py), each with the same methods. Both backends build
+the calls' structural-tag format (tool_call_format.py); the front end reads calls back out of the
+text with the syntax's `parse`. No grammar library is imported here.
 """
 from __future__ import annotations
 
@@ -14,8 +16,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from grammar.chat.pythonic_tool_calls import PythonicSyntax
-from grammar.chat.tool import Tool
-from grammar.chat.xml_tool_calls import CompileLeaf, Format, XmlParameterSyntax
+from grammar.chat.structural_tag import Format
+from grammar.chat.tool import CompileLeaf, Tool
+from grammar.chat.xml_tool_calls import XmlParameterSyntax
 
 TOOL_CHOICES = ("auto", "required", "named")
 # the constraint kinds a text answer beside the calls may have (ToolCalls.answer)

@@ -21,15 +21,12 @@ from __future__ import annotations
 import dataclasses
 import json
 import re
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from grammar.chat.tool import Tool
+from grammar.chat.structural_tag import Format
+from grammar.chat.tool import CompileLeaf, Tool
 
-Format = dict[str, Any]
-# compiles a content leaf (json_schema / regex) of one parameter ("" for the whole arguments object)
-CompileLeaf = Callable[[Format, str], Format]
 
 _FUNCTION = "<function="
 _PARAMETER = "<parameter="
