@@ -218,6 +218,8 @@ DEFAULT_SYNTAX = "hermes"
 FAMILY_SYNTAX = {
     "qwen2": "hermes", "qwen2_moe": "hermes", "qwen3": "hermes", "qwen3_moe": "hermes",
     "mistral": "mistral", "mixtral": "mistral",
+    # Gemma's templates hold no tools; Google documents the pythonic list for its function calling
+    "gemma": "pythonic", "gemma2": "pythonic", "gemma3": "pythonic", "gemma3_text": "pythonic", "gemma3n": "pythonic",
 }
 
 

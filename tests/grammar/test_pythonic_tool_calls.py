@@ -58,6 +58,7 @@ def test_the_chat_template_picks_the_syntax():
                 "params_name2=params_value2...), func_name2(params)]' }}{{ 'ipython' }}")
     assert syntax_for_model("llama", template) == "pythonic"
     assert syntax_for_model("llama", "{{ '<|python_tag|>' }} ipython") == "llama3_json"
+    assert syntax_for_model("gemma3", "<start_of_turn>") == "pythonic"  # Gemma's documented form
 
 
 def test_phi4_mini_writes_one_json_list_between_its_markers():
