@@ -129,6 +129,7 @@ class LLM:
             spec = ToolCalls(tuple(offered), choice, name, parallel_tool_calls, syntax.name)
             spec.validate()
             constraint = with_tool_calls(spec, constraint)
+            syntax = spec.call_syntax
         markers = markers_for_model(model_type, template)
         if markers is not None:
             constraint = after_thinking(constraint, markers.end, reasoning_budget)

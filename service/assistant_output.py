@@ -16,14 +16,14 @@ from grammar.chat.reasoning import split_reasoning
 
 if TYPE_CHECKING:
     from grammar.chat.reasoning import ReasoningMarkers
-    from grammar.chat.tool_calls import ToolCallSyntax
+    from grammar.chat.tool_calls import CallSyntax
 
 
 @dataclass(frozen=True)
 class OutputShape:
     """How one request's output is read back (set by service/chat_format.py)."""
 
-    tool_syntax: ToolCallSyntax | None = None  # set: calls are parsed out of the answer
+    tool_syntax: CallSyntax | None = None  # set: calls are parsed out of the answer
     reasoning: ReasoningMarkers | None = None  # set: the output starts with a think section
 
     @property

@@ -76,7 +76,7 @@ class ChatFormat:
             calls = ToolCalls(tuple(tools), choice, options.tool_name, options.parallel_tool_calls, self.tool_syntax,
                               allowed=options.allowed_tools)
             constraint = with_tool_calls(calls, constraint)
-            syntax = SYNTAXES[self.tool_syntax]
+            syntax = calls.call_syntax  # typed by the tools' schemas where the syntax needs them
         reasoning = self._reasoning(options, template_kwargs)
         if reasoning is not None:
             constraint = after_thinking(constraint, reasoning.end, options.reasoning_budget or 0)

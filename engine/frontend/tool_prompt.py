@@ -12,7 +12,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from grammar.chat.tool_calls import ToolCallSyntax
+from grammar.chat.tool_calls import CallSyntax
 
 
 def template_knows_tools(chat_template: str | None) -> bool:
@@ -20,7 +20,7 @@ def template_knows_tools(chat_template: str | None) -> bool:
 
 
 def render_inputs(messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None, chat_template: str | None,
-                  syntax: ToolCallSyntax) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+                  syntax: CallSyntax) -> tuple[list[dict[str, Any]], dict[str, Any]]:
     """(the messages, the template's extra variables) that render a conversation with `tools`
     (transformers' function shape) and its earlier calls and results, for the model's template."""
     uses_tools = tools or any(m["role"] == "tool" or m.get("tool_calls") for m in messages)
@@ -32,7 +32,7 @@ def render_inputs(messages: list[dict[str, Any]], tools: list[dict[str, Any]] | 
 
 
 def messages_with_tools(messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None,
-                        syntax: ToolCallSyntax) -> list[dict[str, Any]]:
+                        syntax: CallSyntax) -> list[dict[str, Any]]:
     """The conversation for a template without tools: tool prompt, calls and results as plain text."""
     out: list[dict[str, Any]] = []
     for message in messages:
@@ -55,7 +55,7 @@ def messages_with_tools(messages: list[dict[str, Any]], tools: list[dict[str, An
     return out
 
 
-def tool_prompt(tools: list[dict[str, Any]], syntax: ToolCallSyntax) -> str:
+def tool_prompt(tools: list[dict[str, Any]], syntax: CallSyntax) -> str:
     listed = "\n".join(json.dumps(tool, ensure_ascii=False) for tool in tools)
     example = syntax.render([("<function-name>", {"<argument>": "<value>"})])
     return ("# Tools\n\nYou may call one or more functions to assist with the user query.\n\n"

@@ -13,23 +13,19 @@ from __future__ import annotations
 
 from typing import Any
 
-from grammar.chat.tool_calls import ToolCalls
+from grammar.chat.tool_calls import Tool, ToolCalls
 
 Format = dict[str, Any]
 
 
 def tool_calls_format(spec: ToolCalls, arguments: dict[str, Format], answer: Format | None = None) -> Format:
-    """The format of `spec`'s calls; `arguments`: allowed tool name -> its arguments' content
-    format. With `answer` (choice auto), the output is either such an answer or calls."""
+    """The format of `spec`'s calls; `arguments`: allowed tool name -> its arguments' format (the
+    syntax's arguments_format, compiled). With `answer` (choice auto), the output is either such
+    an answer or calls."""
     syntax = spec.call_syntax
     wrapped = syntax.wrapped
-
-    def call_tag(name: str) -> Format:
-        begin = syntax.call_prefix(name)
-        return {"type": "tag", "begin": begin if wrapped else syntax.open + begin, "content": arguments[name],
-                "end": "}" if wrapped else "}" + syntax.close}
-
-    calls: Format = {"type": "tags_with_separator", "tags": [call_tag(t.name) for t in spec.allowed_tools],
+    calls: Format = {"type": "tags_with_separator",
+                     "tags": [syntax.call_tag(t.name, arguments[t.name]) for t in spec.allowed_tools],
                      "separator": syntax.separator, "at_least_one": True, "stop_after_first": not spec.parallel}
     if wrapped:  # one open ... close around every call
         calls = {"type": "tag", "begin": syntax.open, "content": calls, "end": syntax.close}
@@ -39,3 +35,13 @@ def tool_calls_format(spec: ToolCalls, arguments: dict[str, Format], answer: For
         return {"type": "or", "elements": [answer, calls]}
     tags = [calls] if wrapped else calls["tags"]
     return {"type": "triggered_tags", "triggers": [syntax.trigger], "tags": tags, "stop_after_first": not spec.parallel}
+
+
+def arguments_notes(tool: Tool, index: int, narrowed: list[str], unenforced: list[str], strict: bool) -> list[str]:
+    """The not-enforced notes of one tool's arguments in its syntax (arguments_format's narrowings
+    and unenforced keywords). With `strict`, an unenforced keyword is a ValueError naming the tool,
+    as an unsupported keyword of a json_schema constraint is."""
+    if strict and unenforced:
+        raise ValueError(f'tools[{index}] "{tool.name}" parameters: {unenforced[0]}, not enforced by the '
+                         "call syntax's parameter form (strict)")
+    return [f'tool "{tool.name}": {note}' for note in narrowed + unenforced]

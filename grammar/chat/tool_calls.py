@@ -3,8 +3,10 @@
 A `ToolCalls` spec is what a "tool_calls" Constraint carries (as JSON text in `Constraint.spec`):
 the tools (name, description, JSON Schema of the arguments), the choice (auto / required / one
 named tool), whether several calls may follow one another, and the syntax the model writes calls
-in. The grammar side (grammar/xgrammar/) turns it into a structural tag; the front end
-reads calls back out of the text with `ToolCallSyntax.parse`. No grammar library is imported here.
+in: JSON calls (`ToolCallSyntax`, here), Qwen3-Coder's XML parameters (xml_tool_calls.py) or
+Llama's pythonic list (pythonic_tool_calls.py), each with the same methods. Both backends build
+the calls' structural-tag format (tool_call_format.py); the front end reads calls back out of the
+text with the syntax's `parse`. No grammar library is imported here.
 """
 from __future__ import annotations
 
@@ -12,6 +14,11 @@ import json
 import re
 from dataclasses import dataclass
 from typing import Any
+
+from grammar.chat.pythonic_tool_calls import PythonicSyntax
+from grammar.chat.structural_tag import Format
+from grammar.chat.tool import CompileLeaf, Tool
+from grammar.chat.xml_tool_calls import XmlParameterSyntax
 
 TOOL_CHOICES = ("auto", "required", "named")
 # the constraint kinds a text answer beside the calls may have (ToolCalls.answer)
@@ -33,6 +40,30 @@ class ToolCallSyntax:
     args_key: str
     trigger: str
     wrapped: bool = False
+
+    def for_tools(self, tools: tuple[Tool, ...] | list[Tool]) -> ToolCallSyntax:
+        """This syntax reading calls of `tools` (a JSON call carries its own types)."""
+        return self
+
+    def call_tag(self, name: str, content: Format) -> Format:
+        """One call of `name` as a format; `content`: its arguments (arguments_format)."""
+        begin = self.call_prefix(name)
+        return {"type": "tag", "begin": begin if self.wrapped else self.open + begin, "content": content,
+                "end": "}" if self.wrapped else "}" + self.close}
+
+    def arguments_format(self, tool: Tool, compile_leaf: CompileLeaf) -> tuple[Format, list[str], list[str]]:
+        """(the arguments object as a format: the tool's schema, compiled by `compile_leaf(leaf,
+        "")`; the narrowings chosen: none; the keywords not enforced beyond the schema's own: none)."""
+        return compile_leaf({"type": "json_schema", "json_schema": tool.schema}, ""), [], []
+
+    def closing_words(self, tool: Tool) -> list[str]:
+        """Words that close a call of `tool` that a closing search may not spell a character at a
+        time: none (a JSON call's ends are forced text)."""
+        return []
+
+    def raw_patterns(self, tool: Tool) -> list[str]:
+        """The regexes of `tool`'s values written raw, not as JSON: none."""
+        return []
 
     def call_prefix(self, tool_name: str) -> str:
         """The text of one call up to its arguments object."""
@@ -161,8 +192,10 @@ def _skip_space(text: str, pos: int) -> int:
     return pos
 
 
+# a family's call syntax: JSON calls, or calls with one XML-ish element per parameter
+CallSyntax = ToolCallSyntax | XmlParameterSyntax | PythonicSyntax
 # the call syntaxes Formwork knows, by name
-SYNTAXES: dict[str, ToolCallSyntax] = {s.name: s for s in (
+SYNTAXES: dict[str, CallSyntax] = {s.name: s for s in (
     # Hermes / Qwen 2.5 / Qwen 3: each call in its own <tool_call> block
     ToolCallSyntax("hermes", open="<tool_call>\n", close="\n</tool_call>", separator="\n", args_key="arguments",
                    trigger="<tool_call>"),
@@ -171,6 +204,13 @@ SYNTAXES: dict[str, ToolCallSyntax] = {s.name: s for s in (
     # Mistral: one [TOOL_CALLS] list holding every call
     ToolCallSyntax("mistral", open="[TOOL_CALLS][", close="]", separator=", ", args_key="arguments",
                    trigger="[TOOL_CALLS]", wrapped=True),
+    # Phi-4-mini: one <|tool_call|> list holding every call
+    ToolCallSyntax("phi4_mini", open="<|tool_call|>[", close="]<|/tool_call|>", separator=", ", args_key="arguments",
+                   trigger="<|tool_call|>", wrapped=True),
+    # Qwen3-Coder: <tool_call><function=NAME><parameter=ARG>value</parameter>...</function></tool_call>
+    XmlParameterSyntax(),
+    # Llama 3.2 / Llama 4's pythonic calls: [f(a=1, b="x"), g()]
+    PythonicSyntax(),
 )}
 DEFAULT_SYNTAX = "hermes"
 
@@ -178,6 +218,8 @@ DEFAULT_SYNTAX = "hermes"
 FAMILY_SYNTAX = {
     "qwen2": "hermes", "qwen2_moe": "hermes", "qwen3": "hermes", "qwen3_moe": "hermes",
     "mistral": "mistral", "mixtral": "mistral",
+    # Gemma's templates hold no tools; Google documents the pythonic list for its function calling
+    "gemma": "pythonic", "gemma2": "pythonic", "gemma3": "pythonic", "gemma3_text": "pythonic", "gemma3n": "pythonic",
 }
 
 
@@ -188,22 +230,17 @@ def syntax_for_model(model_type: str | None, chat_template: str | None) -> str:
     are chosen by the template that teaches them (its ipython role), not by the architecture.
     """
     template = chat_template or ""
+    if "<function=" in template and "<parameter=" in template:
+        return "qwen3_coder"
     if "[TOOL_CALLS]" in template:
         return "mistral"
+    if "<|tool|>" in template or "<|tool_call|>" in template:  # Phi-4-mini's tool markers
+        return "phi4_mini"
+    if "[func_name" in template:  # the template teaches the pythonic list of calls
+        return "pythonic"
     if "<|python_tag|>" in template or "ipython" in template:
         return "llama3_json"
     return FAMILY_SYNTAX.get(model_type or "", DEFAULT_SYNTAX)
-
-
-@dataclass(frozen=True)
-class Tool:
-    name: str
-    description: str = ""
-    parameters: Any = None  # a JSON Schema (dict or bool); None: any JSON object
-
-    @property
-    def schema(self) -> Any:
-        return {"type": "object"} if self.parameters is None else self.parameters
 
 
 @dataclass(frozen=True)
@@ -224,8 +261,8 @@ class ToolCalls:
     allowed: tuple[str, ...] = ()
 
     @property
-    def call_syntax(self) -> ToolCallSyntax:
-        return SYNTAXES[self.syntax]
+    def call_syntax(self) -> CallSyntax:
+        return SYNTAXES[self.syntax].for_tools(self.tools)
 
     @property
     def allowed_tools(self) -> tuple[Tool, ...]:

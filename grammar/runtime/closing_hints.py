@@ -40,11 +40,12 @@ def closing_hints(constraint: Constraint) -> list[str]:
         hints += _schema_hints(_parsed(constraint.spec))
     elif constraint.kind == "tool_calls":
         try:
-            tools = ToolCalls.from_spec(constraint.spec).allowed_tools
+            spec = ToolCalls.from_spec(constraint.spec)
         except ValueError:
-            tools = []
-        for tool in tools:
-            hints += _schema_hints(tool.schema)
+            spec = None
+        for tool in spec.allowed_tools if spec else ():
+            hints += _schema_hints(tool.schema) + spec.call_syntax.closing_words(tool)
+            hints += [suffix for pattern in spec.call_syntax.raw_patterns(tool) for suffix in regex_suffixes(pattern)]
     elif constraint.kind == "structural_tag":
         hints += _structural_tag_hints(constraint.spec)
     if constraint.think_end:

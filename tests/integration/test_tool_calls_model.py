@@ -40,6 +40,7 @@ def prompt(llm, question: str, syntax: str) -> dict:
 
 @pytest.mark.parametrize("choice, name, syntax", [
     ("required", "", "hermes"), ("named", "book_table", "hermes"), ("required", "", "mistral"),
+    ("required", "", "qwen3_coder"), ("required", "", "pythonic"), ("required", "", "phi4_mini"),
 ])
 @pytest.mark.parametrize("temperature", [0.0, 1.0])
 def test_every_call_parses_names_an_allowed_tool_and_validates(llm, choice, name, syntax, temperature):
@@ -50,7 +51,7 @@ def test_every_call_parses_names_an_allowed_tool_and_validates(llm, choice, name
     outputs = llm.generate([prompt(llm, q, syntax) for q in QUESTIONS], params)
     for output in outputs:
         assert output.finish_reason == FinishReason.STOP, (output.error, output.text)
-        content, calls = SYNTAXES[syntax].parse(output.text)
+        content, calls = spec.call_syntax.parse(output.text)
         assert len(calls) == 1, output.text  # parallel calls off: one call, then the grammar ends
         assert content == ""  # only calls, from the first token
         for tool_name, arguments in calls:

@@ -7,7 +7,7 @@ import json
 import pytest
 
 from grammar.chat.reasoning import ReasoningMarkers, split_reasoning
-from grammar.chat.tool_calls import SYNTAXES, syntax_for_model
+from grammar.chat.tool_calls import SYNTAXES, ToolCallSyntax, syntax_for_model
 from service.assistant_output import AssistantStream, OutputShape, split
 
 THINK = ReasoningMarkers("<think>", "</think>")
@@ -73,9 +73,9 @@ def test_streamed_parts_add_up_to_the_whole(chunk):
     assert [json.loads(arguments)["city"] for _, _, arguments in calls] == ["Paris", "Oslo"]
 
 
-@pytest.mark.parametrize("name", sorted(SYNTAXES))
+@pytest.mark.parametrize("name", sorted(n for n, s in SYNTAXES.items() if isinstance(s, ToolCallSyntax)))
 @pytest.mark.parametrize("chunk", [1, 4, 1000])
-def test_every_syntax_streams_the_arguments_as_written(name, chunk):
+def test_every_json_syntax_streams_the_arguments_as_written(name, chunk):
     """The arguments add up to the text the model wrote (its own spacing), as the whole answer has them."""
     syntax = SYNTAXES[name]
     first = syntax.call_prefix("get_weather") + '{"city":"Paris", "days" : 3}}'
@@ -114,3 +114,32 @@ def test_a_call_cut_by_max_tokens_stays_a_call_once_streamed():
     reader.step(cut, finished=False)
     parts = reader.step(cut + "Pa", finished=True)
     assert parts.content == "" and [d.arguments for d in parts.call_deltas] == ["Pa"]
+
+
+@pytest.mark.parametrize("chunk", [1, 3, 1000])
+def test_qwen3_coder_calls_stream_as_json_arguments_that_add_up_to_the_whole(chunk):
+    from grammar.chat.tool_calls import Tool, ToolCalls
+    tools = (Tool("get_weather", "", {"type": "object", "properties": {"city": {"type": "string"},
+                                                                      "days": {"type": "integer"}}}),
+             Tool("get_time", "", {"type": "object", "properties": {"zone": {"type": "string"}}}))
+    syntax = ToolCalls(tools, syntax="qwen3_coder").call_syntax
+    text = "Checking.\n" + syntax.render([("get_weather", {"city": "Paris\n</b>", "days": 3}),
+                                          ("get_time", {"zone": "CET"})])
+    shape = OutputShape(syntax)
+    _, content, calls = stream(text, shape, chunk)
+    whole = split(text, shape)
+    assert content.strip() == whole.content == "Checking."
+    assert [(n, a) for _, n, a in calls] == [(c.name, c.arguments) for c in whole.calls] == [
+        ("get_weather", '{"city": "Paris\\n</b>", "days": 3}'), ("get_time", '{"zone": "CET"}')]
+
+
+@pytest.mark.parametrize("chunk", [1, 3, 1000])
+def test_pythonic_calls_stream_whole_arguments_that_add_up_to_the_whole(chunk):
+    syntax = SYNTAXES["pythonic"]
+    text = syntax.render([("get_weather", {"city": "Paris, (FR)", "days": 3}), ("get_time", {"zone": "CET"})])
+    shape = OutputShape(syntax)
+    _, content, calls = stream(text, shape, chunk)
+    whole = split(text, shape)
+    assert content == whole.content == ""
+    assert [(n, a) for _, n, a in calls] == [(c.name, c.arguments) for c in whole.calls] == [
+        ("get_weather", '{"city": "Paris, (FR)", "days": 3}'), ("get_time", '{"zone": "CET"}')]
