@@ -142,10 +142,16 @@ def _batch_command(input_path: Path, output_path: Path, engine_args: list[str]) 
 
 def _answers(path: Path) -> dict[str, str]:
     records = [json.loads(text) for text in path.read_text().splitlines()]
-    answers = {r["custom_id"]: json.dumps(r["response"]["body"]["choices"][0]["message"]) for r in records}
+    answers = {r["custom_id"]: json.dumps([r["response"]["status_code"], _answer(r["response"]["body"])])
+               for r in records}
     if len(answers) != len(records):
         raise AssertionError(f"{path}: a custom_id written twice")
     return answers
+
+
+def _answer(body: dict) -> object:
+    """What an answer says: its message, or its error (an id or a time is not the answer)."""
+    return body["choices"][0]["message"] if "choices" in body else body["error"]
 
 
 def robustness(args: argparse.Namespace, engine_args: list[str]) -> int:
