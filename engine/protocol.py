@@ -99,6 +99,7 @@ class EngineCoreOutput(msgspec.Struct, array_like=True, omit_defaults=True):
     # set on the final output only
     not_enforced: list[str] = []  # best-effort constraint: parts of the schema not enforced
     grammar_cache_hit: bool = False  # the compiled grammar came from the compile cache
+    grammar_backend: str = ""  # the grammar library that enforced the constraint ("" without one)
     # with STOP: the engine, not the model, completed the output: "budget" (max_tokens or the
     # context was about to run out), "repetition", "digits" or "depth" (a runaway loop); "" if not
     closed_early: str = ""
@@ -133,13 +134,16 @@ class StepStats(msgspec.Struct, array_like=True, omit_defaults=True):
     sample_s: list[float] = []  # bitmask application + sampling
     total_s: list[float] = []  # launch -> outputs built
     compile_s: list[float] = []  # grammar compiles that finished (successful or not), seconds each
+    # the grammar library of each compile in compile_s (the one asked for, "auto" included, when it failed)
+    compile_backends: list[str] = []
     num_steps: int = 0
     num_preemptions: int = 0
     num_compile_cache_hits: int = 0
     num_compile_cache_misses: int = 0
     num_compile_cache_evictions: int = 0
-    # failure reason ("timeout", "limit", "invalid", "out_of_memory", "internal") -> compiles that failed
-    compile_failures: dict[str, int] = {}
+    # backend (as asked for) -> failure reason ("timeout", "limit", "invalid", "out_of_memory",
+    # "internal") -> compiles that failed
+    compile_failures: dict[str, dict[str, int]] = {}
 
 
 class ConstraintReport(msgspec.Struct, array_like=True, omit_defaults=True):

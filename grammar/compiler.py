@@ -6,6 +6,7 @@ front end calls `compile_sync` to validate a constraint ahead of traffic. Both s
 """
 from __future__ import annotations
 
+import json
 import logging
 import threading
 import time
@@ -64,9 +65,12 @@ class GrammarCompiler:
         self.num_misses = 0
         self.num_timeouts = 0
         self.num_evictions = 0  # cache entries dropped to stay within cache_bytes
-        # why constraints failed ("timeout", "limit", "invalid", "out_of_memory", "internal") -> how many
-        self.failures: dict[str, int] = {}
-        self._compile_times: list[float] = []  # seconds of each finished compile, until taken
+        # backend -> why its constraints failed ("timeout", "limit", "invalid", "out_of_memory",
+        # "internal") -> how many; a failure's backend is the one the constraint asked for
+        self.failures: dict[str, dict[str, int]] = {}
+        # (backend, seconds) of each finished compile, until taken: the backend that compiled it,
+        # or the one asked for ("auto" included) when it failed
+        self._compile_times: list[tuple[str, float]] = []
 
     def submit(self, constraint: Constraint) -> Future[CompiledGrammar]:
         """A future of the compiled grammar; already done on a cache hit. Never raises: every
@@ -83,8 +87,8 @@ class GrammarCompiler:
         compiled = future.result()
         return compiled, time.monotonic() - start, cached
 
-    def take_compile_times(self) -> list[float]:
-        """Seconds each compile took (pool time, successful or not) since the last call."""
+    def take_compile_times(self) -> list[tuple[str, float]]:
+        """(backend, seconds) of each compile (pool time, successful or not) since the last call."""
         with self._lock:
             times, self._compile_times = self._compile_times, []
         return times
@@ -115,17 +119,17 @@ class GrammarCompiler:
         # the size limit first: cache_key parses the spec, and an oversized one should not be
         spec_bytes = len(constraint.spec) + sum(len(c) for c in constraint.choices)
         if spec_bytes > self.config.max_spec_bytes:  # chars <= bytes; the exact check runs later
-            self._count_failure("limit")
+            self._count_failure(constraint, "limit")
             return _failed(GrammarError(
                 f"{constraint.kind} spec is over the max_spec_bytes limit of {self.config.max_spec_bytes} "
                 f"({spec_bytes} characters)")), False
         try:
             key = constraint.cache_key
         except ValueError as e:  # json.JSONDecodeError, or a RecursionError-free parse failure
-            self._count_failure("invalid")
+            self._count_failure(constraint, "invalid")
             return _failed(GrammarError(f"{constraint.kind} spec is not valid: {e}")), False
         except RecursionError:
-            self._count_failure("limit")
+            self._count_failure(constraint, "limit")
             return _failed(GrammarError("json_schema is nested too deeply to parse")), False
         with self._lock:
             entry = self._cache.get(key)
@@ -178,13 +182,15 @@ class GrammarCompiler:
         if timeout_s and elapsed > timeout_s:
             logger.warning("%s compile finished after %.1f s, past its %.1f s limit; caching its outcome",
                            constraint.kind, elapsed, timeout_s)
+        backend = outcome.backend_name if isinstance(outcome, CompiledGrammar) else ""
+        backend = backend or self._asked_backend(constraint)
         with self._lock:
             if len(self._compile_times) < _MAX_UNREAD_COMPILE_TIMES:
-                self._compile_times.append(elapsed)
+                self._compile_times.append((backend, elapsed))
             if self._in_flight.get(key) is future:
                 del self._in_flight[key]
                 if failure is not None:  # an expired compile was counted as a timeout already
-                    self.failures[failure] = self.failures.get(failure, 0) + 1
+                    self._add_failure(backend, failure)
             self._store(key, constraint, outcome)
         _resolve(future, outcome)
 
@@ -196,7 +202,7 @@ class GrammarCompiler:
                 return  # finished meanwhile
             del self._in_flight[key]
             self.num_timeouts += 1
-            self.failures["timeout"] = self.failures.get("timeout", 0) + 1
+            self._add_failure(self._asked_backend(constraint), "timeout")
             self._store(key, constraint, error)
         _resolve(future, error)
 
@@ -219,9 +225,17 @@ class GrammarCompiler:
             self._cache_bytes -= evicted_bytes
             self.num_evictions += 1
 
-    def _count_failure(self, reason: str) -> None:
+    def _count_failure(self, constraint: Constraint, reason: str) -> None:
         with self._lock:
-            self.failures[reason] = self.failures.get(reason, 0) + 1
+            self._add_failure(self._asked_backend(constraint), reason)
+
+    def _add_failure(self, backend: str, reason: str) -> None:
+        """Under the lock."""
+        counts = self.failures.setdefault(backend, {})
+        counts[reason] = counts.get(reason, 0) + 1
+
+    def _asked_backend(self, constraint: Constraint) -> str:
+        return constraint.grammar_backend or self.config.grammar_backend
 
 
 def _done(outcome: CompiledGrammar | GrammarError) -> Future[CompiledGrammar]:
@@ -259,3 +273,21 @@ def answer_constraint(constraint: Constraint, answer: dict, config: GrammarConfi
         raise GrammarError(f"the answer's {checked.kind}: {e}") from None
     return checked
 
+
+
+def content_constraint(constraint: Constraint, leaf: dict, path: str, config: GrammarConfig) -> Constraint:
+    """The constraint of a structural tag's content leaf (grammar/chat/structural_tag.py: a
+    json_schema, regex or grammar format at `path`), with the tag constraint's options."""
+    if leaf["type"] == "json_schema":
+        kind, spec, syntax = "json_schema", json.dumps(leaf["json_schema"], ensure_ascii=False), ""
+    elif leaf["type"] == "regex":
+        kind, spec, syntax = "regex", leaf["pattern"], ""
+    else:
+        kind, spec, syntax = "grammar", leaf["grammar"], leaf.get("syntax", "ebnf")
+    content = msgspec.structs.replace(constraint, kind=kind, spec=spec, choices=[], grammar_syntax=syntax,
+                                      think_end="", think_budget=0)
+    try:
+        content.validate()
+    except ValueError as e:
+        raise GrammarError(f"{path}: {e}") from None
+    return content

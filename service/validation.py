@@ -7,6 +7,8 @@ import math
 from typing import Any
 
 from engine.sampling_params import SamplingParams
+from grammar.chat.structural_tag import StructuralTagError
+from grammar.config import GRAMMAR_BACKENDS
 from grammar.constraint import Constraint
 from service.errors import invalid_argument
 from service.limits import ServiceLimits
@@ -19,7 +21,8 @@ _OPTIONAL_SAMPLING_FIELDS = ("temperature", "top_p", "top_k", "min_p", "seed", "
                              "logprobs", "speculative", "min_tokens")
 # SamplingParams field names, longest first: its ValueErrors start with the field they are about
 _SAMPLING_FIELDS_LONGEST_FIRST = sorted(SamplingParams.__struct_fields__, key=len, reverse=True)
-_CONSTRAINT_OPTIONS = ("strict", "any_whitespace", "jump_forward", "close_early", "whitespace", "grammar_syntax")
+_CONSTRAINT_OPTIONS = ("strict", "any_whitespace", "jump_forward", "close_early", "whitespace", "grammar_syntax",
+                       "grammar_backend")
 
 
 def check_prompt(prompt: PromptInput, vocab_size: int) -> PromptInput:
@@ -81,12 +84,17 @@ def engine_constraint(constraint: ConstraintRequest, limits: ServiceLimits) -> C
         raise invalid_argument(path, f"is {num_bytes} bytes; this server's max_constraint_bytes is "
                                      f"{limits.max_constraint_bytes}")
     options = {name: getattr(constraint, name) for name in _CONSTRAINT_OPTIONS if getattr(constraint, name) is not None}
+    if constraint.grammar_backend is not None and constraint.grammar_backend not in GRAMMAR_BACKENDS:
+        raise invalid_argument("constraint.grammar_backend", f"unknown grammar backend {constraint.grammar_backend!r}; "
+                                                             f"expected one of {', '.join(GRAMMAR_BACKENDS)}")
     if constraint.grammar_syntax is not None and kind != "grammar":
         raise invalid_argument("constraint.grammar_syntax", f"applies to a grammar constraint, not {kind}")
     result = Constraint(kind=CONSTRAINT_FIELD_KINDS[kind], spec=constraint.spec, choices=list(constraint.choices),
                         **options)
     try:
         result.validate()
+    except StructuralTagError as e:  # named down to the field inside the tag
+        raise invalid_argument(path if e.path == "structural_tag" else f"{path}.{e.path}", e.problem) from None
     except ValueError as e:
         raise invalid_argument(path, str(e)) from None
     return result

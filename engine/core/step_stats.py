@@ -48,9 +48,11 @@ class StepStatsCollector:
         stats.num_steps = scheduler.num_steps
         stats.num_preemptions = scheduler.num_preemptions
         if compiler is not None:
-            stats.compile_s = compiler.take_compile_times()
+            compiles = compiler.take_compile_times()
+            stats.compile_backends = [backend for backend, _ in compiles]
+            stats.compile_s = [seconds for _, seconds in compiles]
             stats.num_compile_cache_hits = compiler.num_hits
             stats.num_compile_cache_misses = compiler.num_misses
             stats.num_compile_cache_evictions = compiler.num_evictions
-            stats.compile_failures = dict(compiler.failures)
+            stats.compile_failures = {backend: dict(counts) for backend, counts in compiler.failures.items()}
         return stats

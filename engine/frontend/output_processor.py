@@ -58,6 +58,7 @@ class RequestOutput(msgspec.Struct):
     new_logprobs: list[TokenLogprob] | None = None
     not_enforced: list[str] = []  # best-effort constraint: parts of the schema not enforced
     grammar_cache_hit: bool = False  # final output: the constraint's grammar came from the compile cache
+    grammar_backend: str = ""  # final output: the grammar library that enforced the constraint
     # the engine completed the output before the model did: "budget", "repetition", "digits" or
     # "depth" (EngineCoreOutput.closed_early); "" if the model finished it
     closed_early: str = ""
@@ -171,6 +172,7 @@ class OutputProcessor:
                 final = self._final_output(state, finish_reason, stop_reason, output.error, now)
                 final.error_kind = output.error_kind
                 final.grammar_cache_hit = output.grammar_cache_hit
+                final.grammar_backend = output.grammar_backend
                 final.closed_early = output.closed_early
                 request_outputs.append(final)
             elif state.stream and new_token_ids:

@@ -35,6 +35,7 @@ def final_output(request: Request, new_token_ids: list[int], logprobs: list[Toke
         counters=counters_now(request),
         not_enforced=list(grammar.not_enforced) if grammar is not None else [],
         grammar_cache_hit=structured_output is not None and structured_output.grammar_cache_hit,
+        grammar_backend=structured_output.grammar_backend if structured_output is not None else "",
         closed_early=structured_output.closed_early if structured_output is not None else "",
     )
 

@@ -62,6 +62,7 @@ class StructuredOutputManager:
         compiled = future.result()  # raises GrammarError (a ValueError) on failure
         try:
             grammar = request.grammar = self.backend.make_grammar(compiled)
+            request.grammar_backend = compiled.backend_name
         except Exception as e:  # e.g. MemoryError: this request's grammar failed, not the engine
             raise GrammarError(grammar_failure("building its matcher", e)) from None
         request.mark_grammar_ready(time.monotonic())  # if the compile's callback has not run yet

@@ -17,7 +17,7 @@ class StructuredOutputRequest:
     written by the compile's callback, on a compile thread, once."""
 
     __slots__ = ("constraint", "grammar", "closing", "slow_fills", "num_forced_tokens_pending", "closed_early",
-                 "grammar_cache_hit", "grammar_ready_time")
+                 "grammar_cache_hit", "grammar_ready_time", "grammar_backend")
 
     def __init__(self, constraint: Constraint) -> None:
         self.constraint = constraint
@@ -28,6 +28,7 @@ class StructuredOutputRequest:
         self.closed_early = ""  # why the engine closed the output (EngineCoreOutput.closed_early)
         self.grammar_cache_hit = False  # its compiled grammar was in the compile cache on arrival
         self.grammar_ready_time: float | None = None  # monotonic: its grammar compile ended (or failed)
+        self.grammar_backend = ""  # the library that compiled its grammar, once activated
 
     def mark_grammar_ready(self, now: float) -> None:
         """The compile ended: on a compile thread (the future's callback) or the engine thread,

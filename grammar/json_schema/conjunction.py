@@ -3,24 +3,74 @@
 grammar.json_schema.merge.merge applied where xgrammar would read only one side."""
 from __future__ import annotations
 
+import hashlib
+import json
 from typing import Any
 
 from grammar.backend import GrammarError
-from grammar.json_schema.merge import CannotMerge, EmptyIntersection, merge
+from grammar.json_schema.merge import CannotMerge, EmptyIntersection, copy_json, merge
 from grammar.json_schema.rule import RuleContext, asserting, kept
+from grammar.json_schema.walk import resolve_pointer
 
 
 def ref_siblings(node: dict, pointer: str, context: RuleContext) -> Any:
-    """Keywords beside $ref merged with its target (exact). A recursive reference is left alone."""
+    """Keywords beside $ref merged with its target (exact). A target that refers to itself with
+    the same keywords beside the reference (or the root, "#") becomes a definition of its own
+    (recursive_ref_siblings)."""
     if "$ref" not in node or not asserting(node, "$ref"):
         return node
     try:
         target = context.resolved({"$ref": node["$ref"]})
         merged = merge(asserting(node, "$ref"), target)
     except CannotMerge:
-        return node
+        return recursive_ref_siblings(node, pointer, context)
     context.fired("ref-siblings", pointer)
     return {**kept(node, "$ref"), **merged}
+
+
+def recursive_ref_siblings(node: dict, pointer: str, context: RuleContext) -> Any:
+    """{"$ref": R, S...} where R's target T refers back to R with the same keywords S beside it:
+    a new definition D = S merged with T, in which each such {"$ref": R, S...} refers to D
+    instead; the node becomes {"$ref": D}. Exact: D is what the node means (S and T), and each
+    inner reference means it too (the instance nesting is finite, so the recursion ends). Only
+    local references; the definition goes in the root's $defs, named by a hash of R and S."""
+    ref, siblings = node["$ref"], asserting(node, "$ref")
+    root = context.root
+    if not isinstance(ref, str) or not isinstance(root, dict) or not isinstance(root.get("$defs", {}), dict):
+        return node
+    if ref == "#":
+        target = {k: v for k, v in root.items() if k not in ("$defs", "definitions", "$schema", "$id", "id")}
+    elif ref.startswith("#/"):
+        target = resolve_pointer(root, ref)
+    else:
+        return node
+    digest = hashlib.sha256(json.dumps([ref, siblings], sort_keys=True).encode()).hexdigest()[:12]
+    name = f"formwork-ref-{digest}"
+    replacement = {**kept(node, "$ref"), "$ref": f"#/$defs/{name}"}
+    if name in root.get("$defs", {}) or name in context.new_defs:
+        context.fired("ref-siblings-recursive", pointer)
+        return replacement
+    if target is None:
+        return node
+    body = _with_ref_replaced(copy_json(target), ref, siblings, f"#/$defs/{name}")
+    try:
+        merged = merge(siblings, body)
+    except CannotMerge:
+        return node
+    context.new_defs[name] = merged
+    context.fired("ref-siblings-recursive", pointer)
+    return replacement
+
+
+def _with_ref_replaced(value: Any, ref: str, siblings: dict, new_ref: str) -> Any:
+    """`value` with every {"$ref": ref} carrying exactly `siblings` pointed at `new_ref` instead."""
+    if isinstance(value, list):
+        return [_with_ref_replaced(v, ref, siblings, new_ref) for v in value]
+    if not isinstance(value, dict):
+        return value
+    if value.get("$ref") == ref and asserting(value, "$ref") == siblings:
+        return {**kept(value, "$ref"), "$ref": new_ref}
+    return {k: _with_ref_replaced(v, ref, siblings, new_ref) for k, v in value.items()}
 
 
 def all_of(node: dict, pointer: str, context: RuleContext) -> Any:

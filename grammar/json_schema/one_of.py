@@ -179,6 +179,49 @@ def exclusive_one_of(node: dict, pointer: str, context: RuleContext) -> Any:
     return node
 
 
+def one_of_by_discriminator(branches: list) -> list | None:
+    """Object branches told apart by a property every one declares with an enum or const, no
+    value shared by two branches (a tagged union: "kind": "circle" / "square"), with that
+    property required in each: an instance that has it matches one branch at most, so the
+    branches are disjoint. Instances without it are what is dropped (a narrowing, unless every
+    branch required it already: then the disjointness proof has fired first). None: no such
+    property, or the branches are not all objects."""
+    if not all(isinstance(b, dict) and instance_types(b) == {"object"} and isinstance(b.get("properties"), dict)
+               for b in branches):
+        return None
+    for name in branches[0]["properties"]:
+        value_sets = [_values(b["properties"].get(name)) for b in branches]
+        if any(values is None for values in value_sets):
+            continue
+        if any(json_equal(a, b) for x, y in itertools.combinations(value_sets, 2) for a in x for b in y):
+            continue
+        out = []
+        for branch in branches:
+            required = branch.get("required") if isinstance(branch.get("required"), list) else []
+            out.append({**branch, "required": [*required, name] if name not in required else required})
+        return out
+    return None
+
+
+def discriminated_one_of(node: dict, pointer: str, context: RuleContext) -> Any:
+    """Where narrowing is allowed, a oneOf still left (no exact rule applied) whose object
+    branches have a discriminating property: the anyOf of the branches with it required
+    (one_of_by_discriminator; narrowing)."""
+    branches = node.get("oneOf")
+    if not context.monotone or not isinstance(branches, list) or len(branches) < 2 or "anyOf" in node:
+        return node
+    try:
+        resolved = [context.resolved(b) for b in branches]
+    except CannotMerge:
+        return node
+    alternatives = one_of_by_discriminator(resolved)
+    if alternatives is None or not all(disjoint(x, y, context.resolved)
+                                       for x, y in itertools.combinations(alternatives, 2)):
+        return node
+    context.fired("oneOf-discriminator", pointer, narrowing=True)
+    return {**{k: v for k, v in node.items() if k != "oneOf"}, "anyOf": alternatives}
+
+
 def _closed(branch: Any) -> Any:
     """An open object branch with additionalProperties false (strict mode's reading anyway)."""
     if (isinstance(branch, dict) and instance_types(branch) == {"object"} and "patternProperties" not in branch

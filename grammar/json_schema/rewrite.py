@@ -22,9 +22,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from grammar.backend import GrammarError
-from grammar.json_schema import arrays, conjunction, dependencies, inference, negation, patterns, scalars
+from grammar.json_schema import (arrays, conjunction, dependencies, inference, negation, pattern_names, patterns,
+                                  scalars)
 from grammar.json_schema.merge import copy_json
-from grammar.json_schema.one_of import exclusive_one_of
+from grammar.json_schema.one_of import discriminated_one_of, exclusive_one_of
 from grammar.json_schema.rule import RuleContext
 from grammar.json_schema.walk import iter_subschemas, pointer_join
 
@@ -34,15 +35,17 @@ MAX_GROWTH = 8
 MAX_MIN_BYTES = 256 * 1024
 
 # in order: merging first (their output is what the later rules read), oneOf exclusivity last
+# (the exact forms before the narrowing one)
 RULES = (
     conjunction.ref_siblings, conjunction.all_of, conjunction.distribute,
     conjunction.fixed_siblings, negation.not_rule, negation.false_patterns,
     negation.false_properties,
     dependencies.dependencies,
-    inference.infer_type, inference.undeclared_required, scalars.unknown_format,
+    inference.infer_type, inference.undeclared_required, pattern_names.declared_names_in_patterns,
+    scalars.unknown_format,
     patterns.pattern_groups, patterns.classes_without_quotes, scalars.length_pattern,
     scalars.integral_multiple, scalars.int64_bounds,
-    arrays.unique_items, exclusive_one_of, negation.one_of_by_negation,
+    arrays.unique_items, exclusive_one_of, negation.one_of_by_negation, discriminated_one_of,
 )
 
 _NON_MONOTONE = ("not", "if", "contains", "oneOf")
@@ -71,6 +74,9 @@ def rewrite(schema: Any) -> Rewritten:
     for _ in range(MAX_PASSES):
         before = json.dumps(out, sort_keys=True)
         out = _Walk(context).run(out)
+        if context.new_defs and isinstance(out, dict):
+            out = {**out, "$defs": {**out.get("$defs", {}), **context.new_defs}}
+            context.new_defs = {}
         after = json.dumps(out, sort_keys=True)
         if len(after) > limit:
             raise GrammarError(f"rewriting the schema for the grammar would make it {len(after)} bytes, over "

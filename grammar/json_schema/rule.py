@@ -23,6 +23,8 @@ class RuleContext:
     rules: Counter = field(default_factory=Counter)  # rule name -> times applied
     narrowed: list[str] = field(default_factory=list)  # "rule at pointer" for each narrowing
     notes: list[str] = field(default_factory=list)  # e.g. format names taken as annotations
+    # definitions rules add, by name: the walk puts them in the root's $defs after its pass
+    new_defs: dict[str, Any] = field(default_factory=dict)
 
     def fired(self, rule: str, pointer: str, narrowing: bool = False) -> None:
         self.rules[rule] += 1

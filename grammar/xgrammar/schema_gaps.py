@@ -25,6 +25,7 @@ from typing import Any
 
 from grammar.json_schema.json_text_pattern import json_text_pattern
 from grammar.json_schema.merge import json_type
+from grammar.json_schema.pattern_names import overlapping_pattern_schemas
 from grammar.json_schema.scalars import SUPPORTED_FORMATS
 from grammar.json_schema.walk import APPLICATORS, ASSERTIONS, iter_subschemas, resolve_pointer
 
@@ -215,10 +216,11 @@ def _check_node(node: dict, pointer: str, root: Any, uses_refs: bool) -> list[Fi
 
 
 def _overlapping_patterns(node: dict, patterns: dict) -> bool:
-    """Several patterns with different schemas (they may overlap), or a pattern that matches a
-    declared property with a different schema: xgrammar would check the name against only one."""
+    """Patterns with different schemas that a name may match two of (not told apart), or a
+    pattern that matches a declared property with a different schema: xgrammar would check the
+    name against only one."""
     declared = node.get("properties") if isinstance(node.get("properties"), dict) else {}
-    if len({json.dumps(s, sort_keys=True) for s in patterns.values()}) > 1:
+    if overlapping_pattern_schemas(patterns):
         return True
     try:
         return any(re.search(p, name) and declared[name] != s for p, s in patterns.items() for name in declared)

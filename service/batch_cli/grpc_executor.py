@@ -37,6 +37,7 @@ from service.http.response_object import ResponseHeader, whole_response
 from service.http.response_request import ResponsesRequest
 from service.request import GenerationRequest
 
+_GRAMMAR_BACKEND = {pb.GRAMMAR_BACKEND_XGRAMMAR: "xgrammar", pb.GRAMMAR_BACKEND_LLGUIDANCE: "llguidance"}
 _FINISH_REASON = {pb.FINISH_REASON_STOP: FinishReason.STOP, pb.FINISH_REASON_LENGTH: FinishReason.LENGTH,
                   pb.FINISH_REASON_CANCELLED: FinishReason.ABORT, pb.FINISH_REASON_ERROR: FinishReason.ERROR}
 
@@ -152,7 +153,8 @@ def _request_output(answer: pb.GenerateResponse) -> RequestOutput:
                                timings.total_s) if answer.HasField("timings") else None,
         logprobs=[TokenLogprob(lp.token_id, lp.logprob, [(t.token_id, t.logprob) for t in lp.top])
                   for lp in answer.logprobs] or None,
-        not_enforced=list(answer.not_enforced), closed_early=answer.closed_early)
+        not_enforced=list(answer.not_enforced), closed_early=answer.closed_early,
+        grammar_backend=_GRAMMAR_BACKEND.get(answer.grammar_backend, ""))
 
 
 def _token_texts(answers: list[pb.GenerateResponse]) -> Any:

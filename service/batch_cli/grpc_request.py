@@ -22,6 +22,8 @@ _CONSTRAINT_OPTIONS = ("strict", "any_whitespace", "jump_forward", "close_early"
 _WHITESPACE = {"compact": pb.JSON_WHITESPACE_COMPACT, "spaced": pb.JSON_WHITESPACE_SPACED,
                "bounded": pb.JSON_WHITESPACE_BOUNDED, "any": pb.JSON_WHITESPACE_ANY}
 _GRAMMAR_SYNTAX = {"ebnf": pb.GRAMMAR_SYNTAX_EBNF, "lark": pb.GRAMMAR_SYNTAX_LARK}
+_GRAMMAR_BACKEND = {"auto": pb.GRAMMAR_BACKEND_AUTO, "xgrammar": pb.GRAMMAR_BACKEND_XGRAMMAR,
+                    "llguidance": pb.GRAMMAR_BACKEND_LLGUIDANCE}
 _TOOL_CHOICE = {"none": pb.TOOL_CHOICE_MODE_NONE, "auto": pb.TOOL_CHOICE_MODE_AUTO,
                 "required": pb.TOOL_CHOICE_MODE_REQUIRED}
 
@@ -48,6 +50,9 @@ def generate_requests(request: GenerationRequest, num_choices: int) -> list[pb.G
                       for t in chat.tools)
     if chat.tool_choice == "named":
         base.tool_choice.function_name = chat.tool_name
+    elif chat.allowed_tools:
+        base.tool_choice.allowed_tools.mode = _TOOL_CHOICE[chat.tool_choice]
+        base.tool_choice.allowed_tools.function_names.extend(chat.allowed_tools)
     else:
         base.tool_choice.mode = _TOOL_CHOICE[chat.tool_choice]
     base.parallel_tool_calls = chat.parallel_tool_calls
@@ -102,7 +107,7 @@ def _constraint(constraint: ConstraintRequest) -> pb.Constraint:
         message.json_object.SetInParent()
     elif constraint.kind == "choice":
         message.choice.choices.extend(constraint.choices)
-    else:  # regex, grammar
+    else:  # regex, grammar, structural_tag
         setattr(message, constraint.kind, constraint.spec)
     for name in _CONSTRAINT_OPTIONS:
         value = getattr(constraint, name)
@@ -112,4 +117,6 @@ def _constraint(constraint: ConstraintRequest) -> pb.Constraint:
         message.whitespace = _WHITESPACE[constraint.whitespace]
     if constraint.grammar_syntax is not None:
         message.grammar_syntax = _GRAMMAR_SYNTAX[constraint.grammar_syntax]
+    if constraint.grammar_backend is not None:
+        message.grammar_backend = _GRAMMAR_BACKEND[constraint.grammar_backend]
     return message

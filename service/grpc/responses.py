@@ -24,6 +24,8 @@ _FINISH_REASON = {
     FinishReason.ABORT: pb.FINISH_REASON_CANCELLED,
     FinishReason.ERROR: pb.FINISH_REASON_ERROR,
 }
+# the grammar library that served a constraint (the engine's name) -> its enum value
+_GRAMMAR_BACKEND = {"xgrammar": pb.GRAMMAR_BACKEND_XGRAMMAR, "llguidance": pb.GRAMMAR_BACKEND_LLGUIDANCE}
 
 
 def generate_response(output: RequestOutput, request_id: str, token_text: Callable[[int], str],
@@ -68,6 +70,7 @@ def generate_response(output: RequestOutput, request_id: str, token_text: Callab
             response.tool_calls.extend(pb.ToolCall(id=c.id, name=c.name, arguments_json=c.arguments)
                                        for c in parts.calls)
         response.closed_early = output.closed_early
+        response.grammar_backend = _GRAMMAR_BACKEND.get(output.grammar_backend, pb.GRAMMAR_BACKEND_UNSPECIFIED)
     return response
 
 
@@ -79,7 +82,9 @@ def _token_logprob(logprob: TokenLogprob, token_text: Callable[[int], str]) -> p
 
 def validate_constraint_response(report: ConstraintReport) -> pb.ValidateConstraintResponse:
     return pb.ValidateConstraintResponse(ok=report.ok, error=report.error, compile_s=report.compile_s,
-                                         cached=report.cached, not_enforced=report.not_enforced)
+                                         cached=report.cached, not_enforced=report.not_enforced,
+                                         grammar_backend=_GRAMMAR_BACKEND.get(report.backend,
+                                                                              pb.GRAMMAR_BACKEND_UNSPECIFIED))
 
 
 @dataclass(frozen=True)

@@ -25,7 +25,8 @@ FIXED = {
     "separate_reasoning": True,  # SGLang: the think section comes apart, as reasoning_content
     "stream_reasoning": True,  # SGLang: streamed as it comes
     "use_beam_search": False,
-    "guided_decoding_backend": None,  # vLLM's backend choice: any value, Formwork has one (xgrammar)
+    # vLLM's server-wide backend name, any value: Formwork's per-request choice is formwork.grammar_backend
+    "guided_decoding_backend": None,
 }
 
 # words in a field's name that say it asks for an output shape: refused with a pointer to the fields

@@ -59,6 +59,8 @@ def formwork_extension(finals: Sequence[RequestOutput]) -> dict[str, Any]:
             entry["not_enforced"] = list(output.not_enforced)
         if output.closed_early:
             entry["closed_early"] = output.closed_early
+        if output.grammar_backend:  # the grammar library that enforced the constraint
+            entry["grammar_backend"] = output.grammar_backend
         if counters.num_draft_tokens:  # speculative decoding: drafted and accepted tokens
             entry["draft_tokens"] = counters.num_draft_tokens
             entry["accepted_draft_tokens"] = counters.num_accepted_draft_tokens

@@ -84,8 +84,9 @@ class ServiceMetrics:
                                             "Constraints not in the compile cache", registry=r)
         self.compile_cache_evictions = Counter("formwork_grammar_compile_cache_evictions",
                                                "Compiled grammars evicted from the compile cache", registry=r)
+        # backend: the grammar library asked for ("auto" included), as failures have no other
         self.compile_failures = Counter("formwork_grammar_compile_failures", "Constraints that failed to compile",
-                                        ("reason",), registry=r)
+                                        ("reason", "backend"), registry=r)
         # ---- histograms: per request ----
         self.ttft = Histogram("formwork_time_to_first_token_seconds", "Arrival to the first output token",
                               buckets=_LATENCY_BUCKETS, registry=r)
@@ -100,8 +101,9 @@ class ServiceMetrics:
                                       "Arrival to grammar compiled, constrained requests", buckets=_LATENCY_BUCKETS,
                                       registry=r)
         # ---- histograms: per step and per compile ----
+        # backend: the grammar library that compiled it (the one asked for when it failed)
         self.compile_time = Histogram("formwork_grammar_compile_seconds", "Time one grammar compile took",
-                                      buckets=_COMPILE_BUCKETS, registry=r)
+                                      ("backend",), buckets=_COMPILE_BUCKETS, registry=r)
         self.bitmask_fill = Histogram("formwork_grammar_bitmask_fill_seconds",
                                       "Bitmask fill of one step's constrained requests", buckets=_FILL_BUCKETS,
                                       registry=r)
@@ -161,16 +163,17 @@ class ServiceMetrics:
             self.step_tokens.observe(num_tokens)
             if num_rows:
                 self.bitmask_fill.observe(fill_s)
-        for seconds in stats.compile_s:
-            self.compile_time.observe(seconds)
+        for backend, seconds in zip(stats.compile_backends, stats.compile_s):
+            self.compile_time.labels(backend).observe(seconds)
         self._grow(self.steps, "steps", stats.num_steps)
         self._grow(self.preemptions, "preemptions", stats.num_preemptions)
         self._grow(self.compile_cache_hits, "hits", stats.num_compile_cache_hits)
         self._grow(self.compile_cache_misses, "misses", stats.num_compile_cache_misses)
         self._grow(self.compiles, "compiles", stats.num_compile_cache_misses)
         self._grow(self.compile_cache_evictions, "evictions", stats.num_compile_cache_evictions)
-        for reason, total in stats.compile_failures.items():
-            self._grow(self.compile_failures.labels(reason), f"failures:{reason}", total)
+        for backend, counts in stats.compile_failures.items():
+            for reason, total in counts.items():
+                self._grow(self.compile_failures.labels(reason, backend), f"failures:{backend}:{reason}", total)
 
     def _grow(self, counter: Counter, name: str, total: int) -> None:
         last = self._totals.get(name, 0)

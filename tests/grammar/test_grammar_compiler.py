@@ -164,3 +164,24 @@ def test_shutdown_fails_queued_compiles():
         queued.result(timeout=5)
     backend.gate.set()
     running.exception(timeout=5)  # resolved one way or the other, never left hanging
+
+
+class _NamingBackend(FakeBackend):
+    """Names each grammar it compiles, as the selecting backend does."""
+
+    def compile(self, constraint: Constraint) -> FakeCompiled:
+        compiled = super().compile(constraint)
+        compiled.backend_name = "llguidance"
+        return compiled
+
+
+def test_compile_times_and_failures_name_their_backend():
+    compiler, _ = make_compiler(_NamingBackend(), max_spec_bytes=64)
+    compiler.submit(regex("a+")).result(timeout=5)
+    with pytest.raises(GrammarError):
+        compiler.submit(Constraint("regex", "bad-1", grammar_backend="auto")).result(timeout=5)
+    with pytest.raises(GrammarError, match="max_spec_bytes"):
+        compiler.submit(regex("a" * 65)).result(timeout=5)
+    # a compiled grammar's own backend; a failure's, the one asked for (else the server's default)
+    assert [backend for backend, _ in compiler.take_compile_times()] == ["llguidance", "auto"]
+    assert compiler.failures == {"auto": {"invalid": 1}, "xgrammar": {"limit": 1}}

@@ -131,12 +131,16 @@ def test_one_branch_one_of_is_inlined():
     assert rewritten({"description": "d", "oneOf": [{"type": "string"}]}) == {"description": "d", "type": "string"}
 
 
-def test_keywords_beside_ref_are_merged_with_the_target_but_recursion_is_left():
+def test_keywords_beside_ref_are_merged_with_the_target_and_recursion_gets_a_definition():
     schema = {"$defs": {"s": {"type": "string"}}, "$ref": "#/$defs/s", "maxLength": 4}
     assert rewritten(schema) == {"$defs": {"s": {"type": "string"}}, "type": "string", "maxLength": 4}
     recursive = {"$defs": {"t": {"type": "object", "properties": {"c": {"$ref": "#/$defs/t", "maxProperties": 1}}}},
                  "$ref": "#/$defs/t"}
-    assert rewritten(recursive) == recursive
+    out = rewritten(recursive)
+    [name] = [n for n in out["$defs"] if n != "t"]
+    own = {"$ref": f"#/$defs/{name}"}
+    assert out["$defs"] == {"t": {"type": "object", "properties": {"c": own}},
+                            name: {"maxProperties": 1, "type": "object", "properties": {"c": own}}}
 
 
 def test_enum_beside_type_keeps_only_the_typed_values():

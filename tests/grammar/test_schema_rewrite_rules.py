@@ -85,7 +85,7 @@ def test_not_of_anything_is_false_and_not_of_nothing_is_dropped():
 @pytest.mark.parametrize("schema", [
     {"type": "string", "not": {"pattern": "^a"}},  # no complement written for general patterns
     {"type": "number", "not": {"maximum": 5}},  # would need an exclusive bound (draft 4 spells it otherwise)
-    {"type": "object", "properties": {"a": {}}, "not": {"required": ["a"]},
+    {"type": "object", "properties": {"a": {"type": "string"}}, "not": {"required": ["a"]},
      "patternProperties": {"^a": {"type": "string"}}},  # a pattern may still admit the name
     {"type": "string", "not": {"enum": ["a"]}},  # infinitely many other strings
 ])

@@ -127,6 +127,17 @@ def test_inputs_and_constraints():
         fc.choice("ab")
 
 
+def test_grammar_backend_is_sent_only_when_given():
+    assert not fc.regex("a").HasField("grammar_backend")
+    assert fc.regex("a", grammar_backend="llguidance").grammar_backend == fc.pb.GRAMMAR_BACKEND_LLGUIDANCE
+    assert fc.json_schema({}, grammar_backend="auto").grammar_backend == fc.pb.GRAMMAR_BACKEND_AUTO
+    assert fc.json_object(grammar_backend="xgrammar").grammar_backend == fc.pb.GRAMMAR_BACKEND_XGRAMMAR
+    assert fc.grammar('root ::= "a"', grammar_backend="llguidance").HasField("grammar_backend")
+    assert fc.choice(["a"], grammar_backend="llguidance").HasField("grammar_backend")
+    with pytest.raises(ValueError, match="grammar_backend must be one of auto, xgrammar, llguidance"):
+        fc.regex("a", grammar_backend="guidance")
+
+
 WEATHER_TOOL = {"type": "function", "function": {
     "name": "get_weather", "description": "Current weather",
     "parameters": {"type": "object", "properties": {"city": {"type": "string", "maxLength": 20}}, "required": ["city"]}}}
@@ -330,6 +341,14 @@ def test_validate_constraint_and_model_info(client):
     assert best_effort.ok and any("uniqueItems" in entry for entry in best_effort.not_enforced)
     info = client.model_info()
     assert info.model_name == "SmolLM2-135M-Instruct" and "json_schema" in info.constraint_kinds
+
+
+@pytest.mark.slow
+def test_grammar_backend_serves_the_request_and_is_reported(client):
+    constraint = fc.regex("[A-Z]{3}", grammar_backend="llguidance")
+    assert client.validate_constraint(constraint).grammar_backend == fc.pb.GRAMMAR_BACKEND_LLGUIDANCE
+    response = client.generate("Code:", max_tokens=4, temperature=0, constraint=constraint)
+    assert len(response.text) == 3 and response.grammar_backend == fc.pb.GRAMMAR_BACKEND_LLGUIDANCE
 
 
 @pytest.mark.slow

@@ -132,18 +132,21 @@ def test_metrics_off_answers_404(make_http_server) -> None:
 def test_engine_totals_grow_counters_and_survive_a_restart() -> None:
     metrics = ServiceMetrics()
     metrics.engine_steps(StepStats(num_steps=5, num_preemptions=2, num_compile_cache_misses=3,
-                                   compile_failures={"timeout": 1}, compile_s=[0.01, 0.2]))
+                                   compile_failures={"xgrammar": {"timeout": 1}}, compile_s=[0.01, 0.2, 0.03],
+                                   compile_backends=["xgrammar", "llguidance", "llguidance"]))
     metrics.engine_steps(StepStats(num_steps=7, num_preemptions=2, num_compile_cache_misses=4,
-                                   compile_failures={"timeout": 1, "invalid": 2}))
+                                   compile_failures={"xgrammar": {"timeout": 1, "invalid": 2}, "auto": {"invalid": 1}}))
     metrics.engine_restarted()  # a new core starts from zero
     metrics.engine_steps(StepStats(num_steps=1, num_compile_cache_misses=1))
     parsed = samples(metrics.render(None, 0).decode())
     assert value(parsed, "formwork_engine_steps_total") == 8
     assert value(parsed, "formwork_preemptions_total") == 2
     assert value(parsed, "formwork_grammar_compiles_total") == 5
-    assert value(parsed, "formwork_grammar_compile_failures_total", reason="timeout") == 1
-    assert value(parsed, "formwork_grammar_compile_failures_total", reason="invalid") == 2
-    assert value(parsed, "formwork_grammar_compile_seconds_count") == 2
+    assert value(parsed, "formwork_grammar_compile_failures_total", reason="timeout", backend="xgrammar") == 1
+    assert value(parsed, "formwork_grammar_compile_failures_total", reason="invalid", backend="xgrammar") == 2
+    assert value(parsed, "formwork_grammar_compile_failures_total", reason="invalid", backend="auto") == 1
+    assert value(parsed, "formwork_grammar_compile_seconds_count", backend="xgrammar") == 1
+    assert value(parsed, "formwork_grammar_compile_seconds_count", backend="llguidance") == 2
 
 
 def test_closed_early_answers_are_counted_by_reason() -> None:

@@ -57,3 +57,10 @@ def allowed_ids(grammar) -> list[int]:
     grammar.fill_bitmask(bitmask, 0)
     bits = np.unpackbits(bitmask.numpy().view(np.uint8), bitorder="little")
     return np.flatnonzero(bits).tolist()
+
+
+def accepted_by(backend, compiled, text: str) -> bool:
+    """`accepts` on either backend (both share the tokenizer, so the same token ids)."""
+    grammar = backend.make_grammar(compiled)
+    return grammar.accept_tokens(encode(text)) and (
+        grammar.is_terminated() or grammar.accept_tokens([backend.stop_token_ids[0]]))

@@ -2,14 +2,17 @@
 
     json_schema({"type": "object", ...})   json_object()   regex(r"[A-Z]{3}")
     grammar('root ::= "yes" | "no"')       choice(["red", "green"])
+    structural_tag({"type": "structural_tag", "format": {...}})
 
 Every builder takes the options that apply to it; None (default) leaves the field unset, so the
 server's default applies: strict=True (unenforceable schema keywords are an error), whitespace=the
 server's default JSON whitespace (docs/constraints.md), any_whitespace=False, jump_forward=the
 server's setting (on unless started with --no-jump-forward), close_early=the server's setting (on
 unless started with --no-close-early: the output is closed before max_tokens runs out, or when it
-loops, and the response's closed_early says so). `whitespace` is one of "compact", "spaced",
-"bounded", "any".
+loops, and the response's closed_early says so), grammar_backend=the server's (xgrammar unless
+started with another --grammar-backend; the response's grammar_backend names the one that served
+it). `whitespace` is one of "compact", "spaced", "bounded", "any"; `grammar_backend` one of "auto",
+"xgrammar", "llguidance".
 """
 from __future__ import annotations
 
@@ -27,40 +30,60 @@ ConstraintLike = pb.Constraint | Mapping[str, Any] | str | bool
 CONSTRAINT_KEY_HEADER = "x-formwork-constraint-key"
 WHITESPACE = {"compact": pb.JSON_WHITESPACE_COMPACT, "spaced": pb.JSON_WHITESPACE_SPACED,
               "bounded": pb.JSON_WHITESPACE_BOUNDED, "any": pb.JSON_WHITESPACE_ANY}
+GRAMMAR_BACKENDS = {"auto": pb.GRAMMAR_BACKEND_AUTO, "xgrammar": pb.GRAMMAR_BACKEND_XGRAMMAR,
+                    "llguidance": pb.GRAMMAR_BACKEND_LLGUIDANCE}
 
 
 def json_schema(schema: Mapping[str, Any] | str | bool, *, strict: bool | None = None,
                 any_whitespace: bool | None = None, jump_forward: bool | None = None,
-                whitespace: str | None = None, close_early: bool | None = None) -> pb.Constraint:
+                whitespace: str | None = None, close_early: bool | None = None,
+                grammar_backend: str | None = None) -> pb.Constraint:
     """A JSON Schema (a dict, or JSON text). Sent as JSON text (`json_schema_text`), so the order of
     properties, which is the order the model writes them in, and numbers are kept as written."""
     text = schema if isinstance(schema, str) else json.dumps(schema, ensure_ascii=False)
     return _whitespace(_options(pb.Constraint(json_schema_text=text), strict, any_whitespace, jump_forward,
-                                close_early), whitespace)
+                                close_early, grammar_backend), whitespace)
 
 
 def json_object(*, any_whitespace: bool | None = None, jump_forward: bool | None = None,
-                whitespace: str | None = None, close_early: bool | None = None) -> pb.Constraint:
+                whitespace: str | None = None, close_early: bool | None = None,
+                grammar_backend: str | None = None) -> pb.Constraint:
     """Any JSON object."""
     return _whitespace(_options(pb.Constraint(json_object=pb.JsonObject()), None, any_whitespace, jump_forward,
-                                close_early), whitespace)
+                                close_early, grammar_backend), whitespace)
 
 
-def regex(pattern: str, *, strict: bool | None = None, jump_forward: bool | None = None) -> pb.Constraint:
+def regex(pattern: str, *, strict: bool | None = None, jump_forward: bool | None = None,
+          grammar_backend: str | None = None) -> pb.Constraint:
     """A regular expression the whole output must match."""
-    return _options(pb.Constraint(regex=pattern), strict, None, jump_forward)
+    return _options(pb.Constraint(regex=pattern), strict, None, jump_forward, grammar_backend=grammar_backend)
 
 
-def grammar(ebnf: str, *, strict: bool | None = None, jump_forward: bool | None = None) -> pb.Constraint:
+def grammar(ebnf: str, *, strict: bool | None = None, jump_forward: bool | None = None,
+            grammar_backend: str | None = None) -> pb.Constraint:
     """An EBNF grammar (xgrammar's GBNF dialect) whose start rule is named `root`."""
-    return _options(pb.Constraint(grammar=ebnf), strict, None, jump_forward)
+    return _options(pb.Constraint(grammar=ebnf), strict, None, jump_forward, grammar_backend=grammar_backend)
 
 
-def choice(choices: Iterable[str], *, jump_forward: bool | None = None) -> pb.Constraint:
+def choice(choices: Iterable[str], *, jump_forward: bool | None = None,
+           grammar_backend: str | None = None) -> pb.Constraint:
     """Exactly one of the given (non-empty) strings."""
     if isinstance(choices, str):
         raise TypeError("choice() takes a list of strings, not one string")
-    return _options(pb.Constraint(choice=pb.Choice(choices=list(choices))), None, None, jump_forward)
+    return _options(pb.Constraint(choice=pb.Choice(choices=list(choices))), None, None, jump_forward,
+                    grammar_backend=grammar_backend)
+
+
+def structural_tag(tag: Mapping[str, Any] | str, *, strict: bool | None = None, any_whitespace: bool | None = None,
+                   jump_forward: bool | None = None, whitespace: str | None = None,
+                   close_early: bool | None = None, grammar_backend: str | None = None) -> pb.Constraint:
+    """A structural tag (a dict, or JSON text): xgrammar's {"type": "structural_tag", "format":
+    {...}}, or the older {"type": "structural_tag", "structures": [{"begin", "schema", "end"}],
+    "triggers": [...]}: free text until a trigger, then the tag's content in its schema up to its
+    end (docs/constraints.md). The options apply to the JSON Schemas inside it."""
+    text = tag if isinstance(tag, str) else json.dumps(tag, ensure_ascii=False)
+    return _whitespace(_options(pb.Constraint(structural_tag=text), strict, any_whitespace, jump_forward,
+                                close_early, grammar_backend), whitespace)
 
 
 def to_constraint(constraint: ConstraintLike) -> pb.Constraint:
@@ -83,11 +106,12 @@ def constraint_key(constraint: pb.Constraint) -> str | None:
     if kind == "json_schema":  # a Struct: a map, so its keys are sorted
         from google.protobuf import json_format
         spec = _compact_json(json_format.MessageToDict(constraint.json_schema), sort_keys=True)
-    elif kind == "json_schema_text":
+    elif kind in ("json_schema_text", "structural_tag"):
+        text = getattr(constraint, kind)
         try:
-            spec = _compact_json(json.loads(constraint.json_schema_text))
+            spec = _compact_json(json.loads(text))
         except ValueError:  # the server will say what is wrong; any stable key will do
-            spec = constraint.json_schema_text
+            spec = text
     elif kind == "choice":
         spec = "\0".join(constraint.choice.choices)
     elif kind == "json_object":
@@ -110,10 +134,15 @@ def _whitespace(constraint: pb.Constraint, whitespace: str | None) -> pb.Constra
 
 
 def _options(constraint: pb.Constraint, strict: bool | None, any_whitespace: bool | None,
-             jump_forward: bool | None, close_early: bool | None = None) -> pb.Constraint:
+             jump_forward: bool | None, close_early: bool | None = None,
+             grammar_backend: str | None = None) -> pb.Constraint:
     # proto3 `optional`: set only what the caller chose, so the server's defaults apply otherwise
     for name, value in (("strict", strict), ("any_whitespace", any_whitespace), ("jump_forward", jump_forward),
                         ("close_early", close_early)):
         if value is not None:
             setattr(constraint, name, value)
+    if grammar_backend is not None:
+        if grammar_backend not in GRAMMAR_BACKENDS:
+            raise ValueError(f"grammar_backend must be one of {', '.join(GRAMMAR_BACKENDS)}, not {grammar_backend!r}")
+        constraint.grammar_backend = GRAMMAR_BACKENDS[grammar_backend]
     return constraint

@@ -37,6 +37,13 @@ def round_trip(path, body, num_prompts=1):
                        "text": {"format": {"type": "json_schema", "name": "x", "schema": {"type": "object"}}}}),
     ("/v1/completions", {"prompt": "Once", "max_tokens": 5, "regex": "[a-z]+", "min_tokens": 2}),
     ("/v1/completions", {"prompt": [1, 2, 3], "max_tokens": 5, "structured_outputs": {"choice": ["a", "b"]}}),
+    ("/v1/chat/completions", {
+        "messages": [{"role": "user", "content": "x"}], "tools": CHAT["tools"] + [
+            {"type": "function", "function": {"name": "v", "parameters": {"type": "object"}}}],
+        "tool_choice": {"type": "allowed_tools", "allowed_tools": {
+            "mode": "required", "tools": [{"type": "function", "function": {"name": "v"}}]}}}),
+    ("/v1/completions", {"prompt": "x", "formwork": {"grammar_backend": "llguidance"}, "response_format": {
+        "type": "structural_tag", "format": {"type": "const_string", "value": "hi"}}}),
 ])
 def test_the_requests_sent_decode_to_the_request_read(path, body):
     request, received, _ = round_trip(path, body)

@@ -15,6 +15,13 @@ class ToolChoiceMode(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     TOOL_CHOICE_MODE_AUTO: _ClassVar[ToolChoiceMode]
     TOOL_CHOICE_MODE_REQUIRED: _ClassVar[ToolChoiceMode]
 
+class GrammarBackend(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    GRAMMAR_BACKEND_UNSPECIFIED: _ClassVar[GrammarBackend]
+    GRAMMAR_BACKEND_AUTO: _ClassVar[GrammarBackend]
+    GRAMMAR_BACKEND_XGRAMMAR: _ClassVar[GrammarBackend]
+    GRAMMAR_BACKEND_LLGUIDANCE: _ClassVar[GrammarBackend]
+
 class GrammarSyntax(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = ()
     GRAMMAR_SYNTAX_UNSPECIFIED: _ClassVar[GrammarSyntax]
@@ -40,6 +47,10 @@ TOOL_CHOICE_MODE_UNSPECIFIED: ToolChoiceMode
 TOOL_CHOICE_MODE_NONE: ToolChoiceMode
 TOOL_CHOICE_MODE_AUTO: ToolChoiceMode
 TOOL_CHOICE_MODE_REQUIRED: ToolChoiceMode
+GRAMMAR_BACKEND_UNSPECIFIED: GrammarBackend
+GRAMMAR_BACKEND_AUTO: GrammarBackend
+GRAMMAR_BACKEND_XGRAMMAR: GrammarBackend
+GRAMMAR_BACKEND_LLGUIDANCE: GrammarBackend
 GRAMMAR_SYNTAX_UNSPECIFIED: GrammarSyntax
 GRAMMAR_SYNTAX_EBNF: GrammarSyntax
 GRAMMAR_SYNTAX_LARK: GrammarSyntax
@@ -121,12 +132,22 @@ class Tool(_message.Message):
     def __init__(self, name: _Optional[str] = ..., description: _Optional[str] = ..., parameters_json: _Optional[str] = ...) -> None: ...
 
 class ToolChoice(_message.Message):
-    __slots__ = ("mode", "function_name")
+    __slots__ = ("mode", "function_name", "allowed_tools")
     MODE_FIELD_NUMBER: _ClassVar[int]
     FUNCTION_NAME_FIELD_NUMBER: _ClassVar[int]
+    ALLOWED_TOOLS_FIELD_NUMBER: _ClassVar[int]
     mode: ToolChoiceMode
     function_name: str
-    def __init__(self, mode: _Optional[_Union[ToolChoiceMode, str]] = ..., function_name: _Optional[str] = ...) -> None: ...
+    allowed_tools: AllowedTools
+    def __init__(self, mode: _Optional[_Union[ToolChoiceMode, str]] = ..., function_name: _Optional[str] = ..., allowed_tools: _Optional[_Union[AllowedTools, _Mapping]] = ...) -> None: ...
+
+class AllowedTools(_message.Message):
+    __slots__ = ("mode", "function_names")
+    MODE_FIELD_NUMBER: _ClassVar[int]
+    FUNCTION_NAMES_FIELD_NUMBER: _ClassVar[int]
+    mode: ToolChoiceMode
+    function_names: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, mode: _Optional[_Union[ToolChoiceMode, str]] = ..., function_names: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class ToolCall(_message.Message):
     __slots__ = ("id", "name", "arguments_json")
@@ -175,32 +196,36 @@ class TokenIds(_message.Message):
     def __init__(self, ids: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class Constraint(_message.Message):
-    __slots__ = ("json_schema", "json_schema_text", "json_object", "regex", "grammar", "choice", "strict", "any_whitespace", "jump_forward", "whitespace", "grammar_syntax", "close_early")
+    __slots__ = ("json_schema", "json_schema_text", "json_object", "regex", "grammar", "choice", "structural_tag", "strict", "any_whitespace", "jump_forward", "whitespace", "grammar_syntax", "close_early", "grammar_backend")
     JSON_SCHEMA_FIELD_NUMBER: _ClassVar[int]
     JSON_SCHEMA_TEXT_FIELD_NUMBER: _ClassVar[int]
     JSON_OBJECT_FIELD_NUMBER: _ClassVar[int]
     REGEX_FIELD_NUMBER: _ClassVar[int]
     GRAMMAR_FIELD_NUMBER: _ClassVar[int]
     CHOICE_FIELD_NUMBER: _ClassVar[int]
+    STRUCTURAL_TAG_FIELD_NUMBER: _ClassVar[int]
     STRICT_FIELD_NUMBER: _ClassVar[int]
     ANY_WHITESPACE_FIELD_NUMBER: _ClassVar[int]
     JUMP_FORWARD_FIELD_NUMBER: _ClassVar[int]
     WHITESPACE_FIELD_NUMBER: _ClassVar[int]
     GRAMMAR_SYNTAX_FIELD_NUMBER: _ClassVar[int]
     CLOSE_EARLY_FIELD_NUMBER: _ClassVar[int]
+    GRAMMAR_BACKEND_FIELD_NUMBER: _ClassVar[int]
     json_schema: _struct_pb2.Struct
     json_schema_text: str
     json_object: JsonObject
     regex: str
     grammar: str
     choice: Choice
+    structural_tag: str
     strict: bool
     any_whitespace: bool
     jump_forward: bool
     whitespace: JsonWhitespace
     grammar_syntax: GrammarSyntax
     close_early: bool
-    def __init__(self, json_schema: _Optional[_Union[_struct_pb2.Struct, _Mapping]] = ..., json_schema_text: _Optional[str] = ..., json_object: _Optional[_Union[JsonObject, _Mapping]] = ..., regex: _Optional[str] = ..., grammar: _Optional[str] = ..., choice: _Optional[_Union[Choice, _Mapping]] = ..., strict: _Optional[bool] = ..., any_whitespace: _Optional[bool] = ..., jump_forward: _Optional[bool] = ..., whitespace: _Optional[_Union[JsonWhitespace, str]] = ..., grammar_syntax: _Optional[_Union[GrammarSyntax, str]] = ..., close_early: _Optional[bool] = ...) -> None: ...
+    grammar_backend: GrammarBackend
+    def __init__(self, json_schema: _Optional[_Union[_struct_pb2.Struct, _Mapping]] = ..., json_schema_text: _Optional[str] = ..., json_object: _Optional[_Union[JsonObject, _Mapping]] = ..., regex: _Optional[str] = ..., grammar: _Optional[str] = ..., choice: _Optional[_Union[Choice, _Mapping]] = ..., structural_tag: _Optional[str] = ..., strict: _Optional[bool] = ..., any_whitespace: _Optional[bool] = ..., jump_forward: _Optional[bool] = ..., whitespace: _Optional[_Union[JsonWhitespace, str]] = ..., grammar_syntax: _Optional[_Union[GrammarSyntax, str]] = ..., close_early: _Optional[bool] = ..., grammar_backend: _Optional[_Union[GrammarBackend, str]] = ...) -> None: ...
 
 class JsonObject(_message.Message):
     __slots__ = ()
@@ -213,7 +238,7 @@ class Choice(_message.Message):
     def __init__(self, choices: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class GenerateResponse(_message.Message):
-    __slots__ = ("request_id", "text", "token_ids", "finish_reason", "stop_string", "stop_token_id", "usage", "timings", "logprobs", "not_enforced", "tool_calls", "reasoning", "content", "closed_early", "tool_call_deltas")
+    __slots__ = ("request_id", "text", "token_ids", "finish_reason", "stop_string", "stop_token_id", "usage", "timings", "logprobs", "not_enforced", "tool_calls", "reasoning", "content", "closed_early", "tool_call_deltas", "grammar_backend")
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     TEXT_FIELD_NUMBER: _ClassVar[int]
     TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
@@ -229,6 +254,7 @@ class GenerateResponse(_message.Message):
     CONTENT_FIELD_NUMBER: _ClassVar[int]
     CLOSED_EARLY_FIELD_NUMBER: _ClassVar[int]
     TOOL_CALL_DELTAS_FIELD_NUMBER: _ClassVar[int]
+    GRAMMAR_BACKEND_FIELD_NUMBER: _ClassVar[int]
     request_id: str
     text: str
     token_ids: _containers.RepeatedScalarFieldContainer[int]
@@ -244,7 +270,8 @@ class GenerateResponse(_message.Message):
     content: str
     closed_early: str
     tool_call_deltas: _containers.RepeatedCompositeFieldContainer[ToolCallDelta]
-    def __init__(self, request_id: _Optional[str] = ..., text: _Optional[str] = ..., token_ids: _Optional[_Iterable[int]] = ..., finish_reason: _Optional[_Union[FinishReason, str]] = ..., stop_string: _Optional[str] = ..., stop_token_id: _Optional[int] = ..., usage: _Optional[_Union[Usage, _Mapping]] = ..., timings: _Optional[_Union[Timings, _Mapping]] = ..., logprobs: _Optional[_Iterable[_Union[TokenLogprob, _Mapping]]] = ..., not_enforced: _Optional[_Iterable[str]] = ..., tool_calls: _Optional[_Iterable[_Union[ToolCall, _Mapping]]] = ..., reasoning: _Optional[str] = ..., content: _Optional[str] = ..., closed_early: _Optional[str] = ..., tool_call_deltas: _Optional[_Iterable[_Union[ToolCallDelta, _Mapping]]] = ...) -> None: ...
+    grammar_backend: GrammarBackend
+    def __init__(self, request_id: _Optional[str] = ..., text: _Optional[str] = ..., token_ids: _Optional[_Iterable[int]] = ..., finish_reason: _Optional[_Union[FinishReason, str]] = ..., stop_string: _Optional[str] = ..., stop_token_id: _Optional[int] = ..., usage: _Optional[_Union[Usage, _Mapping]] = ..., timings: _Optional[_Union[Timings, _Mapping]] = ..., logprobs: _Optional[_Iterable[_Union[TokenLogprob, _Mapping]]] = ..., not_enforced: _Optional[_Iterable[str]] = ..., tool_calls: _Optional[_Iterable[_Union[ToolCall, _Mapping]]] = ..., reasoning: _Optional[str] = ..., content: _Optional[str] = ..., closed_early: _Optional[str] = ..., tool_call_deltas: _Optional[_Iterable[_Union[ToolCallDelta, _Mapping]]] = ..., grammar_backend: _Optional[_Union[GrammarBackend, str]] = ...) -> None: ...
 
 class ToolCallDelta(_message.Message):
     __slots__ = ("index", "id", "name", "arguments_delta")
@@ -317,18 +344,20 @@ class ValidateConstraintRequest(_message.Message):
     def __init__(self, constraint: _Optional[_Union[Constraint, _Mapping]] = ...) -> None: ...
 
 class ValidateConstraintResponse(_message.Message):
-    __slots__ = ("ok", "error", "compile_s", "cached", "not_enforced")
+    __slots__ = ("ok", "error", "compile_s", "cached", "not_enforced", "grammar_backend")
     OK_FIELD_NUMBER: _ClassVar[int]
     ERROR_FIELD_NUMBER: _ClassVar[int]
     COMPILE_S_FIELD_NUMBER: _ClassVar[int]
     CACHED_FIELD_NUMBER: _ClassVar[int]
     NOT_ENFORCED_FIELD_NUMBER: _ClassVar[int]
+    GRAMMAR_BACKEND_FIELD_NUMBER: _ClassVar[int]
     ok: bool
     error: str
     compile_s: float
     cached: bool
     not_enforced: _containers.RepeatedScalarFieldContainer[str]
-    def __init__(self, ok: _Optional[bool] = ..., error: _Optional[str] = ..., compile_s: _Optional[float] = ..., cached: _Optional[bool] = ..., not_enforced: _Optional[_Iterable[str]] = ...) -> None: ...
+    grammar_backend: GrammarBackend
+    def __init__(self, ok: _Optional[bool] = ..., error: _Optional[str] = ..., compile_s: _Optional[float] = ..., cached: _Optional[bool] = ..., not_enforced: _Optional[_Iterable[str]] = ..., grammar_backend: _Optional[_Union[GrammarBackend, str]] = ...) -> None: ...
 
 class GetModelInfoRequest(_message.Message):
     __slots__ = ()
