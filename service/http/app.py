@@ -16,47 +16,35 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import itertools
 import logging
 import secrets
 import time
 from collections.abc import AsyncIterator, Callable
 from typing import TYPE_CHECKING, Any
 
-import msgspec
-import pydantic
 from fastapi import FastAPI, Request
 from fastapi.responses import Response, StreamingResponse
 from starlette.exceptions import HTTPException
 
 from engine.protocol import FinishReason
 from service.errors import ErrorCode, ServiceError, error_from_output
-from service.http import responses
+from service.http.answerer import (CHAT_COMPLETIONS, COMPLETIONS, GENERATION_PATHS, RESPONSES, Answerer, Call,
+                                   Outputs, Refused, raise_if_error)
 from service.http.completion_stream import CompletionCall, completion_events
-from service.http.conversion import Translated, translate_chat, translate_completion
-from service.http.errors import HttpError, bad_request, http_error, not_found, too_large
-from service.http.protocol import ChatCompletionRequest, CompletionRequest, field_path
-from service.http.response_object import ResponseEvents, ResponseHeader, whole_response
-from service.http.response_request import ResponsesRequest, translate_response_request
-from service.http.streaming import encode_json, merged, releasing, unless_disconnected
+from service.http.conversion import Translated
+from service.http.errors import HttpError, http_error, not_found, too_large
+from service.http.response_object import ResponseEvents, ResponseHeader
+from service.http.response_request import ResponsesRequest
+from service.http.streaming import encode_json, releasing, unless_disconnected
 from service.observability.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from service.security import ApiKeys, KeyLimiter, SecurityConfig
 
 if TYPE_CHECKING:
     from engine.frontend.output_processor import RequestOutput
-    from engine.protocol import EngineCoreReady
-    from service.async_llm import AsyncLLM, PreparedRequest
+    from service.async_llm import AsyncLLM
     from service.limits import ServiceLimits
 
 logger = logging.getLogger(__name__)
-
-
-class _Refused(Exception):
-    """An HTTP error answer, raised from anywhere in a handler."""
-
-    def __init__(self, error: HttpError) -> None:
-        super().__init__(error.message)
-        self.error = error
 
 
 class OpenAIApi:
@@ -69,11 +57,11 @@ class OpenAIApi:
         self._keys = ApiKeys(security.api_keys)
         self._limiter = limiter
         self._is_ready = is_ready
-        self._ids = itertools.count(1)
+        self._answerer = Answerer(llm, limits.max_message_bytes)
         self._created = int(time.time())
         self.app = FastAPI(title="Formwork OpenAI-compatible API", docs_url=None, redoc_url=None, openapi_url=None)
         self.app.add_exception_handler(HTTPException, self._route_error)
-        self.app.add_exception_handler(_Refused, lambda request, e: self._refuse(request, e.error))
+        self.app.add_exception_handler(Refused, lambda request, e: self._refuse(request, e.error))
         self.app.add_exception_handler(ServiceError, lambda request, e: self._refuse(request, http_error(e)))
         self.app.add_api_route("/health", self.health, methods=["GET"])
         self.app.add_api_route("/metrics", self.metrics, methods=["GET"])
@@ -106,34 +94,23 @@ class OpenAIApi:
 
     async def models(self, request: Request) -> Response:
         self._authorize(request)
-        info = self._available_info()
+        info = self._answerer.engine_info()
         return _json(200, {"object": "list", "data": [{
             "id": info.model_name, "object": "model", "created": self._created, "owned_by": "formwork",
             "max_model_len": info.max_model_len}]})
 
     async def chat_completions(self, request: Request) -> Response:
-        key = self._authorize(request)
-        body = await self._parse(request, ChatCompletionRequest)
-        translated = translate_chat(body)  # a bad field fails before anything runs
-        return await self._limited(key, lambda: self._generate(request, body.model, translated, chat=True,
-                                                               logprobs=body.logprobs))
+        return await self._generation(request, CHAT_COMPLETIONS)
 
     async def completions(self, request: Request) -> Response:
-        key = self._authorize(request)
-        body = await self._parse(request, CompletionRequest)
-        translated = translate_completion(body)
-        return await self._limited(key, lambda: self._generate(request, body.model, translated, chat=False,
-                                                               logprobs=body.logprobs is not None))
+        return await self._generation(request, COMPLETIONS)
 
     async def responses(self, request: Request) -> Response:
-        key = self._authorize(request)
-        body = await self._parse(request, ResponsesRequest)
-        translated = translate_response_request(body)
-        return await self._limited(key, lambda: self._respond(request, body, translated))
+        return await self._generation(request, RESPONSES)
 
     def _refuse(self, request: Request, error: HttpError) -> Response:
         """The error answer; a refused generation call is counted by its error kind, as gRPC's are."""
-        if request.url.path in _GENERATION_PATHS:
+        if request.url.path in GENERATION_PATHS:
             self._llm.telemetry.request_rejected("http", _error_kind(error))
         return _answer(error)
 
@@ -145,7 +122,7 @@ class OpenAIApi:
             return None
         key = self._keys.identify(request.headers.get("authorization"))
         if key is None:
-            raise _Refused(HttpError(401, "missing or invalid API key: send the header 'Authorization: Bearer <key>'",
+            raise Refused(HttpError(401, "missing or invalid API key: send the header 'Authorization: Bearer <key>'",
                                      "authentication_error", None, "invalid_api_key"))
         return key
 
@@ -154,7 +131,7 @@ class OpenAIApi:
         if key is None or not self._limiter.limit:
             return await generate()
         if not self._limiter.try_acquire(key):
-            raise _Refused(http_error(ServiceError(
+            raise Refused(http_error(ServiceError(
                 ErrorCode.RESOURCE_EXHAUSTED, f"this API key already has {self._limiter.limit} requests in "
                                                f"flight, the server's limit per key (--max-concurrent-per-key)")))
         try:
@@ -168,125 +145,77 @@ class OpenAIApi:
             self._limiter.release(key)
         return response
 
-    async def _parse(self, request: Request, model: type[pydantic.BaseModel]) -> Any:
+    async def _body(self, request: Request) -> bytes:
+        """The request's body; 413 from its declared length, before reading it, when it is too large."""
         limit = self._limits.max_message_bytes
         declared = request.headers.get("content-length")
         if declared is not None and declared.isdigit() and int(declared) > limit:
-            raise _Refused(too_large(f"the request body is {declared} bytes; this server's max_message_bytes is {limit}"))
-        raw = await request.body()
-        if len(raw) > limit:
-            raise _Refused(too_large(f"the request body is {len(raw)} bytes; this server's max_message_bytes is {limit}"))
-        try:
-            return model.model_validate_json(raw)
-        except pydantic.ValidationError as e:
-            first = e.errors()[0]
-            path = field_path(first["loc"])
-            if first["type"] == "json_invalid":
-                raise _Refused(bad_request(f"the request body is not valid JSON: {first['msg']}")) from None
-            raise _Refused(bad_request(f"{path or 'body'}: {first['msg']}", path or None)) from None
-
-    def _available_info(self) -> EngineCoreReady:
-        try:
-            self._llm.check_available()
-        except ServiceError as e:
-            raise _Refused(http_error(e)) from None
-        assert self._llm.info is not None
-        return self._llm.info
+            raise Refused(too_large(f"the request body is {declared} bytes; this server's max_message_bytes is {limit}"))
+        return await request.body()
 
     # ---- generation ---------------------------------------------------------------------------
 
-    async def _generate(self, request: Request, model: str | None, translated: Translated, chat: bool,
-                        logprobs: bool) -> Response:
-        call = CompletionCall(translated, chat, logprobs, self._served_model(model),
-                     f"{'chatcmpl' if chat else 'cmpl'}-{secrets.token_hex(12)}", int(time.time()))
-        try:
-            prepared, outputs = await self._start(translated, call.response_id)
-            call = dataclasses.replace(call, shape=prepared.shape,
-                                       num_prompt_tokens=sum(len(p.token_ids) for p in prepared.prompts))
-            num_outputs = len(prepared.prompts) * translated.num_choices
-            if translated.stream:
-                first = await self._first(outputs, translated)
-                return StreamingResponse(completion_events(call, first, outputs, num_outputs, self._llm.token_text),
-                                         media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
-            finals = await unless_disconnected(request, self._collect(outputs, num_outputs, translated))
-            if finals is None:  # nobody is left to answer; closing the outputs aborted the requests
-                logger.info("%s: the client disconnected before the answer; its requests were aborted",
-                            call.response_id)
+    async def _generation(self, request: Request, path: str) -> Response:
+        key = self._authorize(request)
+        call = self._answerer.read(path, await self._body(request))  # a bad field fails before anything runs
+        return await self._limited(key, lambda: self._generate(request, call))
+
+    async def _generate(self, request: Request, call: Call) -> Response:
+        if not call.stream:
+            answer = await unless_disconnected(request, self._answerer.run(call))
+            if answer is None:  # nobody is left to answer; closing the outputs aborted the requests
+                logger.info("%s: the client disconnected before the answer; its requests were aborted", call.path)
                 return Response(status_code=499)
+            return _json(answer.status_code, answer.body)
+        if call.path == RESPONSES:
+            return await self._stream_response(call)
+        return await self._stream_completion(call)
+
+    async def _stream_completion(self, call: Call) -> Response:
+        translated = call.translated
+        chat = call.path == CHAT_COMPLETIONS
+        logprobs = bool(call.body.logprobs) if chat else call.body.logprobs is not None
+        completion = CompletionCall(translated, chat, logprobs, self._answerer.served_model(call.body.model),
+                                    f"{'chatcmpl' if chat else 'cmpl'}-{secrets.token_hex(12)}", int(time.time()))
+        try:
+            prepared, outputs = await self._answerer.start(translated, completion.response_id, stream=True)
+            completion = dataclasses.replace(completion, shape=prepared.shape,
+                                             num_prompt_tokens=sum(len(p.token_ids) for p in prepared.prompts))
+            first = await self._first(outputs, translated)
         except ServiceError as e:
-            error, param = translated.field_names.rename(e)
-            raise _Refused(http_error(error, param)) from None
-        done = [f for f in finals if f is not None]
-        if call.chat:
-            body = responses.chat_completion(call.response_id, call.created, call.model, done, self._llm.token_text,
-                                             call.logprobs, call.shape)
-        else:
-            body = responses.completion(call.response_id, call.created, call.model, done, translated.num_choices,
-                                        self._llm.token_text, call.logprobs)
-        return _json(200, body)
+            raise Refused(http_error(*translated.field_names.rename(e))) from None
+        num_outputs = len(prepared.prompts) * translated.num_choices
+        return StreamingResponse(completion_events(completion, first, outputs, num_outputs, self._llm.token_text),
+                                 media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
 
-    def _served_model(self, model: str | None) -> str:
-        """The served model's name, if `model` names it or is unset; else 404."""
-        info = self._available_info()
-        if model not in (None, info.model_name):
-            raise _Refused(not_found(f"the model '{model}' does not exist; this server serves '{info.model_name}'",
-                                     "model_not_found"))
-        return info.model_name
+    async def _stream_response(self, call: Call) -> Response:
+        """A Responses API call streamed as its events."""
+        body = call.body
+        assert isinstance(body, ResponsesRequest)
+        model = self._answerer.served_model(body.model)
+        tokenizer = self._llm.tokenizer
+        assert tokenizer is not None  # the engine is available (served_model): its tokenizer is loaded
+        response_id = f"resp_{secrets.token_hex(12)}"
+        try:
+            prepared, outputs = await self._answerer.start(call.translated, response_id, stream=True)
+            first = await self._first(outputs, call.translated)
+        except ServiceError as e:
+            raise Refused(http_error(*call.translated.field_names.rename(e))) from None
+        header = ResponseHeader(response_id, int(time.time()), model, body, prepared.shape,
+                                lambda text: len(tokenizer.encode(text, False)))
+        return StreamingResponse(self._response_events(header, first, outputs, call.translated),
+                                 media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
 
-    async def _start(self, translated: Translated, response_id: str
-                     ) -> tuple[PreparedRequest, AsyncIterator[tuple[int, RequestOutput]]]:
-        """Check and tokenize the request, and start its generations: n choices of each prompt,
-        merged into one stream of (index, output). Raises ServiceError naming the field."""
-        prepared = await self._llm.prepare(translated.request)
-        params = prepared.params
-        arrival_time = time.monotonic()
-        number = next(self._ids)
-        generations = []
-        for prompt_index, prompt in enumerate(prepared.prompts):
-            for choice in range(translated.num_choices):
-                choice_params = params
-                if params.seed is not None and choice:  # the same seed would give n equal choices
-                    choice_params = msgspec.structs.replace(params, seed=params.seed + choice)
-                index = prompt_index * translated.num_choices + choice
-                generations.append(self._llm.generate(
-                    prompt.token_ids, choice_params, request_id=f"{response_id}#{number}.{index}",
-                    priority=translated.request.priority, arrival_time=arrival_time, stream=translated.stream,
-                    prompt_field=prompt.field))
-        return prepared, merged(generations)
-
-    async def _first(self, outputs: AsyncIterator[tuple[int, RequestOutput]], translated: Translated
-                     ) -> tuple[int, RequestOutput]:
+    @staticmethod
+    async def _first(outputs: Outputs, translated: Translated) -> tuple[int, RequestOutput]:
         """A stream's first output, before the 200: a constraint that fails to compile is a 400."""
         try:
             first = await anext(outputs)
-            self._raise_if_error(first[1], translated)
+            raise_if_error(first[1], translated)
         except BaseException:
             await outputs.aclose()
             raise
         return first
-
-    async def _respond(self, request: Request, body: ResponsesRequest, translated: Translated) -> Response:
-        """A Responses API call: one output, answered as a response object or its events."""
-        model = self._served_model(body.model)
-        tokenizer = self._llm.tokenizer
-        assert tokenizer is not None  # the engine is available (_served_model): its tokenizer is loaded
-        response_id = f"resp_{secrets.token_hex(12)}"
-        try:
-            prepared, outputs = await self._start(translated, response_id)
-            header = ResponseHeader(response_id, int(time.time()), model, body, prepared.shape,
-                                    lambda text: len(tokenizer.encode(text, False)))
-            if translated.stream:
-                first = await self._first(outputs, translated)
-                return StreamingResponse(self._response_events(header, first, outputs, translated),
-                                         media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
-            finals = await unless_disconnected(request, self._collect(outputs, 1, translated))
-        except ServiceError as e:
-            error, param = translated.field_names.rename(e)
-            raise _Refused(http_error(error, param)) from None
-        if finals is None or finals[0] is None:
-            logger.info("%s: the client disconnected before the answer; its request was aborted", response_id)
-            return Response(status_code=499)
-        return _json(200, whole_response(header, finals[0]))
 
     async def _response_events(self, header: ResponseHeader, first: tuple[int, RequestOutput],
                                outputs: AsyncIterator[tuple[int, RequestOutput]], translated: Translated
@@ -309,28 +238,10 @@ class OpenAIApi:
                     yield events.error(http_error(e).body())
                     return
 
-    async def _collect(self, outputs: AsyncIterator[tuple[int, RequestOutput]], num_outputs: int,
-                       translated: Translated) -> list[RequestOutput | None]:
-        finals: list[RequestOutput | None] = [None] * num_outputs
-        async with contextlib.aclosing(outputs):  # type: ignore[type-var]
-            async for index, output in outputs:
-                self._raise_if_error(output, translated)
-                finals[index] = output
-        return finals
-
-    @staticmethod
-    def _raise_if_error(output: RequestOutput, translated: Translated) -> None:
-        if output.finish_reason == FinishReason.ERROR:
-            logger.info("request %s failed: %s", output.request_id, output.error)
-            raise error_from_output(output, translated.request.constraint_field)
-
     async def _route_error(self, request: Request, error: HTTPException) -> Response:
         if error.status_code == 404:
             return _answer(not_found(f"no route {request.method} {request.url.path}"))
         return _answer(HttpError(error.status_code, str(error.detail), "invalid_request_error"))
-
-
-_GENERATION_PATHS = frozenset(("/v1/chat/completions", "/v1/completions", "/v1/responses"))
 
 
 def _error_kind(error: HttpError) -> str:
