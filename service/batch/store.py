@@ -55,6 +55,10 @@ CREATE TABLE IF NOT EXISTS batches (
 );
 """
 
+class DataDirInUse(ValueError):
+    """Another process holds the data directory."""
+
+
 @dataclass(frozen=True)
 class StoredFile:
     id: str  # "file-..."
@@ -111,7 +115,7 @@ class BatchStore:
             fcntl.flock(self._lock_file, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
             self._lock_file.close()
-            raise ValueError(f"{self.data_dir} is in use by another server (each needs its own --data-dir)") from None
+            raise DataDirInUse(f"{self.data_dir} is in use by another server (each needs its own --data-dir)") from None
         self._lock = threading.Lock()
         self._db = sqlite3.connect(self.data_dir / "formwork.sqlite3", check_same_thread=False, isolation_level=None)
         self._db.row_factory = sqlite3.Row
