@@ -1,0 +1,1 @@
+"""Batch jobs: OpenAI batch files run through an Executor, resumable, with progress."""
