@@ -1,10 +1,9 @@
 """The server's Batches API settings: where files and batches live, what it accepts, how hard batches run."""
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 from pathlib import Path
-
-from engine.model_files import cache_dir
 
 # the engine's priority for a batch's lines: interactive requests default to 0 and a lower value
 # is served first, so under load the engine schedules them ahead of batch lines
@@ -13,8 +12,8 @@ COMPLETION_WINDOW_S = {"24h": 24 * 3600}  # the completion windows OpenAI's API 
 
 
 def default_data_dir() -> Path:
-    """$FORMWORK_CACHE/data, else ~/.cache/formwork/data."""
-    return cache_dir() / "data"
+    """$FORMWORK_CACHE/data, else ~/.cache/formwork/data (beside the model and kernel caches)."""
+    return Path(os.environ.get("FORMWORK_CACHE") or Path.home() / ".cache" / "formwork") / "data"
 
 
 @dataclass(frozen=True)
