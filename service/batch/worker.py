@@ -117,8 +117,7 @@ class BatchWorker:
         if current.status is BatchStatus.VALIDATING:
             current = await self.validate(current)
         if current.status is BatchStatus.IN_PROGRESS:
-            requests = await asyncio.to_thread(_requests, self._store.file_path(current.input_file_id))
-            await self._run(current, requests)
+            await self._run(current)  # no await since the status was read: a cancel sees the job
             current = self._store.batch(batch.id)
             assert current is not None
             if current.status is BatchStatus.IN_PROGRESS:  # every line answered
@@ -128,10 +127,10 @@ class BatchWorker:
         elif current.status is BatchStatus.FINALIZING:
             await self._finish(current, BatchStatus.COMPLETED, None)
 
-    async def _run(self, batch: StoredBatch, requests: list[RequestLine]) -> None:
+    async def _run(self, batch: StoredBatch) -> None:
         """Answer the batch's lines not yet in its results file, until every line is answered, the
         batch is cancelled (its status says so) or its window ends (then it is finished `expired`)."""
-        job = asyncio.get_running_loop().create_task(self._answer_all(batch, requests))
+        job = asyncio.get_running_loop().create_task(self._answer_all(batch))
         self._running = (batch.id, job)
         try:
             await asyncio.wait({job}, timeout=max(0.0, batch.expires_at - time.time()))
@@ -151,7 +150,8 @@ class BatchWorker:
         elif not job.cancelled():
             job.result()  # raises what failed it
 
-    async def _answer_all(self, batch: StoredBatch, requests: list[RequestLine]) -> None:
+    async def _answer_all(self, batch: StoredBatch) -> None:
+        requests = await asyncio.to_thread(_requests, self._store.file_path(batch.input_file_id))
         results = self._store.results_path(batch.id)
         base = await asyncio.to_thread(_counts_in, results)
         with OutputFile(results, output_key) as output:

@@ -132,6 +132,9 @@ class InprocHttp:
         return False
 
     def close(self) -> None:
+        """Stop both servers (again: nothing)."""
+        if not self.thread.is_alive():
+            return
         try:
             self.run(self.http.stop())
             self.run(self.server.stop(0))
