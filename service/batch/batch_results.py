@@ -34,7 +34,8 @@ class SplitResults:
 def split_results(results: Path, requests: list[RequestLine], output: Path, error: Path,
                   unrun: Unrun | None = None) -> SplitResults:
     """Write `output` and `error` from the runner's `results` file (complete lines; a torn last
-    one is left out and counts as not run). `unrun`: an error line for each request not answered."""
+    one is left out and counts as not run), copied as they are: the runner writes each custom_id
+    once. `unrun`: an error line for each request not answered."""
     done: set[str] = set()
     num_completed = num_failed = num_unrun = 0
     with open(output, "wb") as answered, open(error, "wb") as failed:
@@ -43,7 +44,7 @@ def split_results(results: Path, requests: list[RequestLine], output: Path, erro
                 for raw in lines:
                     record = _record(raw)
                     key = output_key(record) if record is not None else None
-                    if not isinstance(key, str) or key in done:
+                    if not isinstance(key, str):
                         continue
                     done.add(key)
                     if is_success(record):
