@@ -31,6 +31,7 @@ from engine.protocol import FinishReason
 from service.errors import ErrorCode, ServiceError, error_from_output
 from service.http.answerer import (CHAT_COMPLETIONS, COMPLETIONS, GENERATION_PATHS, RESPONSES, Answerer, Call,
                                    Outputs, Refused, raise_if_error)
+from service.http.batch_api import BatchApi
 from service.http.completion_stream import CompletionCall, completion_events
 from service.http.conversion import Translated
 from service.http.errors import HttpError, http_error, not_found, too_large
@@ -44,7 +45,6 @@ if TYPE_CHECKING:
     from engine.frontend.output_processor import RequestOutput
     from service.async_llm import AsyncLLM
     from service.batch.api_config import BatchApiConfig
-    from service.http.batch_api import BatchApi
     from service.limits import ServiceLimits
 
 logger = logging.getLogger(__name__)
@@ -75,7 +75,6 @@ class OpenAIApi:
         self.app.add_api_route("/v1/responses", self.responses, methods=["POST"])
         self.batch_api: BatchApi | None = None
         if batch_config is not None:
-            from service.http.batch_api import BatchApi
             self.batch_api = BatchApi(self._answerer, batch_config, self._authorize, is_ready)
             self.batch_api.register(self.app)
 
