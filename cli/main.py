@@ -1,4 +1,4 @@
-"""The `formwork` command: generate, serve, bench, each registered by its own layer."""
+"""The `formwork` command: generate, serve, bench, batch, extract, each registered by its own layer."""
 from __future__ import annotations
 
 import argparse
@@ -17,6 +17,8 @@ def build_parser() -> argparse.ArgumentParser:
     from bench.cli import add_bench_parser
     add_bench_parser(sub, add_engine_args)
     try:
+        from service.batch_cli.batch_command import add_batch_parser
+        from service.batch_cli.extract_command import add_extract_parser
         from service.cli import add_serve_parser
         from service.cluster import add_cluster_parser
     except ImportError:  # the service is optional for offline use
@@ -24,6 +26,8 @@ def build_parser() -> argparse.ArgumentParser:
     else:
         add_serve_parser(sub, add_engine_args)
         add_cluster_parser(sub)
+        add_batch_parser(sub, add_engine_args)
+        add_extract_parser(sub, add_engine_args)
     return parser
 
 

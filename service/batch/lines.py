@@ -88,23 +88,25 @@ def parse_line(text: str | bytes, line_number: int) -> RequestLine | LineError:
 
 
 def read_lines(raw_lines: list[bytes]) -> list[RequestLine | LineError]:
-    """Every line of an input file parsed, blank lines skipped (they keep their number), and a
-    custom_id used by an earlier line turned into a `duplicate_custom_id` error."""
+    """Every line of an input file parsed (blank lines skipped; they keep their number), with
+    each custom_id kept by its first line (`with_unique_ids`)."""
+    return with_unique_ids([parse_line(raw, index + 1) for index, raw in enumerate(raw_lines) if raw.strip()])
+
+
+def with_unique_ids(lines: list[RequestLine | LineError]) -> list[RequestLine | LineError]:
+    """The lines, a custom_id used by an earlier line turned into a `duplicate_custom_id` error
+    (without a custom_id of its own, so that no key is written twice)."""
     owners: dict[str, int] = {}  # custom_id -> the line that uses it first
-    lines: list[RequestLine | LineError] = []
-    for index, raw in enumerate(raw_lines):
-        line_number = index + 1
-        if not raw.strip():
-            continue
-        line = parse_line(raw, line_number)
+    unique: list[RequestLine | LineError] = []
+    for line in lines:
         if line.custom_id is not None:
-            owner = owners.setdefault(line.custom_id, line_number)
-            if owner != line_number:
-                line = LineError(line_number, None, "duplicate_custom_id",
+            owner = owners.setdefault(line.custom_id, line.line_number)
+            if owner != line.line_number:
+                line = LineError(line.line_number, None, "duplicate_custom_id",
                                  f"custom_id {line.custom_id!r} is already used by line {owner}; each request "
                                  f"needs its own")
-        lines.append(line)
-    return lines
+        unique.append(line)
+    return unique
 
 
 def answer_line(custom_id: str, status_code: int, body: dict[str, Any]) -> dict[str, Any]:

@@ -103,12 +103,17 @@ class Progress:
         self.num_failed += failed
         self.num_tokens += num_tokens
 
+    def stop_showing(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+
     async def finish(self, stopped: str | None = None) -> ProgressCounts:
         """Stop showing and print the summary (or why the run stopped early)."""
         if self._task is not None:
             self._task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._task
+            self._task = None
         counts = self.counts()
         if self.is_tty:
             self._draw(counts)

@@ -91,6 +91,7 @@ class JobRunner:
                 worker.cancel()
             await asyncio.gather(*workers, return_exceptions=True)
             self.output.sync()
+            self.progress.stop_showing()
         counts = await self.progress.finish(stopped)
         return JobResult(counts, stopped)
 

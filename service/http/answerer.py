@@ -102,29 +102,8 @@ class Answerer:
             return Answer(e.error.status, e.error.body())
 
     def read(self, path: str, body: bytes | str | dict[str, Any], *, priority: int | None = None) -> Call:
-        """The body parsed and translated; Refused (404 for an unknown path, 413, 400 naming the
-        field) when the HTTP server would refuse it before anything runs."""
-        if isinstance(body, dict):
-            body = _json_encoder.encode(body)
-        raw = body.encode() if isinstance(body, str) else body
-        if len(raw) > self._max_message_bytes:
-            raise Refused(too_large(f"the request body is {len(raw)} bytes; this server's max_message_bytes "
-                                    f"is {self._max_message_bytes}"))
-        if path == CHAT_COMPLETIONS:
-            chat = _parsed(ChatCompletionRequest, raw)
-            call = Call(path, chat, _translated(lambda: translate_chat(chat)))
-        elif path == COMPLETIONS:
-            completion = _parsed(CompletionRequest, raw)
-            call = Call(path, completion, _translated(lambda: translate_completion(completion)))
-        elif path == RESPONSES:
-            response = _parsed(ResponsesRequest, raw)
-            call = Call(path, response, _translated(lambda: translate_response_request(response)))
-        else:
-            raise Refused(not_found(f"no route POST {path}"))
-        if priority is not None:
-            request = dataclasses.replace(call.translated.request, priority=priority)
-            call = dataclasses.replace(call, translated=dataclasses.replace(call.translated, request=request))
-        return call
+        """`read_call` with this answerer's size limit."""
+        return read_call(path, body, self._max_message_bytes, priority=priority)
 
     async def run(self, call: Call) -> Answer:
         """A read call answered whole (its `stream` is ignored); Refused when it fails."""
@@ -215,6 +194,34 @@ class Answerer:
                 raise_if_error(output, translated)
                 finals[index] = output
         return finals
+
+
+def read_call(path: str, body: bytes | str | dict[str, Any], max_message_bytes: int, *,
+              priority: int | None = None) -> Call:
+    """The body parsed and translated; Refused (404 for an unknown path, 413 over
+    `max_message_bytes`, 400 naming the field) when the HTTP server would refuse it before
+    anything runs. `priority` replaces the body's `formwork.priority` when given."""
+    if isinstance(body, dict):
+        body = _json_encoder.encode(body)
+    raw = body.encode() if isinstance(body, str) else body
+    if len(raw) > max_message_bytes:
+        raise Refused(too_large(f"the request body is {len(raw)} bytes; this server's max_message_bytes "
+                                f"is {max_message_bytes}"))
+    if path == CHAT_COMPLETIONS:
+        chat = _parsed(ChatCompletionRequest, raw)
+        call = Call(path, chat, _translated(lambda: translate_chat(chat)))
+    elif path == COMPLETIONS:
+        completion = _parsed(CompletionRequest, raw)
+        call = Call(path, completion, _translated(lambda: translate_completion(completion)))
+    elif path == RESPONSES:
+        response = _parsed(ResponsesRequest, raw)
+        call = Call(path, response, _translated(lambda: translate_response_request(response)))
+    else:
+        raise Refused(not_found(f"no route POST {path}"))
+    if priority is not None:
+        request = dataclasses.replace(call.translated.request, priority=priority)
+        call = dataclasses.replace(call, translated=dataclasses.replace(call.translated, request=request))
+    return call
 
 
 def raise_if_error(output: RequestOutput, translated: Translated) -> None:
