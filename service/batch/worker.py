@@ -155,6 +155,9 @@ class BatchWorker:
         results = self._store.results_path(batch.id)
         base = await asyncio.to_thread(_counts_in, results)
         with OutputFile(results, output_key) as output:
+            if output.done:
+                logger.info("batch %s resumed: %d of its %d requests were answered before", batch.id,
+                            len(output.done), len(requests))
             while True:
                 await self._engine_ready()
                 progress = _StoreProgress(self._store, batch.id, base)
