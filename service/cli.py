@@ -108,7 +108,7 @@ def add_serve_parser(subparsers: argparse._SubParsersAction,
                         help="grpc.health.v1 needs a key too (default: open, for probes and load balancers)")
     access.add_argument("--max-concurrent-per-key", type=int, default=0,
                         help="Generate calls in flight per API key; more get RESOURCE_EXHAUSTED (default: no limit)")
-    batches = parser.add_argument_group("files and batches (OpenAI's Files and Batches APIs on HTTP, docs/batch-api.md)")
+    batches = parser.add_argument_group("files and batches (OpenAI's Files and Batches APIs, docs/batch-api.md)")
     batches.add_argument("--data-dir", default=None,
                          help="where uploaded files, batch outputs and their SQLite database live; one server a "
                               "directory (default: $FORMWORK_CACHE/data, else ~/.cache/formwork/data; created)")

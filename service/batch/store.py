@@ -245,8 +245,11 @@ class BatchStore:
         with self._lock, self._transaction():
             current = self._batch(batch_id)
             current.status.check_move(status)
-            output_id = self._add_staged(output, f"{batch_id}_output.jsonl", "batch_output", stamp).id if output else None
-            error_id = self._add_staged(error, f"{batch_id}_error.jsonl", "batch_output", stamp).id if error else None
+            output_id = error_id = None
+            if output is not None:
+                output_id = self._add_staged(output, f"{batch_id}_output.jsonl", "batch_output", stamp).id
+            if error is not None:
+                error_id = self._add_staged(error, f"{batch_id}_error.jsonl", "batch_output", stamp).id
             self._set(batch_id, status, stamp, output_file_id=output_id, error_file_id=error_id,
                       num_total=counts.total, num_completed=counts.completed, num_failed=counts.failed)
             finished = self._batch(batch_id)

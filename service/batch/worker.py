@@ -107,7 +107,8 @@ class BatchWorker:
                 except asyncio.CancelledError:
                     raise
                 except Exception:  # one batch's failure (a full disk) must not stop the others
-                    logger.exception("batch %s: its work failed; retried when the worker next looks at the store", batch.id)
+                    logger.exception("batch %s: its work failed; retried when the worker next looks at the store",
+                                     batch.id)
             await self._wake.wait()
 
     async def _advance(self, batch: StoredBatch) -> None:
