@@ -4,6 +4,7 @@ server started again on the same data directory. tests/integration/test_batch_ap
 them on the real model, and kills a server mid-batch."""
 from __future__ import annotations
 
+import argparse
 import json
 import time
 
@@ -12,6 +13,7 @@ import openai
 import pytest
 
 from service.batch.api_config import BatchApiConfig
+from service.cli import add_serve_parser, batch_config_from_args
 from service.security import SecurityConfig
 
 CHAT = "/v1/chat/completions"
@@ -179,3 +181,21 @@ def test_a_server_started_again_on_the_same_data_directory_resumes_the_batch(mak
     assert done.status == "completed" and done.request_counts.completed == 12
     output = jsonl(client.files.content(done.output_file_id).text)
     assert sorted(line["custom_id"] for line in output) == sorted(custom_ids)  # each exactly once
+
+
+def test_serve_options_give_the_batch_settings(tmp_path, monkeypatch):
+    parser = argparse.ArgumentParser()
+    add_serve_parser(parser.add_subparsers())
+
+    def config(*argv: str):
+        return batch_config_from_args(parser.parse_args(["serve", *argv]))
+
+    monkeypatch.setenv("FORMWORK_CACHE", str(tmp_path / "cache"))
+    default = config()
+    assert default.data_dir == tmp_path / "cache" / "data" and not default.required  # held: serve without it
+    given = config("--data-dir", str(tmp_path / "mine"), "--batch-concurrency", "2", "--max-file-bytes", "1000")
+    assert given.data_dir == tmp_path / "mine" and given.required
+    assert (given.max_concurrent_lines, given.max_file_bytes) == (2, 1000)
+    assert config("--no-batches") is None and config("--no-http") is None
+    with pytest.raises(ValueError, match="max_concurrent_lines must be >= 1"):
+        config("--batch-concurrency", "0")
