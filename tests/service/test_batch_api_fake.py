@@ -12,7 +12,7 @@ import httpx
 import openai
 import pytest
 
-from service.batch.api_config import BatchApiConfig
+from service.batch.api_config import BATCH_PRIORITY, BatchApiConfig
 from service.cli import add_serve_parser, batch_config_from_args
 from service.security import SecurityConfig
 
@@ -135,18 +135,24 @@ def test_bad_uploads_and_batches_are_refused_naming_the_problem(make_http_server
 def test_cancel_stops_a_batch_and_keeps_its_answers(make_http_server, batch_config):
     server = make_http_server(batch_config=batch_config, step_s=0.02)
     client = client_of(server)
-    # each line takes hundreds of steps: the batch is still running when the cancel comes
-    lines = [request_line(f"r{i}", max_tokens=400, ignore_eos=True) for i in range(8)]
+    # each line takes hundreds of steps: the batch is still running when the cancel comes; a line's
+    # own priority does not jump the queue
+    lines = [request_line(f"r{i}", max_tokens=400, ignore_eos=True, formwork={"priority": -5}) for i in range(8)]
     created = client.batches.create(input_file_id=upload(client, lines).id, endpoint=CHAT,
                                     completion_window="24h")
+    deadline = time.monotonic() + 30
+    while len(in_engine := list(server.core.requests.values())) < 4 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert len(in_engine) == 4  # --batch-concurrency lines at once
+    assert {r.request.priority for r in in_engine} == {BATCH_PRIORITY}  # below interactive requests' 0
     cancelling = client.batches.cancel(created.id)
     assert cancelling.status in ("cancelling", "cancelled") and cancelling.cancelling_at
     done = wait_finished(client, created.id)
     assert done.status == "cancelled" and done.cancelled_at, done
-    assert done.error_file_id, done
-    errors = jsonl(client.files.content(done.error_file_id).text)
-    assert sorted(line["custom_id"] for line in errors) == sorted(f"r{i}" for i in range(8))
-    assert {line["error"]["code"] for line in errors} == {"batch_cancelled"}
+    answered = jsonl(client.files.content(done.output_file_id).text) if done.output_file_id else []
+    unrun = jsonl(client.files.content(done.error_file_id).text)
+    assert sorted(line["custom_id"] for line in answered + unrun) == sorted(f"r{i}" for i in range(8))
+    assert {line["error"]["code"] for line in unrun} == {"batch_cancelled"} and len(unrun) >= 4
     assert server.wait_idle()  # the lines in flight were aborted
     with pytest.raises(openai.BadRequestError, match="only a validating or in_progress batch"):
         client.batches.cancel(wait_finished(client, upload_and_run(client)).id)
