@@ -24,11 +24,41 @@ CANCELLED = Unrun("batch_cancelled", "the batch was cancelled before this reques
 EXPIRED = Unrun("batch_expired", "the batch's completion window ended before this request ran")
 
 
+@dataclass
+class TokenUsage:
+    """Tokens of a batch's answered lines, summed from each answer's `usage` (chat and text
+    completions name them prompt / completion tokens, the Responses API input / output tokens)."""
+
+    input_tokens: int = 0
+    cached_tokens: int = 0  # of input_tokens: read from the prefix cache
+    output_tokens: int = 0
+    reasoning_tokens: int = 0  # of output_tokens
+
+    def add(self, body: dict) -> None:
+        usage = body.get("usage")
+        if not isinstance(usage, dict):
+            return
+        self.input_tokens += _int(usage.get("prompt_tokens", usage.get("input_tokens")))
+        self.output_tokens += _int(usage.get("completion_tokens", usage.get("output_tokens")))
+        inputs = usage.get("prompt_tokens_details") or usage.get("input_tokens_details") or {}
+        outputs = usage.get("completion_tokens_details") or usage.get("output_tokens_details") or {}
+        self.cached_tokens += _int(inputs.get("cached_tokens") if isinstance(inputs, dict) else None)
+        self.reasoning_tokens += _int(outputs.get("reasoning_tokens") if isinstance(outputs, dict) else None)
+
+    def as_openai(self) -> dict:
+        """The Batch object's `usage`."""
+        return {"input_tokens": self.input_tokens, "input_tokens_details": {"cached_tokens": self.cached_tokens},
+                "output_tokens": self.output_tokens,
+                "output_tokens_details": {"reasoning_tokens": self.reasoning_tokens},
+                "total_tokens": self.input_tokens + self.output_tokens}
+
+
 @dataclass(frozen=True)
 class SplitResults:
     counts: RequestCounts
     num_output_lines: int
     num_error_lines: int
+    usage: TokenUsage
 
 
 def split_results(results: Path, requests: list[RequestLine], output: Path, error: Path,
@@ -38,6 +68,7 @@ def split_results(results: Path, requests: list[RequestLine], output: Path, erro
     once. `unrun`: an error line for each request not answered."""
     done: set[str] = set()
     num_completed = num_failed = num_unrun = 0
+    usage = TokenUsage()
     with open(output, "wb") as answered, open(error, "wb") as failed:
         if results.exists():
             with open(results, "rb") as lines:
@@ -48,10 +79,11 @@ def split_results(results: Path, requests: list[RequestLine], output: Path, erro
                         continue
                     done.add(key)
                     if is_success(record):
-                        answered.write(raw if raw.endswith(b"\n") else raw + b"\n")
+                        answered.write(raw)
                         num_completed += 1
+                        usage.add(record["response"].get("body") or {})
                     else:
-                        failed.write(raw if raw.endswith(b"\n") else raw + b"\n")
+                        failed.write(raw)
                         num_failed += 1
         if unrun is not None:
             for request in requests:
@@ -63,7 +95,7 @@ def split_results(results: Path, requests: list[RequestLine], output: Path, erro
             f.flush()
             os.fsync(f.fileno())
     return SplitResults(RequestCounts(len(requests), num_completed, num_failed), num_completed,
-                        num_failed + num_unrun)
+                        num_failed + num_unrun, usage)
 
 
 def is_success(record: dict) -> bool:
@@ -81,3 +113,7 @@ def _record(raw: bytes) -> dict | None:
     except (ValueError, UnicodeDecodeError):
         return None
     return record if isinstance(record, dict) else None
+
+
+def _int(value: object) -> int:
+    return value if isinstance(value, int) else 0

@@ -51,7 +51,8 @@ CREATE TABLE IF NOT EXISTS batches (
     num_total INTEGER NOT NULL DEFAULT 0,
     num_completed INTEGER NOT NULL DEFAULT 0,
     num_failed INTEGER NOT NULL DEFAULT 0,
-    metadata TEXT  -- JSON object, or NULL
+    metadata TEXT,  -- JSON object, or NULL
+    usage TEXT  -- JSON: the answered lines' tokens, once finished
 );
 """
 
@@ -91,6 +92,7 @@ class StoredBatch:
     errors: list[dict[str, Any]] | None  # validation errors: {code, message, param, line}
     request_counts: RequestCounts
     metadata: dict[str, str] | None
+    usage: dict[str, Any] | None  # tokens of the answered lines (OpenAI's Batch usage), once finished
 
 
 @dataclass(frozen=True)
@@ -237,7 +239,7 @@ class BatchStore:
         return self._results_dir / f"{batch_id}.jsonl"
 
     def finish(self, batch_id: str, status: BatchStatus, output: Path | None, error: Path | None,
-               counts: RequestCounts, now: int | None = None) -> StoredBatch:
+               counts: RequestCounts, usage: dict[str, Any] | None = None, now: int | None = None) -> StoredBatch:
         """End a batch in one transaction: its staged output and error files (None: no lines of that
         kind) become files of purpose `batch_output`, its counts and `status` are set. Its results
         file is removed after."""
@@ -251,7 +253,8 @@ class BatchStore:
             if error is not None:
                 error_id = self._add_staged(error, f"{batch_id}_error.jsonl", "batch_output", stamp).id
             self._set(batch_id, status, stamp, output_file_id=output_id, error_file_id=error_id,
-                      num_total=counts.total, num_completed=counts.completed, num_failed=counts.failed)
+                      num_total=counts.total, num_completed=counts.completed, num_failed=counts.failed,
+                      usage=json.dumps(usage) if usage is not None else None)
             finished = self._batch(batch_id)
         self.results_path(batch_id).unlink(missing_ok=True)
         return finished
@@ -335,4 +338,5 @@ def _batch(row: sqlite3.Row) -> StoredBatch:
         expires_at=row["expires_at"], timestamps=timestamps, output_file_id=row["output_file_id"],
         error_file_id=row["error_file_id"], errors=json.loads(row["errors"]) if row["errors"] else None,
         request_counts=RequestCounts(row["num_total"], row["num_completed"], row["num_failed"]),
-        metadata=json.loads(row["metadata"]) if row["metadata"] else None)
+        metadata=json.loads(row["metadata"]) if row["metadata"] else None,
+        usage=json.loads(row["usage"]) if row["usage"] else None)

@@ -186,7 +186,8 @@ class BatchWorker:
             if not num_lines:
                 path.unlink()
         finished = self._store.finish(batch.id, status, output if split.num_output_lines else None,
-                                      error if split.num_error_lines else None, split.counts)
+                                      error if split.num_error_lines else None, split.counts,
+                                      split.usage.as_openai())
         logger.info("batch %s %s: %d answered, %d failed of %d", batch.id, status.value,
                     finished.request_counts.completed, finished.request_counts.failed, finished.request_counts.total)
 

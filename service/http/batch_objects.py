@@ -32,7 +32,7 @@ def batch_object(stored: StoredBatch) -> dict[str, Any]:
         "error_file_id": stored.error_file_id, "created_at": stored.created_at, "expires_at": stored.expires_at,
         **timestamps,
         "request_counts": {"total": counts.total, "completed": counts.completed, "failed": counts.failed},
-        "metadata": stored.metadata,
+        "metadata": stored.metadata, "usage": stored.usage,
     }
 
 

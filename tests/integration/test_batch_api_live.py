@@ -89,6 +89,10 @@ def test_a_batch_answers_each_line_as_the_api_does(client):
         # greedy: the same answer as the same body sent interactively
         interactive = client.chat.completions.create(model=body["model"], **chat_body(questions[custom_id]))
         assert body["choices"][0]["message"]["content"] == interactive.choices[0].message.content
+    assert done.usage.output_tokens == sum(line["response"]["body"]["usage"]["completion_tokens"]
+                                           for line in output.values())
+    assert done.usage.input_tokens == sum(line["response"]["body"]["usage"]["prompt_tokens"]
+                                          for line in output.values())
     errors = jsonl(client, done.error_file_id)
     assert [(line["custom_id"], line["response"]["status_code"]) for line in errors] == [("refused", 400)]
     assert "max_tokens" in errors[0]["response"]["body"]["error"]["message"]

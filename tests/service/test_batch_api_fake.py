@@ -73,6 +73,8 @@ def test_upload_run_and_download_a_batch(make_http_server, batch_config):
         assert line["response"]["status_code"] == 200 and line["error"] is None
         assert line["response"]["body"]["object"] == "chat.completion"
         assert line["response"]["body"]["choices"][0]["message"]["content"]
+    assert done.usage.output_tokens == sum(line["response"]["body"]["usage"]["completion_tokens"] for line in output)
+    assert done.usage.total_tokens == done.usage.input_tokens + done.usage.output_tokens > 0
     errors = jsonl(client.files.content(done.error_file_id).text)
     assert [(line["custom_id"], line["response"]["status_code"]) for line in errors] == [("refused", 400)]
     assert "max_tokens" in errors[0]["response"]["body"]["error"]["message"]

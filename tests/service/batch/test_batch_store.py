@@ -99,7 +99,9 @@ def test_a_batch_moves_through_its_statuses_with_timestamps(store):
     store.results_path(batch.id).write_bytes(b"answers\n")
     output = store.staged_path()
     output.write_bytes(b'{"ok": 1}\n')
-    done = store.finish(batch.id, BatchStatus.COMPLETED, output, None, RequestCounts(3, 3, 0), now=1003)
+    done = store.finish(batch.id, BatchStatus.COMPLETED, output, None, RequestCounts(3, 3, 0),
+                        usage={"total_tokens": 12}, now=1003)
+    assert done.usage == {"total_tokens": 12}
     assert done.status is BatchStatus.COMPLETED and done.error_file_id is None
     assert done.timestamps == {"in_progress_at": 1001, "finalizing_at": 1002, "completed_at": 1003}
     assert done.request_counts == RequestCounts(3, 3, 0)

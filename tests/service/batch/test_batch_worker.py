@@ -40,7 +40,9 @@ class ScriptedExecutor(Executor):
         if status != 200:
             return status, {"error": {"message": "refused", "type": "invalid_request_error", "param": None,
                                       "code": None}}
-        return 200, {"object": "chat.completion", "echo": body["messages"][0]["content"]}
+        return 200, {"object": "chat.completion", "echo": body["messages"][0]["content"],
+                     "usage": {"prompt_tokens": 5, "completion_tokens": 2,
+                               "prompt_tokens_details": {"cached_tokens": 1}}}
 
 
 def request_line(custom_id: str, url: str = CHAT, **body) -> str:
@@ -106,6 +108,8 @@ def test_answers_go_to_the_output_file_and_refusals_to_the_error_file(store):
     assert [(line["custom_id"], line["response"]["status_code"]) for line in errors] == [("bad", 400)]
     assert sorted(executor.calls) == ["a", "bad", "c"]
     assert not store.results_path(batch.id).exists()
+    assert done.usage == {"input_tokens": 10, "input_tokens_details": {"cached_tokens": 2}, "output_tokens": 4,
+                          "output_tokens_details": {"reasoning_tokens": 0}, "total_tokens": 14}
 
 
 def test_a_file_with_a_bad_line_fails_validation_with_each_problem(store):
