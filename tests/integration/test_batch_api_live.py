@@ -58,9 +58,13 @@ def client_of(server: LiveServer) -> openai.OpenAI:
 
 
 @pytest.fixture(scope="module")
-def server(tmp_path_factory):
-    live = LiveServer("--max-num-seqs", "4", "--data-dir", str(tmp_path_factory.mktemp("data")),
-                      startup_timeout_s=STARTUP_S)
+def data_dir(tmp_path_factory):
+    return str(tmp_path_factory.mktemp("data"))
+
+
+@pytest.fixture(scope="module")
+def server(data_dir):
+    live = LiveServer("--max-num-seqs", "4", "--data-dir", data_dir, startup_timeout_s=STARTUP_S)
     yield live
     assert live.stop() == 0, live.log()
 
@@ -116,6 +120,11 @@ def test_cancel_keeps_what_was_answered_and_names_the_rest(server, client):
     load = server.wait_idle()  # the lines in flight were aborted, their KV blocks freed
     assert load.num_running == load.num_in_flight == 0
     assert client.batches.list(limit=1).data[0].id == created.id  # newest first
+
+
+def test_a_second_server_on_the_same_data_directory_refuses_to_start(server, data_dir):
+    with pytest.raises(RuntimeError, match=f"cannot serve the Batches API: {data_dir} is in use by another server"):
+        LiveServer("--data-dir", data_dir, startup_timeout_s=120)
 
 
 def test_a_server_killed_mid_batch_resumes_it_without_answering_a_line_twice(tmp_path):
