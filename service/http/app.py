@@ -28,7 +28,7 @@ from fastapi.responses import Response, StreamingResponse
 from starlette.exceptions import HTTPException
 
 from engine.protocol import FinishReason
-from service.errors import ErrorCode, ServiceError, error_from_output
+from service.errors import ErrorCode, ServiceError, error_from_output, overloaded
 from service.http.answerer import (CHAT_COMPLETIONS, COMPLETIONS, GENERATION_PATHS, RESPONSES, Answerer, Call,
                                    Outputs, Refused, raise_if_error)
 from service.http.batch_api import BatchApi
@@ -139,9 +139,8 @@ class OpenAIApi:
         if key is None or not self._limiter.limit:
             return await generate()
         if not self._limiter.try_acquire(key):
-            raise Refused(http_error(ServiceError(
-                ErrorCode.RESOURCE_EXHAUSTED, f"this API key already has {self._limiter.limit} requests in "
-                                               f"flight, the server's limit per key (--max-concurrent-per-key)")))
+            raise Refused(http_error(overloaded(f"this API key already has {self._limiter.limit} requests in "
+                                                f"flight, the server's limit per key (--max-concurrent-per-key)")))
         try:
             response = await generate()
         except BaseException:
@@ -261,7 +260,8 @@ def _error_kind(error: HttpError) -> str:
 
 
 def _answer(error: HttpError) -> Response:
-    return _json(error.status, error.body())
+    return Response(encode_json(error.body()), status_code=error.status, media_type="application/json",
+                    headers=error.headers())
 
 
 def _json(status: int, body: dict[str, Any]) -> Response:
