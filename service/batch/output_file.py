@@ -6,8 +6,9 @@ and at most the last one torn: the page cache holds what was written even when t
 `fsync` only guards against the machine going down, so it runs at most once a `sync_interval_s`
 and at close, not once a line.
 
-Opened again, the file is read first: a torn last line (no newline, or not JSON: a kill, or the
-zeros a power loss can leave) is cut off, and the keys of the complete lines say what is done.
+Opened again, the file is read first: a torn last line (the start of a record without its
+newline, left by a kill, or the zeros a power loss can leave) is cut off, and the keys of the
+complete lines say what is done. Anything else that is not a record refuses the file, untouched.
 """
 from __future__ import annotations
 
@@ -56,15 +57,13 @@ class OutputFile:
         with open(self._fd, "rb", closefd=False) as existing:
             data = existing.read()
         lines = data.split(b"\n")
-        kept = len(data)
-        # the last piece: empty after a final newline, else a line cut by a kill; a complete last
-        # line that is not JSON (zeros after a power loss) is cut off too
-        if lines[-1]:
-            kept -= len(lines[-1])
-        lines.pop()
-        if lines and _record(lines[-1]) is None:
-            kept -= len(lines[-1]) + 1
-            lines.pop()
+        tail = lines.pop()  # empty after a final newline, else a line cut by a kill
+        kept = len(data) - len(tail)
+        if tail and not _torn(tail):
+            raise OutputFileError(f"{self.path} ends with text that is not a JSON line: it is not the output of a "
+                                  f"batch job (choose another output file)")
+        if lines and b"\0" in lines[-1]:  # the zeros a power loss can leave, newline included
+            kept -= len(lines.pop()) + 1
         for number, raw in enumerate(lines, 1):
             record = _record(raw)
             if record is None:
@@ -118,6 +117,12 @@ class OutputFile:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def _torn(tail: bytes) -> bool:
+    """Whether the bytes after the last newline are what a kill or a power loss leaves of a record:
+    the start of one (records are JSON objects) or zeros."""
+    return tail.startswith(b"{") or not tail.strip(b"\0")
 
 
 def _record(raw: bytes) -> dict[str, Any] | None:

@@ -26,6 +26,7 @@ if TYPE_CHECKING:
 EXIT_RAN = 0  # the job ran to its end (error lines included)
 EXIT_STOPPED = 1  # the executor stayed unavailable: rerun the same command to resume
 EXIT_USAGE = 2  # bad arguments, an unreadable input, an output that is not this job's
+EXIT_INTERRUPTED = 130  # Ctrl-C: what was written stays; rerun to resume
 
 _LIMIT_DEFAULTS = ServiceLimits()
 
@@ -95,6 +96,10 @@ def run_job(args: argparse.Namespace, name: str, lines: list[RequestLine | LineE
         except OutputFileError as e:
             print(f"formwork {name}: {e}", file=sys.stderr)
             return EXIT_USAGE
+        except KeyboardInterrupt:
+            print(f"\nformwork {name}: interrupted; {len(output.done)} lines are in {output.path}, run the same "
+                  f"command again to resume", file=sys.stderr)
+            return EXIT_INTERRUPTED
 
 
 async def _run(args: argparse.Namespace, name: str, lines: list[RequestLine | LineError], output: OutputFile,

@@ -38,16 +38,25 @@ def test_a_torn_last_line_is_cut_off(tmp_path, tail):
     assert path.read_bytes() == line("a") + line("b") + b'{"custom_id":"c"}\n'.replace(b" ", b"")
 
 
-def test_a_file_that_is_not_a_jobs_output_is_refused_untouched(tmp_path):
+@pytest.mark.parametrize(("content", "error"), [
+    (b"some notes\n" + line("a"), "line 1 is not a JSON object"),
+    (line("a") + b"some notes\n", "line 2 is not a JSON object"),
+    (b"some notes", "ends with text that is not a JSON line"),
+    (line("a") + b"[1, 2", "ends with text that is not a JSON line"),
+])
+def test_a_file_that_is_not_a_jobs_output_is_refused_untouched(tmp_path, content, error):
     path = tmp_path / "notes.txt"
-    path.write_bytes(b"some notes\n" + line("a"))
-    with pytest.raises(OutputFileError, match="line 1 is not a JSON object"):
+    path.write_bytes(content)
+    with pytest.raises(OutputFileError, match=error):
         OutputFile(path, output_key)
+    assert path.read_bytes() == content
+
+
+def test_a_file_that_names_no_request_is_refused(tmp_path):
     unnamed = tmp_path / "other.jsonl"
     unnamed.write_bytes(b'{"x": 1}\n' + line("a"))
     with pytest.raises(OutputFileError, match="line 1 names no request"):
         OutputFile(unnamed, output_key)
-    assert path.read_bytes() == b"some notes\n" + line("a")
 
 
 def test_an_output_that_cannot_be_opened_says_why(tmp_path):
