@@ -236,3 +236,31 @@ def test_a_batch_waits_for_the_engine_before_it_runs(store):
 
     assert asyncio.run(scenario()).status is BatchStatus.COMPLETED
     assert executor.calls == ["r0"]
+
+
+@pytest.mark.parametrize(("left_in", "ends_in", "error_codes"), [
+    (BatchStatus.FINALIZING, BatchStatus.COMPLETED, []),
+    (BatchStatus.CANCELLING, BatchStatus.CANCELLED, ["batch_cancelled"]),
+])
+def test_a_batch_left_finalizing_or_cancelling_by_a_killed_server_is_finished(store, left_in, ends_in, error_codes):
+    batch = make_batch(store, [request_line("r0"), request_line("r1")])
+    store.move(batch.id, BatchStatus.IN_PROGRESS, num_total=2)
+    store.move(batch.id, left_in)
+    store.results_path(batch.id).write_text(json.dumps(answer_line("r0", 200, {"echo": "r0"})) + "\n")
+    if left_in is BatchStatus.FINALIZING:  # every line was answered before the kill
+        with open(store.results_path(batch.id), "a") as results:
+            results.write(json.dumps(answer_line("r1", 200, {"echo": "r1"})) + "\n")
+    executor = ScriptedExecutor()
+
+    async def scenario():
+        worker = BatchWorker(store, executor, config(store), lambda: True)
+        worker.start()
+        try:
+            return await run_until(store, worker, batch.id, lambda b: b.status.is_finished)
+        finally:
+            await worker.stop()
+
+    done = asyncio.run(scenario())
+    assert done.status is ends_in and executor.calls == []
+    assert [line["error"]["code"] for line in jsonl(store, done.error_file_id)] == error_codes
+    assert "r0" in {line["custom_id"] for line in jsonl(store, done.output_file_id)}
