@@ -24,7 +24,7 @@ class BatchApi:
     def __init__(self, answerer: Answerer, config: BatchApiConfig, authorize: Callable[[Request], object],
                  is_ready: Callable[[], bool]) -> None:
         self.store = BatchStore(config.data_dir)
-        self.worker = BatchWorker(self.store, AnswererExecutor(answerer, config.priority), config, is_ready)
+        self.worker = BatchWorker(self.store, AnswererExecutor(answerer, config.priority, is_ready), config, is_ready)
         self._files = FileRoutes(self.store, config, authorize)
         self._batches = BatchRoutes(self.store, self.worker, authorize)
 

@@ -12,6 +12,7 @@ import httpx
 import openai
 import pytest
 
+from fake_engine_core import CRASH_SEED
 from service.batch.api_config import BATCH_PRIORITY, BatchApiConfig
 from service.cli import add_serve_parser, batch_config_from_args
 from service.security import SecurityConfig
@@ -207,3 +208,24 @@ def test_serve_options_give_the_batch_settings(tmp_path, monkeypatch):
     assert config("--no-batches") is None and config("--no-http") is None
     with pytest.raises(ValueError, match="max_concurrent_lines must be >= 1"):
         config("--batch-concurrency", "0")
+
+
+def test_a_line_that_kills_the_engine_fails_after_two_deaths_and_the_others_are_answered(make_http_server,
+                                                                                          batch_config):
+    server = make_http_server(batch_config=batch_config)
+    client = client_of(server)
+    custom_ids = [f"ok{i}" for i in range(6)]
+    lines = [request_line(c) for c in custom_ids] + [request_line("poison", seed=CRASH_SEED)]
+    created = client.batches.create(input_file_id=upload(client, lines).id, endpoint=CHAT, completion_window="24h")
+    done = wait_finished(client, created.id, timeout_s=120)
+    assert done.status == "completed" and done.request_counts.completed == 6, done
+    assert sorted(line["custom_id"] for line in jsonl(client.files.content(done.output_file_id).text)) == custom_ids
+    [error] = jsonl(client.files.content(done.error_file_id).text)
+    assert error["custom_id"] == "poison" and error["response"]["status_code"] == 500
+    assert error["response"]["body"]["error"]["message"] == ("the engine failed 2 times while this request ran; it "
+                                                             "is not sent again")
+    deadline = time.monotonic() + 30
+    while httpx.get(f"{server.url}/health").status_code != 200 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert server.num_cores_built == 3  # two deaths, two restarts: the engine serves again
+    assert httpx.get(f"{server.url}/health").status_code == 200

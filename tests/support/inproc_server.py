@@ -101,12 +101,14 @@ class InprocHttp:
                  telemetry: Telemetry | None = None, batch_config: BatchApiConfig | None = None,
                  **core_kwargs) -> None:
         self.core: FakeEngineCore | None = None
+        self.num_cores_built = 0  # 1 + the engine's restarts
         self.loop = asyncio.new_event_loop()
         self.thread = threading.Thread(target=self.loop.run_forever, daemon=True)
         self.thread.start()
 
         def build_core() -> FakeEngineCore:
             self.core = FakeEngineCore(fake_config(), **core_kwargs)
+            self.num_cores_built += 1
             return self.core
 
         async def make() -> tuple[GenerationServer, HttpServer]:
