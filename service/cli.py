@@ -15,6 +15,7 @@ import sys
 
 from collections.abc import Callable
 from dataclasses import replace
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 from engine import args as engine_args
@@ -22,6 +23,7 @@ from engine.config import EngineConfig, SchedulerConfig
 from engine.core.memory_watchdog import DEFAULT_FRACTION_OF_MEMORY, MemoryLimit, machine_memory_bytes
 from engine.log_format import configure_logging
 from grammar.chat.tool_calls import SYNTAXES
+from service.batch.api_config import BatchApiConfig, default_data_dir
 from service.limits import ServiceLimits
 from service.observability.telemetry import Telemetry
 from service.security import API_KEY_ENV, SecurityConfig, load_api_keys, load_tls_files
@@ -32,6 +34,7 @@ if TYPE_CHECKING:
     from service.http.server import HttpServer
 
 _LIMIT_DEFAULTS = ServiceLimits()
+_BATCH_DEFAULTS = BatchApiConfig(data_dir=default_data_dir())
 _RESTART_DEFAULTS = RestartPolicy()
 
 
@@ -105,6 +108,16 @@ def add_serve_parser(subparsers: argparse._SubParsersAction,
                         help="grpc.health.v1 needs a key too (default: open, for probes and load balancers)")
     access.add_argument("--max-concurrent-per-key", type=int, default=0,
                         help="Generate calls in flight per API key; more get RESOURCE_EXHAUSTED (default: no limit)")
+    batches = parser.add_argument_group("files and batches (OpenAI's Files and Batches APIs, docs/batch-api.md)")
+    batches.add_argument("--data-dir", default=None,
+                         help="where uploaded files, batch outputs and their SQLite database live; one server a "
+                              "directory (default: $FORMWORK_CACHE/data, else ~/.cache/formwork/data; created)")
+    batches.add_argument("--no-batches", action="store_true", help="serve HTTP without /v1/files and /v1/batches")
+    batches.add_argument("--max-file-bytes", type=int, default=_BATCH_DEFAULTS.max_file_bytes,
+                         help="largest file an upload may send (default: %(default)s)")
+    batches.add_argument("--batch-concurrency", type=int, default=_BATCH_DEFAULTS.max_concurrent_lines,
+                         help="a running batch's lines in the engine at once, at low priority beside interactive "
+                              "requests (default: %(default)s)")
     parser.set_defaults(func=run_serve)
     return parser
 
@@ -122,6 +135,15 @@ def engine_config_from_args(args: argparse.Namespace) -> EngineConfig:
                    scheduler=replace(config.scheduler, max_num_waiting=args.max_queue_len),
                    grammar=replace(config.grammar,
                                    max_spec_bytes=max(args.max_constraint_bytes, config.grammar.max_spec_bytes)))
+
+
+def batch_config_from_args(args: argparse.Namespace) -> BatchApiConfig | None:
+    """The Files and Batches APIs' settings; None without them (--no-batches, --no-http)."""
+    if args.no_batches or args.no_http:
+        return None
+    data_dir = Path(args.data_dir).expanduser() if args.data_dir else default_data_dir()
+    return BatchApiConfig(data_dir=data_dir, max_file_bytes=args.max_file_bytes,
+                          max_concurrent_lines=args.batch_concurrency, required=args.data_dir is not None)
 
 
 def restart_policy_from_args(args: argparse.Namespace) -> RestartPolicy:
@@ -175,6 +197,7 @@ def run_serve(args: argparse.Namespace) -> int:
     try:
         config, limits, security = engine_config_from_args(args), limits_from_args(args), security_from_args(args)
         restart_policy, memory_limit = restart_policy_from_args(args), memory_limit_from_args(args)
+        batch_config = batch_config_from_args(args)
     except ValueError as e:
         print(f"formwork serve: {e}", file=sys.stderr)
         return 2
@@ -196,7 +219,8 @@ def run_serve(args: argparse.Namespace) -> int:
     client = AsyncMPClient(config, log_level=log_level, memory_limit=memory_limit, log_format=args.log_format)
     return asyncio.run(serve(client, limits, args.host, args.port, on_ready=announce, security=security,
                              http_port=None if args.no_http else args.http_port, on_http_ready=announce_http,
-                             restart_policy=restart_policy, telemetry=telemetry_from_args(args)))
+                             restart_policy=restart_policy, telemetry=telemetry_from_args(args),
+                             batch_config=batch_config))
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -9,6 +9,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from engine.frontend.core_client import EngineCoreClient
+from service.batch.store import DataDirInUse
 from service.grpc.server import GenerationServer
 from service.limits import ServiceLimits
 from service.observability.telemetry import Telemetry
@@ -16,6 +17,7 @@ from service.security import SecurityConfig
 from service.supervisor import RestartPolicy
 
 if TYPE_CHECKING:
+    from service.batch.api_config import BatchApiConfig
     from service.http.server import HttpServer
 
 logger = logging.getLogger(__name__)
@@ -25,15 +27,27 @@ async def serve(client: EngineCoreClient, limits: ServiceLimits, host: str, port
                 on_ready: Callable[[GenerationServer], None] | None = None,
                 security: SecurityConfig = SecurityConfig(), http_port: int | None = None,
                 on_http_ready: Callable[[HttpServer], None] | None = None,
-                restart_policy: RestartPolicy = RestartPolicy(), telemetry: Telemetry | None = None) -> int:
+                restart_policy: RestartPolicy = RestartPolicy(), telemetry: Telemetry | None = None,
+                batch_config: BatchApiConfig | None = None) -> int:
     """Run a server until SIGTERM or SIGINT; returns the process exit code (0 after a graceful
     stop, 1 if the engine failed to start). The signal starts the drain delay (limits.drain_delay_s:
     NOT_SERVING, calls still taken), then the grace period; a second signal cuts both short.
     With `http_port`, the OpenAI-compatible HTTP API (service/http/) is served too, on the same
-    AsyncLLM and host."""
+    AsyncLLM and host, and with `batch_config` its Files and Batches APIs."""
     server = GenerationServer(client, limits, host, port, security=security, restart_policy=restart_policy,
                               telemetry=telemetry)
-    http = http_server(server, http_port) if http_port is not None else None
+    try:
+        http = http_server(server, http_port, batch_config) if http_port is not None else None
+    except DataDirInUse as e:
+        assert batch_config is not None and http_port is not None
+        if batch_config.required:
+            logger.error("cannot serve the Batches API: %s", e)
+            return 1
+        logger.warning("serving without the Files and Batches APIs: %s", e)
+        http = http_server(server, http_port)
+    except ValueError as e:  # a data directory that is not Formwork's
+        logger.error("cannot serve the Batches API: %s", e)
+        return 1
     stop = asyncio.Event()
     hurry = asyncio.Event()  # a second signal: no more waiting
 
@@ -72,12 +86,13 @@ async def serve(client: EngineCoreClient, limits: ServiceLimits, host: str, port
     return 0
 
 
-def http_server(server: GenerationServer, port: int) -> HttpServer:
+def http_server(server: GenerationServer, port: int, batch_config: BatchApiConfig | None = None) -> HttpServer:
     """The OpenAI-compatible HTTP front end on `server`'s AsyncLLM, host, security and per-key
-    limits (calls in flight per key count over both front ends); /health follows gRPC health."""
+    limits (calls in flight per key count over both front ends); /health follows gRPC health.
+    With `batch_config`, the Files and Batches APIs too."""
     from service.http.server import HttpServer  # the web stack, only when HTTP is served
     return HttpServer(server.llm, server.limits, server.security, server.key_limiter, lambda: server.serving,
-                      server.host, port)
+                      server.host, port, batch_config)
 
 
 async def _drain(server: GenerationServer, delay_s: float, hurry: asyncio.Event) -> None:

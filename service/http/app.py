@@ -6,6 +6,7 @@
     POST /v1/chat/completions  chat, whole or streamed as server-sent events
     POST /v1/completions       text completion, whole or streamed
     POST /v1/responses         OpenAI's Responses API, whole or streamed as its events (nothing stored)
+    /v1/files, /v1/batches     OpenAI's Files and Batches APIs, with a data directory (service/http/batch_api.py)
 
 The same SecurityConfig as gRPC: `Authorization: Bearer KEY` on /v1/* when keys are set, and
 the per-key limit on concurrent generation calls (shared with gRPC). Requests are mapped onto the
@@ -30,6 +31,7 @@ from engine.protocol import FinishReason
 from service.errors import ErrorCode, ServiceError, error_from_output, overloaded
 from service.http.answerer import (CHAT_COMPLETIONS, COMPLETIONS, GENERATION_PATHS, RESPONSES, Answerer, Call,
                                    Outputs, Refused, raise_if_error)
+from service.http.batch_api import BatchApi
 from service.http.completion_stream import CompletionCall, completion_events
 from service.http.conversion import Translated
 from service.http.errors import HttpError, http_error, not_found, too_large
@@ -42,16 +44,18 @@ from service.security import ApiKeys, KeyLimiter, SecurityConfig
 if TYPE_CHECKING:
     from engine.frontend.output_processor import RequestOutput
     from service.async_llm import AsyncLLM
+    from service.batch.api_config import BatchApiConfig
     from service.limits import ServiceLimits
 
 logger = logging.getLogger(__name__)
 
 
 class OpenAIApi:
-    """The routes; `is_ready` says whether the engine is loaded, warm and alive."""
+    """The routes; `is_ready` says whether the engine is loaded, warm and alive. With `batch_config`,
+    the Files and Batches APIs too (`batch_api`, whose worker the server starts and stops)."""
 
     def __init__(self, llm: AsyncLLM, limits: ServiceLimits, security: SecurityConfig, limiter: KeyLimiter,
-                 is_ready: Callable[[], bool]) -> None:
+                 is_ready: Callable[[], bool], batch_config: BatchApiConfig | None = None) -> None:
         self._llm = llm
         self._limits = limits
         self._keys = ApiKeys(security.api_keys)
@@ -69,6 +73,10 @@ class OpenAIApi:
         self.app.add_api_route("/v1/chat/completions", self.chat_completions, methods=["POST"])
         self.app.add_api_route("/v1/completions", self.completions, methods=["POST"])
         self.app.add_api_route("/v1/responses", self.responses, methods=["POST"])
+        self.batch_api: BatchApi | None = None
+        if batch_config is not None:
+            self.batch_api = BatchApi(self._answerer, batch_config, self._authorize, is_ready)
+            self.batch_api.register(self.app)
 
     # ---- routes -------------------------------------------------------------------------------
 

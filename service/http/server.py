@@ -21,6 +21,7 @@ from service.http.app import OpenAIApi
 
 if TYPE_CHECKING:
     from service.async_llm import AsyncLLM
+    from service.batch.api_config import BatchApiConfig
     from service.limits import ServiceLimits
     from service.observability.tracing import Tracing
     from service.security import KeyLimiter, SecurityConfig, TlsFiles
@@ -33,14 +34,16 @@ class _EmbeddedServer(uvicorn.Server):
 
 
 class HttpServer:
-    """The HTTP front end of the server's AsyncLLM; `is_ready` says whether it serves (as gRPC health does)."""
+    """The HTTP front end of the server's AsyncLLM; `is_ready` says whether it serves (as gRPC health does).
+    With `batch_config`, the Files and Batches APIs too, and their batch worker runs while it serves."""
 
     def __init__(self, llm: AsyncLLM, limits: ServiceLimits, security: SecurityConfig, limiter: KeyLimiter,
-                 is_ready: Callable[[], bool], host: str, port: int) -> None:
+                 is_ready: Callable[[], bool], host: str, port: int, batch_config: BatchApiConfig | None = None
+                 ) -> None:
         self.host = host
         self.port = port  # the bound port once started (useful with port 0)
         self.security = security
-        self.api = OpenAIApi(llm, limits, security, limiter, is_ready)
+        self.api = OpenAIApi(llm, limits, security, limiter, is_ready, batch_config)
         self._tracing: Tracing | None = llm.telemetry.tracing
         self._server: _EmbeddedServer | None = None
         self._task: asyncio.Task[None] | None = None
@@ -70,14 +73,21 @@ class HttpServer:
             await asyncio.sleep(0.01)
         if self._task.done():
             self._task.result()  # raises what stopped it
+        if self.api.batch_api is not None:
+            self.api.batch_api.start()
         return self.port
 
     async def stop(self) -> None:
-        """Stop accepting connections and wait for open responses to end (serve() ends the requests)."""
-        if self._server is None or self._task is None:
-            return
-        self._server.should_exit = True
-        await self._task
+        """Stop the batch worker (its lines in flight are aborted, and resumed on the next start),
+        stop accepting connections and wait for open responses to end (serve() ends the requests)."""
+        batch_api = self.api.batch_api
+        if batch_api is not None:
+            await batch_api.stop()
+        if self._server is not None and self._task is not None:
+            self._server.should_exit = True
+            await self._task
+        if batch_api is not None:
+            batch_api.close()
 
 
 def _ssl_context(tls: TlsFiles) -> ssl.SSLContext:

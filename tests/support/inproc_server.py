@@ -14,6 +14,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from engine.frontend.inproc_client import InprocClient
 from fake_engine_core import FakeEngineCore, fake_config
 from service._gen.formwork.v1 import generation_pb2 as pb
+from service.batch.api_config import BatchApiConfig
 from service._gen.formwork.v1 import generation_pb2_grpc as pb_grpc
 from service.grpc.server import GenerationServer
 from service.http.server import HttpServer
@@ -97,21 +98,23 @@ class InprocHttp:
     """A GenerationServer and its HttpServer on one event-loop thread, before a FakeEngineCore."""
 
     def __init__(self, security: SecurityConfig = SecurityConfig(), wait_ready: bool = True,
-                 telemetry: Telemetry | None = None,
+                 telemetry: Telemetry | None = None, batch_config: BatchApiConfig | None = None,
                  **core_kwargs) -> None:
         self.core: FakeEngineCore | None = None
+        self.num_cores_built = 0  # 1 + the engine's restarts
         self.loop = asyncio.new_event_loop()
         self.thread = threading.Thread(target=self.loop.run_forever, daemon=True)
         self.thread.start()
 
         def build_core() -> FakeEngineCore:
             self.core = FakeEngineCore(fake_config(), **core_kwargs)
+            self.num_cores_built += 1
             return self.core
 
         async def make() -> tuple[GenerationServer, HttpServer]:
             grpc_server = GenerationServer(InprocClient(build_core), ServiceLimits(), "127.0.0.1", 0,
                                            security=security, telemetry=telemetry)
-            return grpc_server, http_server(grpc_server, 0)
+            return grpc_server, http_server(grpc_server, 0, batch_config)
 
         self.server, self.http = self.run(make())
         self.grpc_port = self.run(self.server.start())
@@ -131,6 +134,9 @@ class InprocHttp:
         return False
 
     def close(self) -> None:
+        """Stop both servers (again: nothing)."""
+        if not self.thread.is_alive():
+            return
         try:
             self.run(self.http.stop())
             self.run(self.server.stop(0))

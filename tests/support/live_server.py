@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -50,6 +51,10 @@ class LiveServer:
         env = {**os.environ, "OMP_WAIT_POLICY": "PASSIVE", "PYTHONUNBUFFERED": "1"}
         http = "--no-http" not in args
         http_args = ("--http-port", "0") if http and "--http-port" not in args else ()
+        # a data directory of its own (removed at stop), unless the test names one
+        self._own_data_dir = tempfile.mkdtemp(prefix="formwork-data-") if "--data-dir" not in args else None
+        if self._own_data_dir is not None:
+            http_args += ("--data-dir", self._own_data_dir)
         self.process = subprocess.Popen(
             [sys.executable, "-m", "service.cli", "serve", "--host", "127.0.0.1", "--port", "0", *LIGHT_ARGS,
              *http_args, *args],
@@ -112,6 +117,8 @@ class LiveServer:
             if self.process.stdout is not None:
                 self.process.stdout.close()
             self._stderr.close()
+            if self._own_data_dir is not None:
+                shutil.rmtree(self._own_data_dir, ignore_errors=True)
 
 
 def field_violations(error: grpc.RpcError) -> dict[str, str]:
