@@ -4,12 +4,15 @@ from __future__ import annotations
 
 import json
 
+import grpc
+import httpx
 import pytest
 from google.protobuf import json_format
 
 from grammar.chat.reasoning import ReasoningMarkers
 from grammar.constraint import ANY_TEXT, Constraint
 from service._gen.formwork.v1 import generation_pb2 as pb
+from service._gen.formwork.v1 import generation_pb2_grpc as pb_grpc
 from service.chat_format import ChatFormat
 from service.errors import ServiceError
 from service.grpc.requests import chat_options_from_proto
@@ -137,3 +140,20 @@ def test_responses_api_reads_reasoning_format_too():
     assert translated.request.chat.think_constraint.spec == STEPS
     assert json.loads(json.dumps(translated.field_names.names))["reasoning.think_constraint"] == \
         "formwork.reasoning_format"
+
+
+def test_a_model_without_think_markers_refuses_it_on_both_wires(make_http_server):
+    server = make_http_server()
+    body = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 8,
+            "formwork": {"reasoning_format": {"regex": "[a-z]+"}}}
+    response = httpx.post(f"{server.url}/v1/chat/completions", json=body)
+    assert response.status_code == 400
+    error = response.json()["error"]
+    assert error["param"] == "formwork.reasoning_format" and "--think-markers START,END" in error["message"]
+    request = json_format.ParseDict({"chat": {"messages": [{"role": "user", "content": "hi"}]}, "max_tokens": 8,
+                                     "reasoning": {"think_constraint": {"regex": "[a-z]+"}}}, pb.GenerateRequest())
+    with grpc.insecure_channel(f"127.0.0.1:{server.grpc_port}") as channel:
+        with pytest.raises(grpc.RpcError) as info:
+            pb_grpc.GenerationStub(channel).Generate(request, timeout=30)
+    assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert info.value.details().startswith("reasoning.think_constraint: this model has no think markers")
