@@ -162,6 +162,8 @@ class GrammarCompiler:
         try:
             failure = "limit"
             check_limits(constraint, self.config.max_spec_bytes, self.config.max_schema_depth)
+            if constraint.think is not None:
+                check_limits(constraint.think, self.config.max_spec_bytes, self.config.max_schema_depth)
             failure = "invalid"
             outcome = self.backend.compile(constraint)
             failure = None
