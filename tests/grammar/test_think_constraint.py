@@ -84,3 +84,12 @@ def test_the_think_constraint_is_part_of_the_cache_key():
 def test_bad_think_constraints_are_refused_naming_the_problem(options, message):
     with pytest.raises(ValueError, match=message):
         Constraint("regex", "a", **options).validate()
+
+
+def test_the_closing_search_is_given_the_think_constraints_words():
+    from grammar.runtime.closing_hints import closing_hints
+
+    composed = answer_after(Constraint("regex", r"\w+ done\."), Constraint("json_object"))
+    hints = closing_hints(composed)
+    assert "</think>" in hints and " done." in hints
+    assert " done." not in closing_hints(after_thinking(Constraint("json_object"), "</think>", 0))

@@ -52,6 +52,20 @@ def test_reasoning_matches_its_regex_and_the_answer_validates(llm, backend):
     jsonschema.validate(json.loads(answer), FORECAST)
 
 
+@pytest.mark.parametrize("backend", ["xgrammar", "llguidance"])
+def test_an_unbounded_think_constraint_is_closed_before_max_tokens(llm, backend):
+    """The model rambles inside the think regex; closing early finishes the reasoning in its
+    shape, writes the end marker and a valid answer within max_tokens."""
+    sentence = r"([a-z]+ )+[a-z]+\."
+    constraint = msgspec.structs.replace(planned_constraint(backend), think=Constraint("regex", sentence))
+    params = SamplingParams(max_tokens=60, temperature=0, constraint=constraint)
+    [output] = llm.generate([{"prompt_token_ids": llm.tokenizer.encode_chat(ASK)}], params)
+    reasoning, answer, ended = split_reasoning(output.text, MARKERS)
+    assert ended and output.num_output_tokens <= 60, output.text
+    assert re.fullmatch(sentence, reasoning), reasoning
+    jsonschema.validate(json.loads(answer), FORECAST)
+
+
 def test_a_think_constraint_the_model_cannot_meet_is_refused_at_compile(llm):
     bad = msgspec.structs.replace(planned_constraint("xgrammar"), think=Constraint("regex", "(unclosed"))
     [output] = llm.generate([{"prompt_token_ids": llm.tokenizer.encode_chat(ASK)}],
