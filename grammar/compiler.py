@@ -162,6 +162,8 @@ class GrammarCompiler:
         try:
             failure = "limit"
             check_limits(constraint, self.config.max_spec_bytes, self.config.max_schema_depth)
+            if constraint.think is not None:
+                check_limits(constraint.think, self.config.max_spec_bytes, self.config.max_schema_depth)
             failure = "invalid"
             outcome = self.backend.compile(constraint)
             failure = None
@@ -265,7 +267,7 @@ def answer_constraint(constraint: Constraint, answer: dict, config: GrammarConfi
     """The constraint a text answer beside tool calls follows (ToolCalls.answer), with the tool
     constraint's options, checked like any constraint (GrammarError naming the answer)."""
     checked = msgspec.structs.replace(constraint, kind=answer["kind"], spec=answer.get("spec", ""),
-                                      choices=list(answer.get("choices", [])), think_end="", think_budget=0)
+                                      choices=list(answer.get("choices", [])), think_end="", think_budget=0, think=None)
     try:
         checked.validate()
         check_limits(checked, config.max_spec_bytes, config.max_schema_depth)
@@ -285,7 +287,7 @@ def content_constraint(constraint: Constraint, leaf: dict, path: str, config: Gr
     else:
         kind, spec, syntax = "grammar", leaf["grammar"], leaf.get("syntax", "ebnf")
     content = msgspec.structs.replace(constraint, kind=kind, spec=spec, choices=[], grammar_syntax=syntax,
-                                      think_end="", think_budget=0)
+                                      think_end="", think_budget=0, think=None)
     try:
         content.validate()
     except ValueError as e:

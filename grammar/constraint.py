@@ -28,6 +28,8 @@ ENGINE_KINDS = (*CONSTRAINT_KINDS, "tool_calls")
 JSON_KINDS = ("json_schema", "json_object", "tool_calls", "structural_tag")
 # the whitespace mode of JSON a constraint does not name (JSON_WHITESPACE_MODES says what each allows)
 DEFAULT_JSON_WHITESPACE = "bounded"
+# the kinds a think section's own constraint may be (its text, not tags or calls)
+THINK_KINDS = ("json_schema", "json_object", "regex", "grammar", "choice")
 
 
 class Constraint(msgspec.Struct, array_like=True, omit_defaults=True, frozen=True):
@@ -50,6 +52,11 @@ class Constraint(msgspec.Struct, array_like=True, omit_defaults=True, frozen=Tru
     think_end: non-empty: the output first thinks freely until this marker (grammar/chat/reasoning.py),
                and the constraint applies after it.
     think_budget: the most tokens of thinking (0: no limit); at the limit the marker is forced.
+    think: the think section's own constraint (one of THINK_KINDS; None: free thinking): the text
+           between the start marker (which the output may write or the prompt may already hold)
+           and `think_end` must match it. A grammar's forced end marker would cut it short, so it
+           excludes think_budget: bound the think constraint itself instead.
+    think_start: the start marker the output may write before a constrained think section.
     grammar_backend: one of GRAMMAR_BACKENDS ("": the engine's GrammarConfig.grammar_backend).
     """
 
@@ -65,6 +72,8 @@ class Constraint(msgspec.Struct, array_like=True, omit_defaults=True, frozen=Tru
     think_budget: int = 0
     close_early: bool | None = None
     grammar_backend: str = ""
+    think: Constraint | None = None
+    think_start: str = ""
 
     @property
     def json_whitespace(self) -> str:
@@ -94,6 +103,8 @@ class Constraint(msgspec.Struct, array_like=True, omit_defaults=True, frozen=Tru
             raise ValueError(f"think_budget must be >= 0 (0: no limit), got {self.think_budget}")
         if self.think_budget and not self.think_end:
             raise ValueError("think_budget needs think_end (the marker that ends thinking)")
+        if self.think is not None:
+            self._validate_think(self.think)
         if self.kind == "tool_calls":
             ToolCalls.from_spec(self.spec)
         if self.kind == "structural_tag":
@@ -108,6 +119,22 @@ class Constraint(msgspec.Struct, array_like=True, omit_defaults=True, frozen=Tru
             if not isinstance(schema, (dict, bool)):
                 raise ValueError("json_schema must be a JSON object (or a boolean schema)")
 
+    def _validate_think(self, think: Constraint) -> None:
+        if not self.think_end:
+            raise ValueError("a think constraint needs think_end (the marker that ends thinking)")
+        if self.think_budget:
+            raise ValueError("a think constraint cannot be combined with a think budget (the forced end marker "
+                             "would cut the think constraint short); bound the think constraint itself, "
+                             "e.g. a regex with a count")
+        if think.kind not in THINK_KINDS:
+            raise ValueError(f"a think constraint's kind must be one of {', '.join(THINK_KINDS)}, got {think.kind!r}")
+        if think.think_end or think.think is not None:
+            raise ValueError("a think constraint cannot have a think section of its own")
+        try:
+            think.validate()
+        except ValueError as e:
+            raise ValueError(f"think constraint: {e}") from None
+
     @property
     def cache_key(self) -> tuple:
         """(kind, canonical spec, options): equal keys compile to the same grammar."""
@@ -118,8 +145,9 @@ class Constraint(msgspec.Struct, array_like=True, omit_defaults=True, frozen=Tru
             spec = json.dumps(json.loads(spec), separators=(",", ":"))
         whitespace = self.json_whitespace if self.kind in JSON_KINDS else ""
         syntax = (self.grammar_syntax or "auto") if self.kind == "grammar" else ""
+        think = self.think.cache_key if self.think is not None else None
         return (self.kind, spec, tuple(self.choices), self.strict, whitespace, syntax, self.think_end,
-                self.think_budget, self.grammar_backend)
+                self.think_budget, self.grammar_backend, think, self.think_start if think else "")
 
 
 # the output after a think section, for a request with a reasoning budget and no constraint of its own
@@ -140,11 +168,14 @@ def with_tool_calls(spec: ToolCalls, constraint: Constraint | None) -> Constrain
     return msgspec.structs.replace(constraint, kind="tool_calls", spec=spec.to_spec(), choices=[])
 
 
-def after_thinking(constraint: Constraint | None, think_end: str, budget: int) -> Constraint | None:
+def after_thinking(constraint: Constraint | None, think_end: str, budget: int, think: Constraint | None = None,
+                   think_start: str = "") -> Constraint | None:
     """`constraint` applied after a think section ending in `think_end` (at most `budget` tokens,
-    0: no limit); without a constraint, the budget alone needs one (any text after the marker)."""
-    if constraint is None and budget:
+    0: no limit; its text matching `think`, if given, after an optional `think_start`); without a
+    constraint, the budget or the think constraint alone needs one (any text after the marker)."""
+    if constraint is None and (budget or think is not None):
         constraint = Constraint(kind="regex", spec=ANY_TEXT)
     if constraint is None:
         return None
-    return msgspec.structs.replace(constraint, think_end=think_end, think_budget=budget)
+    return msgspec.structs.replace(constraint, think_end=think_end, think_budget=budget, think=think,
+                                   think_start=think_start if think is not None else "")

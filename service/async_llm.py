@@ -32,7 +32,7 @@ from service.chat_format import ChatFormat
 from service.errors import ErrorCode, FieldViolation, ServiceError, invalid_argument, overloaded, unavailable
 from service.observability.telemetry import Telemetry
 from service.quarantine import Quarantine
-from service.validation import check_prompt, sampling_params
+from service.validation import check_prompt, sampling_params, think_constraint
 
 if TYPE_CHECKING:
     from engine.frontend.core_client import EngineCoreClient, RequestOutputStream
@@ -170,7 +170,8 @@ class AsyncLLM:
         assert info is not None
         prompts = [check_prompt(p, info.vocab_size) for p in request.prompts]
         params = sampling_params(request, self.limits, info.vocab_size)
-        plan = self.chat_format.plan(request.chat, params.constraint, self.limits)
+        think = think_constraint(request, self.limits)
+        plan = self.chat_format.plan(request.chat, params.constraint, self.limits, think)
         encoded = [EncodedPrompt((await self.encode_prompt(plan.prompt(p)))[0], p.field) for p in prompts]
         return PreparedRequest(plan.sampling(params), encoded, plan.shape)
 

@@ -20,7 +20,7 @@ from grammar.constraint import Constraint, after_thinking, with_tool_calls
 from service.assistant_output import OutputShape
 from service.errors import invalid_argument
 from service.limits import ServiceLimits
-from service.request import ChatOptions, PromptInput
+from service.request import THINK_FIELD, ChatOptions, PromptInput
 
 
 @dataclass(frozen=True)
@@ -63,8 +63,10 @@ class ChatFormat:
             reasoning = None
         return cls(syntax, reasoning, "enable_thinking" in (chat_template or ""))
 
-    def plan(self, options: ChatOptions, constraint: Constraint | None, limits: ServiceLimits) -> ToolPlan:
-        """Raises ServiceError (INVALID_ARGUMENT) naming the request field."""
+    def plan(self, options: ChatOptions, constraint: Constraint | None, limits: ServiceLimits,
+             think: Constraint | None = None) -> ToolPlan:
+        """`think`: options.think_constraint as validation.think_constraint made it. Raises
+        ServiceError (INVALID_ARGUMENT) naming the request field."""
         tools = _tools(options, limits)
         choice = _choice(options, tools)
         template_kwargs: dict[str, Any] = dict(options.template_kwargs)
@@ -78,8 +80,10 @@ class ChatFormat:
             constraint = with_tool_calls(calls, constraint)
             syntax = calls.call_syntax  # typed by the tools' schemas where the syntax needs them
         reasoning = self._reasoning(options, template_kwargs)
+        self._check_think(options, reasoning, think)
         if reasoning is not None:
-            constraint = after_thinking(constraint, reasoning.end, options.reasoning_budget or 0)
+            constraint = after_thinking(constraint, reasoning.end, options.reasoning_budget or 0, think,
+                                        reasoning.start)
         elif options.reasoning_budget is not None:
             raise invalid_argument("reasoning.budget_tokens", "needs reasoning on (a model with think markers)")
         if constraint is not None:
@@ -97,6 +101,21 @@ class ChatFormat:
         self._reasoning(options, template_kwargs)
         template_tools = [_template_tool(t) for t in _tools(options, limits)] or None
         return ToolPlan(None, OutputShape(), template_tools, template_kwargs).prompt(prompt)
+
+    def _check_think(self, options: ChatOptions, reasoning: ReasoningMarkers | None,
+                     think: Constraint | None) -> None:
+        """A think constraint needs a think section, and no budget that would cut it short."""
+        if think is None:
+            return
+        if self.reasoning is None:
+            raise invalid_argument(THINK_FIELD, "this model has no think markers (the server's --think-markers "
+                                                "START,END sets them)")
+        if reasoning is None:
+            raise invalid_argument(THINK_FIELD, "needs reasoning on (reasoning.enabled is false)")
+        if options.reasoning_budget:
+            raise invalid_argument(THINK_FIELD, "cannot be combined with reasoning.budget_tokens (the forced end "
+                                                "marker would cut it short); bound the think constraint itself, "
+                                                "e.g. a regex with a count")
 
     def _reasoning(self, options: ChatOptions, template_kwargs: dict[str, Any]) -> ReasoningMarkers | None:
         """The markers of the think section the output starts with (None: none), with the template

@@ -43,6 +43,8 @@ class ConstraintRequest:
     grammar_backend: str | None = None  # "auto", "xgrammar" or "llguidance"; None: the server's default
 
 
+# the think section's constraint (ChatOptions.think_constraint), as errors name it
+THINK_FIELD = "reasoning.think_constraint"
 # the API's constraint fields -> the engine's constraint kind
 CONSTRAINT_FIELD_KINDS = {"json_schema": "json_schema", "json_schema_text": "json_schema",
                           "json_object": "json_object", "regex": "regex", "grammar": "grammar", "choice": "choice",
@@ -70,6 +72,7 @@ class ChatOptions:
     # them also sets `thinking`
     template_kwargs: dict[str, Any] = field(default_factory=dict)
     allowed_tools: tuple[str, ...] = ()  # auto / required: the only tools that may be called (empty: all)
+    think_constraint: ConstraintRequest | None = None  # the think section's own constraint; None: free thinking
 
 
 @dataclass(frozen=True)

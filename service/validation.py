@@ -12,8 +12,8 @@ from grammar.config import GRAMMAR_BACKENDS
 from grammar.constraint import Constraint
 from service.errors import invalid_argument
 from service.limits import ServiceLimits
-from service.request import (CONSTRAINT_FIELD_KINDS, FLOAT_FIELDS, ConstraintRequest, GenerationRequest, PromptInput,
-                             SamplingRequest)
+from service.request import (CONSTRAINT_FIELD_KINDS, FLOAT_FIELDS, THINK_FIELD, ConstraintRequest, GenerationRequest,
+                             PromptInput, SamplingRequest)
 
 # SamplingRequest fields that are None when unset, named as in SamplingParams
 _OPTIONAL_SAMPLING_FIELDS = ("temperature", "top_p", "top_k", "min_p", "seed", "repetition_penalty",
@@ -21,6 +21,8 @@ _OPTIONAL_SAMPLING_FIELDS = ("temperature", "top_p", "top_k", "min_p", "seed", "
                              "logprobs", "speculative", "min_tokens")
 # SamplingParams field names, longest first: its ValueErrors start with the field they are about
 _SAMPLING_FIELDS_LONGEST_FIRST = sorted(SamplingParams.__struct_fields__, key=len, reverse=True)
+# options of a whole output, set on the request's constraint, never on the think section's
+_OUTPUT_WIDE_OPTIONS = ("grammar_backend", "jump_forward", "close_early")
 _CONSTRAINT_OPTIONS = ("strict", "any_whitespace", "jump_forward", "close_early", "whitespace", "grammar_syntax",
                        "grammar_backend")
 
@@ -74,21 +76,38 @@ def sampling_params(request: GenerationRequest, limits: ServiceLimits, vocab_siz
     return params
 
 
-def engine_constraint(constraint: ConstraintRequest, limits: ServiceLimits) -> Constraint:
+def think_constraint(request: GenerationRequest, limits: ServiceLimits) -> Constraint | None:
+    """The engine Constraint of the request's think section (None: free thinking); whether the
+    model thinks is the chat format's call."""
+    think = request.chat.think_constraint
+    if think is None:
+        return None
+    for option in _OUTPUT_WIDE_OPTIONS:
+        if getattr(think, option) is not None:
+            raise invalid_argument(f"{THINK_FIELD}.{option}", "applies to the whole output: set it on the "
+                                                              "request's constraint")
+    if think.kind == "structural_tag":
+        raise invalid_argument(f"{THINK_FIELD}.structural_tag", "is not a think section's kind; use json_schema, "
+                                                               "json_object, regex, grammar or choice")
+    return engine_constraint(think, limits, THINK_FIELD)
+
+
+def engine_constraint(constraint: ConstraintRequest, limits: ServiceLimits, field: str = "constraint") -> Constraint:
     """The engine Constraint, size-checked and validated (JSON syntax, non-empty spec, choices);
-    whether it compiles is the grammar compiler's call."""
+    whether it compiles is the grammar compiler's call. Errors name `field` (the request's field
+    of the constraint: "constraint", or "reasoning.think_constraint")."""
     kind = constraint.kind
-    path = f"constraint.{kind}"
+    path = f"{field}.{kind}"
     num_bytes = len(constraint.spec.encode()) + sum(len(c.encode()) for c in constraint.choices)
     if num_bytes > limits.max_constraint_bytes:
         raise invalid_argument(path, f"is {num_bytes} bytes; this server's max_constraint_bytes is "
                                      f"{limits.max_constraint_bytes}")
     options = {name: getattr(constraint, name) for name in _CONSTRAINT_OPTIONS if getattr(constraint, name) is not None}
     if constraint.grammar_backend is not None and constraint.grammar_backend not in GRAMMAR_BACKENDS:
-        raise invalid_argument("constraint.grammar_backend", f"unknown grammar backend {constraint.grammar_backend!r}; "
+        raise invalid_argument(f"{field}.grammar_backend", f"unknown grammar backend {constraint.grammar_backend!r}; "
                                                              f"expected one of {', '.join(GRAMMAR_BACKENDS)}")
     if constraint.grammar_syntax is not None and kind != "grammar":
-        raise invalid_argument("constraint.grammar_syntax", f"applies to a grammar constraint, not {kind}")
+        raise invalid_argument(f"{field}.grammar_syntax", f"applies to a grammar constraint, not {kind}")
     result = Constraint(kind=CONSTRAINT_FIELD_KINDS[kind], spec=constraint.spec, choices=list(constraint.choices),
                         **options)
     try:

@@ -84,7 +84,12 @@ class LLGuidanceBackend(GrammarBackend):
                                "be forced after a token count); use the xgrammar backend")
         not_enforced: list[str] = []
         grammar = self._grammar(constraint, not_enforced)
-        if constraint.think_end:
+        if constraint.think is not None:
+            thinking = self._grammar(constraint.think, not_enforced)
+            grammar = _compose(lark_text.constrained_think_then("@answer", "@think", constraint.think_start,
+                                                                constraint.think_end),
+                               {"think": thinking, "answer": grammar})
+        elif constraint.think_end:
             grammar = _compose(lark_text.think_then("@answer", constraint.think_end), {"answer": grammar})
         template = llg.LLMatcher(self.llg_tokenizer, grammar, log_level=0, limits=self._limits)
         if template.is_error():
@@ -193,7 +198,7 @@ class LLGuidanceBackend(GrammarBackend):
             def compile_leaf(leaf: dict, parameter: str, index: int = index, tool: Tool = tool) -> dict:
                 where = f'tools[{index}] "{tool.name}" parameters' + (f'.{parameter}' if parameter else "")
                 content = msgspec.structs.replace(
-                    constraint, kind=leaf["type"], choices=[], think_end="", think_budget=0,
+                    constraint, kind=leaf["type"], choices=[], think_end="", think_budget=0, think=None,
                     spec=leaf["pattern"] if leaf["type"] == "regex" else json.dumps(leaf["json_schema"],
                                                                                     ensure_ascii=False))
                 note = f'tool "{tool.name}"' + (f' parameter "{parameter}"' if parameter else "")

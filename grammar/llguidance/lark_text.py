@@ -27,6 +27,13 @@ def think_then(answer_rule: str, end_marker: str) -> str:
             f"THINK: /(?s:.*){marker}/ & ~/(?s:.*{marker}.+)/\n")
 
 
+def constrained_think_then(answer_rule: str, think_rule: str, start_marker: str, end_marker: str) -> str:
+    """`think_rule` between an optional `start_marker` (the model may write it, or the prompt may
+    already end with it) and `end_marker`, then `answer_rule`."""
+    opening = f"(/{regex_escape(start_marker)}\\n{{0,2}}/)? " if start_marker else ""
+    return f"start: {opening}{think_rule} {literal(end_marker)} {_AFTER_THINK} {answer_rule}\n"
+
+
 def regex_escape(text: str) -> str:
     """`text` literally inside a Lark /regex/ (the slash included)."""
     out = []

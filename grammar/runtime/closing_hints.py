@@ -5,7 +5,7 @@ way out is a particular word it needs these: the ways to finish each regex the c
 (a JSON-Schema `pattern`, as the escaped end of a JSON string with its closing quote; a regex
 constraint's own pattern), the ways to finish a short value of a string `format` that the
 search cannot spell a character at a time, a grammar's quoted literals, and a think section's
-end marker. Each
+end marker (and its own constraint's words). Each
 hint is only a candidate: the matcher decides where, if anywhere, it fits. Library-free.
 """
 from __future__ import annotations
@@ -48,6 +48,8 @@ def closing_hints(constraint: Constraint) -> list[str]:
             hints += [suffix for pattern in spec.call_syntax.raw_patterns(tool) for suffix in regex_suffixes(pattern)]
     elif constraint.kind == "structural_tag":
         hints += _structural_tag_hints(constraint.spec)
+    if constraint.think is not None:  # its own words, to finish a constrained think section
+        hints += closing_hints(constraint.think)
     if constraint.think_end:
         hints.append(constraint.think_end)
     return sorted(dict.fromkeys(hints), key=len)[:MAX_HINTS]

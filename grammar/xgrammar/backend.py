@@ -243,7 +243,11 @@ class XGrammarBackend(GrammarBackend):
         else:
             assert grammar is not None
             answer = structural_tags.grammar_format(str(grammar))
-        if constraint.think_end:
+        if constraint.think is not None:
+            thinking = structural_tags.grammar_format(str(self._plain_grammar(constraint.think, not_enforced)))
+            answer = structural_tags.constrained_think_then(answer, thinking, constraint.think_start,
+                                                            constraint.think_end)
+        elif constraint.think_end:
             answer = structural_tags.think_then(answer, constraint.think_end, constraint.think_budget)
         try:
             return xgr.Grammar.from_structural_tag(json.dumps(structural_tags.structural_tag(answer)))

@@ -6,6 +6,7 @@ marker, then the answer. Built without the library.
 """
 from __future__ import annotations
 
+import re
 from typing import Any
 
 Format = dict[str, Any]
@@ -20,6 +21,16 @@ def think_then(answer: Format, end_marker: str, budget: int) -> Format:
         thinking["max_tokens"] = budget
     think = {"type": "tag", "begin": "", "content": thinking, "end": end_marker}
     return {"type": "sequence", "elements": [think, _AFTER_THINK, answer]}
+
+
+def constrained_think_then(answer: Format, thinking: Format, start_marker: str, end_marker: str) -> Format:
+    """`thinking` (a format) between an optional `start_marker` (the model may write it, or the
+    prompt may already end with it) and `end_marker`, then `answer`."""
+    elements: list[Format] = []
+    if start_marker:
+        elements.append({"type": "regex", "pattern": f"({re.escape(start_marker)}\\n{{0,2}})?"})
+    elements += [thinking, {"type": "const_string", "value": end_marker}, _AFTER_THINK, answer]
+    return {"type": "sequence", "elements": elements}
 
 
 def grammar_format(ebnf: str) -> Format:

@@ -13,8 +13,8 @@ from google.protobuf import struct_pb2
 
 from service._gen.formwork.v1 import generation_pb2 as pb
 from service.errors import invalid_argument
-from service.request import (ChatOptions, ConstraintRequest, GenerationRequest, PromptInput, SamplingRequest, ToolSpec,
-                             template_message)
+from service.request import (THINK_FIELD, ChatOptions, ConstraintRequest, GenerationRequest, PromptInput,
+                             SamplingRequest, ToolSpec, template_message)
 
 # proto3 `optional` fields of GenerateRequest, named as in SamplingRequest
 _OPTIONAL_SAMPLING_FIELDS = ("max_tokens", "temperature", "top_p", "top_k", "min_p", "seed", "repetition_penalty",
@@ -61,10 +61,11 @@ def _message(message: pb.ChatMessage) -> dict[str, Any]:
                             message.tool_call_id, message.name)
 
 
-def constraint_from_proto(constraint: pb.Constraint) -> ConstraintRequest:
+def constraint_from_proto(constraint: pb.Constraint, field: str = "constraint") -> ConstraintRequest:
+    """`field`: the request's field of the constraint, for errors (or reasoning.think_constraint)."""
     kind = constraint.WhichOneof("kind")
     if kind is None:
-        raise invalid_argument("constraint", f"set one of {CONSTRAINT_FIELDS}")
+        raise invalid_argument(field, f"set one of {CONSTRAINT_FIELDS}")
     spec, choices = "", ()
     if kind == "json_schema":
         # a Struct keeps no key order: sort, so the same schema always gives the same grammar
@@ -77,15 +78,15 @@ def constraint_from_proto(constraint: pb.Constraint) -> ConstraintRequest:
                                if constraint.HasField(name)}
     if constraint.HasField("whitespace") and constraint.whitespace != pb.JSON_WHITESPACE_UNSPECIFIED:
         if constraint.whitespace not in _WHITESPACE:
-            raise invalid_argument("constraint.whitespace", f"unknown value {constraint.whitespace}")
+            raise invalid_argument(f"{field}.whitespace", f"unknown value {constraint.whitespace}")
         options["whitespace"] = _WHITESPACE[constraint.whitespace]
     if constraint.HasField("grammar_syntax") and constraint.grammar_syntax != pb.GRAMMAR_SYNTAX_UNSPECIFIED:
         if constraint.grammar_syntax not in _GRAMMAR_SYNTAX:
-            raise invalid_argument("constraint.grammar_syntax", f"unknown value {constraint.grammar_syntax}")
+            raise invalid_argument(f"{field}.grammar_syntax", f"unknown value {constraint.grammar_syntax}")
         options["grammar_syntax"] = _GRAMMAR_SYNTAX[constraint.grammar_syntax]
     if constraint.HasField("grammar_backend") and constraint.grammar_backend != pb.GRAMMAR_BACKEND_UNSPECIFIED:
         if constraint.grammar_backend not in GRAMMAR_BACKEND_NAMES:
-            raise invalid_argument("constraint.grammar_backend", f"unknown value {constraint.grammar_backend}")
+            raise invalid_argument(f"{field}.grammar_backend", f"unknown value {constraint.grammar_backend}")
         options["grammar_backend"] = GRAMMAR_BACKEND_NAMES[constraint.grammar_backend]
     return ConstraintRequest(kind, spec, choices, **options)
 
@@ -102,7 +103,9 @@ def chat_options_from_proto(request: pb.GenerateRequest | pb.TokenizeRequest) ->
     reasoning = request.reasoning
     thinking = reasoning.enabled if reasoning.HasField("enabled") else None
     budget = reasoning.budget_tokens if reasoning.HasField("budget_tokens") else None
-    return ChatOptions(tools, choice, name, parallel, thinking, budget, allowed_tools=allowed)
+    think = (constraint_from_proto(reasoning.think_constraint, THINK_FIELD)
+             if reasoning.HasField("think_constraint") else None)
+    return ChatOptions(tools, choice, name, parallel, thinking, budget, allowed_tools=allowed, think_constraint=think)
 
 
 def _tool_choice(tool_choice: pb.ToolChoice) -> tuple[str, str, tuple[str, ...]]:

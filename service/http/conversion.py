@@ -15,9 +15,9 @@ from typing import Any
 from service.errors import FieldViolation, ServiceError, invalid_argument
 from service.http.fields import check_extra_fields
 from service.http.protocol import (AllowedTools, AllowedToolsChoice, ChatCompletionRequest, ChatMessage, CompletionRequest,
-                                   _GenerationRequest)
-from service.request import (ChatOptions, ConstraintRequest, GenerationRequest, PromptInput, SamplingRequest, ToolSpec,
-                             template_message)
+                                   FormworkOptions, ResponseFormat, StructuredOutputs, _GenerationRequest)
+from service.request import (THINK_FIELD, ChatOptions, ConstraintRequest, GenerationRequest, PromptInput,
+                             SamplingRequest, ToolSpec, template_message)
 
 MAX_CHOICES = 16  # n, per prompt
 # chat template variables a request sets through its own fields, never through chat_template_kwargs
@@ -66,7 +66,8 @@ def translate_chat(body: ChatCompletionRequest) -> Translated:
                         "tool_choice.function.name", "reasoning.budget_tokens": "formwork.reasoning_budget",
                         "reasoning.enabled": "chat_template_kwargs.enable_thinking",
                         "tool_choice.allowed_tools.function_names": "tool_choice.allowed_tools.tools",
-                        "tool_choice.allowed_tools.mode": "tool_choice.allowed_tools.mode"})
+                        "tool_choice.allowed_tools.mode": "tool_choice.allowed_tools.mode",
+                        THINK_FIELD: "formwork.reasoning_format"})
     _refuse(body.functions, "functions", "the legacy functions field is not supported; use tools")
     _refuse(body.audio, "audio", "audio output is not supported")
     if body.modalities and body.modalities != ["text"]:
@@ -109,7 +110,44 @@ def _chat_options(body: ChatCompletionRequest) -> ChatOptions:
         raise invalid_argument("formwork.reasoning_budget", f"must be >= 0, got {budget}")
     parallel = body.parallel_tool_calls if body.parallel_tool_calls is not None else True
     return ChatOptions(tools, choice, name, parallel, thinking, budget, template_kwargs=dict(kwargs),
-                       allowed_tools=allowed)
+                       allowed_tools=allowed, think_constraint=reasoning_format(body.formwork))
+
+
+def reasoning_format(options: FormworkOptions | None) -> ConstraintRequest | None:
+    """formwork.reasoning_format as the think section's constraint (None: free thinking)."""
+    value = options.reasoning_format if options else None
+    if value is None:
+        return None
+    where = "formwork.reasoning_format"
+    if isinstance(value, ResponseFormat):
+        if value.type == "text":
+            return None
+        if value.type == "json_object":
+            return ConstraintRequest("json_object")
+        if value.type == "json_schema":
+            schema = value.json_schema.schema_ if value.json_schema else None
+            if schema is None:
+                raise invalid_argument(f"{where}.json_schema.schema", "is required with type json_schema")
+            return ConstraintRequest("json_schema_text", json.dumps(schema, ensure_ascii=False),
+                                     strict=value.json_schema.strict if value.json_schema else None)
+        raise invalid_argument(f"{where}.type", f"{value.type} is not a think section's format; use json_object, "
+                                                "json_schema, or structured_outputs' json, regex, choice, grammar")
+    _refuse_enable_in_reasoning(value, f"{where}.enable_in_reasoning")
+    kinds = [k for k in ("json_", "regex", "choice", "grammar", "json_object") if getattr(value, k) is not None]
+    if value.structural_tag is not None:
+        raise invalid_argument(f"{where}.structural_tag", "is not a think section's format")
+    if len(kinds) != 1:
+        raise invalid_argument(where, "set exactly one of type (json_object, json_schema) or json, regex, choice, "
+                                      "grammar, json_object")
+    return _kind_constraint(kinds[0], getattr(value, kinds[0]))
+
+
+def _refuse_enable_in_reasoning(structured: StructuredOutputs, where: str) -> None:
+    if structured.enable_in_reasoning:
+        raise invalid_argument(where, "is not supported: in vLLM it is a server setting under which one constraint "
+                                      "covers the whole output from its first token, think section included; "
+                                      "Formwork constrains the think section on its own: send "
+                                      "formwork.reasoning_format")
 
 
 def _allowed_names(allowed: AllowedTools) -> tuple[str, ...]:
@@ -233,6 +271,7 @@ def _constraint(body: _GenerationRequest, names: FieldNames) -> ConstraintReques
             raise invalid_argument(f"response_format.{extra[0]}", "belongs to type structural_tag")
     structured = body.structured_outputs
     if structured is not None:
+        _refuse_enable_in_reasoning(structured, "structured_outputs.enable_in_reasoning")
         kinds = [k for k in ("json_", "regex", "choice", "grammar", "json_object", "structural_tag")
                  if getattr(structured, k) is not None]
         if len(kinds) != 1:

@@ -50,6 +50,9 @@ class StructuredOutputs(_Strict):
     grammar: str | None = None
     json_object: bool | None = None
     structural_tag: dict[str, Any] | str | None = None  # a structural tag, inline or as JSON text
+    # vLLM's switch (a server setting there) that constrains the whole output, think section
+    # included; refused when true (formwork.reasoning_format constrains the think section)
+    enable_in_reasoning: bool | None = None
 
 
 class FormworkOptions(_Strict):
@@ -65,6 +68,9 @@ class FormworkOptions(_Strict):
     grammar_backend: str | None = None
     priority: int = 0  # lower runs first under load, as gRPC's `priority`
     reasoning_budget: int | None = None  # most tokens of thinking, as gRPC's reasoning.budget_tokens
+    # the think section's own constraint, as gRPC's reasoning.think_constraint: response_format's
+    # shape (type json_object / json_schema) or structured_outputs' (json, regex, choice, grammar, json_object)
+    reasoning_format: ResponseFormat | StructuredOutputs | None = None
     speculative: bool | None = None  # drafting from the prompt on or off (default: the server's), as gRPC's
 
 

@@ -14,11 +14,11 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from service.errors import invalid_argument
-from service.http.conversion import FieldNames, Translated
+from service.http.conversion import FieldNames, Translated, reasoning_format
 from service.http.fields import check_extra_fields
 from service.http.protocol import FormworkOptions
-from service.request import (ChatOptions, ConstraintRequest, GenerationRequest, PromptInput, SamplingRequest, ToolSpec,
-                             template_message)
+from service.request import (THINK_FIELD, ChatOptions, ConstraintRequest, GenerationRequest, PromptInput,
+                             SamplingRequest, ToolSpec, template_message)
 
 _TEXT_PART_TYPES = frozenset(("input_text", "output_text", "text"))
 _ROLES = {"user": "user", "assistant": "assistant", "system": "system", "developer": "system"}
@@ -118,7 +118,8 @@ def translate_response_request(body: ResponsesRequest) -> Translated:
                         "tool_choice.allowed_tools.function_names": "tool_choice.tools",
                         "tool_choice.allowed_tools.mode": "tool_choice.mode", "reasoning.budget_tokens":
                         "formwork.reasoning_budget", "constraint": "text.format",
-                        "constraint.grammar_backend": "formwork.grammar_backend"})
+                        "constraint.grammar_backend": "formwork.grammar_backend",
+                        THINK_FIELD: "formwork.reasoning_format"})
     messages = ([] if body.instructions is None else [template_message("system", body.instructions)])
     messages += input_messages(body.input)
     prompt = PromptInput(field="chat", messages=messages)
@@ -248,7 +249,8 @@ def _chat_options(body: ResponsesRequest) -> ChatOptions:
     if budget is not None and not 0 <= budget < 1 << 32:
         raise invalid_argument("formwork.reasoning_budget", f"must be >= 0, got {budget}")
     parallel = body.parallel_tool_calls if body.parallel_tool_calls is not None else True
-    return ChatOptions(tuple(tools), choice, name, parallel, None, budget, allowed_tools=allowed)
+    return ChatOptions(tuple(tools), choice, name, parallel, None, budget, allowed_tools=allowed,
+                       think_constraint=reasoning_format(body.formwork))
 
 
 def _allowed_names(choice: AllowedToolsChoice) -> tuple[str, ...]:

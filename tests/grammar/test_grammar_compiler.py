@@ -185,3 +185,15 @@ def test_compile_times_and_failures_name_their_backend():
     # a compiled grammar's own backend; a failure's, the one asked for (else the server's default)
     assert [backend for backend, _ in compiler.take_compile_times()] == ["llguidance", "auto"]
     assert compiler.failures == {"auto": {"invalid": 1}, "xgrammar": {"limit": 1}}
+
+
+def test_a_think_constraint_is_held_to_the_same_limits():
+    compiler, backend = make_compiler(max_spec_bytes=64, max_schema_depth=3)
+    big = Constraint("regex", "a", think_end="</think>", think=regex("b" * 65))
+    with pytest.raises(GrammarError, match="max_spec_bytes"):
+        compiler.submit(big).result(timeout=5)
+    deep = Constraint("regex", "a", think_end="</think>",
+                      think=Constraint("json_schema", '{"items": {"items": {"items": {"items": {}}}}}'))
+    with pytest.raises(GrammarError, match="max_schema_depth"):
+        compiler.submit(deep).result(timeout=5)
+    assert backend.calls == []  # refused before the backend saw them

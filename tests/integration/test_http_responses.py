@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 
 import jsonschema
 import openai
@@ -143,3 +144,22 @@ def test_reasoning_items_for_a_model_with_think_markers(thinking_client):
     thought = "".join(e.delta for e in events if e.type == "response.reasoning_text.delta")
     assert thought == final.output[0].content[0].text == reasoning.content[0].text
     assert final.output_text == response.output_text
+
+
+THINK_STEPS = r"(Step [1-3]: [a-z ]{1,24}\n){1,3}"
+
+
+def test_reasoning_format_constrains_the_think_text_on_chat_and_responses(thinking_client):
+    """formwork.reasoning_format: the reasoning the server sends back matches its regex, and the
+    answer still has response_format's shape."""
+    think = {"formwork": {"reasoning_format": {"regex": THINK_STEPS}}}
+    chat = thinking_client.chat.completions.parse(
+        model=MODEL, messages=[{"role": "user", "content": "Invent a person."}], max_tokens=160, temperature=0,
+        response_format=Person, extra_body=think)
+    message = chat.choices[0].message
+    assert re.fullmatch(THINK_STEPS, message.reasoning_content), message.reasoning_content
+    assert isinstance(message.parsed, Person)
+    response = thinking_client.responses.parse(model=MODEL, input="Invent a person.", max_output_tokens=160,
+                                               temperature=0, text_format=Person, extra_body=think)
+    reasoning, _ = response.output
+    assert re.fullmatch(THINK_STEPS, reasoning.content[0].text) and isinstance(response.output_parsed, Person)

@@ -157,6 +157,8 @@ def test_tools_tool_choice_and_messages_with_calls():
     assert request.tools[1].parameters_json == ""
     assert request.tool_choice.function_name == "get_weather" and request.parallel_tool_calls is False
     assert request.reasoning.enabled is False and request.reasoning.budget_tokens == 16
+    thinking = generate_request(messages=[{"role": "user", "content": "hi"}], reasoning_format=fc.regex(r"\d+\."))
+    assert thinking.reasoning.think_constraint.regex == r"\d+\." and not thinking.HasField("constraint")
     call = request.chat.messages[1].tool_calls[0]
     assert (call.id, call.name, call.arguments_json) == ("call_1", "get_weather", '{"city": "Oslo"}')
     assert request.chat.messages[2].tool_call_id == "call_1"

@@ -160,12 +160,14 @@ class ToolCall(_message.Message):
     def __init__(self, id: _Optional[str] = ..., name: _Optional[str] = ..., arguments_json: _Optional[str] = ...) -> None: ...
 
 class Reasoning(_message.Message):
-    __slots__ = ("enabled", "budget_tokens")
+    __slots__ = ("enabled", "budget_tokens", "think_constraint")
     ENABLED_FIELD_NUMBER: _ClassVar[int]
     BUDGET_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    THINK_CONSTRAINT_FIELD_NUMBER: _ClassVar[int]
     enabled: bool
     budget_tokens: int
-    def __init__(self, enabled: _Optional[bool] = ..., budget_tokens: _Optional[int] = ...) -> None: ...
+    think_constraint: Constraint
+    def __init__(self, enabled: _Optional[bool] = ..., budget_tokens: _Optional[int] = ..., think_constraint: _Optional[_Union[Constraint, _Mapping]] = ...) -> None: ...
 
 class Chat(_message.Message):
     __slots__ = ("messages", "add_generation_prompt")
