@@ -8,6 +8,7 @@ import os
 import sys
 import threading
 import time
+from contextlib import contextmanager
 
 import pytest
 
@@ -50,18 +51,24 @@ class FakeClock:
         return self.now
 
 
-def _pool(permitted: bool, restartable: bool, clock: FakeClock, max_workers: int = 1):
-    scheduling = FakeScheduling(permitted)
-    pool = IdleClassPool(max_workers, thread_name_prefix="test-idle", restartable=restartable,
-                         scheduling=scheduling, clock=clock)
-    return pool, scheduling
+@contextmanager
+def _pool(permitted: bool, restartable: bool, *events: threading.Event):
+    """(pool, fake kernel, fake clock); on the way out `events` are set (what held jobs wait on)
+    and the pool is shut down."""
+    clock, scheduling = FakeClock(), FakeScheduling(permitted)
+    pool = IdleClassPool(1, thread_name_prefix="test-idle", restartable=restartable, scheduling=scheduling,
+                         clock=clock)
+    try:
+        yield pool, scheduling, clock
+    finally:
+        for event in events:
+            event.set()
+        pool.shutdown()
 
 
 def test_where_permitted_a_starved_job_s_threads_get_the_pool_creator_s_priority_back():
-    clock = FakeClock()
-    pool, scheduling = _pool(permitted=True, restartable=False, clock=clock)
     release = threading.Event()
-    try:
+    with _pool(True, False, release) as (pool, scheduling, clock):
         assert pool.rescue is Rescue.RESTORE
         held = pool.submit(release.wait, 10)
         assert not pool.promote_starved()  # not waited long enough yet
@@ -72,14 +79,9 @@ def test_where_permitted_a_starved_job_s_threads_get_the_pool_creator_s_priority
         assert pool.submit(pow, 2, 3).result(timeout=10) == 8
         # demoted for each job; promoted to the creator's nice 5, not 19, in between
         assert scheduling.calls == [("demote", 19), ("restore", 5), ("demote", 19)]
-    finally:
-        release.set()
-        pool.shutdown()
 
 
 def test_unpermitted_a_starved_running_job_runs_again_on_a_normal_thread_and_the_first_answer_wins():
-    clock = FakeClock()
-    pool, scheduling = _pool(permitted=False, restartable=True, clock=clock)
     stuck = threading.Event()  # the idle-class run, as if the busy machine never gave it a core
     thread_names: list[str] = []
 
@@ -90,7 +92,7 @@ def test_unpermitted_a_starved_running_job_runs_again_on_a_normal_thread_and_the
             stuck.wait(10)
         return name
 
-    try:
+    with _pool(False, True, stuck) as (pool, scheduling, clock):
         assert pool.rescue is Rescue.RERUN
         answer = pool.submit(job)
         while not thread_names:  # the idle-class run has begun
@@ -103,18 +105,12 @@ def test_unpermitted_a_starved_running_job_runs_again_on_a_normal_thread_and_the
         pool.shutdown()
         assert len(thread_names) == 2 and "rerun" in answer.result()  # the late run's answer is dropped
         assert scheduling.calls == [("demote", 19)]  # never asked the kernel for what it refuses
-    finally:
-        stuck.set()
-        pool.shutdown()
 
 
 def test_unpermitted_a_queued_starved_job_runs_once_on_a_normal_thread():
-    clock = FakeClock()
-    pool, _ = _pool(permitted=False, restartable=True, clock=clock)
-    first_running = threading.Event()
-    release = threading.Event()
+    first_running, release = threading.Event(), threading.Event()
     runs: list[str] = []
-    try:
+    with _pool(False, True, release) as (pool, _, clock):
         first = pool.submit(lambda: (first_running.set(), release.wait(10)))
         queued = pool.submit(lambda: runs.append(threading.current_thread().name) or len(runs))
         assert first_running.wait(10)
@@ -125,22 +121,15 @@ def test_unpermitted_a_queued_starved_job_runs_once_on_a_normal_thread():
         first.result(timeout=10)
         pool.shutdown()  # the idle thread reaches the queued job after its rerun: it is skipped
         assert len(runs) == 1 and "rerun" in runs[0]
-    finally:
-        release.set()
-        pool.shutdown()
 
 
 def test_unpermitted_a_job_that_cannot_run_twice_is_never_demoted():
-    clock = FakeClock()
-    pool, scheduling = _pool(permitted=False, restartable=False, clock=clock)
-    try:
+    with _pool(False, False) as (pool, scheduling, _):
         assert pool.rescue is Rescue.NORMAL
         assert pool.submit(divmod, 7, 2).result(timeout=10) == (3, 1)
         with pytest.raises(ZeroDivisionError):
             pool.submit(divmod, 1, 0).result(timeout=10)
         assert scheduling.calls == []
-    finally:
-        pool.shutdown()
 
 
 def test_the_permission_is_cap_sys_nice_or_an_rlimit_nice_that_covers_the_process_s_nice():
