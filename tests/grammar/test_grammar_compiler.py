@@ -6,11 +6,13 @@ from __future__ import annotations
 
 import threading
 import time
+from concurrent.futures import TimeoutError as FutureTimeout
 
 import pytest
 from grammar_fakes import FakeBackend, FakeCompiled
 
 from grammar.backend import GrammarError
+import grammar.compiler as compiler_module
 from grammar.compiler import GrammarCompiler
 from grammar.config import GrammarConfig
 from grammar.constraint import Constraint
@@ -84,6 +86,19 @@ def test_a_compile_over_the_time_limit_fails_and_its_late_result_is_kept():
         time.sleep(0.02)
     assert late.result().spec == "slow"
     assert backend.calls == ["slow"]
+
+
+def test_time_the_compile_waited_for_a_cpu_does_not_count_against_its_limit():
+    backend = FakeBackend()
+    # as if other processes held the CPU for all of the compile's wall time: it has used none of its limit
+    compiler = GrammarCompiler(backend, GrammarConfig(compile_timeout_s=0.1),
+                               cpu_wait_s=lambda thread_id: time.monotonic())
+    future = compiler.submit(regex("slow"))
+    with pytest.raises(FutureTimeout):
+        future.result(timeout=1)  # ten limits of wall time: not expired
+    backend.gate.set()
+    assert future.result(timeout=5).spec == "slow"
+    assert compiler.num_timeouts == 0
 
 
 def test_the_time_limit_counts_from_the_start_of_the_compile_not_the_queue():
@@ -164,3 +179,8 @@ def test_shutdown_fails_queued_compiles():
         queued.result(timeout=5)
     backend.gate.set()
     running.exception(timeout=5)  # resolved one way or the other, never left hanging
+
+
+def test_a_thread_s_cpu_wait_is_read_and_an_unknown_thread_waited_none():
+    assert compiler_module.thread_cpu_wait_s(threading.get_native_id()) >= 0.0
+    assert compiler_module.thread_cpu_wait_s(-1) == 0.0
