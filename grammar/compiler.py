@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Callable
 import msgspec
 
 from grammar.backend import CompiledGrammar, GrammarBackend, GrammarError
+from grammar.cpu_wait import thread_cpu_wait_s
 from grammar.json_schema.limits import check_limits
 
 if TYPE_CHECKING:
@@ -276,16 +277,6 @@ class _LimitTimer:
             self._cancelled = True
             if self._timer is not None:
                 self._timer.cancel()
-
-
-def thread_cpu_wait_s(thread_id: int) -> float:
-    """Seconds the thread has waited on a run queue for a CPU (Linux's schedstat; 0 elsewhere or
-    where the kernel does not keep it)."""
-    try:
-        with open(f"/proc/self/task/{thread_id}/schedstat") as f:
-            return int(f.read().split()[1]) / 1e9
-    except (OSError, ValueError, IndexError):
-        return 0.0
 
 
 def _resolve(future: Future[CompiledGrammar], outcome: CompiledGrammar | GrammarError) -> None:

@@ -7,9 +7,11 @@ idle scheduling class the probe runs in the gaps the forward pass leaves, and a 
 delays only its own compile.
 
 The idle class has almost no floor: while other processes keep every core busy its threads get a
-fraction of a percent of a core, and a request waiting on them would wait for minutes. So a job
-still unfinished after STARVED_AFTER_S of wall time is rescued, by the first of these the kernel
-and the job allow:
+fraction of a percent of a core, and a request waiting on them would wait for minutes. So once a
+job's thread has waited STARVED_AFTER_S for a CPU (grammar/cpu_wait.py: time it wanted a core and
+others held them all, not time it spent working in the gaps) the pool is starved, and its job
+(with the jobs queued behind it STARVED_AFTER_S or longer) is rescued, by the first of these the
+kernel and the job allow:
 
 - restore: where the process may raise a thread's priority again (CAP_SYS_NICE, or an RLIMIT_NICE
   that covers the process's own nice value), the pool's threads move back to the normal class at
@@ -38,11 +40,14 @@ from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import dataclass
 from typing import Callable, TypeVar
 
+from grammar.cpu_wait import thread_cpu_wait_s
+
 logger = logging.getLogger(__name__)
 
 LOWEST_PRIORITY = 19  # the highest nice value Linux allows
-# wall time a job may wait in the idle class before it is rescued: far above a quiet machine's
-# gaps between forward passes, far below a request's patience
+# time a job's thread may wait for a CPU in the idle class before it is rescued (and a queued job
+# wait for its turn): far above a quiet machine's gaps between forward passes, far below a
+# request's patience
 STARVED_AFTER_S = 0.5
 _CAP_SYS_NICE = 23  # bit of the capability in /proc/self/status's CapEff
 
@@ -88,22 +93,27 @@ class _Job:
     submitted_s: float  # the pool's clock when it was submitted
     answer: Future  # what the submitter holds: the first run's result or error
     started: bool = False  # a run began on the pool's own thread
+    thread_id: int | None = None  # that run's thread
+    cpu_wait_at_start_s: float = 0.0  # that thread's wait for a CPU when the run began
     rescued: bool = False  # a run began on a normal-priority thread
 
 
 class IdleClassPool:
     """A thread pool whose jobs start in the idle class and are never starved: `promote_starved`
     (called by whoever waits on the jobs, at least every STARVED_AFTER_S while they wait) rescues
-    the jobs that have waited STARVED_AFTER_S, as the module docstring describes.
+    the starved jobs, as the module docstring describes.
 
     `restartable`: every job may run twice at once (no shared mutable state); a starved job may then
     start again elsewhere, and a second run's result is dropped."""
 
     def __init__(self, max_workers: int, thread_name_prefix: str, restartable: bool,
-                 scheduling: ThreadScheduling | None = None,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+                 scheduling: ThreadScheduling | None = None, clock: Callable[[], float] = time.monotonic,
+                 cpu_wait_s: Callable[[int], float] = thread_cpu_wait_s) -> None:
+        """`scheduling`, `clock` (monotonic s) and `cpu_wait_s` (a thread's wait for a CPU by native
+        id, s) are the kernel's unless given."""
         self._scheduling = scheduling or ThreadScheduling()
         self._clock = clock
+        self._cpu_wait_s = cpu_wait_s
         self._nice = self._scheduling.own_nice()  # what a promoted thread gets back
         if self._scheduling.may_restore(self._nice):
             self.rescue = Rescue.RESTORE
@@ -130,12 +140,18 @@ class IdleClassPool:
         return job.answer
 
     def promote_starved(self) -> bool:
-        """Rescue the jobs that have waited STARVED_AFTER_S; True if there were any."""
+        """Rescue the jobs if one's thread has waited STARVED_AFTER_S for a CPU; True if it had."""
         now = self._clock()
         with self._lock:
-            starved = [j for j in self._jobs.values() if now - j.submitted_s >= STARVED_AFTER_S]
-            thread_ids = list(self._thread_ids) if starved and self.rescue is Rescue.RESTORE else []
-            reruns = [j for j in starved if self.rescue is Rescue.RERUN and not j.rescued]
+            jobs = list(self._jobs.values())
+        starving = [j for j in jobs if j.thread_id is not None
+                    and self._cpu_wait_s(j.thread_id) - j.cpu_wait_at_start_s >= STARVED_AFTER_S]
+        if not starving:
+            return False
+        queued = [j for j in jobs if j.thread_id is None and now - j.submitted_s >= STARVED_AFTER_S]
+        with self._lock:
+            thread_ids = list(self._thread_ids) if self.rescue is Rescue.RESTORE else []
+            reruns = [j for j in starving + queued if self.rescue is Rescue.RERUN and not j.rescued]
             for job in reruns:
                 job.rescued = True
         for thread_id in thread_ids:
@@ -146,7 +162,7 @@ class IdleClassPool:
             with self._lock:
                 self._reruns = [t for t in self._reruns if t.is_alive()] + [thread]
             thread.start()
-        return bool(starved)
+        return True
 
     def result(self, future: Future[T]) -> T:
         """The job's result, rescuing it if it starves."""
@@ -169,12 +185,15 @@ class IdleClassPool:
             self._thread_ids.add(threading.get_native_id())
 
     def _run_demoted(self, job: _Job) -> None:
+        thread_id = threading.get_native_id()
+        cpu_wait_s = self._cpu_wait_s(thread_id)
         with self._lock:
             if job.rescued and not job.started:
                 return  # already rerun elsewhere
             job.started = True
+            job.thread_id, job.cpu_wait_at_start_s = thread_id, cpu_wait_s
         if self.rescue is not Rescue.NORMAL:
-            self._scheduling.demote(threading.get_native_id())  # also a thread promoted for an earlier job
+            self._scheduling.demote(thread_id)  # also a thread promoted for an earlier job
         self._run(job)
 
     @staticmethod

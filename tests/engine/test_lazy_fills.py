@@ -62,8 +62,11 @@ def test_a_state_being_built_holds_back_only_its_own_request():
     so, grammar_output = _step(scheduler)  # the finished row is used: no second fill of that state
     assert so.num_scheduled_tokens[lazy.request_id] == 1 and not grammar_output.deferred
     assert lazy.num_output_tokens == 1
-    for _ in range(5):
+    for _ in range(20):  # each token takes a step, or two where its fill is still building (a busy machine)
+        if lazy.is_finished and plain.is_finished:
+            break
         _step(scheduler)
+        manager.wait_for_any(10)
     assert lazy.status == plain.status == RequestStatus.FINISHED_LENGTH_CAPPED
     grammar = backend.grammars[0]
     assert grammar.num_fills == 3  # one per sampled token

@@ -12,7 +12,6 @@ import pytest
 from grammar_fakes import FakeBackend, FakeCompiled
 
 from grammar.backend import GrammarError
-import grammar.compiler as compiler_module
 from grammar.compiler import GrammarCompiler
 from grammar.config import GrammarConfig
 from grammar.constraint import Constraint
@@ -180,7 +179,3 @@ def test_shutdown_fails_queued_compiles():
     backend.gate.set()
     running.exception(timeout=5)  # resolved one way or the other, never left hanging
 
-
-def test_a_thread_s_cpu_wait_is_read_and_an_unknown_thread_waited_none():
-    assert compiler_module.thread_cpu_wait_s(threading.get_native_id()) >= 0.0
-    assert compiler_module.thread_cpu_wait_s(-1) == 0.0

@@ -52,12 +52,13 @@ class FakeClock:
 
 
 @contextmanager
-def _pool(permitted: bool, restartable: bool, *events: threading.Event):
-    """(pool, fake kernel, fake clock); on the way out `events` are set (what held jobs wait on)
-    and the pool is shut down."""
+def _pool(permitted: bool, restartable: bool, *events: threading.Event, starved: bool = True):
+    """(pool, fake kernel, fake clock); `starved`: every moment of the clock is spent waiting for a
+    CPU (else none is). On the way out `events` are set (what held jobs wait on) and the pool is
+    shut down."""
     clock, scheduling = FakeClock(), FakeScheduling(permitted)
     pool = IdleClassPool(1, thread_name_prefix="test-idle", restartable=restartable, scheduling=scheduling,
-                         clock=clock)
+                         clock=clock, cpu_wait_s=lambda thread_id: clock.now if starved else 0.0)
     try:
         yield pool, scheduling, clock
     finally:
@@ -79,6 +80,19 @@ def test_where_permitted_a_starved_job_s_threads_get_the_pool_creator_s_priority
         assert pool.submit(pow, 2, 3).result(timeout=10) == 8
         # demoted for each job; promoted to the creator's nice 5, not 19, in between
         assert scheduling.calls == [("demote", 19), ("restore", 5), ("demote", 19)]
+
+
+@pytest.mark.parametrize("permitted", [True, False])
+def test_a_job_that_gets_the_cpu_it_wants_is_left_in_the_idle_class_however_long_it_runs(permitted):
+    release = threading.Event()
+    with _pool(permitted, True, release, starved=False) as (pool, scheduling, clock):
+        held = pool.submit(release.wait, 10)
+        queued = pool.submit(pow, 2, 3)
+        clock.now += 100 * STARVED_AFTER_S
+        assert not pool.promote_starved()  # long, but working in the gaps: not starved
+        release.set()
+        assert held.result(timeout=10) is True and queued.result(timeout=10) == 8
+        assert scheduling.calls == [("demote", 19)] * 2
 
 
 def test_unpermitted_a_starved_running_job_runs_again_on_a_normal_thread_and_the_first_answer_wins():
@@ -168,7 +182,8 @@ def test_on_the_real_kernel_a_promoted_thread_is_back_at_the_creator_s_priority(
     if not scheduling.may_restore(scheduling.own_nice()):
         pytest.skip("this process may not raise a thread's priority (no CAP_SYS_NICE, RLIMIT_NICE too low)")
     clock = FakeClock()
-    pool = IdleClassPool(1, thread_name_prefix="test-idle", restartable=False, clock=clock)
+    pool = IdleClassPool(1, thread_name_prefix="test-idle", restartable=False, clock=clock,
+                         cpu_wait_s=lambda thread_id: clock.now)
     started = threading.Event()
     release = threading.Event()
     try:
