@@ -6,6 +6,7 @@ front end calls `compile_sync` to validate a constraint ahead of traffic. Both s
 """
 from __future__ import annotations
 
+import json
 import logging
 import threading
 import time
@@ -303,3 +304,21 @@ def answer_constraint(constraint: Constraint, answer: dict, config: GrammarConfi
         raise GrammarError(f"the answer's {checked.kind}: {e}") from None
     return checked
 
+
+
+def content_constraint(constraint: Constraint, leaf: dict, path: str, config: GrammarConfig) -> Constraint:
+    """The constraint of a structural tag's content leaf (grammar/chat/structural_tag.py: a
+    json_schema, regex or grammar format at `path`), with the tag constraint's options."""
+    if leaf["type"] == "json_schema":
+        kind, spec, syntax = "json_schema", json.dumps(leaf["json_schema"], ensure_ascii=False), ""
+    elif leaf["type"] == "regex":
+        kind, spec, syntax = "regex", leaf["pattern"], ""
+    else:
+        kind, spec, syntax = "grammar", leaf["grammar"], leaf.get("syntax", "ebnf")
+    content = msgspec.structs.replace(constraint, kind=kind, spec=spec, choices=[], grammar_syntax=syntax,
+                                      think_end="", think_budget=0)
+    try:
+        content.validate()
+    except ValueError as e:
+        raise GrammarError(f"{path}: {e}") from None
+    return content

@@ -10,6 +10,7 @@ from dataclasses import replace
 
 import msgspec
 
+from grammar.chat.structural_tag import parse_structural_tag
 from grammar.chat.tool_calls import ToolCalls
 from grammar.config import GRAMMAR_BACKENDS
 
@@ -20,9 +21,11 @@ JSON_WHITESPACE_MODES = ("compact", "spaced", "bounded", "any")
 BOUNDED_JSON_WHITESPACE = 2
 # the syntaxes of a kind "grammar" spec ("auto": told apart by the text)
 GRAMMAR_SYNTAXES = ("auto", "ebnf", "lark")
-CONSTRAINT_KINDS = ("json_schema", "json_object", "regex", "grammar", "choice")
+CONSTRAINT_KINDS = ("json_schema", "json_object", "regex", "grammar", "choice", "structural_tag")
 # plus the kind the front end builds from a request's tools (grammar/chat/tool_calls.py)
 ENGINE_KINDS = (*CONSTRAINT_KINDS, "tool_calls")
+# the kinds whose output is or holds JSON, so that the JSON whitespace mode applies to them
+JSON_KINDS = ("json_schema", "json_object", "tool_calls", "structural_tag")
 # the whitespace mode of JSON a constraint does not name (JSON_WHITESPACE_MODES says what each allows)
 DEFAULT_JSON_WHITESPACE = "bounded"
 
@@ -32,11 +35,12 @@ class Constraint(msgspec.Struct, array_like=True, omit_defaults=True, frozen=Tru
 
     kind: one of ENGINE_KINDS.
     spec: JSON Schema text (json_schema), a regex (regex), a grammar in xgrammar's EBNF or in Lark
-          (grammar), a grammar.chat.tool_calls.ToolCalls spec (tool_calls); empty for json_object and
-          choice.
+          (grammar), a structural tag's JSON text (structural_tag, grammar/chat/structural_tag.py), a
+          grammar.chat.tool_calls.ToolCalls spec (tool_calls); empty for json_object and choice.
     choices: the allowed outputs, for kind "choice".
     strict: a JSON-Schema keyword the backend cannot enforce is an error (True) or is reported in
-            the output as not enforced (False, best effort).
+            the output as not enforced (False, best effort); the same for the schemas inside a
+            structural tag or the tools' parameters.
     any_whitespace: allow free whitespace between JSON tokens (the same as whitespace="any").
     jump_forward: append text the grammar forces without sampling it (None: the engine's default).
     close_early: close the output before max_tokens or the context runs out, and (JSON kinds) when
@@ -81,7 +85,7 @@ class Constraint(msgspec.Struct, array_like=True, omit_defaults=True, frozen=Tru
                 raise ValueError("a choice constraint needs at least one choice")
             if any(not c for c in self.choices):
                 raise ValueError("choices must be non-empty strings")
-        elif self.kind in ("json_schema", "regex", "grammar", "tool_calls") and not self.spec.strip():
+        elif self.kind in ("json_schema", "regex", "grammar", "tool_calls", "structural_tag") and not self.spec.strip():
             raise ValueError(f"a {self.kind} constraint needs a non-empty spec")
         if self.grammar_backend and self.grammar_backend not in GRAMMAR_BACKENDS:
             raise ValueError(f"unknown grammar backend {self.grammar_backend!r}; expected one of "
@@ -92,6 +96,8 @@ class Constraint(msgspec.Struct, array_like=True, omit_defaults=True, frozen=Tru
             raise ValueError("think_budget needs think_end (the marker that ends thinking)")
         if self.kind == "tool_calls":
             ToolCalls.from_spec(self.spec)
+        if self.kind == "structural_tag":
+            parse_structural_tag(self.spec)
         if self.kind == "json_schema":
             try:
                 schema = json.loads(self.spec)
@@ -106,11 +112,11 @@ class Constraint(msgspec.Struct, array_like=True, omit_defaults=True, frozen=Tru
     def cache_key(self) -> tuple:
         """(kind, canonical spec, options): equal keys compile to the same grammar."""
         spec = self.spec
-        if self.kind in ("json_schema", "tool_calls"):
+        if self.kind in ("json_schema", "tool_calls", "structural_tag"):
             # whitespace is canonicalized, key order is not: properties are generated in the
             # order the schema declares them, so a reordered schema is a different grammar
             spec = json.dumps(json.loads(spec), separators=(",", ":"))
-        whitespace = self.json_whitespace if self.kind in ("json_schema", "json_object", "tool_calls") else ""
+        whitespace = self.json_whitespace if self.kind in JSON_KINDS else ""
         syntax = (self.grammar_syntax or "auto") if self.kind == "grammar" else ""
         return (self.kind, spec, tuple(self.choices), self.strict, whitespace, syntax, self.think_end,
                 self.think_budget, self.grammar_backend)

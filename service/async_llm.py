@@ -29,7 +29,7 @@ from engine.sampling_params import SamplingParams
 from grammar.chat.tool_calls import SYNTAXES
 from grammar.constraint import Constraint
 from service.chat_format import ChatFormat
-from service.errors import ErrorCode, FieldViolation, ServiceError, invalid_argument, unavailable
+from service.errors import ErrorCode, FieldViolation, ServiceError, invalid_argument, overloaded, unavailable
 from service.observability.telemetry import Telemetry
 from service.quarantine import Quarantine
 from service.validation import check_prompt, sampling_params
@@ -232,7 +232,7 @@ class AsyncLLM:
             while not finished:
                 core_output = await outputs.get()
                 if core_output.error_kind == ErrorKind.OVERLOADED:  # the core refused it for want of memory
-                    raise ServiceError(ErrorCode.RESOURCE_EXHAUSTED, core_output.error or "the engine is overloaded")
+                    raise overloaded(core_output.error or "the engine is overloaded; retry later")
                 if core_output.error_kind == ErrorKind.MEMORY_SUSPECT and params.constraint is not None:
                     if self.quarantine.record_strike([params.constraint]):
                         logger.warning("quarantined for %.0f s: a %s constraint the engine ran short of memory "
@@ -271,7 +271,7 @@ class AsyncLLM:
             raise ServiceError(ErrorCode.RESOURCE_EXHAUSTED, str(e)) from None
         capacity = info.max_num_seqs + info.max_num_waiting
         if len(self._streams) >= capacity:
-            raise ServiceError(ErrorCode.RESOURCE_EXHAUSTED, (
+            raise overloaded((
                 f"the queue is full: {len(self._streams)} requests in flight ({info.max_num_seqs} running + "
                 f"{info.max_num_waiting} waiting at most); retry later"))
 

@@ -70,7 +70,11 @@ class ChatFormat:
         template_kwargs: dict[str, Any] = dict(options.template_kwargs)
         syntax = None
         if tools and choice != "none":
-            calls = ToolCalls(tuple(tools), choice, options.tool_name, options.parallel_tool_calls, self.tool_syntax)
+            if constraint is not None and constraint.kind == "structural_tag":
+                raise invalid_argument("constraint.structural_tag", "cannot be combined with tools; write the calls "
+                                                                    "as tags of the structural tag, or send no tools")
+            calls = ToolCalls(tuple(tools), choice, options.tool_name, options.parallel_tool_calls, self.tool_syntax,
+                              allowed=options.allowed_tools)
             constraint = with_tool_calls(calls, constraint)
             syntax = SYNTAXES[self.tool_syntax]
         reasoning = self._reasoning(options, template_kwargs)
@@ -148,6 +152,13 @@ def _choice(options: ChatOptions, tools: list[Tool]) -> str:
         raise invalid_argument("tool_choice.function_name", f"{options.tool_name!r} is not one of the request's tools")
     if options.tool_choice == "required" and not tools:
         raise invalid_argument("tool_choice", "required needs at least one tool")
+    names = {t.name for t in tools}
+    for index, name in enumerate(options.allowed_tools):
+        if name not in names:
+            raise invalid_argument(f"tool_choice.allowed_tools.function_names[{index}]",
+                                   f"{name!r} is not one of the request's tools")
+    if options.allowed_tools and options.tool_choice not in ("auto", "required"):
+        raise invalid_argument("tool_choice.allowed_tools.mode", "must be auto or required")
     return options.tool_choice
 
 

@@ -40,16 +40,32 @@ class FieldViolation:
 class ServiceError(Exception):
     """A request the service refuses or could not complete."""
 
-    def __init__(self, code: ErrorCode, message: str, violations: Sequence[FieldViolation] = ()) -> None:
+    def __init__(self, code: ErrorCode, message: str, violations: Sequence[FieldViolation] = (),
+                 retry_after_s: float | None = None) -> None:
         super().__init__(message)
         self.code = code
         self.message = message
         self.violations = tuple(violations)
+        # set when the refusal is about load, not the request: the same call may succeed after this
+        # long (gRPC: a google.rpc.RetryInfo detail; HTTP: Retry-After)
+        self.retry_after_s = retry_after_s
 
 
 def invalid_argument(field: str, description: str) -> ServiceError:
     """INVALID_ARGUMENT naming one field: message "field: description", and a field violation."""
     return ServiceError(ErrorCode.INVALID_ARGUMENT, f"{field}: {description}", [FieldViolation(field, description)])
+
+
+# how long an overloaded server asks a client to wait: about the time a batch of short requests
+# takes to finish and free its slots here
+OVERLOADED_RETRY_AFTER_S = 1.0
+
+
+def overloaded(message: str) -> ServiceError:
+    """RESOURCE_EXHAUSTED about load (a full queue, the engine short of memory, a key's calls in
+    flight): transient, so it carries a retry delay; a request too large for the engine is
+    RESOURCE_EXHAUSTED without one, as it never succeeds."""
+    return ServiceError(ErrorCode.RESOURCE_EXHAUSTED, message, retry_after_s=OVERLOADED_RETRY_AFTER_S)
 
 
 def unavailable(message: str) -> ServiceError:

@@ -32,7 +32,7 @@ class ConstraintRequest:
     """The output constraint as sent; service/validation.py checks it and makes the engine's."""
 
     kind: str  # the API's name of the field it came in: one of CONSTRAINT_FIELD_KINDS
-    spec: str = ""  # schema text, regex or grammar
+    spec: str = ""  # schema text, regex, grammar, or a structural tag's JSON text
     choices: tuple[str, ...] = ()
     strict: bool | None = None
     any_whitespace: bool | None = None
@@ -44,7 +44,8 @@ class ConstraintRequest:
 
 # the API's constraint fields -> the engine's constraint kind
 CONSTRAINT_FIELD_KINDS = {"json_schema": "json_schema", "json_schema_text": "json_schema",
-                          "json_object": "json_object", "regex": "regex", "grammar": "grammar", "choice": "choice"}
+                          "json_object": "json_object", "regex": "regex", "grammar": "grammar", "choice": "choice",
+                          "structural_tag": "structural_tag"}
 
 
 @dataclass(frozen=True)
@@ -67,6 +68,7 @@ class ChatOptions:
     # more chat template variables, as sent (HTTP's chat_template_kwargs); enable_thinking among
     # them also sets `thinking`
     template_kwargs: dict[str, Any] = field(default_factory=dict)
+    allowed_tools: tuple[str, ...] = ()  # auto / required: the only tools that may be called (empty: all)
 
 
 @dataclass(frozen=True)

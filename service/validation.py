@@ -7,6 +7,7 @@ import math
 from typing import Any
 
 from engine.sampling_params import SamplingParams
+from grammar.chat.structural_tag import StructuralTagError
 from grammar.constraint import Constraint
 from service.errors import invalid_argument
 from service.limits import ServiceLimits
@@ -87,6 +88,8 @@ def engine_constraint(constraint: ConstraintRequest, limits: ServiceLimits) -> C
                         **options)
     try:
         result.validate()
+    except StructuralTagError as e:  # named down to the field inside the tag
+        raise invalid_argument(path if e.path == "structural_tag" else f"{path}.{e.path}", e.problem) from None
     except ValueError as e:
         raise invalid_argument(path, str(e)) from None
     return result

@@ -210,6 +210,8 @@ class Tool:
 class ToolCalls:
     """What a "tool_calls" constraint asks for. `choice`: "auto" (free text, and calls once the
     model starts one), "required" (only calls, at least one), or "named" (only calls of `name`).
+    `allowed` (auto / required): the names of the only tools that may be called (empty: all); the
+    other tools are still shown to the model.
     `answer` (auto only): the constraint a text answer follows instead of free text, as
     {"kind", "spec", "choices"}; the output is then either such an answer or only calls."""
 
@@ -219,6 +221,7 @@ class ToolCalls:
     parallel: bool = True  # several calls in one turn
     syntax: str = DEFAULT_SYNTAX
     answer: dict[str, Any] | None = None
+    allowed: tuple[str, ...] = ()
 
     @property
     def call_syntax(self) -> ToolCallSyntax:
@@ -226,13 +229,18 @@ class ToolCalls:
 
     @property
     def allowed_tools(self) -> tuple[Tool, ...]:
-        return tuple(t for t in self.tools if t.name == self.name) if self.choice == "named" else self.tools
+        if self.choice == "named":
+            return tuple(t for t in self.tools if t.name == self.name)
+        if self.allowed:
+            return tuple(t for t in self.tools if t.name in self.allowed)
+        return self.tools
 
     def to_spec(self) -> str:
         return json.dumps({"tools": [{"name": t.name, "description": t.description, "parameters": t.parameters}
                                      for t in self.tools],
                            "choice": self.choice, "name": self.name, "parallel": self.parallel,
-                           "syntax": self.syntax, **({"answer": self.answer} if self.answer else {})},
+                           "syntax": self.syntax, **({"answer": self.answer} if self.answer else {}),
+                           **({"allowed": list(self.allowed)} if self.allowed else {})},
                           ensure_ascii=False)
 
     @classmethod
@@ -252,8 +260,12 @@ class ToolCalls:
             if parameters is not None and not isinstance(parameters, (dict, bool)):
                 raise ValueError(f'tools[{index}] "{raw["name"]}": parameters must be a JSON Schema object')
             tools.append(Tool(raw["name"], raw.get("description") or "", parameters))
+        allowed = data.get("allowed", [])
+        if not isinstance(allowed, list) or not all(isinstance(name, str) for name in allowed):
+            raise ValueError("allowed must be a list of tool names")
         result = cls(tuple(tools), data.get("choice", "required"), data.get("name", ""),
-                     bool(data.get("parallel", True)), data.get("syntax", DEFAULT_SYNTAX), data.get("answer"))
+                     bool(data.get("parallel", True)), data.get("syntax", DEFAULT_SYNTAX), data.get("answer"),
+                     tuple(allowed))
         result.validate()
         return result
 
@@ -272,6 +284,11 @@ class ToolCalls:
             raise ValueError(f"unknown tool choice {self.choice!r}; expected one of {', '.join(TOOL_CHOICES)}")
         if self.choice == "named" and self.name not in seen:
             raise ValueError(f"tool_choice names {self.name!r}, which is not one of the tools")
+        if self.allowed and self.choice not in ("auto", "required"):
+            raise ValueError("allowed tools apply to tool choice auto or required")
+        for index, name in enumerate(self.allowed):
+            if name not in seen:
+                raise ValueError(f"allowed[{index}] {name!r} is not one of the tools")
         if self.syntax not in SYNTAXES:
             raise ValueError(f"unknown tool call syntax {self.syntax!r}; expected one of {', '.join(SYNTAXES)}")
         if self.answer is not None:

@@ -1,6 +1,7 @@
 """llguidance behind the GrammarBackend ABC: the only package in Formwork that imports llguidance.
 backend.py compiles, matcher.py runs one request's matcher (and shows it to the closing search),
-lark_text.py writes the Lark grammars llguidance reads (choices, tool calls, think sections),
+lark_text.py writes the Lark grammars llguidance reads (choices, think sections), structural_lark.py
+those of structural tags and tool calls,
 json_options.py turns a schema and its whitespace mode into llguidance's JSON input,
 output_bounds.py reads the output a constraint needs from its text. Importers name the module
 (the package imports nothing).

@@ -12,8 +12,11 @@ import msgspec
 from llguidance.gbnf_to_lark import any_to_lark
 
 from grammar.backend import GrammarBackend, GrammarError, UnsupportedError
+from grammar.chat.tool_call_format import tool_calls_format
 from grammar.chat.tool_calls import ToolCalls
-from grammar.compiler import answer_constraint
+from grammar.chat.structural_tag import (StructuralTagError, content_field, is_older_shape, map_contents,
+                                         parse_structural_tag)
+from grammar.compiler import answer_constraint, content_constraint
 from grammar.json_schema.limits import check_limits, parse_schema
 from grammar.json_schema.rewrite import rewrite
 from grammar.json_schema.values import check_keyword_values
@@ -21,6 +24,7 @@ from grammar.llguidance import lark_text, output_bounds
 from grammar.llguidance.json_options import (ENFORCED_FORMATS, WHITESPACE_OPTIONS, closed_schema,
                                              keyword_locations, unimplemented_keywords)
 from grammar.llguidance.matcher import LLGuidanceCompiled, LLGuidanceGrammar
+from grammar.llguidance.structural_lark import structural_lark
 from grammar.regex.repeat_counts import find_large_repeat
 from grammar.runtime.char_tokens import CharTokens
 from grammar.runtime.closing_hints import closing_hints
@@ -45,8 +49,9 @@ class LLGuidanceBackend(GrammarBackend):
 
     Compiling validates the grammar and builds a template matcher; no token mask is built ahead
     (llguidance computes each step's mask from its lexer and parser), so a new schema answers in
-    about a millisecond. Think sections with a token budget are refused (a GrammarError naming
-    the limit): the budget's forced end marker is xgrammar's.
+    about a millisecond. Think sections with a token budget are refused (an UnsupportedError, so
+    auto takes xgrammar): the budget's forced end marker is xgrammar's; so are the parts of a
+    structural tag structural_lark.py cannot write.
     """
 
     name = "llguidance"
@@ -108,6 +113,8 @@ class LLGuidanceBackend(GrammarBackend):
             return llg.LLMatcher.grammar_from_lark(lark_text.choice_lark(constraint.choices))
         if kind == "tool_calls":
             return self._tool_calls_grammar(constraint, not_enforced)
+        if kind == "structural_tag":
+            return self._structural_tag_grammar(constraint, not_enforced)
         raise GrammarError(f"unknown constraint kind {kind!r}")
 
     def _lark(self, constraint: Constraint) -> str:
@@ -171,36 +178,64 @@ class LLGuidanceBackend(GrammarBackend):
     # -- tool calls -------------------------------------------------------------------------
 
     def _tool_calls_grammar(self, constraint: Constraint, not_enforced: list[str]) -> str:
-        """Calls only (required / named), or with choice auto either an answer in its constraint
-        or calls; auto with free text around the calls is refused (xgrammar's triggered tags)."""
+        """The calls as the tool-call format both backends build (grammar/chat/tool_call_format.py),
+        written as a structural tag's Lark; each allowed tool's arguments compiled as a json_schema
+        constraint with the same options, named by the tool on error."""
         try:
             spec = ToolCalls.from_spec(constraint.spec)
         except ValueError as e:
             raise GrammarError(str(e)) from None
-        if spec.choice == "auto" and spec.answer is None:
-            raise UnsupportedError("tool_calls with choice auto and a free-text answer is not supported by the "
-                               "llguidance backend; use the xgrammar backend")
-        options = WHITESPACE_OPTIONS[constraint.json_whitespace]
-        schemas: dict[str, Any] = {}
+        contents: dict[str, str] = {}
+        arguments: dict[str, dict] = {}
         allowed = {tool.name for tool in spec.allowed_tools}
         for index, tool in enumerate(spec.tools):
             if tool.name not in allowed:
                 continue
             schema = msgspec.structs.replace(constraint, kind="json_schema", choices=[], think_end="", think_budget=0,
                                              spec=json.dumps(tool.schema, ensure_ascii=False))
-            notes: list[str] = []
-            try:
-                check_limits(schema, self.config.max_spec_bytes, self.config.max_schema_depth)
-                schemas[tool.name] = self._json_schema(schema, notes)
-                self._json_grammar(schema, schemas[tool.name], notes)  # its errors, named per tool
-            except GrammarError as e:
-                raise type(e)(f'tools[{index}] "{tool.name}" parameters: {e}') from None  # unsupported stays so
-            not_enforced += [f'tool "{tool.name}": {note}' for note in notes]
-        calls = lark_text.tool_calls_lark(spec, schemas, {**options, "lenient": not constraint.strict})
-        if spec.answer is None:
-            return llg.LLMatcher.grammar_from_lark("start: calls\n" + calls)
-        answer = answer_constraint(constraint, spec.answer, self.config)
-        return _compose("start: @answer | calls\n" + calls, {"answer": self._grammar(answer, not_enforced)})
+            arguments[tool.name] = self._content_ref(schema, f'tools[{index}] "{tool.name}" parameters',
+                                                     f'tool "{tool.name}"', contents, not_enforced)
+        answer = None
+        if spec.answer is not None:
+            answer_grammar = self._grammar(answer_constraint(constraint, spec.answer, self.config), not_enforced)
+            answer = _content_ref_of(answer_grammar, contents)
+        return _compose(structural_lark(tool_calls_format(spec, arguments, answer)), contents)
+
+    # -- structural tags ---------------------------------------------------------------------
+
+    def _structural_tag_grammar(self, constraint: Constraint, not_enforced: list[str]) -> str:
+        """The tag's Lark (grammar/llguidance/structural_lark.py) over its contents, each compiled
+        as a constraint of its kind with the tag's options, named by its path on error."""
+        try:
+            format_ = parse_structural_tag(constraint.spec)
+        except StructuralTagError as e:
+            raise GrammarError(f"structural_tag {e}") from None
+        older_shape = is_older_shape(constraint.spec)
+        contents: dict[str, str] = {}
+
+        def compile_content(leaf: dict, path: str) -> dict:
+            field = content_field(path, leaf, older_shape)
+            content = content_constraint(constraint, leaf, field, self.config)
+            return self._content_ref(content, field, field, contents, not_enforced)
+        try:
+            lark = structural_lark(map_contents(format_, compile_content))
+        except UnsupportedError as e:
+            raise UnsupportedError(f"structural_tag {e}") from None
+        return _compose(lark, contents)
+
+    def _content_ref(self, content: Constraint, error_label: str, note_label: str, contents: dict[str, str],
+                     not_enforced: list[str]) -> dict:
+        """A constraint inside a structural format (a tool's arguments, a structural tag's content)
+        compiled as it would be on its own and added to `contents`; its `ref` leaf. An error starts
+        with `error_label` (an unsupported keyword stays UnsupportedError), a note with `note_label`."""
+        notes: list[str] = []
+        try:
+            check_limits(content, self.config.max_spec_bytes, self.config.max_schema_depth)
+            grammar = self._grammar(content, notes)
+        except GrammarError as e:
+            raise type(e)(f"{error_label}: {e}") from None
+        not_enforced.extend(f"{note_label}: {note}" for note in notes)
+        return _content_ref_of(grammar, contents)
 
     # -- the rest of the ABC ----------------------------------------------------------------
 
@@ -226,15 +261,24 @@ class LLGuidanceBackend(GrammarBackend):
         return self.forced_text.encode if self.forced_text.enabled else None
 
 
+def _content_ref_of(grammar: str, contents: dict[str, str]) -> dict:
+    """`grammar` added to `contents` under a new name; the format leaf that refers to it."""
+    name = f"content_{len(contents)}"
+    contents[name] = grammar
+    return {"type": "ref", "name": name}
+
+
 def _compose(main_lark: str, named: dict[str, str]) -> str:
     """One llguidance grammar of a Lark grammar that refers to others as `@name`; `named`: name ->
-    a grammar as llguidance's grammar_from_* wrote it (its JSON form, or plain Lark)."""
+    a grammar as llguidance's grammar_from_* or _compose wrote it (its JSON form, or plain Lark).
+    A composed one brings its own named parts along; their names must not meet `named`'s."""
     grammars: list[dict[str, Any]] = [{"lark_grammar": main_lark}]
     for name, text in named.items():
         inner = json.loads(text)["grammars"] if text.lstrip().startswith("{") else [{"lark_grammar": text}]
-        if len(inner) != 1:
-            raise GrammarError(f"the {name} grammar has {len(inner)} parts; one is supported here")
-        grammars.append({**inner[0], "name": name})
+        grammars += [{**inner[0], "name": name}, *inner[1:]]
+    names = [g["name"] for g in grammars[1:]]
+    if len(set(names)) != len(names):
+        raise GrammarError(f"grammar parts share a name ({names}); this combination is not supported")
     return json.dumps({"grammars": grammars})
 
 

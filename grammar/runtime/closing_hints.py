@@ -14,6 +14,7 @@ import json
 import re
 from typing import Any
 
+from grammar.chat.structural_tag import iter_contents, parse_structural_tag, tag_ends
 from grammar.chat.tool_calls import ToolCalls
 from grammar.constraint import Constraint
 from grammar.json_schema.walk import iter_subschemas
@@ -44,9 +45,28 @@ def closing_hints(constraint: Constraint) -> list[str]:
             tools = []
         for tool in tools:
             hints += _schema_hints(tool.schema)
+    elif constraint.kind == "structural_tag":
+        hints += _structural_tag_hints(constraint.spec)
     if constraint.think_end:
         hints.append(constraint.think_end)
     return sorted(dict.fromkeys(hints), key=len)[:MAX_HINTS]
+
+
+def _structural_tag_hints(spec: str) -> list[str]:
+    """Its tags' end strings, and the hints of the schemas, regexes and grammars inside it."""
+    try:
+        format_ = parse_structural_tag(spec)
+    except ValueError:
+        return []
+    hints = tag_ends(format_)
+    for _, leaf in iter_contents(format_):
+        if leaf["type"] == "json_schema":
+            hints += _schema_hints(leaf["json_schema"])
+        elif leaf["type"] == "regex":
+            hints += regex_suffixes(leaf["pattern"])
+        else:
+            hints += [_unescaped(literal) for literal in _LITERAL.findall(leaf["grammar"])]
+    return hints
 
 
 def _unescaped(literal: str) -> str:

@@ -13,8 +13,11 @@ import torch
 import xgrammar as xgr
 
 from grammar.backend import CompiledGrammar, GrammarBackend, GrammarError
+from grammar.chat.structural_tag import (StructuralTagError, content_field, is_older_shape, map_contents,
+                                         parse_structural_tag)
+from grammar.chat.tool_call_format import tool_calls_format
 from grammar.chat.tool_calls import ToolCalls
-from grammar.compiler import answer_constraint
+from grammar.compiler import answer_constraint, content_constraint
 from grammar.constraint import BOUNDED_JSON_WHITESPACE, Constraint
 from grammar.json_schema.limits import check_limits, parse_schema
 from grammar.json_schema.rewrite import rewrite
@@ -93,8 +96,9 @@ class XGrammarBackend(GrammarBackend):
         first matcher and bitmask fill run here, on the compile thread, rather than in a step."""
         kind = constraint.kind
         not_enforced: list[str] = []
-        grammar = None if kind == "tool_calls" else self._plain_grammar(constraint, not_enforced)
-        if kind == "tool_calls" or constraint.think_end:
+        structural = kind in ("tool_calls", "structural_tag")
+        grammar = None if structural else self._plain_grammar(constraint, not_enforced)
+        if structural or constraint.think_end:
             grammar = self._structural_grammar(constraint, grammar, not_enforced)
         bounds = self._check_bounds(kind, grammar)
         lazy_masks = builds_masks_lazily(str(grammar))
@@ -232,9 +236,12 @@ class XGrammarBackend(GrammarBackend):
 
     def _structural_grammar(self, constraint: Constraint, grammar: xgr.Grammar | None,
                             not_enforced: list[str]) -> xgr.Grammar:
-        """A tool_calls constraint's grammar, and/or `grammar` after a think section."""
+        """A tool_calls or structural_tag constraint's grammar, and/or `grammar` after a think
+        section: one structural-tag format, compiled by xgrammar."""
         if constraint.kind == "tool_calls":
             answer = self._tool_calls_format(constraint, not_enforced)
+        elif constraint.kind == "structural_tag":
+            answer = self._structural_tag_format(constraint, not_enforced)
         else:
             assert grammar is not None
             answer = structural_tags.grammar_format(str(grammar))
@@ -253,21 +260,47 @@ class XGrammarBackend(GrammarBackend):
             spec = ToolCalls.from_spec(constraint.spec)
         except ValueError as e:
             raise GrammarError(str(e)) from None
-        arguments: dict[str, str] = {}
+        arguments: dict[str, structural_tags.Format] = {}
         allowed = {tool.name for tool in spec.allowed_tools}
         for index, tool in enumerate(spec.tools):
             if tool.name not in allowed:
                 continue
             schema = Constraint(kind="json_schema", spec=json.dumps(tool.schema, ensure_ascii=False),
                                 strict=constraint.strict, whitespace=constraint.json_whitespace)
-            try:
-                check_limits(schema, self.config.max_spec_bytes, self.config.max_schema_depth)
-                grammar, notes = self._json_grammar(schema)
-            except GrammarError as e:
-                raise type(e)(f'tools[{index}] "{tool.name}" parameters: {e}') from None  # unsupported stays so
-            not_enforced += [f'tool "{tool.name}": {note}' for note in notes]
-            arguments[tool.name] = str(grammar)
-        return structural_tags.tool_calls_format(spec, arguments, self._answer_ebnf(constraint, spec, not_enforced))
+            arguments[tool.name] = structural_tags.grammar_format(self._content_grammar(
+                schema, f'tools[{index}] "{tool.name}" parameters', f'tool "{tool.name}"', not_enforced))
+        answer = self._answer_ebnf(constraint, spec, not_enforced)
+        return tool_calls_format(spec, arguments, None if answer is None else structural_tags.grammar_format(answer))
+
+    def _structural_tag_format(self, constraint: Constraint, not_enforced: list[str]) -> structural_tags.Format:
+        """The request's own structural tag, each schema, regex and grammar inside it compiled as
+        a constraint of that kind with the tag's options (strictness, whitespace), so that it is
+        refused or listed as not enforced exactly as on its own, its path in front."""
+        try:
+            format_ = parse_structural_tag(constraint.spec)
+        except StructuralTagError as e:
+            raise GrammarError(f"structural_tag {e}") from None
+        older_shape = is_older_shape(constraint.spec)
+
+        def compile_content(leaf: structural_tags.Format, path: str) -> structural_tags.Format:
+            field = content_field(path, leaf, older_shape)
+            content = content_constraint(constraint, leaf, field, self.config)
+            return structural_tags.grammar_format(self._content_grammar(content, field, field, not_enforced))
+        return map_contents(format_, compile_content)
+
+    def _content_grammar(self, content: Constraint, error_label: str, note_label: str,
+                         not_enforced: list[str]) -> str:
+        """The EBNF of a constraint inside a structural format (a tool's arguments, a structural
+        tag's content), checked as it would be on its own: an error starts with `error_label` (an
+        unsupported keyword stays UnsupportedError), a not-enforced note with `note_label`."""
+        notes: list[str] = []
+        try:
+            check_limits(content, self.config.max_spec_bytes, self.config.max_schema_depth)
+            grammar = self._plain_grammar(content, notes)
+        except GrammarError as e:
+            raise type(e)(f"{error_label}: {e}") from None
+        not_enforced += [f"{note_label}: {note}" for note in notes]
+        return str(grammar)
 
     def _answer_ebnf(self, constraint: Constraint, spec: ToolCalls, not_enforced: list[str]) -> str | None:
         """The grammar a text answer follows beside the calls (ToolCalls.answer), with the tool

@@ -7,7 +7,7 @@ import inspect
 import grpc
 from grpc_health.v1 import health
 
-from service.errors import ErrorCode, ServiceError
+from service.errors import ErrorCode, ServiceError, overloaded
 from service.grpc.servicer import GENERATION_SERVICE
 from service.grpc.status import abort
 from service.security import ApiKeys, KeyLimiter, SecurityConfig
@@ -53,9 +53,8 @@ def _limited(handler: grpc.RpcMethodHandler, limiter: KeyLimiter, key: int) -> g
 
     async def call(request, context):
         if not limiter.try_acquire(key):
-            await abort(context, ServiceError(
-                ErrorCode.RESOURCE_EXHAUSTED, f"this API key already has {limiter.limit} requests in flight, the "
-                                               f"server's limit per key (--max-concurrent-per-key)"))
+            await abort(context, overloaded(f"this API key already has {limiter.limit} requests in flight, the "
+                                            f"server's limit per key (--max-concurrent-per-key)"))
         try:
             result = behaviour(request, context)
             if inspect.isasyncgen(result):  # a generator-style streaming handler

@@ -26,7 +26,7 @@ _WHITESPACE = {pb.JSON_WHITESPACE_COMPACT: "compact", pb.JSON_WHITESPACE_SPACED:
 _GRAMMAR_SYNTAX = {pb.GRAMMAR_SYNTAX_EBNF: "ebnf", pb.GRAMMAR_SYNTAX_LARK: "lark"}
 _TOOL_CHOICE = {pb.TOOL_CHOICE_MODE_UNSPECIFIED: "auto", pb.TOOL_CHOICE_MODE_AUTO: "auto",
                 pb.TOOL_CHOICE_MODE_NONE: "none", pb.TOOL_CHOICE_MODE_REQUIRED: "required"}
-CONSTRAINT_FIELDS = "json_schema, json_schema_text, json_object, regex, grammar, choice"
+CONSTRAINT_FIELDS = "json_schema, json_schema_text, json_object, regex, grammar, choice, structural_tag"
 
 
 def generation_request_from_proto(request: pb.GenerateRequest) -> GenerationRequest:
@@ -67,7 +67,7 @@ def constraint_from_proto(constraint: pb.Constraint) -> ConstraintRequest:
     if kind == "json_schema":
         # a Struct keeps no key order: sort, so the same schema always gives the same grammar
         spec = json.dumps(struct_to_python(constraint.json_schema), ensure_ascii=False, sort_keys=True)
-    elif kind in ("json_schema_text", "regex", "grammar"):
+    elif kind in ("json_schema_text", "regex", "grammar", "structural_tag"):
         spec = getattr(constraint, kind)
     elif kind == "choice":
         choices = tuple(constraint.choice.choices)
@@ -87,25 +87,36 @@ def constraint_from_proto(constraint: pb.Constraint) -> ConstraintRequest:
 def chat_options_from_proto(request: pb.GenerateRequest | pb.TokenizeRequest) -> ChatOptions:
     """The tools, tool choice and reasoning switches (a TokenizeRequest has no tool choice)."""
     tools = tuple(ToolSpec(t.name, t.description, t.parameters_json) for t in request.tools)
-    choice, name = "auto", ""
+    choice, name, allowed = "auto", "", ()
     if isinstance(request, pb.GenerateRequest) and request.HasField("tool_choice"):
-        choice, name = _tool_choice(request.tool_choice)
+        choice, name, allowed = _tool_choice(request.tool_choice)
     parallel = True
     if isinstance(request, pb.GenerateRequest) and request.HasField("parallel_tool_calls"):
         parallel = request.parallel_tool_calls
     reasoning = request.reasoning
     thinking = reasoning.enabled if reasoning.HasField("enabled") else None
     budget = reasoning.budget_tokens if reasoning.HasField("budget_tokens") else None
-    return ChatOptions(tools, choice, name, parallel, thinking, budget)
+    return ChatOptions(tools, choice, name, parallel, thinking, budget, allowed_tools=allowed)
 
 
-def _tool_choice(tool_choice: pb.ToolChoice) -> tuple[str, str]:
-    if tool_choice.WhichOneof("choice") == "function_name":
-        return "named", tool_choice.function_name
+def _tool_choice(tool_choice: pb.ToolChoice) -> tuple[str, str, tuple[str, ...]]:
+    """(choice, the named tool, the allowed tools)."""
+    which = tool_choice.WhichOneof("choice")
+    if which == "function_name":
+        return "named", tool_choice.function_name, ()
+    if which == "allowed_tools":
+        allowed = tool_choice.allowed_tools
+        if allowed.mode not in (pb.TOOL_CHOICE_MODE_UNSPECIFIED, pb.TOOL_CHOICE_MODE_AUTO,
+                                pb.TOOL_CHOICE_MODE_REQUIRED):
+            raise invalid_argument("tool_choice.allowed_tools.mode", "must be TOOL_CHOICE_MODE_AUTO or "
+                                                                     "TOOL_CHOICE_MODE_REQUIRED")
+        if not allowed.function_names:
+            raise invalid_argument("tool_choice.allowed_tools.function_names", "must name at least one tool")
+        return _TOOL_CHOICE[allowed.mode], "", tuple(allowed.function_names)
     mode = tool_choice.mode
     if mode not in _TOOL_CHOICE:
         raise invalid_argument("tool_choice.mode", f"unknown value {mode}")
-    return _TOOL_CHOICE[mode], ""
+    return _TOOL_CHOICE[mode], "", ()
 
 
 def struct_to_python(struct: struct_pb2.Struct) -> dict[str, Any]:

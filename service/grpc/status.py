@@ -4,7 +4,7 @@ grpcurl read)."""
 from __future__ import annotations
 
 import grpc
-from google.protobuf import any_pb2
+from google.protobuf import any_pb2, duration_pb2
 from google.rpc import error_details_pb2, status_pb2
 
 from service.errors import ErrorCode, ServiceError
@@ -23,16 +23,24 @@ GRPC_CODE = {
 
 
 def status_proto(error: ServiceError) -> status_pb2.Status:
-    """The google.rpc.Status: code, message, and a BadRequest listing the field violations."""
+    """The google.rpc.Status: code, message, a BadRequest listing the field violations, and a
+    RetryInfo when the refusal is about load (clients retry on it, after its delay)."""
     status = status_pb2.Status(code=GRPC_CODE[error.code].value[0], message=error.message)
     if error.violations:
-        bad_request = error_details_pb2.BadRequest(field_violations=[
+        _add_detail(status, error_details_pb2.BadRequest(field_violations=[
             error_details_pb2.BadRequest.FieldViolation(field=v.field, description=v.description)
-            for v in error.violations])
-        detail = any_pb2.Any()
-        detail.Pack(bad_request)
-        status.details.append(detail)
+            for v in error.violations]))
+    if error.retry_after_s is not None:
+        delay = duration_pb2.Duration()
+        delay.FromNanoseconds(round(error.retry_after_s * 1e9))
+        _add_detail(status, error_details_pb2.RetryInfo(retry_delay=delay))
     return status
+
+
+def _add_detail(status: status_pb2.Status, message) -> None:
+    detail = any_pb2.Any()
+    detail.Pack(message)
+    status.details.append(detail)
 
 
 async def abort(context: grpc.aio.ServicerContext, error: ServiceError) -> None:

@@ -30,7 +30,7 @@ from fastapi.responses import Response, StreamingResponse
 from starlette.exceptions import HTTPException
 
 from engine.protocol import FinishReason
-from service.errors import ErrorCode, ServiceError, error_from_output
+from service.errors import ErrorCode, ServiceError, error_from_output, overloaded
 from service.http import responses
 from service.http.completion_stream import CompletionCall, completion_events
 from service.http.conversion import Translated, translate_chat, translate_completion
@@ -154,9 +154,8 @@ class OpenAIApi:
         if key is None or not self._limiter.limit:
             return await generate()
         if not self._limiter.try_acquire(key):
-            raise _Refused(http_error(ServiceError(
-                ErrorCode.RESOURCE_EXHAUSTED, f"this API key already has {self._limiter.limit} requests in "
-                                               f"flight, the server's limit per key (--max-concurrent-per-key)")))
+            raise _Refused(http_error(overloaded(f"this API key already has {self._limiter.limit} requests in "
+                                                 f"flight, the server's limit per key (--max-concurrent-per-key)")))
         try:
             response = await generate()
         except BaseException:
@@ -342,7 +341,8 @@ def _error_kind(error: HttpError) -> str:
 
 
 def _answer(error: HttpError) -> Response:
-    return _json(error.status, error.body())
+    return Response(encode_json(error.body()), status_code=error.status, media_type="application/json",
+                    headers=error.headers())
 
 
 def _json(status: int, body: dict[str, Any]) -> Response:

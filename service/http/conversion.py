@@ -14,7 +14,8 @@ from typing import Any
 
 from service.errors import FieldViolation, ServiceError, invalid_argument
 from service.http.fields import check_extra_fields
-from service.http.protocol import ChatCompletionRequest, ChatMessage, CompletionRequest, _GenerationRequest
+from service.http.protocol import (AllowedTools, AllowedToolsChoice, ChatCompletionRequest, ChatMessage, CompletionRequest,
+                                   _GenerationRequest)
 from service.request import (ChatOptions, ConstraintRequest, GenerationRequest, PromptInput, SamplingRequest, ToolSpec,
                              template_message)
 
@@ -63,7 +64,9 @@ class Translated:
 def translate_chat(body: ChatCompletionRequest) -> Translated:
     names = FieldNames({"chat.messages": "messages", "chat": "messages", "tool_choice.function_name":
                         "tool_choice.function.name", "reasoning.budget_tokens": "formwork.reasoning_budget",
-                        "reasoning.enabled": "chat_template_kwargs.enable_thinking"})
+                        "reasoning.enabled": "chat_template_kwargs.enable_thinking",
+                        "tool_choice.allowed_tools.function_names": "tool_choice.allowed_tools.tools",
+                        "tool_choice.allowed_tools.mode": "tool_choice.allowed_tools.mode"})
     _refuse(body.functions, "functions", "the legacy functions field is not supported; use tools")
     _refuse(body.audio, "audio", "audio output is not supported")
     if body.modalities and body.modalities != ["text"]:
@@ -86,9 +89,11 @@ def _chat_options(body: ChatCompletionRequest) -> ChatOptions:
                            "" if t.function.parameters is None else json.dumps(t.function.parameters,
                                                                                 ensure_ascii=False))
                   for t in body.tools or [])
-    choice, name = "auto", ""
+    choice, name, allowed = "auto", "", ()
     if isinstance(body.tool_choice, str):
         choice = body.tool_choice
+    elif isinstance(body.tool_choice, AllowedToolsChoice):
+        choice, allowed = body.tool_choice.allowed_tools.mode, _allowed_names(body.tool_choice.allowed_tools)
     elif body.tool_choice is not None:
         choice, name = "named", body.tool_choice.function.name
     kwargs = body.chat_template_kwargs or {}
@@ -103,7 +108,24 @@ def _chat_options(body: ChatCompletionRequest) -> ChatOptions:
     if budget is not None and not 0 <= budget < 1 << 32:
         raise invalid_argument("formwork.reasoning_budget", f"must be >= 0, got {budget}")
     parallel = body.parallel_tool_calls if body.parallel_tool_calls is not None else True
-    return ChatOptions(tools, choice, name, parallel, thinking, budget, template_kwargs=dict(kwargs))
+    return ChatOptions(tools, choice, name, parallel, thinking, budget, template_kwargs=dict(kwargs),
+                       allowed_tools=allowed)
+
+
+def _allowed_names(allowed: AllowedTools) -> tuple[str, ...]:
+    """The function names of OpenAI's allowed_tools (the check that each is a tool of the request
+    is the shared one, service/chat_format.py)."""
+    if not allowed.tools:
+        raise invalid_argument("tool_choice.allowed_tools.tools", "must name at least one tool")
+    names = []
+    for index, tool in enumerate(allowed.tools):
+        where = f"tool_choice.allowed_tools.tools[{index}]"
+        if tool.type != "function":
+            raise invalid_argument(f"{where}.type", f"only function tools are supported, got {tool.type!r}")
+        if tool.function is None:
+            raise invalid_argument(f"{where}.function", "is required")
+        names.append(tool.function.name)
+    return tuple(names)
 
 
 def _chat_message(message: ChatMessage, index: int) -> dict[str, Any]:
@@ -202,14 +224,20 @@ def _constraint(body: _GenerationRequest, names: FieldNames) -> ConstraintReques
         found.append(("response_format.json_schema.schema",
                       ConstraintRequest("json_schema_text", json.dumps(schema, ensure_ascii=False),
                                         strict=response_format.json_schema.strict)))
+    elif response_format is not None and response_format.type == "structural_tag":
+        tag = response_format.model_dump(include={"type", "format", "structures", "triggers"}, exclude_none=True)
+        found.append(("response_format", ConstraintRequest("structural_tag", json.dumps(tag, ensure_ascii=False))))
+    if response_format is not None and response_format.type != "structural_tag":
+        extra = [n for n in ("format", "structures", "triggers") if getattr(response_format, n) is not None]
+        if extra:
+            raise invalid_argument(f"response_format.{extra[0]}", "belongs to type structural_tag")
     structured = body.structured_outputs
     if structured is not None:
-        if structured.structural_tag is not None:
-            raise invalid_argument("structured_outputs.structural_tag", "structural tags are not supported yet; "
-                                                                         "tools (function calls) are constrained")
-        kinds = [k for k in ("json_", "regex", "choice", "grammar", "json_object") if getattr(structured, k) is not None]
+        kinds = [k for k in ("json_", "regex", "choice", "grammar", "json_object", "structural_tag")
+                 if getattr(structured, k) is not None]
         if len(kinds) != 1:
-            raise invalid_argument("structured_outputs", "set exactly one of json, regex, choice, grammar, json_object")
+            raise invalid_argument("structured_outputs", "set exactly one of json, regex, choice, grammar, "
+                                                         "json_object, structural_tag")
         kind = kinds[0]
         found.append((f"structured_outputs.{kind.rstrip('_')}", _kind_constraint(kind, getattr(structured, kind))))
     for name, kind in (("guided_json", "json_"), ("guided_regex", "regex"), ("guided_choice", "choice"),
@@ -255,6 +283,8 @@ def _kind_constraint(kind: str, value: Any) -> ConstraintRequest:
         return ConstraintRequest("json_object")
     if kind == "choice":
         return ConstraintRequest("choice", choices=tuple(value))
+    if kind == "structural_tag":
+        return ConstraintRequest("structural_tag", _json_text(value))
     return ConstraintRequest(kind, value)
 
 

@@ -2,6 +2,7 @@
 the HTTP status a client of the OpenAI API expects for it."""
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 from service.errors import ErrorCode, ServiceError
@@ -28,6 +29,12 @@ class HttpError:
     type: str
     param: str | None = None
     code: str | None = None
+    retry_after_s: float | None = None  # sent as Retry-After (whole seconds) when set
+
+    def headers(self) -> dict[str, str]:
+        if self.retry_after_s is None:
+            return {}
+        return {"Retry-After": str(max(1, math.ceil(self.retry_after_s)))}
 
     def body(self) -> dict:
         return {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.code}}
@@ -40,7 +47,7 @@ def http_error(error: ServiceError, param: str | None = None) -> HttpError:
         status, kind = 413, "request_too_large"
     if param is None and error.violations:
         param = error.violations[0].field
-    return HttpError(status, error.message, kind, param, error.code.name.lower())
+    return HttpError(status, error.message, kind, param, error.code.name.lower(), error.retry_after_s)
 
 
 def not_found(message: str, code: str = "not_found") -> HttpError:

@@ -32,8 +32,13 @@ class JsonSchemaFormat(_Strict):
 
 
 class ResponseFormat(_Strict):
-    type: Literal["text", "json_object", "json_schema"]
+    type: Literal["text", "json_object", "json_schema", "structural_tag"]
     json_schema: JsonSchemaFormat | None = None
+    # type structural_tag (grammar/chat/structural_tag.py): xgrammar's `format`, or the older
+    # `structures` + `triggers` that vLLM and SGLang take; checked there, field by field
+    format: Any = None
+    structures: Any = None
+    triggers: Any = None
 
 
 class StructuredOutputs(_Strict):
@@ -44,7 +49,7 @@ class StructuredOutputs(_Strict):
     choice: list[str] | None = None
     grammar: str | None = None
     json_object: bool | None = None
-    structural_tag: Any = None  # refused for now, by name
+    structural_tag: dict[str, Any] | str | None = None  # a structural tag, inline or as JSON text
 
 
 class FormworkOptions(_Strict):
@@ -125,6 +130,23 @@ class NamedToolChoice(_Strict):
     function: FunctionName
 
 
+class AllowedTool(_Strict):
+    type: str  # "function": the only kind of tool Formwork has; another is refused by name
+    function: FunctionName | None = None
+
+
+class AllowedTools(_Strict):
+    mode: Literal["auto", "required"]
+    tools: list[AllowedTool]
+
+
+class AllowedToolsChoice(_Strict):
+    """OpenAI's: calls only of these tools, while every tool is still shown to the model."""
+
+    type: Literal["allowed_tools"]
+    allowed_tools: AllowedTools
+
+
 class FunctionCall(_Strict):
     name: str
     arguments: str | dict[str, Any] = "{}"
@@ -153,7 +175,7 @@ class ChatCompletionRequest(_GenerationRequest):
     top_logprobs: int | None = None
     add_generation_prompt: bool = True
     tools: list[ToolParam] | None = None
-    tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
+    tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | AllowedToolsChoice | None = None
     parallel_tool_calls: bool | None = None
     chat_template_kwargs: dict[str, Any] | None = None  # vLLM's: chat template variables
     functions: list[Any] | None = None

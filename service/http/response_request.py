@@ -29,11 +29,15 @@ class _Strict(BaseModel):
 
 
 class TextFormat(_Strict):
-    type: Literal["text", "json_object", "json_schema"]
+    type: Literal["text", "json_object", "json_schema", "structural_tag"]
     name: str = "response"
     description: str | None = None
     schema_: dict[str, Any] | bool | None = Field(default=None, alias="schema")
     strict: bool | None = None
+    # type structural_tag: as chat's response_format (service/http/protocol.py)
+    format: Any = None
+    structures: Any = None
+    triggers: Any = None
 
 
 class TextOptions(_Strict):
@@ -56,6 +60,19 @@ class NamedFunction(_Strict):
     name: str
 
 
+class AllowedTool(_Strict):
+    type: str  # "function": the only kind of tool Formwork has; another is refused by name
+    name: str | None = None
+
+
+class AllowedToolsChoice(_Strict):
+    """The Responses API's: calls only of these tools, while every tool is still shown."""
+
+    type: Literal["allowed_tools"]
+    mode: Literal["auto", "required"]
+    tools: list[AllowedTool]
+
+
 class ReasoningOptions(_Strict):
     effort: str | None = None
     summary: str | None = None
@@ -76,7 +93,7 @@ class ResponsesRequest(BaseModel):
     stream: bool = False
     text: TextOptions | None = None
     tools: list[FunctionTool] | None = None
-    tool_choice: Literal["none", "auto", "required"] | NamedFunction | None = None
+    tool_choice: Literal["none", "auto", "required"] | NamedFunction | AllowedToolsChoice | None = None
     parallel_tool_calls: bool | None = None
     store: bool | None = None  # accepted; nothing is stored
     reasoning: ReasoningOptions | None = None
@@ -97,7 +114,9 @@ def translate_response_request(body: ResponsesRequest) -> Translated:
     check_extra_fields(body.model_extra, constraint_fields="text.format")
     _refuse_unsupported(body)
     names = FieldNames({"chat.messages": "input", "chat": "input", "max_tokens": "max_output_tokens",
-                        "tool_choice.function_name": "tool_choice.name", "reasoning.budget_tokens":
+                        "tool_choice.function_name": "tool_choice.name",
+                        "tool_choice.allowed_tools.function_names": "tool_choice.tools",
+                        "tool_choice.allowed_tools.mode": "tool_choice.mode", "reasoning.budget_tokens":
                         "formwork.reasoning_budget", "constraint": "text.format"})
     messages = ([] if body.instructions is None else [template_message("system", body.instructions)])
     messages += input_messages(body.input)
@@ -110,7 +129,8 @@ def translate_response_request(body: ResponsesRequest) -> Translated:
         sampling = dataclasses.replace(sampling, max_tokens=body.max_output_tokens)
     constraint = _constraint(body)
     if constraint is not None:
-        names.names[f"constraint.{constraint.kind}"] = "text.format.schema" if constraint.spec else "text.format"
+        schema_field = constraint.spec and constraint.kind != "structural_tag"
+        names.names[f"constraint.{constraint.kind}"] = "text.format.schema" if schema_field else "text.format"
     request = GenerationRequest((prompt,), sampling, constraint, _chat_options(body),
                                 priority=body.formwork.priority if body.formwork else 0)
     return Translated(request, names, num_choices=1, stream=body.stream, include_usage=False)
@@ -187,6 +207,9 @@ def _constraint(body: ResponsesRequest) -> ConstraintRequest | None:
         constraint = None
     elif text_format.type == "json_object":
         constraint = ConstraintRequest("json_object")
+    elif text_format.type == "structural_tag":
+        tag = text_format.model_dump(include={"type", "format", "structures", "triggers"}, exclude_none=True)
+        constraint = ConstraintRequest("structural_tag", json.dumps(tag, ensure_ascii=False))
     else:
         if text_format.schema_ is None:
             raise invalid_argument("text.format.schema", "is required with type json_schema")
@@ -212,16 +235,32 @@ def _chat_options(body: ResponsesRequest) -> ChatOptions:
             raise invalid_argument(f"tools[{index}].name", "is required")
         parameters = "" if tool.parameters is None else json.dumps(tool.parameters, ensure_ascii=False)
         tools.append(ToolSpec(tool.name, tool.description or "", parameters))
-    choice, name = "auto", ""
+    choice, name, allowed = "auto", "", ()
     if isinstance(body.tool_choice, str):
         choice = body.tool_choice
+    elif isinstance(body.tool_choice, AllowedToolsChoice):
+        choice, allowed = body.tool_choice.mode, _allowed_names(body.tool_choice)
     elif body.tool_choice is not None:
         choice, name = "named", body.tool_choice.name
     budget = body.formwork.reasoning_budget if body.formwork else None
     if budget is not None and not 0 <= budget < 1 << 32:
         raise invalid_argument("formwork.reasoning_budget", f"must be >= 0, got {budget}")
     parallel = body.parallel_tool_calls if body.parallel_tool_calls is not None else True
-    return ChatOptions(tuple(tools), choice, name, parallel, None, budget)
+    return ChatOptions(tuple(tools), choice, name, parallel, None, budget, allowed_tools=allowed)
+
+
+def _allowed_names(choice: AllowedToolsChoice) -> tuple[str, ...]:
+    if not choice.tools:
+        raise invalid_argument("tool_choice.tools", "must name at least one tool")
+    names = []
+    for index, tool in enumerate(choice.tools):
+        if tool.type != "function":
+            raise invalid_argument(f"tool_choice.tools[{index}].type", f"only function tools are supported, got "
+                                                                      f"{tool.type!r}")
+        if not tool.name:
+            raise invalid_argument(f"tool_choice.tools[{index}].name", "is required")
+        names.append(tool.name)
+    return tuple(names)
 
 
 def _text(content: Any, field: str) -> str:

@@ -65,11 +65,21 @@ def test_best_effort_lists_each_keyword_llguidance_drops_with_its_place():
     assert sorted(compiled.not_enforced) == ["propertyNames at / (the root)", "uniqueItems at /properties/tags"]
 
 
+def test_auto_tool_calls_are_free_text_until_the_trigger():
+    tool = Tool("f", parameters={"type": "object", "properties": {"x": {"type": "integer"}}, "required": ["x"]})
+    call = '<tool_call>\n{"name": "f", "arguments": {"x": 1}}\n</tool_call>'
+    constraint = make_constraint("tool_calls", ToolCalls((tool,), "auto").to_spec())
+    assert accepts(constraint, "No call needed.")
+    assert accepts(constraint, "Let me call it. " + call + " Done.")
+    assert not accepts(constraint, "Let me call it. " + call.replace("1", '"one"'))
+    mistral = make_constraint("tool_calls", ToolCalls((tool,), "auto", syntax="mistral").to_spec())
+    assert accepts(mistral, 'Sure. [TOOL_CALLS][{"name": "f", "arguments": {"x": 1}}, {"name": "f", "arguments": '
+                            '{"x": 2}}]')
+    assert not accepts(mistral, 'Sure. [TOOL_CALLS][{"name": "g", "arguments": {"x": 1}}]')
+
+
 def test_what_only_xgrammar_does_is_refused_naming_it():
     backend = make_llguidance_backend()
-    free_calls = ToolCalls((Tool("f"),), "auto").to_spec()
-    with pytest.raises(UnsupportedError, match="xgrammar"):
-        backend.compile(make_constraint("tool_calls", free_calls))
     with pytest.raises(UnsupportedError, match="think_budget"):
         backend.compile(make_constraint("regex", "a", think_end="</think>", think_budget=4))
 

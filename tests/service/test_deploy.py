@@ -8,7 +8,8 @@ from pathlib import Path
 
 import pytest
 import yaml
-from formwork_client import CONSTRAINT_KEY_HEADER, choice, constraint_key, json_object, json_schema, pb, regex
+from formwork_client import (CONSTRAINT_KEY_HEADER, choice, constraint_key, json_object, json_schema, pb, regex,
+                             structural_tag)
 from formwork_client.connection import call_metadata
 from kubernetes_validate import utils as kubernetes
 
@@ -123,7 +124,8 @@ def test_the_termination_grace_period_covers_prestop_drain_and_grace():
 
 def test_the_clients_send_the_same_constraint_key():
     constraints = [regex("[0-9]{3}"), json_schema({"type": "object", "properties": {"é": {"type": "string"}}}),
-                   choice(["red", "green"]), json_object()]
+                   choice(["red", "green"]), json_object(),
+                   structural_tag({"type": "structural_tag", "format": {"type": "const_string", "value": "é"}})]
     keys = [constraint_key(c) for c in constraints]
     assert len(set(keys)) == len(keys) and all(len(k) == 32 for k in keys)
     assert constraint_key(pb.Constraint()) is None
@@ -134,9 +136,12 @@ def test_the_clients_send_the_same_constraint_key():
         ("authorization", "Bearer k"), (CONSTRAINT_KEY_HEADER, keys[0]))
     assert call_metadata(None, pb.GenerateRequest(prompt="x")) is None
     script = """
-      import { choice, constraintKey, jsonObject, jsonSchema, regex } from "./clients/node/src/constraints.js";
+      import { choice, constraintKey, jsonObject, jsonSchema, regex, structuralTag }
+        from "./clients/node/src/constraints.js";
       console.log(JSON.stringify([regex("[0-9]{3}"), jsonSchema({type: "object", properties: {"é": {type: "string"}}}),
-                                  choice(["red", "green"]), jsonObject()].map(constraintKey)));
+                                  choice(["red", "green"]), jsonObject(),
+                                  structuralTag({type: "structural_tag", format: {type: "const_string", value: "é"}})]
+                                 .map(constraintKey)));
     """
     node = subprocess.run(["node", "--input-type=module", "-e", script], cwd=REPO_ROOT, capture_output=True,
                           text=True, timeout=60)

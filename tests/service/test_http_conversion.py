@@ -86,8 +86,6 @@ def test_every_constraint_field_keeps_the_schema_order():
     ({"ebnf": 'root ::= "a"', "json_schema": SCHEMA}, "ebnf: only one output constraint per request; json_schema is"),
     ({"response_format": {"type": "json_object"}, "structured_outputs": {"regex": "a"}},
      "structured_outputs.regex: only one output constraint per request; response_format is set too"),
-    ({"structured_outputs": {"structural_tag": {"format": "triggered_tags"}}},
-     "structured_outputs.structural_tag: structural tags are not supported yet"),
     ({"guided_whitespace_pattern": " "}, "guided_whitespace_pattern: is not an output constraint Formwork reads"),
     ({"xml_schema": "<a/>"}, "xml_schema: is not an output constraint Formwork reads"),
     ({"best_effort_grammar": "x"}, "best_effort_grammar: is not an output constraint Formwork reads"),

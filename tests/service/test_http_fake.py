@@ -54,7 +54,7 @@ def test_api_keys_and_the_shared_per_key_limit(make_http_server):
         lines = held.iter_lines()  # kept: a dropped iterator closes the stream
         next(lines)
         over = httpx.post(f"{server.url}/v1/chat/completions", json=CHAT, headers=key_1)
-        assert over.status_code == 429
+        assert over.status_code == 429 and over.headers["retry-after"] == "1"
         assert over.json()["error"]["message"] == ("this API key already has 1 requests in flight, the server's "
                                                    "limit per key (--max-concurrent-per-key)")
         # the same limit on gRPC: the key's one call is the HTTP stream

@@ -255,7 +255,7 @@ def test_per_key_limit_rejects_the_excess_and_serves_the_rest():
             next(stream)  # the first call is in flight and holds the key's one slot
             with pytest.raises(ResourceExhaustedError) as error:
                 first.generate("Hi", max_tokens=4)
-            assert "1 requests in flight" in error.value.message
+            assert "1 requests in flight" in error.value.message and error.value.retry_after_s is not None
             assert other.generate("Hi", max_tokens=4).text  # another key is not affected
             assert first.model_info().model_name  # only generation counts against the limit
             list(stream)  # the first call ends and gives its slot back

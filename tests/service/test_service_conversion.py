@@ -257,7 +257,8 @@ def test_model_info_and_validate_response():
     assert model.limits.max_num_seqs == 8 and model.limits.max_queue_len == 4 and model.limits.max_tokens_cap == 512
     assert model.load == pb.Load(num_running=2, num_waiting=1, num_waiting_for_grammar=1, num_free_kv_blocks=90,
                                  num_total_kv_blocks=99, num_cached_kv_blocks=3, num_in_flight=4, num_steps=7)
-    assert list(model.constraint_kinds) == ["json_schema", "json_object", "regex", "grammar", "choice"]
+    assert list(model.constraint_kinds) == ["json_schema", "json_object", "regex", "grammar", "choice",
+                                            "structural_tag"]
     report = responses.validate_constraint_response(ConstraintReport(ok=False, error="bad"))
     assert not report.ok and report.error == "bad"
 

@@ -24,6 +24,8 @@ from fake_engine_core import CRASH_SEED, fake_config, make_fake_core
 from inproc_server import NOT_SERVING, SERVING, InprocServer, idle, long_request
 from live_server import error_of, field_violations
 from service._gen.formwork.v1 import generation_pb2 as pb
+from formwork_client.errors import from_rpc_error
+from service.errors import OVERLOADED_RETRY_AFTER_S
 from service.limits import ServiceLimits
 from service.supervisor import RestartPolicy
 
@@ -86,6 +88,7 @@ def test_full_queue_is_resource_exhausted(make_server):
     error = error_of(server.stub.Generate, pb.GenerateRequest(prompt="one more"), timeout=5)
     assert error.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
     assert error.details() == "the queue is full: 4 requests in flight (2 running + 2 waiting at most); retry later"
+    assert from_rpc_error(error).retry_after_s == OVERLOADED_RETRY_AFTER_S  # a google.rpc.RetryInfo: retry it
     for call in calls:
         call.cancel()
     assert idle(server.wait_for(idle))
@@ -96,6 +99,7 @@ def test_request_larger_than_the_kv_cache_is_resource_exhausted_with_the_numbers
     error = error_of(server.stub.Generate, pb.GenerateRequest(prompt="hi " * 40, max_tokens=100), timeout=5)
     assert error.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
     assert "holds 128 tokens (8 blocks of 16)" in error.details() and "max_tokens 100" in error.details()
+    assert from_rpc_error(error).retry_after_s is None  # it never fits: no retry delay
 
 
 def test_prompt_longer_than_the_context_is_invalid_argument(make_server):

@@ -9,26 +9,12 @@ import { fileURLToPath } from "node:url";
 import grpc from "@grpc/grpc-js";
 import protoLoader from "@grpc/proto-loader";
 
-import { CONSTRAINT_KEY_HEADER, constraintKey, jsonSchema } from "./constraints.js";
-import { fromServiceError, IncompleteOutputError } from "./errors.js";
+import { CONSTRAINT_KEY_HEADER, constraintKey } from "./constraints.js";
+import { fromServiceError } from "./errors.js";
+import { extractionValue, extractMany, extractRequest } from "./extraction.js";
 
 export const DEFAULT_ADDRESS = "127.0.0.1:50051"; // what `make serve` listens on
 export const PROTO_ROOT = fileURLToPath(new URL("../../../proto", import.meta.url));
-
-/**
- * The user message extract() sends: the text, then the instructions, by default "Extract <the
- * object's property names> from this text as JSON." (the schema itself is the constraint, not part
- * of the prompt; the Python client's extract_prompt builds the same message and says why).
- */
-export function extractPrompt(schema, text, instructions) {
-  if (instructions === undefined) {
-    const parsed = typeof schema === "string" ? JSON.parse(schema) : schema;
-    const properties = parsed !== null && typeof parsed === "object" ? parsed.properties : undefined;
-    const names = properties && typeof properties === "object" ? Object.keys(properties) : [];
-    instructions = `Extract ${names.length ? names.join(", ") : "the information"} from this text as JSON.`;
-  }
-  return `${text}\n\n${instructions}`;
-}
 
 const LOADER_OPTIONS = { keepCase: true, longs: Number, enums: String, defaults: true, oneofs: true };
 
@@ -65,9 +51,12 @@ export class FormworkClient {
     this.apiKey = apiKey ?? (process.env.FORMWORK_API_KEY || undefined);
   }
 
-  /** The whole answer: a GenerateResponse for a GenerateRequest object. */
-  generate(request, { timeoutMs } = {}) {
-    return this.#unary("Generate", request, timeoutMs);
+  /**
+   * The whole answer: a GenerateResponse for a GenerateRequest object. Aborting `signal` (an
+   * AbortSignal) cancels the call, on the server too; it then rejects with CANCELLED.
+   */
+  generate(request, { timeoutMs, signal } = {}) {
+    return this.#unary("Generate", request, timeoutMs, signal);
   }
 
   /**
@@ -96,21 +85,27 @@ export class FormworkClient {
    * Rejects with FormworkError (INVALID_ARGUMENT for a schema the server cannot enforce), or
    * IncompleteOutputError if maxTokens ran out before the JSON was complete.
    */
-  async extract(schema, text, { instructions, maxTokens, temperature = 0, strict, anyWhitespace, jumpForward,
-    whitespace, closeEarly, speculative, requestId, timeoutMs } = {}) {
-    const request = {
-      chat: { messages: [{ role: "user", content: extractPrompt(schema, text, instructions) }] },
-      temperature,
-      constraint: jsonSchema(schema, { strict, anyWhitespace, jumpForward, whitespace, closeEarly }),
-    };
-    if (maxTokens !== undefined) request.max_tokens = maxTokens;
-    if (requestId !== undefined) request.request_id = requestId;
-    if (speculative !== undefined) request.speculative = speculative;
-    const response = await this.generate(request, { timeoutMs });
-    if (response.finish_reason !== "FINISH_REASON_STOP") {
-      throw new IncompleteOutputError(response);
-    }
-    return JSON.parse(response.text);
+  async extract(schema, text, { timeoutMs, ...options } = {}) {
+    return extractionValue(await this.generate(extractRequest(schema, text, options), { timeoutMs }));
+  }
+
+  /**
+   * extract() over many documents, at most `concurrency` calls in flight. `documents`: strings,
+   * [id, text] pairs, or objects with `text` and `id`. Each document's outcome is a result
+   * { index, id, value, text, usage: { promptTokens, completionTokens }, error, attempts, ok }: a
+   * document that fails has its error in its result (a FormworkError with `code` and `details`, or
+   * IncompleteOutputError), nothing is thrown for it. UNAVAILABLE, and RESOURCE_EXHAUSTED from an
+   * overloaded server, are retried up to `maxRetries` times after a random delay below
+   * backoffMs * 2**retry (at most maxBackoffMs). `onProgress(done, total, failed)` is called as
+   * each document finishes; `timeoutMs` is each call's; the other options are extract()'s.
+   *
+   * ordered (default): a Promise of the results in input order. ordered: false: an async iterator
+   * of the results as they complete (`for await`); leaving the loop early cancels the calls in
+   * flight. Throws TypeError / RangeError for bad arguments before anything is sent.
+   */
+  extractMany(documents, schema, { timeoutMs, ...options } = {}) {
+    return extractMany((request, { signal }) => this.generate(request, { timeoutMs, signal }), documents, schema,
+      options);
   }
 
   /** Compile a constraint without generating: { ok, error, compile_s, cached, not_enforced }. */
@@ -132,15 +127,22 @@ export class FormworkClient {
     this.stub.close();
   }
 
-  #unary(method, request, timeoutMs) {
+  #unary(method, request, timeoutMs, signal) {
     return new Promise((resolve, reject) => {
-      this.stub[method](request, this.#metadata(request), this.#callOptions(timeoutMs), (error, response) => {
+      const cancel = () => call.cancel();
+      const call = this.stub[method](request, this.#metadata(request), this.#callOptions(timeoutMs), (error, response) => {
+        signal?.removeEventListener("abort", cancel);
         if (error) {
           reject(fromServiceError(error));
         } else {
           resolve(response);
         }
       });
+      if (signal?.aborted) {
+        cancel();
+      } else {
+        signal?.addEventListener("abort", cancel, { once: true });
+      }
     });
   }
 

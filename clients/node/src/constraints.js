@@ -9,7 +9,7 @@ import { createHash } from "node:crypto";
 // it, so one constraint keeps meeting the same server's warm compile cache (docs/deploy.md).
 export const CONSTRAINT_KEY_HEADER = "x-formwork-constraint-key";
 
-const KINDS = ["json_schema", "json_schema_text", "json_object", "regex", "grammar", "choice"];
+const KINDS = ["json_schema", "json_schema_text", "json_object", "regex", "grammar", "choice", "structural_tag"];
 
 const WHITESPACE = { compact: "JSON_WHITESPACE_COMPACT", spaced: "JSON_WHITESPACE_SPACED",
   bounded: "JSON_WHITESPACE_BOUNDED", any: "JSON_WHITESPACE_ANY" };
@@ -43,6 +43,17 @@ export function choice(choices, { jumpForward } = {}) {
   return withOptions({ choice: { choices } }, { jumpForward });
 }
 
+/**
+ * A structural tag (an object, or JSON text): xgrammar's {type: "structural_tag", format: {...}}, or
+ * the older {type: "structural_tag", structures: [{begin, schema, end}], triggers: [...]}: free text
+ * until a trigger, then the tag's content in its schema up to its end (docs/constraints.md). The
+ * options apply to the JSON Schemas inside it.
+ */
+export function structuralTag(tag, { strict, anyWhitespace, jumpForward, whitespace, closeEarly } = {}) {
+  const text = typeof tag === "string" ? tag : JSON.stringify(tag);
+  return withOptions({ structural_tag: text }, { strict, anyWhitespace, jumpForward, whitespace, closeEarly });
+}
+
 function withOptions(constraint, { strict, anyWhitespace, jumpForward, whitespace, closeEarly }) {
   // proto3 `optional` fields: present only when chosen
   if (whitespace !== undefined) {
@@ -68,7 +79,7 @@ export function constraintKey(constraint) {
   if (kind === undefined) return undefined;
   let spec;
   if (kind === "json_schema") spec = JSON.stringify(sortedKeys(constraint.json_schema));
-  else if (kind === "json_schema_text") spec = compactJson(constraint.json_schema_text);
+  else if (kind === "json_schema_text" || kind === "structural_tag") spec = compactJson(constraint[kind]);
   else if (kind === "choice") spec = constraint.choice.choices.join("\0");
   else if (kind === "json_object") spec = "";
   else spec = constraint[kind];

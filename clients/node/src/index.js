@@ -3,7 +3,10 @@
 //   import { FormworkClient } from "formwork-client";
 //   const client = new FormworkClient("127.0.0.1:50051");
 //   const person = await client.extract(schema, "Ada Lovelace was born in 1815.");
-export { DEFAULT_ADDRESS, extractPrompt, FormworkClient, loadGenerationService, PROTO_ROOT } from "./client.js";
-export { CONSTRAINT_KEY_HEADER, choice, constraintKey, grammar, jsonObject, jsonSchema, regex } from "./constraints.js";
-export { FormworkError, IncompleteOutputError } from "./errors.js";
+export { DEFAULT_ADDRESS, FormworkClient, loadGenerationService, PROTO_ROOT } from "./client.js";
+export {
+  CONSTRAINT_KEY_HEADER, choice, constraintKey, grammar, jsonObject, jsonSchema, regex, structuralTag,
+} from "./constraints.js";
+export { FormworkError, IncompleteOutputError, isTransient } from "./errors.js";
+export { extractPrompt, extractRequest, retryDelayMs } from "./extraction.js";
 export { tool, ToolCallAccumulator, toolCalls, toolChoice } from "./tools.js";

@@ -22,9 +22,20 @@ export function tool(name, parameters, description = "") {
   return { name, description, parameters_json: parametersJson };
 }
 
-/** A ToolChoice: "none", "auto", "required", or a tool's name (only calls of that tool). */
+/**
+ * A ToolChoice: "none", "auto", "required", a tool's name (only calls of that tool), or
+ * { allowed: [names], mode: "auto" | "required" } (calls only of those tools; every tool is still
+ * shown to the model).
+ */
 export function toolChoice(choice) {
-  if (typeof choice !== "string") throw new TypeError(`a tool choice is "none", "auto", "required" or a tool's name`);
+  if (choice !== null && typeof choice === "object" && Array.isArray(choice.allowed)) {
+    const mode = choice.mode ?? "auto";
+    if (mode !== "auto" && mode !== "required") throw new TypeError(`allowed tools' mode is "auto" or "required"`);
+    return { allowed_tools: { mode: MODES[mode], function_names: choice.allowed } };
+  }
+  if (typeof choice !== "string") {
+    throw new TypeError(`a tool choice is "none", "auto", "required", a tool's name or { allowed, mode }`);
+  }
   return choice in MODES ? { mode: MODES[choice] } : { function_name: choice };
 }
 

@@ -190,6 +190,46 @@ describe("FormworkClient against a live server", () => {
     assert.equal(error.finishReason, "FINISH_REASON_LENGTH");
   });
 
+  test("extractMany: people in input order, a document too long for the context its own error", async () => {
+    const people = [["ada", "Ada Lovelace was 36 years old."], ["bob", "Bob is a 20 year old baker."],
+      ["cleo", "Cleo, aged 41, runs the library."], ["dan", "Dan turned 67 last spring."], ["eve", "Eve is 29 and lives in Oslo."]];
+    const documents = [...people.slice(0, 2), ["long", "word ".repeat(700)], ...people.slice(2)]; // the context is 512 tokens
+    const progress = [];
+    const results = await client.extractMany(documents, PERSON_SCHEMA,
+      { concurrency: 4, maxTokens: 40, onProgress: (...counts) => progress.push(counts) });
+    assert.deepEqual(results.map((r) => [r.index, r.id]), documents.map(([id], index) => [index, id]));
+    for (const result of results.filter((r) => r.id !== "long")) {
+      assert.ok(result.ok, String(result.error));
+      assertPerson(result.value);
+      assert.ok(result.usage.promptTokens > 0 && result.usage.completionTokens > 0, JSON.stringify(result.usage));
+    }
+    const failed = results[2];
+    assert.ok(failed.error instanceof FormworkError, String(failed.error));
+    assert.equal(failed.error.code, "INVALID_ARGUMENT");
+    assert.match(failed.error.details, /context length is 512 tokens/);
+    assert.equal(failed.value, null);
+    assert.deepEqual(progress.map(([done]) => done), [1, 2, 3, 4, 5, 6]);
+    assert.deepEqual(progress.at(-1), [6, 6, 1]);
+
+    const asCompleted = [];
+    for await (const result of client.extractMany(documents.map(([id, text]) => ({ id, text })), PERSON_SCHEMA,
+      { concurrency: 3, ordered: false, maxTokens: 40 })) {
+      asCompleted.push(result);
+    }
+    assert.deepEqual(asCompleted.map((r) => r.index).sort(), [0, 1, 2, 3, 4, 5]);
+    assert.deepEqual(asCompleted.filter((r) => !r.ok).map((r) => [r.id, r.error.code]), [["long", "INVALID_ARGUMENT"]]);
+  });
+
+  test("extractMany: UNAVAILABLE retried, then each document's error", async () => {
+    const nowhere = new FormworkClient(`127.0.0.1:${await freePort()}`, { timeoutMs: 10_000 });
+    try {
+      const results = await nowhere.extractMany(["Ada is 36.", "Bob is 20."], PERSON_SCHEMA, { maxRetries: 2, backoffMs: 10 });
+      assert.deepEqual(results.map((r) => [r.error.code, r.attempts]), [["UNAVAILABLE", 3], ["UNAVAILABLE", 3]]);
+    } finally {
+      nowhere.close();
+    }
+  });
+
   test("no server is UNAVAILABLE", async () => {
     const nowhere = new FormworkClient(`127.0.0.1:${await freePort()}`, { timeoutMs: 10_000 });
     try {

@@ -5,8 +5,10 @@ that awaits a call cancels the request on the server and raises asyncio.Cancelle
 """
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Coroutine, Iterable, Mapping, Sequence
 from typing import Any
+
+import functools
 
 import grpc
 import grpc.aio
@@ -16,6 +18,8 @@ from formwork_client._gen.formwork.v1 import generation_pb2 as pb
 from formwork_client._gen.formwork.v1 import generation_pb2_grpc as pb_grpc
 from formwork_client.connection import auth_metadata, call_metadata, open_channel
 from formwork_client.constraints import ConstraintLike, to_constraint
+from formwork_client.extraction import (DocumentLike, ExtractionJob, ExtractionResult, ProgressCallback, RetryPolicy,
+                                        in_input_order_async, run_on_tasks)
 from formwork_client.request import (DEFAULT_ADDRESS, Messages, extract_request, extraction_result,
                                      generate_request, tokenize_request)
 
@@ -69,6 +73,20 @@ class AsyncClient:
         """The parsed JSON value in `text` that `schema` describes; as Client.extract."""
         response = await self.generate(extract_request(schema, text, instructions, **options), timeout=timeout)
         return extraction_result(response)
+
+    def extract_many(self, documents: Iterable[DocumentLike], schema: Mapping[str, Any] | str, *,
+                     concurrency: int = 8, instructions: str | None = None,
+                     on_progress: ProgressCallback | None = None, ordered: bool = True, max_retries: int = 4,
+                     backoff_s: float = 0.5, timeout: float | None = None, **options: Any
+                     ) -> Coroutine[Any, Any, list[ExtractionResult]] | AsyncIterator[ExtractionResult]:
+        """Client.extract_many on asyncio tasks: `await client.extract_many(...)` is the list of
+        results in input order; with ordered=False, `async for result in client.extract_many(...)`
+        has them as they complete (aclose() it, or use contextlib.aclosing, to stop early: that
+        cancels the calls in flight). on_progress is called in the event loop."""
+        job = ExtractionJob(documents, schema, instructions=instructions, concurrency=concurrency,
+                            retry=RetryPolicy(max_retries, backoff_s), on_progress=on_progress, options=options)
+        results = run_on_tasks(job, functools.partial(self.generate, timeout=timeout))
+        return in_input_order_async(job, results) if ordered else results
 
     async def validate_constraint(self, constraint: ConstraintLike, *,
                                   timeout: float | None = None) -> pb.ValidateConstraintResponse:

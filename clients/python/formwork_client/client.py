@@ -7,8 +7,10 @@ StatusError subclass for its code (formwork_client.errors).
 """
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import Any
+
+import functools
 
 import grpc
 
@@ -17,6 +19,8 @@ from formwork_client._gen.formwork.v1 import generation_pb2 as pb
 from formwork_client._gen.formwork.v1 import generation_pb2_grpc as pb_grpc
 from formwork_client.connection import auth_metadata, call_metadata, open_channel
 from formwork_client.constraints import ConstraintLike, to_constraint
+from formwork_client.extraction import (DocumentLike, ExtractionJob, ExtractionResult, ProgressCallback, RetryPolicy,
+                                        in_input_order, run_on_threads)
 from formwork_client.request import (DEFAULT_ADDRESS, Messages, extract_request, extraction_result,
                                      generate_request, tokenize_request)
 
@@ -85,6 +89,28 @@ class Client:
         field_violations say why), IncompleteOutputError if max_tokens ran out first."""
         response = self.generate(extract_request(schema, text, instructions, **options), timeout=timeout)
         return extraction_result(response)
+
+    def extract_many(self, documents: Iterable[DocumentLike], schema: Mapping[str, Any] | str, *,
+                     concurrency: int = 8, instructions: str | None = None,
+                     on_progress: ProgressCallback | None = None, ordered: bool = True, max_retries: int = 4,
+                     backoff_s: float = 0.5, timeout: float | None = None,
+                     **options: Any) -> list[ExtractionResult] | Iterator[ExtractionResult]:
+        """extract() over many documents, `concurrency` calls in flight on as many threads.
+        `documents`: strings, (id, text) pairs, or mappings with "text" and "id". Each document's
+        outcome is an ExtractionResult (index, id, value, text, usage, error, attempts): a document
+        that fails has its error in its result, nothing is raised. UNAVAILABLE, and
+        RESOURCE_EXHAUSTED from an overloaded server, are retried up to `max_retries` times after
+        a random delay below backoff_s * 2**retry (extraction.RetryPolicy). `timeout`: each call's.
+        `on_progress(done, total, failed)`: called in this thread as each document finishes.
+        `options`: as extract()'s, the same for every document.
+
+        ordered=True: the list of results in input order, once all are done. ordered=False: an
+        iterator of the results as they complete (the calls start at the first next(); closing it
+        early sends no more). Raises TypeError / ValueError for bad arguments before sending anything."""
+        job = ExtractionJob(documents, schema, instructions=instructions, concurrency=concurrency,
+                            retry=RetryPolicy(max_retries, backoff_s), on_progress=on_progress, options=options)
+        results = run_on_threads(job, functools.partial(self.generate, timeout=timeout))
+        return in_input_order(job, results) if ordered else results
 
     def validate_constraint(self, constraint: ConstraintLike, *,
                             timeout: float | None = None) -> pb.ValidateConstraintResponse:

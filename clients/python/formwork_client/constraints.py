@@ -2,6 +2,7 @@
 
     json_schema({"type": "object", ...})   json_object()   regex(r"[A-Z]{3}")
     grammar('root ::= "yes" | "no"')       choice(["red", "green"])
+    structural_tag({"type": "structural_tag", "format": {...}})
 
 Every builder takes the options that apply to it; None (default) leaves the field unset, so the
 server's default applies: strict=True (unenforceable schema keywords are an error), whitespace=the
@@ -63,6 +64,18 @@ def choice(choices: Iterable[str], *, jump_forward: bool | None = None) -> pb.Co
     return _options(pb.Constraint(choice=pb.Choice(choices=list(choices))), None, None, jump_forward)
 
 
+def structural_tag(tag: Mapping[str, Any] | str, *, strict: bool | None = None, any_whitespace: bool | None = None,
+                   jump_forward: bool | None = None, whitespace: str | None = None,
+                   close_early: bool | None = None) -> pb.Constraint:
+    """A structural tag (a dict, or JSON text): xgrammar's {"type": "structural_tag", "format":
+    {...}}, or the older {"type": "structural_tag", "structures": [{"begin", "schema", "end"}],
+    "triggers": [...]}: free text until a trigger, then the tag's content in its schema up to its
+    end (docs/constraints.md). The options apply to the JSON Schemas inside it."""
+    text = tag if isinstance(tag, str) else json.dumps(tag, ensure_ascii=False)
+    return _whitespace(_options(pb.Constraint(structural_tag=text), strict, any_whitespace, jump_forward,
+                                close_early), whitespace)
+
+
 def to_constraint(constraint: ConstraintLike) -> pb.Constraint:
     """A Constraint as it is; anything else is taken as a JSON Schema."""
     if isinstance(constraint, pb.Constraint):
@@ -83,11 +96,12 @@ def constraint_key(constraint: pb.Constraint) -> str | None:
     if kind == "json_schema":  # a Struct: a map, so its keys are sorted
         from google.protobuf import json_format
         spec = _compact_json(json_format.MessageToDict(constraint.json_schema), sort_keys=True)
-    elif kind == "json_schema_text":
+    elif kind in ("json_schema_text", "structural_tag"):
+        text = getattr(constraint, kind)
         try:
-            spec = _compact_json(json.loads(constraint.json_schema_text))
+            spec = _compact_json(json.loads(text))
         except ValueError:  # the server will say what is wrong; any stable key will do
-            spec = constraint.json_schema_text
+            spec = text
     elif kind == "choice":
         spec = "\0".join(constraint.choice.choices)
     elif kind == "json_object":

@@ -2,7 +2,8 @@
 
 Every status error carries the server's message unchanged (`message`) and, for INVALID_ARGUMENT,
 the fields it names (`field_violations`, from the google.rpc.BadRequest the server puts in the
-`grpc-status-details-bin` trailer). A client-side failure to connect is UNAVAILABLE too, and so is
+`grpc-status-details-bin` trailer); a refusal about load carries the server's retry delay
+(`retry_after_s`, from its google.rpc.RetryInfo). A client-side failure to connect is UNAVAILABLE too, and so is
 a stream reset with no status (see `from_rpc_error`).
 """
 from __future__ import annotations
@@ -34,11 +35,13 @@ class FormworkError(Exception):
 class StatusError(FormworkError):
     """The call ended with a gRPC status other than OK."""
 
-    def __init__(self, code: grpc.StatusCode, message: str, field_violations: Iterable[FieldViolation] = ()) -> None:
+    def __init__(self, code: grpc.StatusCode, message: str, field_violations: Iterable[FieldViolation] = (),
+                 retry_after_s: float | None = None) -> None:
         super().__init__(f"{code.name}: {message}")
         self.code = code
         self.message = message  # the server's message, as sent
         self.field_violations = tuple(field_violations)
+        self.retry_after_s = retry_after_s  # set when the server says the same call may succeed after this long
 
 
 class InvalidArgumentError(StatusError):
@@ -46,7 +49,9 @@ class InvalidArgumentError(StatusError):
 
 
 class ResourceExhaustedError(StatusError):
-    """The server's queue is full, or the request needs more KV cache than the engine has."""
+    """The server is overloaded (its queue is full, the engine is short of memory, or the API key has
+    its limit of calls in flight: `retry_after_s` is set), or the request needs more KV cache than
+    the engine has (it is not)."""
 
 
 class UnavailableError(StatusError):
@@ -94,6 +99,18 @@ _ERROR_CLASSES: dict[grpc.StatusCode, type[StatusError]] = {
 }
 
 
+def is_transient(error: FormworkError) -> bool:
+    """Whether the same call sent again later may succeed: UNAVAILABLE (the server is loading,
+    restarting, unreachable, or went away mid-call), and RESOURCE_EXHAUSTED when the server says it
+    is overloaded (it sends a retry delay). A request too large for the engine's KV cache is
+    RESOURCE_EXHAUSTED without one: it never succeeds, so it is not transient."""
+    if not isinstance(error, StatusError):
+        return False
+    if error.code == grpc.StatusCode.UNAVAILABLE:
+        return True
+    return error.code == grpc.StatusCode.RESOURCE_EXHAUSTED and error.retry_after_s is not None
+
+
 def from_rpc_error(error: grpc.RpcError) -> StatusError:
     """The typed exception for a failed call (sync or asyncio); codes without a class of their own
     (e.g. UNIMPLEMENTED from a server without this API) are a plain StatusError. An HTTP/2 reset
@@ -109,18 +126,21 @@ def from_rpc_error(error: grpc.RpcError) -> StatusError:
                                 f"the call was cut off before it finished (the server or the connection to it "
                                 f"went away): {message}")
     trailers = error.trailing_metadata() if hasattr(error, "trailing_metadata") else None
-    return _ERROR_CLASSES.get(code, StatusError)(code, message, _field_violations(trailers))
+    return _ERROR_CLASSES.get(code, StatusError)(code, message, *_status_details(trailers))
 
 
-def _field_violations(trailers) -> list[FieldViolation]:
+def _status_details(trailers) -> tuple[list[FieldViolation], float | None]:
+    """The field violations and the retry delay in the google.rpc.Status of the trailers."""
+    violations: list[FieldViolation] = []
+    retry_after_s = None
     for key, value in trailers or ():
         if key != _STATUS_DETAILS_KEY:
             continue
-        status = status_pb2.Status.FromString(value)
-        out = []
-        for detail in status.details:
+        for detail in status_pb2.Status.FromString(value).details:
             bad_request = error_details_pb2.BadRequest()
+            retry_info = error_details_pb2.RetryInfo()
             if detail.Unpack(bad_request):
-                out += [FieldViolation(v.field, v.description) for v in bad_request.field_violations]
-        return out
-    return []
+                violations += [FieldViolation(v.field, v.description) for v in bad_request.field_violations]
+            elif detail.Unpack(retry_info):
+                retry_after_s = retry_info.retry_delay.ToNanoseconds() / 1e9
+    return violations, retry_after_s

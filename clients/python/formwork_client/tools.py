@@ -2,8 +2,11 @@
 
 Tools come in OpenAI's shape (`{"type": "function", "function": {"name", "description",
 "parameters"}}`) or flat (`{"name", "description", "parameters"}`); `parameters` is a JSON Schema
-(a dict, or its JSON text). A tool choice is "none", "auto", "required", a tool's name, or
-OpenAI's `{"type": "function", "function": {"name": ...}}`.
+(a dict, or its JSON text). A tool choice is "none", "auto", "required", a tool's name,
+OpenAI's `{"type": "function", "function": {"name": ...}}`, or OpenAI's `{"type": "allowed_tools",
+"allowed_tools": {"mode": "auto" | "required", "tools": [{"type": "function", "function": {"name":
+...}}, ...]}}` (the Responses API's flat form, mode and tools beside type, too): calls only of those
+tools, every tool still shown to the model.
 """
 from __future__ import annotations
 
@@ -30,6 +33,8 @@ def to_tool(tool: Mapping[str, Any]) -> pb.Tool:
 
 
 def to_tool_choice(choice: str | Mapping[str, Any]) -> pb.ToolChoice:
+    if isinstance(choice, Mapping) and choice.get("type") == "allowed_tools":
+        return _allowed_tools(choice.get("allowed_tools", choice))
     if isinstance(choice, Mapping):
         name = (choice.get("function") or {}).get("name")
         if not isinstance(name, str):
@@ -39,6 +44,16 @@ def to_tool_choice(choice: str | Mapping[str, Any]) -> pb.ToolChoice:
     if choice in _MODES:
         return pb.ToolChoice(mode=_MODES[choice])
     return pb.ToolChoice(function_name=choice)
+
+
+def _allowed_tools(allowed: Mapping[str, Any]) -> pb.ToolChoice:
+    mode = allowed.get("mode", "auto")
+    if mode not in ("auto", "required"):
+        raise ValueError(f"allowed_tools mode is 'auto' or 'required', got {mode!r}")
+    names = [(tool.get("function") or tool).get("name") for tool in allowed.get("tools", [])]
+    if not names or not all(isinstance(name, str) for name in names):
+        raise TypeError("allowed_tools needs tools, each {'type': 'function', 'function': {'name': ...}}")
+    return pb.ToolChoice(allowed_tools=pb.AllowedTools(mode=_MODES[mode], function_names=names))
 
 
 def to_message(message: Mapping[str, Any]) -> pb.ChatMessage:

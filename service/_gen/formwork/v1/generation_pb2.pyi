@@ -121,12 +121,22 @@ class Tool(_message.Message):
     def __init__(self, name: _Optional[str] = ..., description: _Optional[str] = ..., parameters_json: _Optional[str] = ...) -> None: ...
 
 class ToolChoice(_message.Message):
-    __slots__ = ("mode", "function_name")
+    __slots__ = ("mode", "function_name", "allowed_tools")
     MODE_FIELD_NUMBER: _ClassVar[int]
     FUNCTION_NAME_FIELD_NUMBER: _ClassVar[int]
+    ALLOWED_TOOLS_FIELD_NUMBER: _ClassVar[int]
     mode: ToolChoiceMode
     function_name: str
-    def __init__(self, mode: _Optional[_Union[ToolChoiceMode, str]] = ..., function_name: _Optional[str] = ...) -> None: ...
+    allowed_tools: AllowedTools
+    def __init__(self, mode: _Optional[_Union[ToolChoiceMode, str]] = ..., function_name: _Optional[str] = ..., allowed_tools: _Optional[_Union[AllowedTools, _Mapping]] = ...) -> None: ...
+
+class AllowedTools(_message.Message):
+    __slots__ = ("mode", "function_names")
+    MODE_FIELD_NUMBER: _ClassVar[int]
+    FUNCTION_NAMES_FIELD_NUMBER: _ClassVar[int]
+    mode: ToolChoiceMode
+    function_names: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, mode: _Optional[_Union[ToolChoiceMode, str]] = ..., function_names: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class ToolCall(_message.Message):
     __slots__ = ("id", "name", "arguments_json")
@@ -175,13 +185,14 @@ class TokenIds(_message.Message):
     def __init__(self, ids: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class Constraint(_message.Message):
-    __slots__ = ("json_schema", "json_schema_text", "json_object", "regex", "grammar", "choice", "strict", "any_whitespace", "jump_forward", "whitespace", "grammar_syntax", "close_early")
+    __slots__ = ("json_schema", "json_schema_text", "json_object", "regex", "grammar", "choice", "structural_tag", "strict", "any_whitespace", "jump_forward", "whitespace", "grammar_syntax", "close_early")
     JSON_SCHEMA_FIELD_NUMBER: _ClassVar[int]
     JSON_SCHEMA_TEXT_FIELD_NUMBER: _ClassVar[int]
     JSON_OBJECT_FIELD_NUMBER: _ClassVar[int]
     REGEX_FIELD_NUMBER: _ClassVar[int]
     GRAMMAR_FIELD_NUMBER: _ClassVar[int]
     CHOICE_FIELD_NUMBER: _ClassVar[int]
+    STRUCTURAL_TAG_FIELD_NUMBER: _ClassVar[int]
     STRICT_FIELD_NUMBER: _ClassVar[int]
     ANY_WHITESPACE_FIELD_NUMBER: _ClassVar[int]
     JUMP_FORWARD_FIELD_NUMBER: _ClassVar[int]
@@ -194,13 +205,14 @@ class Constraint(_message.Message):
     regex: str
     grammar: str
     choice: Choice
+    structural_tag: str
     strict: bool
     any_whitespace: bool
     jump_forward: bool
     whitespace: JsonWhitespace
     grammar_syntax: GrammarSyntax
     close_early: bool
-    def __init__(self, json_schema: _Optional[_Union[_struct_pb2.Struct, _Mapping]] = ..., json_schema_text: _Optional[str] = ..., json_object: _Optional[_Union[JsonObject, _Mapping]] = ..., regex: _Optional[str] = ..., grammar: _Optional[str] = ..., choice: _Optional[_Union[Choice, _Mapping]] = ..., strict: _Optional[bool] = ..., any_whitespace: _Optional[bool] = ..., jump_forward: _Optional[bool] = ..., whitespace: _Optional[_Union[JsonWhitespace, str]] = ..., grammar_syntax: _Optional[_Union[GrammarSyntax, str]] = ..., close_early: _Optional[bool] = ...) -> None: ...
+    def __init__(self, json_schema: _Optional[_Union[_struct_pb2.Struct, _Mapping]] = ..., json_schema_text: _Optional[str] = ..., json_object: _Optional[_Union[JsonObject, _Mapping]] = ..., regex: _Optional[str] = ..., grammar: _Optional[str] = ..., choice: _Optional[_Union[Choice, _Mapping]] = ..., structural_tag: _Optional[str] = ..., strict: _Optional[bool] = ..., any_whitespace: _Optional[bool] = ..., jump_forward: _Optional[bool] = ..., whitespace: _Optional[_Union[JsonWhitespace, str]] = ..., grammar_syntax: _Optional[_Union[GrammarSyntax, str]] = ..., close_early: _Optional[bool] = ...) -> None: ...
 
 class JsonObject(_message.Message):
     __slots__ = ()
