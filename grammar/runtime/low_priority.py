@@ -65,7 +65,9 @@ class ThreadScheduling:
     """Linux's per-thread scheduling class and nice value. Other platforms: nothing changes."""
 
     def own_nice(self) -> int:
-        """The calling thread's nice value."""
+        """The calling thread's nice value (0 where nice values are not per thread)."""
+        if not sys.platform.startswith("linux"):
+            return 0
         return os.getpriority(os.PRIO_PROCESS, threading.get_native_id())
 
     def may_restore(self, nice: int) -> bool:
