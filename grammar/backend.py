@@ -113,6 +113,9 @@ class GrammarBackend(ABC):
 
     # each token id's bytes, for the runaway guard (grammar/runtime/runaway.py); None: not known, no guard
     token_bytes: Sequence[bytes] | None = None
+    # the JSON-schema `format` values whose strings this backend checks: the schema rewrite takes
+    # any other as an annotation and notes it (grammar/json_schema/scalars.py)
+    enforced_formats: frozenset[str] = frozenset()
 
     def text_encoder(self) -> Callable[[str], list[int]] | None:
         """The tokenizer's plain encoding of a text (no special tokens added), for text that

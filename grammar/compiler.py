@@ -12,11 +12,12 @@ import threading
 import time
 from collections import OrderedDict
 from concurrent.futures import Future, InvalidStateError, ThreadPoolExecutor
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Callable
 
 import msgspec
 
 from grammar.backend import CompiledGrammar, GrammarBackend, GrammarError
+from grammar.cpu_wait import thread_cpu_wait_s
 from grammar.json_schema.limits import check_limits
 
 if TYPE_CHECKING:
@@ -27,6 +28,8 @@ logger = logging.getLogger(__name__)
 
 # what a cached failure costs besides its message (the exception object, the cache slot)
 _FAILURE_OVERHEAD_BYTES = 256
+# the shortest wait before a limit that was excused a CPU wait is looked at again
+_MIN_RECHECK_S = 0.05
 # compile times kept for a reader (the engine's metrics) that has not taken them yet
 _MAX_UNREAD_COMPILE_TIMES = 4096
 
@@ -39,7 +42,9 @@ class GrammarCompiler:
     * Failures are cached too, so a bad schema sent a thousand times is compiled once.
     * Identical constraints submitted while one is compiling share its future.
     * A compile that runs past `compile_timeout_s` (counted from when a pool thread starts
-      it, not from submission) resolves its future with a GrammarError. Python cannot stop the
+      it, not from submission, less the time its thread waited for a CPU that other work held:
+      a machine saturated by other processes slows a compile, it does not make the constraint
+      too complex) resolves its future with a GrammarError. Python cannot stop the
       thread, so the compile runs on: while it does, the timeout is what the cache holds (so
       duplicates fail fast instead of queueing more runaway compiles), and when it finishes its
       outcome replaces the timeout in the cache, so the work is not wasted on the next request.
@@ -49,7 +54,10 @@ class GrammarCompiler:
     change state afterwards. Futures cannot be cancelled (several requests may share one).
     """
 
-    def __init__(self, backend: GrammarBackend, config: GrammarConfig | None = None) -> None:
+    def __init__(self, backend: GrammarBackend, config: GrammarConfig | None = None,
+                 cpu_wait_s: Callable[[int], float] | None = None) -> None:
+        """`cpu_wait_s`: a thread's time so far waiting for a CPU (by native id); Linux's
+        scheduler statistics unless given."""
         if config is None:
             from grammar.config import GrammarConfig
 
@@ -71,6 +79,7 @@ class GrammarCompiler:
         # (backend, seconds) of each finished compile, until taken: the backend that compiled it,
         # or the one asked for ("auto" included) when it failed
         self._compile_times: list[tuple[str, float]] = []
+        self._cpu_wait_s = cpu_wait_s or thread_cpu_wait_s
 
     def submit(self, constraint: Constraint) -> Future[CompiledGrammar]:
         """A future of the compiled grammar; already done on a cache hit. Never raises: every
@@ -152,11 +161,11 @@ class GrammarCompiler:
     def _run(self, key: tuple, constraint: Constraint, future: Future[CompiledGrammar]) -> None:
         timeout_s = self.config.compile_timeout_s
         timer = None
-        if timeout_s and timeout_s > 0:
-            timer = threading.Timer(timeout_s, self._expire, (key, constraint, future))
-            timer.daemon = True
-            timer.start()
         start = time.monotonic()
+        if timeout_s and timeout_s > 0:
+            thread_id = threading.get_native_id()
+            timer = _LimitTimer(timeout_s, start, lambda: self._cpu_wait_s(thread_id),
+                                lambda: self._expire(key, constraint, future))
         outcome: CompiledGrammar | GrammarError
         failure = None  # the reason, for the failure counts
         try:
@@ -249,6 +258,41 @@ def _done(outcome: CompiledGrammar | GrammarError) -> Future[CompiledGrammar]:
 
 def _failed(error: GrammarError) -> Future[CompiledGrammar]:
     return _done(error)
+
+
+class _LimitTimer:
+    """Calls `expire` once `limit_s` of the compile's own time has passed: wall time since `start`
+    less what `cpu_wait_s()` (its thread's wait for a CPU) grew by meanwhile."""
+
+    def __init__(self, limit_s: float, start: float, cpu_wait_s: Callable[[], float],
+                 expire: Callable[[], None]) -> None:
+        self._limit_s, self._start, self._expire = limit_s, start, expire
+        self._cpu_wait_s = cpu_wait_s
+        self._first_wait_s = cpu_wait_s()
+        self._lock = threading.Lock()
+        self._cancelled = False
+        self._timer: threading.Timer | None = None
+        self._arm(limit_s)
+
+    def _arm(self, delay_s: float) -> None:
+        with self._lock:
+            if not self._cancelled:
+                self._timer = threading.Timer(delay_s, self._check)
+                self._timer.daemon = True
+                self._timer.start()
+
+    def _check(self) -> None:
+        own_s = time.monotonic() - self._start - (self._cpu_wait_s() - self._first_wait_s)
+        if own_s < self._limit_s:  # kept from a CPU by other work: the rest of the limit still stands
+            self._arm(max(self._limit_s - own_s, _MIN_RECHECK_S))
+        else:
+            self._expire()
+
+    def cancel(self) -> None:
+        with self._lock:
+            self._cancelled = True
+            if self._timer is not None:
+                self._timer.cancel()
 
 
 def _resolve(future: Future[CompiledGrammar], outcome: CompiledGrammar | GrammarError) -> None:

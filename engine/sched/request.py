@@ -1,6 +1,7 @@
 """A request inside the engine core: its tokens, its progress, and its lifecycle."""
 from __future__ import annotations
 
+import bisect
 import enum
 import time
 from typing import TYPE_CHECKING
@@ -146,3 +147,9 @@ class Request:
     def __repr__(self) -> str:
         return (f"Request({self.request_id!r}, {self.status.name}, tokens={self.num_tokens}, "
                 f"computed={self.num_computed_tokens})")
+
+
+def insert_in_order(queue: list[Request], request: Request) -> None:
+    """Insert by (priority, arrival_time), after any equal keys (first come, first served)."""
+    keys = [(r.priority, r.arrival_time) for r in queue]
+    queue.insert(bisect.bisect_right(keys, (request.priority, request.arrival_time)), request)

@@ -12,19 +12,18 @@ itself the last, it preempts itself, and no waiting request is admitted in that 
 """
 from __future__ import annotations
 
-import bisect
 import logging
 import time
-from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from engine.config import CacheConfig, SchedulerConfig
 from engine.kv_cache.manager import KVCacheManager
 from engine.protocol import EngineCoreOutput, ErrorKind
 from engine.sched.output_appender import OutputAppender
-from engine.sched.request import Request, RequestStatus
+from engine.sched.request import Request, RequestStatus, insert_in_order
 from engine.sched.request_outputs import final_output, step_output
-from engine.sched.scheduler_output import CachedRequestData, ModelRunnerOutput, NewRequestData, SchedulerOutput
+from engine.sched.scheduler_output import ModelRunnerOutput, NewRequestData, SchedulerOutput
+from engine.sched.step_plan import StepPlan, bitmask_rows
 from engine.structured_output.manager import grammar_failure
 
 if TYPE_CHECKING:
@@ -34,22 +33,6 @@ if TYPE_CHECKING:
     from engine.structured_output.manager import StructuredOutputManager
 
 logger = logging.getLogger(__name__)
-
-
-@dataclass
-class _StepPlan:
-    """What one schedule() call has planned so far."""
-
-    token_budget: int  # tokens still free this step
-    num_scheduled_tokens: dict[str, int] = field(default_factory=dict)  # req_id -> tokens this step
-    spec_token_ids: dict[str, list[int]] = field(default_factory=dict)  # req_id -> draft (in its tokens)
-    new_reqs: list[NewRequestData] = field(default_factory=list)
-    cached: CachedRequestData = field(default_factory=CachedRequestData)
-    may_draft: bool = False  # few enough run for drafts to pay: else no request is even looked up
-
-    def add(self, req_id: str, num_new: int) -> None:
-        self.num_scheduled_tokens[req_id] = num_new
-        self.token_budget -= num_new
 
 
 class Scheduler:
@@ -93,7 +76,7 @@ class Scheduler:
         self._enqueue_waiting(request)
 
     def _enqueue_waiting(self, request: Request) -> None:
-        _insert_in_order(self.waiting, request)
+        insert_in_order(self.waiting, request)
 
     def abort_requests(self, request_ids: list[str]) -> None:
         for req_id in request_ids:
@@ -142,7 +125,7 @@ class Scheduler:
 
     def schedule(self) -> SchedulerOutput:
         """Plan one step and advance `num_computed_tokens` of every scheduled request."""
-        plan = _StepPlan(token_budget=self.config.max_num_batched_tokens,
+        plan = StepPlan(token_budget=self.config.max_num_batched_tokens,
                          may_draft=self.speculator is not None and self.speculator.begin_step(len(self.running)))
         preempted = self._schedule_running(plan)
         if not preempted:  # a step that had to preempt has no room to admit anyone
@@ -154,13 +137,13 @@ class Scheduler:
             total_num_scheduled_tokens=sum(plan.num_scheduled_tokens.values()),
             finished_req_ids=self.finished_req_ids,
             preempted_req_ids=self.preempted_req_ids,
-            structured_output_request_ids=self._bitmask_rows(plan),
+            structured_output_request_ids=bitmask_rows(plan, self.requests),
             scheduled_spec_decode_tokens=plan.spec_token_ids,
         )
         self._advance_computed_tokens(plan.num_scheduled_tokens)
         return output
 
-    def _schedule_running(self, plan: _StepPlan) -> bool:
+    def _schedule_running(self, plan: StepPlan) -> bool:
         """Give running requests (admitted earlier) their tokens first; True if KV ran out and
         running requests were preempted to make room."""
         preempted = False
@@ -219,7 +202,7 @@ class Scheduler:
             if victim is request:
                 return None, True
 
-    def _admit_waiting(self, plan: _StepPlan) -> None:
+    def _admit_waiting(self, plan: StepPlan) -> None:
         """Move waiting requests into `running` in (priority, arrival) order while the budget, the
         sequence cap and the KV blocks allow; a request whose grammar still compiles keeps its place
         without holding up the ones behind it."""
@@ -258,7 +241,7 @@ class Scheduler:
             request.counters.num_cached_tokens = num_hit_tokens  # prefix-cache hits at its first schedule
         request.status = RequestStatus.RUNNING
         request.take_forced_token_ids()  # new requests are sent in full
-        _insert_in_order(self.running, request)
+        insert_in_order(self.running, request)
         return NewRequestData(
             req_id=request.request_id,
             token_ids=list(request.all_token_ids),
@@ -267,19 +250,6 @@ class Scheduler:
             block_ids=self.kv_cache_manager.get_block_ids(request.request_id),
             num_computed_tokens=num_hit_tokens,
         )
-
-    def _bitmask_rows(self, plan: _StepPlan) -> dict[str, int]:
-        """req_id -> first grammar bitmask row, for the constrained requests that sample this step
-        (1 + len(draft) rows each)."""
-        rows: dict[str, int] = {}
-        num_rows = 0
-        for req_id, num_new in plan.num_scheduled_tokens.items():
-            request = self.requests[req_id]
-            num_draft = len(plan.spec_token_ids.get(req_id, ()))
-            if request.grammar is not None and request.num_computed_tokens + num_new - num_draft == request.num_tokens:
-                rows[req_id] = num_rows
-                num_rows += 1 + num_draft
-        return rows
 
     def _advance_computed_tokens(self, num_scheduled_tokens: dict[str, int]) -> None:
         """The plan is made: its tokens count as computed from now on, and a new step begins."""
@@ -401,8 +371,3 @@ class Scheduler:
         self.speculator.record(request, num_draft_tokens, num_accepted_tokens)
         request.rollback_computed_tokens(num_draft_tokens - num_accepted_tokens)
 
-
-def _insert_in_order(queue: list[Request], request: Request) -> None:
-    """Insert by (priority, arrival_time), after any equal keys (first come, first served)."""
-    keys = [(r.priority, r.arrival_time) for r in queue]
-    queue.insert(bisect.bisect_right(keys, (request.priority, request.arrival_time)), request)

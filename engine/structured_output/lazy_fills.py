@@ -6,7 +6,9 @@ Filled on the engine thread, such a fill holds the step, and with it every runni
 token. Here each of those requests' rows is filled on a small pool instead (xgrammar releases the
 GIL while it fills), beside the forward pass, in Linux's idle scheduling class (as the compile's
 fill probe, grammar/runtime/low_priority.py): a state being built takes the CPU the forward leaves, not the
-core one of the forward's threads waits for at every kernel. After the forward, the step waits a
+core one of the forward's threads waits for at every kernel. A fill races on its request's matcher,
+so it cannot be run twice: where the process may not raise a thread's priority back, the pool's
+threads stay at normal priority rather than risk a fill starving in the idle class. After the forward, the step waits a
 little for the fills still running (`collect`); a fill that is still building then is left to
 finish on its own: its request skips this step's sample (its last token is computed again later)
 and is not scheduled again until the row is ready, while everyone else's tokens go out on time.
@@ -45,7 +47,8 @@ class LazyFills:
 
     def __init__(self, backend: GrammarBackend) -> None:
         self._backend = backend
-        self._pool = IdleClassPool(_NUM_THREADS, thread_name_prefix="formwork-lazy-fill")
+        self._pool = IdleClassPool(_NUM_THREADS, thread_name_prefix="formwork-lazy-fill",
+                                   restartable=False)
         self._fills: dict[str, LazyFill] = {}  # req_id -> a fill not taken yet (running or done)
 
     def in_flight(self, req_id: str) -> bool:

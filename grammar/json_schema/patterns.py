@@ -9,79 +9,65 @@ the same in every regex dialect; a lazy `??` becomes `{0,1}?`, matching the same
 """
 from __future__ import annotations
 
+import re
 from typing import Any
 
 from grammar.json_schema.json_text_pattern import classes_without_escapes, json_text_pattern
 from grammar.json_schema.rule import RuleContext
-from grammar.regex.pieces import regex_pieces
+from grammar.regex.parsed import Atom, parse_regex, render, walk
 
 
 def optional_groups(pattern: str) -> str:
     """`pattern` with each `)?` (a group made optional) written `){0,1}`; unchanged if it has a
-    class that ECMA-262 and Python read differently (`[]`, `[^]`)."""
-    if "[]" in pattern or "[^]" in pattern:
+    class that ECMA-262 and Python read differently (`[]`, `[^]`), or the parsed form refuses it
+    (so does xgrammar's regex reader)."""
+    parsed = None if "[]" in pattern or "[^]" in pattern else parse_regex(pattern)
+    if parsed is None:
         return pattern
-    out, skip = [], False
-    for i, piece, in_class in regex_pieces(pattern):
-        if skip:
-            skip = False
-        elif not in_class and piece == ")" and pattern.startswith("?", i + 1):
-            out.append("){0,1}")
-            skip = True
-        else:
-            out.append(piece)
-    return "".join(out)
+    for atom in (a for sequence in parsed for a in walk(sequence)):
+        if atom.alternatives and atom.quantifier_text in ("?", "??"):
+            atom.quantifier_text = "{0,1}" + atom.quantifier_text[1:]  # the same counts, lazy kept
+    return "|".join(render(sequence) for sequence in parsed)
 
 
 def hoisted_anchors(pattern: str) -> str:
     """`^A$|^B$` (each top-level alternative anchored at both ends, perhaps inside a group that
     wraps it) as `^(A|B)$`, an empty alternative as `{0,1}`: the same full matches, and xgrammar
     warns about (and ignores) an anchor inside a pattern. Unchanged for any other form."""
-    back_references = any(p[1:2].isdigit() and p[1] != "0" for _, p, _ in regex_pieces(pattern))
-    if "[]" in pattern or "[^]" in pattern or back_references:
-        return pattern  # ECMA-262 and Python read these classes differently; back-references
-    alternatives = _top_level_alternatives(pattern)
-    if len(alternatives) < 2:
-        return pattern
+    parsed = None if "[]" in pattern or "[^]" in pattern else parse_regex(pattern)
+    if parsed is None or len(parsed) < 2 or _back_references(parsed):
+        return pattern  # ECMA-262 and Python read these classes differently; groups may not be renumbered
     bodies = []
-    for alternative in alternatives:
-        while alternative.startswith("(") and not alternative.startswith("(?") and \
-                len(_top_level_alternatives(alternative[1:-1])) == 1 and _wraps(alternative):
-            alternative = alternative[1:-1]
-        pieces = [(piece, in_class) for _, piece, in_class in regex_pieces(alternative)]
-        if len(pieces) < 2 or pieces[0] != ("^", False) or pieces[-1] != ("$", False):
+    for alternative in parsed:
+        while len(alternative) == 1 and _plain_group(alternative[0]):
+            alternative = alternative[0].alternatives[0]
+        if len(alternative) < 2 or not (_is_anchor(alternative[0], "^") and _is_anchor(alternative[-1], "$")):
             return pattern
         body = alternative[1:-1]
-        if any(piece in "^$" and not in_class for _, piece, in_class in regex_pieces(body)) or \
-                len(_top_level_alternatives(body)) > 1:
+        if any(atom.anchor for atom in walk(body)):
             return pattern
-        bodies.append(body)
+        bodies.append(render(body))
     kept = [b for b in dict.fromkeys(bodies) if b]
     if not kept:
         return "^$"
     return "^(" + "|".join(kept) + ")" + ("{0,1}" if "" in bodies else "") + "$"
 
 
-def _top_level_alternatives(pattern: str) -> list[str]:
-    parts, depth, start = [], 0, 0
-    for i, piece, in_class in regex_pieces(pattern):
-        if in_class:
-            continue
-        depth += (piece == "(") - (piece == ")")
-        if piece == "|" and depth == 0:
-            parts.append(pattern[start:i])
-            start = i + 1
-    return [*parts, pattern[start:]]
+def _plain_group(atom: Atom) -> bool:
+    """A capturing group of one alternative, matched once: `(A)`."""
+    return atom.text == "(" and len(atom.alternatives) == 1 and atom.quantifier_text == ""
 
 
-def _wraps(group: str) -> bool:
-    """Whether the "(" at the start of `group` closes at its end."""
-    depth = 0
-    for i, piece, in_class in regex_pieces(group):
-        if not in_class:
-            depth += (piece == "(") - (piece == ")")
-            if depth == 0:
-                return i == len(group) - 1
+def _is_anchor(atom: Atom, text: str) -> bool:
+    return atom.anchor and atom.text == text
+
+
+def _back_references(parsed: list[list[Atom]]) -> bool:
+    """An escape \\1 to \\9 anywhere, in a class too, as this rule has always read them."""
+    for atom in (a for sequence in parsed for a in walk(sequence)):
+        escapes = re.findall(r"\\(.)", atom.text) if atom.text.startswith("[") else [atom.escape]
+        if any(letter.isdigit() and letter != "0" for letter in escapes):
+            return True
     return False
 
 

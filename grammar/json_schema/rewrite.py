@@ -65,11 +65,12 @@ class Rewritten:
     notes: list[str] = field(default_factory=list)  # e.g. format names taken as annotations
 
 
-def rewrite(schema: Any) -> Rewritten:
-    """The schema rewritten into forms xgrammar enforces; raises GrammarError on an empty
-    `allOf` intersection or a blow-up past the limits (see the module docstring)."""
+def rewrite(schema: Any, enforced_formats: frozenset[str]) -> Rewritten:
+    """The schema rewritten into forms xgrammar enforces, a `format` outside `enforced_formats`
+    (the backend's) taken as an annotation; raises GrammarError on an empty `allOf` intersection
+    or a blow-up past the limits (see the module docstring)."""
     limit = max(MAX_MIN_BYTES, MAX_GROWTH * len(json.dumps(schema)))
-    context = RuleContext()
+    context = RuleContext(enforced_formats=enforced_formats)
     out = copy_json(schema)
     for _ in range(MAX_PASSES):
         before = json.dumps(out, sort_keys=True)

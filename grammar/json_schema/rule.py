@@ -19,6 +19,7 @@ class RuleContext:
     """The state rules share during one rewrite: set by the walk, read and reported to by rules."""
 
     root: Any = None  # the schema as this pass found it (references resolve against it)
+    enforced_formats: frozenset[str] = frozenset()  # the backend's (GrammarBackend.enforced_formats)
     monotone: bool = True  # narrowing the current node narrows the whole schema
     rules: Counter = field(default_factory=Counter)  # rule name -> times applied
     narrowed: list[str] = field(default_factory=list)  # "rule at pointer" for each narrowing

@@ -9,19 +9,13 @@ from grammar.json_schema.rule import RuleContext
 from grammar.regex.length_pattern import fold_lengths
 
 INT64_MIN, INT64_MAX = -(1 << 63), (1 << 63) - 1
-# String formats xgrammar turns into a regex (measured with one valid and one invalid string each):
-# the rest are dropped here as annotations, and reported by grammar/xgrammar/schema_gaps.py
-SUPPORTED_FORMATS = frozenset({
-    "date", "date-time", "time", "duration", "email", "hostname", "ipv4", "ipv6",
-    "uri", "uri-reference", "uri-template", "uuid", "json-pointer", "relative-json-pointer",
-})
 
 
 def unknown_format(node: dict, pointer: str, context: RuleContext) -> Any:
-    """A format name xgrammar has no regex for is dropped: in 2020-12 format is an annotation
-    (exact by the spec); the caller lists it as a note."""
+    """A format name the backend does not enforce (context.enforced_formats) is dropped: in 2020-12
+    format is an annotation (exact by the spec); the caller lists it as a note."""
     fmt = node.get("format")
-    if fmt is None or fmt in SUPPORTED_FORMATS:
+    if fmt is None or fmt in context.enforced_formats:
         return node
     context.note(f"format {fmt!r} at {pointer or '/ (the root)'} is an annotation, not checked")
     context.fired("unknown-format", pointer)

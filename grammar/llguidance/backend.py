@@ -21,8 +21,8 @@ from grammar.json_schema.limits import check_limits, parse_schema
 from grammar.json_schema.rewrite import rewrite
 from grammar.json_schema.values import check_keyword_values
 from grammar.llguidance import lark_text, output_bounds
-from grammar.llguidance.json_options import (WHITESPACE_OPTIONS, closed_schema, keyword_locations,
-                                             unimplemented_keywords)
+from grammar.llguidance.json_options import (ENFORCED_FORMATS, WHITESPACE_OPTIONS, closed_schema,
+                                             keyword_locations, unimplemented_keywords)
 from grammar.llguidance.matcher import LLGuidanceCompiled, LLGuidanceGrammar
 from grammar.llguidance.structural_lark import structural_lark
 from grammar.regex.repeat_counts import find_large_repeat
@@ -55,6 +55,7 @@ class LLGuidanceBackend(GrammarBackend):
     """
 
     name = "llguidance"
+    enforced_formats = ENFORCED_FORMATS
 
     def __init__(self, tokenizer_dir: str, vocab_size: int, *, config: GrammarConfig | None = None) -> None:
         """`vocab_size` is the LM head's width; ids from the tokenizer's size up to it are
@@ -146,7 +147,7 @@ class LLGuidanceBackend(GrammarBackend):
             return {"type": "object"}
         parsed = parse_schema(constraint.spec)
         check_keyword_values(parsed, self.config.max_repeat_count)
-        rewritten = rewrite(parsed)
+        rewritten = rewrite(parsed, self.enforced_formats)
         not_enforced += rewritten.notes
         output_bounds.check_schema(rewritten.schema, self.config.max_forced_bytes)
         return closed_schema(rewritten.schema)

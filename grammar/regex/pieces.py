@@ -1,4 +1,7 @@
-"""A regex's text read piece by piece, for the rules that rewrite or split patterns by hand."""
+"""A regex's text read piece by piece, for rules that rewrite a pattern character by character or
+read text that is not a whole pattern (a class's members). A rule about the pattern's structure
+(groups, alternatives, anchors) walks the parsed form (grammar/regex/parsed.py) instead; where the
+two readings differ is pinned by tests/grammar/test_regex_lexers_agree.py."""
 from __future__ import annotations
 
 from collections.abc import Iterator

@@ -12,6 +12,8 @@ def find_large_repeat(pattern: str, max_count: int) -> tuple[str, int] | None:
     `max_count`, or None. Escapes and character classes are skipped (a "{" there is literal).
 
     xgrammar reads counts as 32-bit integers, so `a{4294967297}` would silently mean `a{1}`.
+    Lexical on purpose, not on the parsed form: it also guards backends whose own regex readers
+    accept more than ECMA-262 (a count with spaces, an inline flag).
     """
     index, in_class = 0, False
     while index < len(pattern):

@@ -33,7 +33,7 @@ from grammar.xgrammar.conversion import (builds_masks_lazily, check_repeats, cho
 from grammar.xgrammar.log_capture import capture_native_log, strip_native_prefix
 from grammar.xgrammar.matcher import XGrammarCompiled, XGrammarGrammar
 from grammar.runtime.char_tokens import CharTokens
-from grammar.xgrammar.schema_gaps import Finding, find_unsupported, normalize
+from grammar.xgrammar.schema_gaps import ENFORCED_FORMATS, Finding, find_unsupported, normalize
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -59,6 +59,8 @@ class XGrammarBackend(GrammarBackend):
 
     Size and depth limits are the caller's job (GrammarCompiler checks them before calling).
     """
+
+    enforced_formats = ENFORCED_FORMATS
 
     def __init__(self, tokenizer_dir: str, vocab_size: int, *, num_threads: int = 1,
                  config: GrammarConfig | None = None) -> None:
@@ -336,7 +338,7 @@ class XGrammarBackend(GrammarBackend):
             parsed = parse_schema(constraint.spec)
             # malformed keyword values are named before the rewrite reads them
             check_keyword_values(parsed, self.config.max_repeat_count)
-            rewritten = rewrite(parsed)
+            rewritten = rewrite(parsed, self.enforced_formats)
             schema, notes = rewritten.schema, rewritten.notes
             if decimals:
                 schema, numbers = decimal_numbers.mark(schema)

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import threading
 import time
+from concurrent.futures import TimeoutError as FutureTimeout
 
 import pytest
 from grammar_fakes import FakeBackend, FakeCompiled
@@ -84,6 +85,19 @@ def test_a_compile_over_the_time_limit_fails_and_its_late_result_is_kept():
         time.sleep(0.02)
     assert late.result().spec == "slow"
     assert backend.calls == ["slow"]
+
+
+def test_time_the_compile_waited_for_a_cpu_does_not_count_against_its_limit():
+    backend = FakeBackend()
+    # as if other processes held the CPU for all of the compile's wall time: it has used none of its limit
+    compiler = GrammarCompiler(backend, GrammarConfig(compile_timeout_s=0.1),
+                               cpu_wait_s=lambda thread_id: time.monotonic())
+    future = compiler.submit(regex("slow"))
+    with pytest.raises(FutureTimeout):
+        future.result(timeout=1)  # ten limits of wall time: not expired
+    backend.gate.set()
+    assert future.result(timeout=5).spec == "slow"
+    assert compiler.num_timeouts == 0
 
 
 def test_the_time_limit_counts_from_the_start_of_the_compile_not_the_queue():

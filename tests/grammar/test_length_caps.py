@@ -6,6 +6,7 @@ import re
 import pytest
 
 from grammar.json_schema.rewrite import rewrite
+from grammar.xgrammar.schema_gaps import ENFORCED_FORMATS
 from grammar.regex.length_caps import cap_lengths
 from grammar.regex.length_pattern import fold_lengths, implied_lengths
 
@@ -64,12 +65,12 @@ def test_fold_lengths_drops_bounds_that_say_nothing():
 
 def test_the_rewrite_caps_only_where_it_may_narrow():
     schema = {"type": "object", "properties": {"notes": {"type": "string", "pattern": WORDS, "maxLength": 300}}}
-    result = rewrite(schema)
+    result = rewrite(schema, ENFORCED_FORMATS)
     assert result.schema["properties"]["notes"] == {"type": "string", "pattern": r"^(?:\S{1,9}\s){0,29}\S{1,9}$"}
     assert "length-pattern at /properties/notes" in result.narrowed
     branch = {"type": "string", "pattern": WORDS, "maxLength": 300}
     one_of = {"oneOf": [branch, {"type": "string", "maxLength": 3}]}
-    assert rewrite(one_of).schema["oneOf"][0] == branch  # a oneOf's branch: narrowing could widen it
+    assert rewrite(one_of, ENFORCED_FORMATS).schema["oneOf"][0] == branch  # a oneOf's branch: narrowing could widen it
 
 
 @pytest.mark.parametrize("pattern, expected", [

@@ -25,6 +25,14 @@ def accepts(constraint: Constraint, text: str) -> bool:
         grammar.is_terminated() or grammar.accept_tokens(backend.stop_token_ids))
 
 
+def test_a_format_llguidance_does_not_check_is_an_annotation_one_it_checks_is_enforced():
+    reference = make_llguidance_backend().compile(make_constraint(spec={"type": "string", "format": "uri-reference"}))
+    assert reference.not_enforced == ["format 'uri-reference' at / (the root) is an annotation, not checked"]
+    date = make_constraint(spec={"type": "string", "format": "date"}, whitespace="compact")
+    assert accepts(date, '"2024-01-31"')
+    assert not accepts(date, '"yesterday"')
+
+
 def test_undeclared_properties_are_refused_as_on_xgrammar():
     assert accepts(make_constraint(spec=PERSON, whitespace="compact"), '{"name":"a"}')
     assert not accepts(make_constraint(spec=PERSON, whitespace="compact"), '{"name":"a","x":1}')

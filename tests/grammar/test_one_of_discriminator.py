@@ -12,6 +12,7 @@ import pytest
 from grammar_factories import accepted_by, make_backend, make_constraint, make_llguidance_backend
 
 from grammar.json_schema.rewrite import rewrite
+from grammar.xgrammar.schema_gaps import ENFORCED_FORMATS
 
 WORD = {"type": "string", "pattern": "^[a-z]+$"}
 TAGGED = {"oneOf": [
@@ -29,7 +30,7 @@ INSTANCES = [{"kind": "word", "text": "abc"}, {"kind": "word", "text": "A1"}, {"
 
 @pytest.mark.parametrize("schema", [TAGGED, REFERENCED], ids=["inline", "referenced"])
 def test_the_tag_is_required_and_nothing_looser_is_admitted(schema):
-    result = rewrite(schema)
+    result = rewrite(schema, ENFORCED_FORMATS)
     assert "oneOf" not in result.schema and result.narrowed == ["oneOf-discriminator at /"]
     assert [b["required"] for b in result.schema["anyOf"]] == [["text", "kind"], ["text", "kind"]]
     original, rewritten = jsonschema.Draft202012Validator(schema), jsonschema.Draft202012Validator(result.schema)
@@ -50,18 +51,18 @@ def test_the_tag_is_required_and_nothing_looser_is_admitted(schema):
     [{"properties": {"k": {"const": "a"}, "t": WORD}}, {"type": "object", "properties": {"k": {"const": "b"}}}],
 ])
 def test_no_discriminator_no_rewrite(one_of):
-    assert "oneOf-discriminator" not in rewrite({"oneOf": one_of}).rules
+    assert "oneOf-discriminator" not in rewrite({"oneOf": one_of}, ENFORCED_FORMATS).rules
 
 
 def test_not_where_narrowing_could_widen():
     schema = {"not": TAGGED}
-    assert "oneOf-discriminator" not in rewrite(schema).rules
+    assert "oneOf-discriminator" not in rewrite(schema, ENFORCED_FORMATS).rules
 
 
 @pytest.mark.parametrize("make", [make_backend, make_llguidance_backend], ids=["xgrammar", "llguidance"])
 def test_both_backends_enforce_it_strict(make):
     backend = make()
     compiled = backend.compile(make_constraint(spec=TAGGED, whitespace="spaced"))
-    rewritten = jsonschema.Draft202012Validator(rewrite(TAGGED).schema)
+    rewritten = jsonschema.Draft202012Validator(rewrite(TAGGED, ENFORCED_FORMATS).schema)
     for instance in INSTANCES:
         assert accepted_by(backend, compiled, json.dumps(instance)) == rewritten.is_valid(instance), instance

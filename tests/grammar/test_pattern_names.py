@@ -11,7 +11,7 @@ from grammar_factories import accepted_by, make_backend, make_constraint, make_l
 
 from grammar.json_schema.pattern_names import names_told_apart
 from grammar.json_schema.rewrite import rewrite
-from grammar.xgrammar.schema_gaps import find_unsupported
+from grammar.xgrammar.schema_gaps import ENFORCED_FORMATS, find_unsupported
 
 
 @pytest.mark.parametrize("first, second", [
@@ -61,7 +61,7 @@ INSTANCES = [{}, {"x-a": "s"}, {"x-a": 1}, {"y-b": 1}, {"y-b": "s"}, {"x-a": "s"
 @pytest.mark.parametrize("name", SCHEMAS)
 def test_the_rewrite_keeps_the_verdicts_and_passes_the_check(name):
     schema = SCHEMAS[name]
-    result = rewrite(schema)
+    result = rewrite(schema, ENFORCED_FORMATS)
     assert find_unsupported(result.schema) == [] and result.narrowed == []
     original, rewritten = jsonschema.Draft202012Validator(schema), jsonschema.Draft202012Validator(result.schema)
     for instance in INSTANCES:
@@ -69,7 +69,7 @@ def test_the_rewrite_keeps_the_verdicts_and_passes_the_check(name):
 
 
 def test_a_declared_name_gets_the_schema_of_the_pattern_it_matches():
-    result = rewrite(SCHEMAS["declared"])
+    result = rewrite(SCHEMAS["declared"], ENFORCED_FORMATS)
     assert result.schema["properties"] == {"x-a": {"type": "string", "maxLength": 2}, "name": {"type": "string"}}
     assert result.rules["patternProperties-declared"] == 1
 
@@ -79,7 +79,7 @@ def test_overlapping_patterns_and_a_narrower_declared_name_stay_refused():
     narrower = {"type": "object", "properties": {"x-a": {"type": "string", "maxLength": 3}},
                 "patternProperties": {"^x-": {"type": "string"}}}
     for schema in (overlapping, narrower):
-        assert [f.keyword for f in find_unsupported(rewrite(schema).schema)] == ["patternProperties"]
+        assert [f.keyword for f in find_unsupported(rewrite(schema, ENFORCED_FORMATS).schema)] == ["patternProperties"]
 
 
 @pytest.mark.parametrize("name", SCHEMAS)

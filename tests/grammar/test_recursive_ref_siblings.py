@@ -12,6 +12,7 @@ from grammar_factories import accepted_by, make_backend, make_constraint, make_l
 from grammar.json_schema.rewrite import rewrite
 from grammar.json_schema.rule import asserting
 from grammar.json_schema.walk import iter_subschemas
+from grammar.xgrammar.schema_gaps import ENFORCED_FORMATS
 
 NODE = {"type": "object", "properties": {
     "name": {"type": "string", "maxLength": 4},
@@ -34,7 +35,7 @@ def _beside_ref(schema) -> list[str]:
 
 @pytest.mark.parametrize("schema", [TREE, ROOT_TREE], ids=["defs", "root"])
 def test_the_keywords_become_a_definition_of_their_own(schema):
-    result = rewrite(schema)
+    result = rewrite(schema, ENFORCED_FORMATS)
     assert _beside_ref(schema) and _beside_ref(result.schema) == []
     assert result.rules["ref-siblings-recursive"] >= 1 and result.narrowed == []
     [(name, definition)] = [(n, d) for n, d in result.schema["$defs"].items() if n.startswith("formwork-ref-")]
@@ -51,7 +52,7 @@ def test_other_keywords_beside_the_same_reference_get_another_definition():
         "b": {"type": "array", "items": {"$ref": "#/$defs/n", "maxProperties": 1}},
         "x": {"type": "integer"}}}
     schema = {"$defs": {"n": node}, "$ref": "#/$defs/n"}
-    result = rewrite(schema)
+    result = rewrite(schema, ENFORCED_FORMATS)
     assert _beside_ref(result.schema) == []
     assert len([n for n in result.schema["$defs"] if n.startswith("formwork-ref-")]) == 2
     original, rewritten = jsonschema.Draft202012Validator(schema), jsonschema.Draft202012Validator(result.schema)
@@ -62,7 +63,7 @@ def test_other_keywords_beside_the_same_reference_get_another_definition():
 
 def test_a_reference_to_something_else_is_left_alone():
     schema = {"type": "object", "properties": {"k": {"$ref": "other.json#/x", "required": ["a"]}}}
-    assert rewrite(schema).schema == schema
+    assert rewrite(schema, ENFORCED_FORMATS).schema == schema
 
 
 @pytest.mark.parametrize("schema", [TREE, ROOT_TREE], ids=["defs", "root"])

@@ -10,12 +10,13 @@ from grammar.backend import GrammarError
 from grammar.json_schema.merge import CannotMerge, EmptyIntersection, merge
 from grammar.json_schema.merge import accepts as accepts_value  # grammar_factories has its own accepts
 from grammar.json_schema.rewrite import rewrite
+from grammar.xgrammar.schema_gaps import ENFORCED_FORMATS
 from grammar.regex.length_pattern import fold_lengths
 from grammar.xgrammar.schema_gaps import find_unsupported
 
 
 def rewritten(schema):
-    return rewrite(schema).schema
+    return rewrite(schema, ENFORCED_FORMATS).schema
 
 
 # -- merge -------------------------------------------------------------------------------------
@@ -89,7 +90,8 @@ def test_fold_lengths(pattern, low, high, expected):
 # -- the rules ---------------------------------------------------------------------------------
 
 def test_infer_type_from_keywords_of_one_type_narrowing():
-    result = rewrite({"properties": {"p": {"minLength": 2}, "q": {"required": ["x"], "properties": {"x": {}}}}})
+    result = rewrite({"properties": {"p": {"minLength": 2}, "q": {"required": ["x"], "properties": {"x": {}}}}},
+                     ENFORCED_FORMATS)
     assert result.schema["properties"]["p"] == {"minLength": 2, "type": "string"}
     assert result.schema["properties"]["q"]["type"] == "object"
     assert "infer-type at /properties/p" in result.narrowed
@@ -102,7 +104,7 @@ def test_required_names_get_the_schema_that_applies_to_them():
     assert rewritten(schema)["properties"] == {"a": {"type": "string"}, "n1": {"type": "integer"}}
     closed = {"type": "object", "required": ["a"], "additionalProperties": False}
     with pytest.raises(GrammarError, match=r"allows no value: it requires \['a'\]"):
-        rewrite(closed)  # nothing valid
+        rewrite(closed, ENFORCED_FORMATS)  # nothing valid
     assert rewritten({"anyOf": [closed, {"type": "string"}]}) == {"type": "string"}  # the branch allows nothing
     assert rewritten({"type": ["object", "null"], "required": ["a"]})["properties"] == {"a": True}
     assert rewritten({**closed, "type": ["object", "null"]})["type"] == "null"  # no object is valid
@@ -112,7 +114,7 @@ def test_all_of_is_merged_and_an_empty_one_is_an_error():
     schema = {"title": "t", "allOf": [{"type": "integer", "minimum": 0}, {"maximum": 9}]}
     assert rewritten(schema) == {"title": "t", "type": "integer", "minimum": 0, "maximum": 9}
     with pytest.raises(GrammarError, match="allOf at / \\(the root\\) allows no value"):
-        rewrite({"allOf": [{"type": "string"}, {"type": "integer"}]})
+        rewrite({"allOf": [{"type": "string"}, {"type": "integer"}]}, ENFORCED_FORMATS)
 
 
 def test_all_of_with_references_inlines_them():
@@ -193,10 +195,16 @@ def test_too_many_dependencies_are_left_alone():
 
 
 def test_unknown_format_is_dropped_with_a_note_known_one_kept():
-    result = rewrite({"type": "string", "format": "color"})
+    result = rewrite({"type": "string", "format": "color"}, ENFORCED_FORMATS)
     assert result.schema == {"type": "string"}
     assert result.notes == ["format 'color' at / (the root) is an annotation, not checked"]
     assert rewritten({"type": "string", "format": "email"}) == {"type": "string", "format": "email"}
+
+
+def test_the_formats_kept_are_the_backend_s():
+    result = rewrite({"type": "string", "format": "email"}, frozenset({"date"}))
+    assert result.schema == {"type": "string"}
+    assert result.notes == ["format 'email' at / (the root) is an annotation, not checked"]
 
 
 def test_integer_bounds_are_clamped_to_int64():
@@ -228,7 +236,7 @@ def test_a_blow_up_is_refused_with_the_reason():
     for i in range(1, 30):
         defs[f"l{i}"] = {"maxLength": 9, "anyOf": [{"$ref": f"#/$defs/l{i - 1}"}, {"$ref": f"#/$defs/l{i - 1}"}]}
     with pytest.raises(GrammarError, match="rewriting the schema"):
-        rewrite({"$defs": defs, "$ref": "#/$defs/l29", "minLength": 1})
+        rewrite({"$defs": defs, "$ref": "#/$defs/l29", "minLength": 1}, ENFORCED_FORMATS)
 
 
 # -- through the backend: strict now compiles, and enforces -------------------------------------
@@ -294,7 +302,7 @@ def test_one_of_that_differs_only_in_required_becomes_exclusive_alternatives():
     props = {"r": {"type": "number"}, "l": {"type": "number"}, "w": {"type": "number"}}
     schema = {"type": "object", "properties": props, "additionalProperties": False,
               "oneOf": [{"required": ["r"]}, {"required": ["l", "w"]}]}
-    result = rewrite(schema)
+    result = rewrite(schema, ENFORCED_FORMATS)
     closed = {"type": "object", "additionalProperties": False}
     # r without l, r without w; l and w without r
     assert result.schema == {"anyOf": [
@@ -308,7 +316,7 @@ def test_a_one_of_whose_branches_overlap_is_written_exactly_not_narrowed():
     # "x" matches both branches, so it is invalid; an object without "a" matches neither. The
     # branches are not narrowed (that could widen the oneOf): each is kept apart from the other
     schema = {"oneOf": [{"required": ["a"]}, {"type": "string"}]}
-    result = rewrite(schema)
+    result = rewrite(schema, ENFORCED_FORMATS)
     assert result.schema == {"required": ["a"], "type": ["null", "boolean", "object", "array", "number"],
                              "properties": {"a": True}}
     assert result.narrowed == []

@@ -9,11 +9,12 @@ from grammar_factories import accepts, make_backend, make_constraint
 from grammar.json_schema.merge import merge
 from grammar.json_schema.patterns import optional_groups
 from grammar.json_schema.rewrite import rewrite
+from grammar.xgrammar.schema_gaps import ENFORCED_FORMATS
 from grammar.xgrammar.schema_gaps import find_unsupported
 
 
 def rewritten(schema):
-    return rewrite(schema).schema
+    return rewrite(schema, ENFORCED_FORMATS).schema
 
 
 CLOSED = {"type": "object", "additionalProperties": False}
@@ -28,7 +29,7 @@ def test_two_nots_merge_into_not_of_any_of():
 
 def test_not_required_in_a_closed_object_removes_the_name_exactly():
     schema = {**CLOSED, "properties": {"a": {}, "b": {}}, "not": {"required": ["a"]}}
-    result = rewrite(schema)
+    result = rewrite(schema, ENFORCED_FORMATS)
     assert result.schema == {**CLOSED, "properties": {"b": {}}}
     assert result.narrowed == []
 
@@ -36,7 +37,7 @@ def test_not_required_in_a_closed_object_removes_the_name_exactly():
 def test_not_required_of_an_open_object_closes_it_narrowing():
     schema = {"type": "object", "properties": {"x": {"type": "string"}},
               "allOf": [{"not": {"required": ["hosts"]}}, {"not": {"required": ["tasks"]}}]}
-    result = rewrite(schema)
+    result = rewrite(schema, ENFORCED_FORMATS)
     assert result.schema == {**CLOSED, "properties": {"x": {"type": "string"}}}
     assert "not at /" in result.narrowed
 
@@ -102,7 +103,7 @@ def test_not_under_one_of_does_not_close_an_open_object():
     schema = {"oneOf": [*branches, {"type": "string"}, {"type": "integer"}]}
     assert rewritten(schema) == schema
     # two branches: written as an anyOf of each branch without the other, whose branches may narrow
-    result = rewrite({"oneOf": branches})
+    result = rewrite({"oneOf": branches}, ENFORCED_FORMATS)
     assert result.schema == {"anyOf": [
         {"type": "object", "properties": {"a": {"type": ["null", "boolean", "object", "array", "number"]}},
          "required": ["a"], "additionalProperties": False},  # no b, and an a that is not a string
@@ -199,7 +200,7 @@ def test_one_of_of_open_objects_closed_when_that_makes_them_exclusive_narrowing(
     # branch lacks the name the other requires
     one_of = [{"type": "object", "required": ["id", "win"], "properties": {"id": {}, "win": {}}},
               {"type": "object", "required": ["id", "lose"], "properties": {"id": {}, "lose": {}}}]
-    result = rewrite({"oneOf": one_of})
+    result = rewrite({"oneOf": one_of}, ENFORCED_FORMATS)
     assert result.schema == {"anyOf": [{**b, "additionalProperties": False} for b in one_of]}
     assert result.narrowed == ["oneOf-closed at /"]
     both_optional = [{"type": "object", "properties": {"a": {}}}, {"type": "object", "properties": {"b": {}}}]
@@ -223,11 +224,11 @@ def test_one_of_of_untyped_tags_still_overlaps():
 def test_a_false_pattern_property_keeps_its_names_out():
     pattern = {"^\\d+$": {"type": "object", "properties": {"x": {}}, "additionalProperties": False, "required": ["y"]}}
     closed = {"type": "object", "patternProperties": pattern, "additionalProperties": False, "properties": {"7": {}}}
-    result = rewrite(closed)  # no numeric name can be valid ("y" cannot be there): "7" neither
+    result = rewrite(closed, ENFORCED_FORMATS)  # no numeric name can be valid ("y" cannot be there): "7" neither
     assert result.schema == {"type": "object", "additionalProperties": False, "properties": {}}
     assert result.narrowed == []
     open_object = {"type": "object", "patternProperties": pattern}
-    result = rewrite(open_object)
+    result = rewrite(open_object, ENFORCED_FORMATS)
     assert result.schema == {"type": "object", "additionalProperties": False}
     assert "false-pattern at /" in result.narrowed  # other names were allowed
     both = {"type": "object", "patternProperties": {"f.*": True, "b.*": False}}
@@ -251,7 +252,7 @@ def test_a_class_holding_a_quote_beside_other_characters_loses_it_flagged_narrow
     schema = {"type": "object", "properties": {"id": {"type": "string", "pattern": printable,
                                                       "minLength": 30, "maxLength": 30}}}
     assert sorted(f.keyword for f in find_unsupported(schema)) == ["maxLength", "minLength", "pattern"]
-    result = rewrite(schema)
+    result = rewrite(schema, ENFORCED_FORMATS)
     # the quote and the backslash leave the class, then the lengths fold into the pattern
     assert result.schema["properties"]["id"] == {
         "type": "string", "pattern": r"^[ !#$%&\'()*+,\-./0-9:;<=>?@A-Z\[\]\^_`a-z{\|}]{30}$"}

@@ -11,7 +11,7 @@ import pytest
 from grammar_factories import accepted_by, make_backend, make_constraint, make_llguidance_backend
 
 from grammar.json_schema.rewrite import rewrite
-from grammar.xgrammar.schema_gaps import find_unsupported
+from grammar.xgrammar.schema_gaps import ENFORCED_FORMATS, find_unsupported
 
 SCHEMAS = {
     "booleans": {"type": "array", "items": {"type": "boolean"}, "uniqueItems": True},
@@ -34,7 +34,7 @@ def _instances() -> list:
 @pytest.mark.parametrize("name", SCHEMAS)
 def test_written_out_with_the_same_verdicts(name):
     schema = SCHEMAS[name]
-    result = rewrite(schema)
+    result = rewrite(schema, ENFORCED_FORMATS)
     assert result.rules["uniqueItems"] == 1 and result.narrowed == []
     assert find_unsupported(result.schema) == []
     original, rewritten = jsonschema.Draft202012Validator(schema), jsonschema.Draft202012Validator(result.schema)
@@ -43,7 +43,8 @@ def test_written_out_with_the_same_verdicts(name):
 
 
 def test_the_booleans_hand_computed():
-    assert rewrite(SCHEMAS["booleans"]).schema == {"enum": [[], [False], [True], [False, True], [True, False]]}
+    assert rewrite(SCHEMAS["booleans"], ENFORCED_FORMATS).schema == {
+        "enum": [[], [False], [True], [False, True], [True, False]]}
 
 
 @pytest.mark.parametrize("schema", [
@@ -52,7 +53,7 @@ def test_the_booleans_hand_computed():
     {"type": "array", "items": {"anyOf": [{"const": "a"}, {"type": "integer"}]}, "uniqueItems": True},
 ])
 def test_otherwise_stays_refused(schema):
-    assert any(f.keyword == "uniqueItems" for f in find_unsupported(rewrite(schema).schema))
+    assert any(f.keyword == "uniqueItems" for f in find_unsupported(rewrite(schema, ENFORCED_FORMATS).schema))
 
 
 @pytest.mark.parametrize("name", ["booleans", "anyOf of consts", "referenced enum"])

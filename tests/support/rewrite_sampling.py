@@ -29,6 +29,7 @@ from grammar.backend import GrammarError
 from grammar.constraint import Constraint
 from grammar.json_schema.json_text_pattern import names_quote_or_backslash
 from grammar.json_schema.rewrite import rewrite
+from grammar.xgrammar.schema_gaps import ENFORCED_FORMATS
 from grammar.json_schema.walk import iter_subschemas
 from grammar.regex.pieces import regex_pieces
 from grammar.xgrammar import decimal_numbers
@@ -187,7 +188,7 @@ def check_schema(backend, sampler: GrammarSampler, sid: str, schema: Any, result
                  rng: random.Random, num_samples: int) -> None:
     result.num_schemas += 1
     try:
-        rewritten = rewrite(schema)
+        rewritten = rewrite(schema, ENFORCED_FORMATS)
     except GrammarError as e:
         result.unverifiable[f"rewrite refused: {str(e)[:50]}"] += 1
         return
