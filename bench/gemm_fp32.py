@@ -31,12 +31,15 @@ def main() -> int:
     parser.add_argument("--shapes", default="576x576,576x1536", help=f"of {', '.join(s[0] for s in SHAPES)}")
     parser.add_argument("--calls", type=int, default=10)
     parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--threads", type=int, default=0, help="torch's and the kernels' threads (0: torch's default)")
     args = parser.parse_args()
     from engine.config import cpu_isa, limit_torch_to_cpu_isa
     limit_torch_to_cpu_isa()
     import torch
     import torch.nn.functional as F
 
+    if args.threads:
+        torch.set_num_threads(args.threads)  # before the kernels' pool starts: it sizes itself from this
     from engine.kernels.loader import load_cpu_kernels
     kernels = load_cpu_kernels()
     if kernels is None:
