@@ -122,8 +122,8 @@ void widen_panel(const Operands& op, int64_t b0, int64_t nb, float* panel) {
 
 // One K value into a register tile: the 16 weights of each block loaded once, each row's x value
 // broadcast, one fma per accumulator. A step keeps live only its accumulators, one block's two
-// weight vectors and a broadcast (15 of AVX2's 16 registers at 6 x 1 or 2 x 3): none spills to the
-// stack, where each fma would wait on a store.
+// weight vectors and a broadcast (15 of AVX2's 16 registers at 6 x 1 or 2 x 3): from fp32 weights,
+// the prompts' case, no accumulator spills to the stack, where each fma would wait on a store.
 template <typename Weights, int MR, int NB>
 __attribute__((always_inline)) inline void step(F8 (&acc)[MR][NB][2], const Weights& weights, const float* x,
                                                 int64_t x_stride, int64_t b0, int64_t k) {
