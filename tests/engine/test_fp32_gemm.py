@@ -38,18 +38,38 @@ def test_fp32_gemm_matches_the_exact_product(kernels, rows, k, n, stored):
     torch.testing.assert_close(got.double(), exact(x, weight, bias), rtol=1e-5, atol=1e-5 * k ** 0.5)
 
 
+# rows 1-300 past every tile height (6), the bf16 panel's widening (from 13 rows) and the x chunk at this K
+PROMPT_ROWS = [1, 2, 5, 6, 7, 11, 12, 13, 17, 30, 47, 64, 97, 128, 199, 256, 300]
+
+
+@pytest.mark.parametrize("stored", STORED)
+@pytest.mark.parametrize("k,n", [(577, 1539), (1535, 577), (576, 1536)])
+def test_fp32_gemm_agrees_with_torch_at_prompt_sizes(kernels, k, n, stored):
+    gen = torch.Generator().manual_seed(k * 7 + n)
+    weight = torch.randn(n, k, generator=gen).to(stored).float()
+    bias = torch.randn(n, generator=gen)
+    packed = pack(kernels, weight, stored)
+    x = torch.randn(max(PROMPT_ROWS), k, generator=gen)
+    for rows in PROMPT_ROWS:
+        b = bias if rows % 2 else None
+        torch.testing.assert_close(kernels.gemm(x[:rows], packed, n, b), F.linear(x[:rows], weight, b),
+                                   rtol=1e-5, atol=1e-5 * k ** 0.5, msg=lambda m: f"{rows} rows: {m}")
+
+
+@pytest.mark.parametrize("rows", [1, 8, 12, 13, 300])
 @pytest.mark.parametrize("k,n", [(576, 960), (77, 200), (1536, 50)])
-def test_bf16_stored_weights_give_the_bits_of_the_same_values_in_fp32(kernels, k, n):
+def test_bf16_stored_weights_give_the_bits_of_the_same_values_in_fp32(kernels, k, n, rows):
+    """Widened in registers (a few rows) or into a panel first (many): the bits of fp32 storage."""
     gen = torch.Generator().manual_seed(k + n)
     weight = torch.randn(n, k, generator=gen).bfloat16()
     bias = torch.randn(n, generator=gen)
-    x = torch.randn(13, k, generator=gen)
+    x = torch.randn(rows, k, generator=gen)
     from_bf16 = kernels.gemm(x, kernels.pack_weight(weight), n, bias)
     assert torch.equal(from_bf16, kernels.gemm(x, kernels.pack_weight(weight.float()), n, bias))
 
 
 @pytest.mark.parametrize("stored", STORED)
-@pytest.mark.parametrize("k,n", [(576, 960), (1536, 240), (77, 200)])
+@pytest.mark.parametrize("k,n", [(576, 960), (1536, 240), (77, 200), (577, 1539)])
 def test_a_row_keeps_its_bits_in_any_batch(kernels, k, n, stored):
     """Bit for bit: a row alone (a decode alone, the one new row of a cached prompt) and at every
     position of batches of 2 to 600 rows, strided or not, with and without bias."""
@@ -60,7 +80,7 @@ def test_a_row_keeps_its_bits_in_any_batch(kernels, k, n, stored):
     x = wide[:, 8:8 + k].contiguous()
     for b in (None, bias):
         alone = torch.cat([kernels.gemm(x[i:i + 1], packed, n, b) for i in range(600)])
-        for rows, start in [(2, 0), (5, 3), (6, 1), (7, 100), (8, 0), (13, 7), (64, 5), (129, 17), (600, 0)]:
+        for rows, start in [(2, 0), (5, 3), (6, 1), (7, 100), (8, 0), (13, 7), (64, 5), (129, 17), (299, 300), (600, 0)]:
             assert torch.equal(kernels.gemm(x[start:start + rows], packed, n, b), alone[start:start + rows]), \
                 f"{rows} rows from row {start}"
             assert torch.equal(kernels.gemm(wide[start:start + rows, 8:8 + k], packed, n, b),

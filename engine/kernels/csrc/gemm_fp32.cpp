@@ -78,39 +78,33 @@ struct Operands {
   int64_t num_blocks() const { return (n + kBlock - 1) / kBlock; }
 };
 
-// The 16 weights of block b for K values 2p and 2p + 1, as lanes of columns 0-7 and 8-15.
+// The 16 weights of block b at K value k, as the lanes of columns 0-7 and 8-15: the even or the odd
+// half of each pair, by k's parity (a constant where the caller steps k = 2p, 2p + 1).
 struct Bf16Pairs {
   const uint16_t* w;
   int64_t block_stride;  // elements between blocks
   explicit Bf16Pairs(const Operands& op)
       : w(static_cast<const uint16_t*>(op.w)), block_stride(formwork::gemm::padded_pairs(op.k) * 2 * kBlock) {}
-  void load(int64_t b, int64_t p, F8 (&even)[2], F8 (&odd)[2]) const {
-    const uint16_t* at = w + b * block_stride + p * 2 * kBlock;
+  void load(int64_t b, int64_t k, F8 (&column)[2]) const {
+    const uint16_t* at = w + b * block_stride + k / 2 * 2 * kBlock;
     for (int h = 0; h < 2; ++h) {
       U8 pairs;
       std::memcpy(&pairs, at + 16 * h, sizeof pairs);
-      even[h] = (F8)(pairs << 16);
-      odd[h] = (F8)(pairs & 0xFFFF0000u);
+      column[h] = (F8)(k % 2 ? pairs & 0xFFFF0000u : pairs << 16);
     }
   }
 };
 
-// The 16 weights of block b for K values 2p and 2p + 1, from K rows of 16 fp32 columns; blocks
-// from first_block on (a panel widened from bf16 holds its own blocks only).
+// The 16 weights of block b at K value k, from K rows of 16 fp32 columns; blocks from first_block on
+// (a panel widened from bf16 holds its own blocks only).
 struct Fp32Rows {
   const float* w;
   int64_t block_stride, first_block = 0;
   explicit Fp32Rows(const Operands& op) : w(static_cast<const float*>(op.w)), block_stride(op.k * kBlock) {}
   Fp32Rows(const float* panel, int64_t k, int64_t first) : w(panel), block_stride(k * kBlock), first_block(first) {}
-  void load(int64_t b, int64_t p, F8 (&even)[2], F8 (&odd)[2]) const {
-    const float* at = w + (b - first_block) * block_stride + 2 * p * kBlock;
-    even[0] = load8(at), even[1] = load8(at + 8);
-    odd[0] = load8(at + kBlock), odd[1] = load8(at + kBlock + 8);
-  }
-  // odd K: only the last row exists
-  void load_last(int64_t b, int64_t p, F8 (&even)[2]) const {
-    const float* at = w + (b - first_block) * block_stride + 2 * p * kBlock;
-    even[0] = load8(at), even[1] = load8(at + 8);
+  void load(int64_t b, int64_t k, F8 (&column)[2]) const {
+    const float* at = w + (b - first_block) * block_stride + k * kBlock;
+    column[0] = load8(at), column[1] = load8(at + 8);
   }
 };
 
@@ -118,23 +112,31 @@ struct Fp32Rows {
 // tiles pass over a panel, each then reads fp32 weights instead of widening them again
 void widen_panel(const Operands& op, int64_t b0, int64_t nb, float* panel) {
   const Bf16Pairs weights(op);
-  for (int64_t j = 0; j < nb; ++j) {
-    float* out = panel + j * op.k * kBlock;
-    for (int64_t p = 0; p < (op.k + 1) / 2; ++p) {
-      F8 even[2], odd[2];
-      weights.load(b0 + j, p, even, odd);
-      std::memcpy(out + 2 * p * kBlock, even, sizeof even);
-      if (2 * p + 1 < op.k) std::memcpy(out + (2 * p + 1) * kBlock, odd, sizeof odd);
+  for (int64_t j = 0; j < nb; ++j)
+    for (int64_t k = 0; k < op.k; ++k) {
+      F8 column[2];
+      weights.load(b0 + j, k, column);
+      std::memcpy(panel + (j * op.k + k) * kBlock, column, sizeof column);
+    }
+}
+
+// One K value into a register tile: the 16 weights of each block loaded once, each row's x value
+// broadcast, one fma per accumulator. A step keeps live only its accumulators, one block's two
+// weight vectors and a broadcast (15 of AVX2's 16 registers at 6 x 1 or 2 x 3): from fp32 weights,
+// the prompts' case, no accumulator spills to the stack, where each fma would wait on a store.
+template <typename Weights, int MR, int NB>
+__attribute__((always_inline)) inline void step(F8 (&acc)[MR][NB][2], const Weights& weights, const float* x,
+                                                int64_t x_stride, int64_t b0, int64_t k) {
+  for (int j = 0; j < NB; ++j) {
+    F8 column[2];
+    weights.load(b0 + j, k, column);
+    for (int m = 0; m < MR; ++m) {
+      const F8 xk = splat(x[m * x_stride + k]);
+      acc[m][j][0] = fma8(column[0], xk, acc[m][j][0]);
+      acc[m][j][1] = fma8(column[1], xk, acc[m][j][1]);
     }
   }
 }
-
-// odd K for bf16 pairs: the padding half is zero and never used
-inline void load_last(const Bf16Pairs& w, int64_t b, int64_t p, F8 (&even)[2]) {
-  F8 odd[2];
-  w.load(b, p, even, odd);
-}
-inline void load_last(const Fp32Rows& w, int64_t b, int64_t p, F8 (&even)[2]) { w.load_last(b, p, even); }
 
 // rows [m0, m0 + MR) x blocks [b0, b0 + NB)
 template <typename Weights, int MR, int NB>
@@ -147,34 +149,12 @@ void tile(const Operands& op, const Weights& weights, int64_t m0, int64_t b0) {
     for (int m = 0; m < MR; ++m) acc[m][j][0] = load8(start), acc[m][j][1] = load8(start + 8);
   }
   const float* x = op.x + m0 * op.x_stride;
-  const int64_t full_pairs = op.k / 2;
-  for (int64_t p = 0; p < full_pairs; ++p) {
-    for (int j = 0; j < NB; ++j) {
-      F8 even[2], odd[2];
-      weights.load(b0 + j, p, even, odd);
-      for (int m = 0; m < MR; ++m) {  // k = 2p, then k = 2p + 1: one chain per column
-        const F8 x0 = splat(x[m * op.x_stride + 2 * p]);
-        acc[m][j][0] = fma8(even[0], x0, acc[m][j][0]);
-        acc[m][j][1] = fma8(even[1], x0, acc[m][j][1]);
-      }
-      for (int m = 0; m < MR; ++m) {
-        const F8 x1 = splat(x[m * op.x_stride + 2 * p + 1]);
-        acc[m][j][0] = fma8(odd[0], x1, acc[m][j][0]);
-        acc[m][j][1] = fma8(odd[1], x1, acc[m][j][1]);
-      }
-    }
+  // k = 0, 1, ..., K - 1: one chain per column; stepped in pairs so that a bf16 pair's half is known
+  for (int64_t p = 0; p < op.k / 2; ++p) {
+    step(acc, weights, x, op.x_stride, b0, 2 * p);
+    step(acc, weights, x, op.x_stride, b0, 2 * p + 1);
   }
-  if (op.k % 2) {
-    for (int j = 0; j < NB; ++j) {
-      F8 even[2];
-      load_last(weights, b0 + j, full_pairs, even);
-      for (int m = 0; m < MR; ++m) {
-        const F8 x0 = splat(x[m * op.x_stride + op.k - 1]);
-        acc[m][j][0] = fma8(even[0], x0, acc[m][j][0]);
-        acc[m][j][1] = fma8(even[1], x0, acc[m][j][1]);
-      }
-    }
-  }
+  if (op.k % 2) step(acc, weights, x, op.x_stride, b0, op.k - 1);
   for (int j = 0; j < NB; ++j) {
     const int64_t col = (b0 + j) * kBlock, cols = std::min<int64_t>(kBlock, op.n - col);
     for (int m = 0; m < MR; ++m) {
