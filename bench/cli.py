@@ -81,6 +81,8 @@ def add_bench_parser(subparsers, add_engine_args) -> None:
     serve.add_argument("--items", type=_csv, default=None, help="comma list of json-extraction item ids (default: all)")
     serve.add_argument("--tool-choice", choices=["required", "auto"], default="required",
                        help="tool-calls: the constrained modes' (and the peers') tool_choice")
+    serve.add_argument("--tool-call-syntax", choices=_tool_call_syntaxes(), default=None,
+                       help="tool-calls: the started server's syntax (default: the model's own); peers parse the same")
     serve.add_argument("--rpc-timeout", type=float, default=1200.0, help="deadline of every RPC, seconds")
     serve.add_argument("--peers", type=_csv, default=[],
                        help="comma list of transformers, llama-cpp, vllm, vllm-ngram, vllm-compiled, vllm-http")
@@ -102,6 +104,11 @@ def add_bench_parser(subparsers, add_engine_args) -> None:
     add_affinity_parser(which)
     from bench.batch_interference import add_parser as add_batch_interference_parser
     add_batch_interference_parser(which)
+
+
+def _tool_call_syntaxes() -> tuple[str, ...]:
+    from grammar.chat.tool_calls import SYNTAXES
+    return tuple(SYNTAXES)
 
 
 def _csv(text: str) -> list[str]:

@@ -77,6 +77,12 @@ def generate_request(spec: RequestSpec) -> pb.GenerateRequest:
     return request
 
 
+def take_parsed_calls(record: RequestRecord, final: pb.GenerateResponse) -> None:
+    """The calls as the server parsed them in its own syntax (whichever it serves), the rest as text."""
+    record.tool_calls = [(call.name, call.arguments_json) for call in final.tool_calls]
+    record.text = final.content
+
+
 def _tool(tool: dict) -> pb.Tool:
     return pb.Tool(name=tool["name"], description=tool.get("description", ""),
                    parameters_json=json.dumps(tool["parameters"]))
@@ -135,6 +141,8 @@ class Client:
             return record
         record.ok = True
         record.finish_reason = pb.FinishReason.Name(last.finish_reason).removeprefix("FINISH_REASON_").lower()
+        if spec.tools and spec.tool_choice != "none":
+            take_parsed_calls(record, last)
         record.ttft_s = record.token_times_s[0] if record.token_times_s else record.e2e_s
         usage, timings = last.usage, last.timings
         record.num_prompt_tokens = usage.prompt_tokens

@@ -293,6 +293,12 @@ async def _main_async(args, server_address: str, model_dir: str, http_url: str |
         await client.close()
 
 
+def server_args(args) -> list[str]:
+    """The command line of the server started here."""
+    return ((SMOKE_SERVER_ARGS if args.smoke else SERVER_ARGS) + (["--model", args.model] if args.model else [])
+            + (["--tool-call-syntax", args.tool_call_syntax] if args.tool_call_syntax else []))
+
+
 def main(args) -> int:
     from bench.server_process import ServerProcess
     from engine.model_files import resolve_model
@@ -311,6 +317,9 @@ def main(args) -> int:
     server = None
     http_url = None
     if args.address:
+        if args.tool_call_syntax:
+            log("--tool-call-syntax is for the server started here; start the one at --address with it")
+            return 2
         address = args.address
         args.server_args_used = None
         if args.protocol == "http":
@@ -319,8 +328,7 @@ def main(args) -> int:
                 return 2
             http_url = f"http://{args.http_address}"
     else:
-        args.server_args_used = (SMOKE_SERVER_ARGS if args.smoke else SERVER_ARGS) + (
-            ["--model", args.model] if args.model else [])
+        args.server_args_used = server_args(args)
         log(f"starting formwork serve {' '.join(args.server_args_used)}")
         server = ServerProcess(args.server_args_used, http=args.protocol == "http")
         address, http_url = server.address, server.http_url

@@ -152,3 +152,38 @@ def test_a_peer_gets_a_chat_that_its_template_renders_to_formworks_prompt(fake_s
         assert request["tool_choice"] == "required" and request["parallel_tool_calls"] is False
         assert all(t["function"]["strict"] is True for t in request["tools"])
         assert request["schema"] is None
+
+
+def test_a_grpc_answer_is_scored_by_the_calls_the_server_parsed_in_its_syntax(specs):
+    """In a non-Hermes syntax the text holds no <tool_call> blocks: the server's parsed calls count."""
+    from bench.serve import take_parsed_calls
+    from service._gen.formwork.v1 import generation_pb2 as pb
+
+    pythonic_text = '[get_weather(city="Toronto", unit="celsius")]'
+    assert serve_workloads.score(specs["call-01"], pythonic_text, "stop")[0] is False  # read as Hermes text
+    final = pb.GenerateResponse(finish_reason=pb.FINISH_REASON_STOP, content="", tool_calls=[pb.ToolCall(
+        id="call_0", name="get_weather", arguments_json='{"city": "Toronto", "unit": "celsius"}')])
+    record = RequestRecord("call-01#0", sent_at=0.0, text=pythonic_text)
+    take_parsed_calls(record, final)
+    assert record.text == "" and record.tool_calls == [("get_weather", '{"city": "Toronto", "unit": "celsius"}')]
+    assert serve_workloads.score(specs["call-01"], record.text, "stop", record.tool_calls) == (True, 1.0)
+    talk = pb.GenerateResponse(finish_reason=pb.FINISH_REASON_STOP, content="I cannot call tools.")
+    take_parsed_calls(record, talk)
+    assert record.tool_calls == [] and serve_workloads.score(specs["call-01"], record.text, "stop",
+                                                              record.tool_calls)[0] is False
+
+
+def test_the_tool_call_syntax_reaches_the_started_server_and_the_vllm_parser():
+    from bench.peer_requests import VLLM_TOOL_PARSERS
+    from bench.serve_bench import SERVER_ARGS, server_args
+    from cli.main import build_parser
+    from grammar.chat.tool_calls import SYNTAXES
+
+    parser = build_parser()
+    args = parser.parse_args(["bench", "serve", "--workload", "tool-calls", "--tool-call-syntax", "pythonic"])
+    assert server_args(args) == SERVER_ARGS + ["--tool-call-syntax", "pythonic"]
+    assert server_args(parser.parse_args(["bench", "serve"])) == SERVER_ARGS  # the model's own syntax
+    with pytest.raises(SystemExit):
+        parser.parse_args(["bench", "serve", "--tool-call-syntax", "klingon"])
+    assert set(VLLM_TOOL_PARSERS) == set(SYNTAXES)
+    assert VLLM_TOOL_PARSERS["phi4_mini"] == "phi4_mini_json"
