@@ -8,22 +8,13 @@ Set OMP_WAIT_POLICY=PASSIVE as the engine runs.
 from __future__ import annotations
 
 import argparse
-import time
 
 import torch
 
+from bench.timing import best_seconds
+
 # (name, N, K): the fused q/k/v, the attention output, the fused gate/up, the down projection, the head
 SHAPES = [("qkv", 960, 576), ("o", 576, 576), ("gate_up", 3072, 576), ("down", 576, 1536), ("head", 49152, 576)]
-
-
-def best_seconds(fn, calls: int, repeats: int) -> float:
-    best = float("inf")
-    for _ in range(repeats):
-        start = time.perf_counter()
-        for _ in range(calls):
-            fn()
-        best = min(best, (time.perf_counter() - start) / calls)
-    return best
 
 
 def main() -> int:

@@ -9,20 +9,11 @@ build on any x86 CPU (torch held to AVX2 too: set before torch is imported, as h
 from __future__ import annotations
 
 import argparse
-import time
+
+from bench.timing import best_seconds
 
 # (name, N, K): SmolLM2-135M's square projection, its intermediate (gate or up) projection, the down projection
 SHAPES = [("576x576", 576, 576), ("576x1536", 1536, 576), ("1536x576", 576, 1536)]
-
-
-def best_seconds(fn, calls: int, repeats: int) -> float:
-    best = float("inf")
-    for _ in range(repeats):
-        start = time.perf_counter()
-        for _ in range(calls):
-            fn()
-        best = min(best, (time.perf_counter() - start) / calls)
-    return best
 
 
 def main() -> int:
