@@ -14,6 +14,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
+from grammar.chat.call_reader import CallReader, skip_space
 from grammar.chat.structural_tag import Format
 from grammar.chat.tool import CompileLeaf, Tool
 
@@ -27,7 +28,7 @@ _OBJECT_KEYWORDS = ("anyOf", "oneOf", "allOf", "not", "if", "$ref", "patternProp
 
 
 @dataclass(frozen=True)
-class PythonicSyntax:
+class PythonicSyntax(CallReader):
     """All of a turn's calls in one `[...]` list of `name(key=value, ...)`. The constraint writes
     a top-level boolean or null as Python (`True`, `None`) and every other value as JSON, which is
     a Python literal but for the constants nested inside it (`true`); both read back."""
@@ -57,12 +58,6 @@ class PythonicSyntax:
         return "[" + self.separator.join(written) + "]"
 
     # -- reading -------------------------------------------------------------------------------
-
-    def parse(self, text: str) -> tuple[str, list[tuple[str, str]]]:
-        """(the text outside the calls, [(tool name, arguments as JSON text)]); a list that is not
-        complete or does not read as calls stays in the text."""
-        content, calls, _ = self.scan(text)
-        return content.strip(), calls
 
     def scan(self, text: str) -> tuple[str, list[tuple[str, str]], int | None]:
         """(the text outside the calls, unstripped; the calls; where a list of calls begins that
@@ -180,13 +175,13 @@ def python_literal(value: Any) -> str:
 def _read_list(text: str, at: int) -> _List:
     """The list of calls at `at` (a `[`) as far as it is written and reads."""
     found = _List()
-    pos = _skip_space(text, at + 1)
+    pos = skip_space(text, at + 1)
     while True:
         name = _NAME.match(text, pos)
         if name is None or name.end() == len(text):
             found.may_be_calls = pos == len(text) or (name is not None and name.start() == pos)
             return found
-        pos = _skip_space(text, name.end())
+        pos = skip_space(text, name.end())
         if pos == len(text):
             return found
         if text[pos] != "(":
@@ -194,17 +189,17 @@ def _read_list(text: str, at: int) -> _List:
             return found
         call = _Call(name.group())
         found.calls.append(call)
-        pos = _skip_space(text, pos + 1)
+        pos = skip_space(text, pos + 1)
         while pos < len(text) and text[pos] != ")":
             key = _KEY.match(text, pos)
             if key is None:
                 found.may_be_calls = False
                 return found
-            pos = _skip_space(text, key.end())
+            pos = skip_space(text, key.end())
             if not text.startswith("=", pos):
                 found.may_be_calls = pos == len(text)
                 return found
-            start = _skip_space(text, pos + 1)
+            start = skip_space(text, pos + 1)
             end = _value_end(text, start)
             if end is None:
                 return found
@@ -213,19 +208,19 @@ def _read_list(text: str, at: int) -> _List:
                 found.may_be_calls = False
                 return found
             call.arguments.append((key.group(), value))
-            pos = _skip_space(text, end)
+            pos = skip_space(text, end)
             if text.startswith(",", pos):
-                pos = _skip_space(text, pos + 1)
+                pos = skip_space(text, pos + 1)
         if pos >= len(text):
             return found
-        pos = _skip_space(text, pos + 1)  # past the `)`
+        pos = skip_space(text, pos + 1)  # past the `)`
         if text.startswith("]", pos):
             found.end = pos + 1
             return found
         if not text.startswith(",", pos):
             found.may_be_calls = pos == len(text)
             return found
-        pos = _skip_space(text, pos + 1)
+        pos = skip_space(text, pos + 1)
 
 
 def _value_end(text: str, start: int) -> int | None:
@@ -298,9 +293,3 @@ def _value_leaf(schema: Any, definitions: dict[str, Any]) -> Format:
     if isinstance(schema, dict) and definitions and "$ref" in json.dumps(schema):
         schema = {**definitions, **schema}  # its $refs point at the tool schema's root
     return {"type": "json_schema", "json_schema": schema}
-
-
-def _skip_space(text: str, pos: int) -> int:
-    while pos < len(text) and text[pos] in " \n\t\r":
-        pos += 1
-    return pos

@@ -13,8 +13,10 @@ from __future__ import annotations
 import json
 import re
 from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
+from grammar.chat.call_reader import CallReader, scan_calls, skip_space
 from grammar.chat.pythonic_tool_calls import PythonicSyntax
 from grammar.chat.structural_tag import Format
 from grammar.chat.tool import CompileLeaf, Tool
@@ -27,7 +29,7 @@ _TOOL_NAME = re.compile(r"^[A-Za-z0-9_.:-]{1,64}$")
 
 
 @dataclass(frozen=True)
-class ToolCallSyntax:
+class ToolCallSyntax(CallReader):
     """How one model family writes a call: `open`, then `{"name": "<tool>", "<args_key>": {...}}`,
     then `close`. With `wrapped`, open/close surround all the calls of one turn (Mistral's
     `[TOOL_CALLS][call, call]`); otherwise they surround each call. `trigger` is the text that
@@ -76,43 +78,16 @@ class ToolCallSyntax:
             return self.open + self.separator.join(bodies) + self.close
         return self.separator.join(self.open + body + self.close for body in bodies)
 
-    def parse(self, text: str) -> tuple[str, list[tuple[str, str]]]:
-        """(the text outside the calls, [(tool name, arguments as JSON text)]).
-
-        A call that is not complete or does not parse stays in the text, so nothing the model
-        wrote is lost; under a required/named constraint every call is complete and parses.
-        """
-        content, calls, _ = self.scan(text)
-        return content.strip(), calls
-
     def scan(self, text: str) -> tuple[str, list[tuple[str, str]], int | None]:
         """(the text outside the calls, unstripped, with only separators between calls dropped;
         the calls; where a call begins that is not complete or does not parse, or None)."""
-        calls: list[tuple[str, str]] = []
-        kept: list[str] = []
-        decoder = json.JSONDecoder()
-        pos = 0
-        broken = None
-        while True:
-            at = text.find(self.trigger, pos)
-            if at < 0:
-                break
-            found = self._parse_at(text, at, decoder)
-            if found is None:
-                broken = at
-                break
-            end, parsed = found
-            kept.append(text[pos:at])
-            calls += parsed
-            pos = end
-        kept.append(text[pos:])
-        return "".join(piece for piece in kept if piece.strip(" \n;,")), calls, broken
+        return scan_calls(text, self.trigger, partial(self._parse_at, decoder=json.JSONDecoder()), " \n;,")
 
     def _parse_at(self, text: str, at: int, decoder: json.JSONDecoder) -> tuple[int, list[tuple[str, str]]] | None:
         opener = self.open.rstrip("[{\n ")  # the marker before the JSON value ("" for Llama's bare JSON)
         if not text.startswith(opener, at):
             return None
-        value_start = _skip_space(text, at + len(opener))
+        value_start = skip_space(text, at + len(opener))
         try:
             value, pos = decoder.raw_decode(text, value_start)
         except json.JSONDecodeError:
@@ -120,7 +95,7 @@ class ToolCallSyntax:
         value_end = pos
         closer = self.close.strip("]}\n ")
         if closer:
-            pos = _skip_space(text, pos)
+            pos = skip_space(text, pos)
             if not text.startswith(closer, pos):
                 return None
             pos += len(closer)
@@ -157,7 +132,7 @@ class ToolCallSyntax:
         opener = self.open.rstrip("[{\n ")
         if not text.startswith(opener, at):
             return []
-        pos = _skip_space(text, at + len(opener))
+        pos = skip_space(text, at + len(opener))
         if self.wrapped:
             if not text.startswith("[", pos):
                 return []
@@ -167,7 +142,7 @@ class ToolCallSyntax:
         decoder = json.JSONDecoder()
         calls: list[tuple[str, str]] = []
         while True:
-            match = start_of_call.match(text, _skip_space(text, pos))
+            match = start_of_call.match(text, skip_space(text, pos))
             if match is None:
                 return calls
             start = match.end()
@@ -177,19 +152,13 @@ class ToolCallSyntax:
                 calls.append((match.group(1), text[start:]))
                 return calls
             calls.append((match.group(1), text[start:end]))
-            pos = _skip_space(text, end)
+            pos = skip_space(text, end)
             if not (self.wrapped and text.startswith("}", pos)):
                 return calls
-            pos = _skip_space(text, pos + 1)
+            pos = skip_space(text, pos + 1)
             if not text.startswith(self.separator.strip(), pos):
                 return calls
             pos += len(self.separator.strip())
-
-
-def _skip_space(text: str, pos: int) -> int:
-    while pos < len(text) and text[pos] in " \n\t\r":
-        pos += 1
-    return pos
 
 
 # a family's call syntax: JSON calls, or calls with one XML-ish element per parameter

@@ -24,6 +24,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
+from grammar.chat.call_reader import CallReader, scan_calls, skip_space
 from grammar.chat.structural_tag import Format
 from grammar.chat.tool import CompileLeaf, Tool
 
@@ -43,7 +44,7 @@ _STRING_OTHER = ("format", "contentEncoding", "contentMediaType")
 
 
 @dataclass(frozen=True)
-class XmlParameterSyntax:
+class XmlParameterSyntax(CallReader):
     """Calls as `<tool_call>` blocks holding `<function=NAME>` and one `<parameter=ARG>` per
     argument. `for_tools` binds the tools' schemas, which type each value; unbound, a value that
     reads as JSON is JSON and any other is a string."""
@@ -81,33 +82,19 @@ class XmlParameterSyntax:
 
     # -- reading -------------------------------------------------------------------------------
 
-    def parse(self, text: str) -> tuple[str, list[tuple[str, str]]]:
-        """(the text outside the calls, [(tool name, arguments as JSON text)]); a call that is not
-        complete or does not read stays in the text."""
-        content, calls, _ = self.scan(text)
-        return content.strip(), calls
-
     def scan(self, text: str) -> tuple[str, list[tuple[str, str]], int | None]:
         """(the text outside the calls, unstripped, with only separators between calls dropped;
         the calls; where a call begins that is not complete or does not read, or None)."""
-        calls: list[tuple[str, str]] = []
-        kept: list[str] = []
-        pos = 0
-        broken = None
-        while True:
-            at = text.find(self.trigger, pos)
-            if at < 0:
-                break
-            call = self._read(text, at)
-            arguments = None if call.end is None else self._arguments(call, final=True)
-            if arguments is None:
-                broken = at
-                break
-            kept.append(text[pos:at])
-            calls.append((call.name, arguments))
-            pos = call.end
-        kept.append(text[pos:])
-        return "".join(piece for piece in kept if piece.strip(" \n")), calls, broken
+        return scan_calls(text, self.trigger, self._complete_call_at, " \n")
+
+    def _complete_call_at(self, text: str, at: int) -> tuple[int, list[tuple[str, str]]] | None:
+        """(the end of the call at `at`, [(its name, its arguments)]), or None while it is not
+        complete or where it does not read."""
+        call = self._read(text, at)
+        if call.end is None:
+            return None
+        arguments = self._arguments(call, final=True)
+        return None if arguments is None else (call.end, [(call.name, arguments)])
 
     def partial_calls(self, text: str, at: int) -> list[tuple[str, str]]:
         """The call begun at `at` that `scan` found not complete yet: [(name, the arguments text
@@ -120,14 +107,14 @@ class XmlParameterSyntax:
     def _read(self, text: str, at: int) -> _Call:
         """The call at `at` as far as it is written (and reads)."""
         call = _Call()
-        pos = _skip_space(text, at + len(self.trigger))
+        pos = skip_space(text, at + len(self.trigger))
         if not text.startswith(_FUNCTION, pos):
             return call
         name_end = text.find(">", pos)
         if name_end < 0 or "\n" in text[pos:name_end]:
             return call
         call.name = text[pos + len(_FUNCTION):name_end]
-        pos = _skip_space(text, name_end + 1)
+        pos = skip_space(text, name_end + 1)
         while pos < len(text):
             if text.startswith(_PARAMETER, pos):
                 key_end = text.find(">", pos)
@@ -142,9 +129,9 @@ class XmlParameterSyntax:
                     call.parameters.append((key, text[start:], False))
                     return call
                 call.parameters.append((key, text[start:end], True))
-                pos = _skip_space(text, end + len(_PARAMETER_END))
+                pos = skip_space(text, end + len(_PARAMETER_END))
             elif text.startswith("</function>", pos):
-                pos = _skip_space(text, pos + len("</function>"))
+                pos = skip_space(text, pos + len("</function>"))
                 if text.startswith("</tool_call>", pos):
                     call.end = pos + len("</tool_call>")
                 return call
@@ -311,9 +298,3 @@ def _without_end_prefix(value: str) -> str:
         if _PARAMETER_END.startswith(value[-size:]):
             return value[:-size]
     return value
-
-
-def _skip_space(text: str, pos: int) -> int:
-    while pos < len(text) and text[pos] in " \n\t\r":
-        pos += 1
-    return pos
