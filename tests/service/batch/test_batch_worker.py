@@ -80,6 +80,18 @@ def config(store: BatchStore, **kwargs) -> BatchApiConfig:
     return BatchApiConfig(data_dir=store.data_dir, **kwargs)
 
 
+def run_to_the_end(store: BatchStore, executor: Executor, batch_id: str):
+    """A started worker over `executor` until batch `batch_id` is finished; the batch then."""
+    async def scenario():
+        worker = BatchWorker(store, executor, config(store), lambda: True)
+        worker.start()
+        try:
+            return await run_until(store, worker, batch_id, lambda b: b.status.is_finished)
+        finally:
+            await worker.stop()
+    return asyncio.run(scenario())
+
+
 def test_answers_go_to_the_output_file_and_refusals_to_the_error_file(store):
     batch = make_batch(store, [request_line("a"), request_line("bad", status=400), request_line("c")])
     executor = ScriptedExecutor()
@@ -147,16 +159,7 @@ def test_a_resumed_batch_skips_the_answered_lines_and_redoes_a_torn_one(store):
     answered = [json.dumps(answer_line(c, 200, {"echo": c})) + "\n" for c in ("r0", "r3")]
     store.results_path(batch.id).write_text("".join(answered) + json.dumps(answer_line("r1", 200, {}))[:25])
     executor = ScriptedExecutor()
-
-    async def scenario():
-        worker = BatchWorker(store, executor, config(store), lambda: True)
-        worker.start()
-        try:
-            return await run_until(store, worker, batch.id, lambda b: b.status.is_finished)
-        finally:
-            await worker.stop()
-
-    done = asyncio.run(scenario())
+    done = run_to_the_end(store, executor, batch.id)
     assert sorted(executor.calls) == ["r1", "r2", "r4", "r5"]
     assert done.status is BatchStatus.COMPLETED and done.request_counts == RequestCounts(6, 6, 0)
     output = jsonl(store, done.output_file_id)
@@ -199,16 +202,7 @@ def test_a_batch_past_its_window_expires_with_what_it_answered(store):
     store.move(batch.id, BatchStatus.IN_PROGRESS, num_total=2)
     store.results_path(batch.id).write_text(json.dumps(answer_line("r0", 200, {"echo": "r0"})) + "\n")
     executor = ScriptedExecutor(asyncio.Event())
-
-    async def scenario():
-        worker = BatchWorker(store, executor, config(store), lambda: True)
-        worker.start()
-        try:
-            return await run_until(store, worker, batch.id, lambda b: b.status.is_finished)
-        finally:
-            await worker.stop()
-
-    done = asyncio.run(scenario())
+    done = run_to_the_end(store, executor, batch.id)
     assert done.status is BatchStatus.EXPIRED and "expired_at" in done.timestamps
     assert [line["custom_id"] for line in jsonl(store, done.output_file_id)] == ["r0"]
     errors = jsonl(store, done.error_file_id)
@@ -251,16 +245,7 @@ def test_a_batch_left_finalizing_or_cancelling_by_a_killed_server_is_finished(st
         with open(store.results_path(batch.id), "a") as results:
             results.write(json.dumps(answer_line("r1", 200, {"echo": "r1"})) + "\n")
     executor = ScriptedExecutor()
-
-    async def scenario():
-        worker = BatchWorker(store, executor, config(store), lambda: True)
-        worker.start()
-        try:
-            return await run_until(store, worker, batch.id, lambda b: b.status.is_finished)
-        finally:
-            await worker.stop()
-
-    done = asyncio.run(scenario())
+    done = run_to_the_end(store, executor, batch.id)
     assert done.status is ends_in and executor.calls == []
     assert [line["error"]["code"] for line in jsonl(store, done.error_file_id)] == error_codes
     assert "r0" in {line["custom_id"] for line in jsonl(store, done.output_file_id)}
