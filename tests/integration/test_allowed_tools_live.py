@@ -12,17 +12,13 @@ import pytest
 
 from live_server import error_of, field_violations
 from service._gen.formwork.v1 import generation_pb2 as pb
+from weather_tools import ASK, TIME, weather_and_time_tools
 
 pytestmark = pytest.mark.slow
 
 MODEL = "SmolLM2-135M-Instruct"
 WEATHER = {"type": "object", "properties": {"city": {"type": "string", "maxLength": 30}}, "required": ["city"]}
-TIME = {"type": "object", "properties": {"zone": {"type": "string", "maxLength": 20}}, "required": ["zone"]}
-TOOLS = [{"type": "function", "function": {"name": "get_weather", "description": "Current weather in a city",
-                                           "parameters": WEATHER}},
-         {"type": "function", "function": {"name": "get_time", "description": "The time in a time zone",
-                                           "parameters": TIME}}]
-ASK = [{"role": "user", "content": "What is the weather in Paris?"}]
+TOOLS = weather_and_time_tools(WEATHER)
 
 
 @pytest.fixture(scope="module")
