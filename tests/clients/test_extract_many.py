@@ -16,6 +16,7 @@ from formwork_client import extraction
 from formwork_client.constraints import CONSTRAINT_KEY_HEADER
 from formwork_client.extraction import RetryPolicy
 from formwork_client.request import extract_prompt
+from rpc_fakes import FakeRpcError
 from service.errors import ErrorCode, ServiceError
 from service.grpc.status import STATUS_DETAILS_KEY, status_proto
 
@@ -29,22 +30,10 @@ BAD_SCHEMA = (grpc.StatusCode.INVALID_ARGUMENT, "constraint.json_schema_text: js
 GATE_TIMEOUT_S = 60  # only a safety net: a gate the test never opens fails the test instead of hanging it
 
 
-class FakeRpcError(grpc.RpcError):
+def service_rpc_error(code: grpc.StatusCode, details: str, retry_after_s: float | None = None) -> FakeRpcError:
     """A failed call as grpc raises it, its trailers what the server sends (service/grpc/status.py)."""
-
-    def __init__(self, code: grpc.StatusCode, details: str, retry_after_s: float | None = None) -> None:
-        self._code, self._details = code, details
-        error = ServiceError(ErrorCode[code.name], details, retry_after_s=retry_after_s)
-        self._trailers = ((STATUS_DETAILS_KEY, status_proto(error).SerializeToString()),)
-
-    def code(self):
-        return self._code
-
-    def details(self):
-        return self._details
-
-    def trailing_metadata(self):
-        return self._trailers
+    error = ServiceError(ErrorCode[code.name], details, retry_after_s=retry_after_s)
+    return FakeRpcError(code, details, ((STATUS_DETAILS_KEY, status_proto(error).SerializeToString()),))
 
 
 def document_text(request: fc.pb.GenerateRequest) -> str:
@@ -122,7 +111,7 @@ class FakeGeneration:
             script = self.scripts.get(text, [])
             outcome = script.pop(0) if script else None
         if isinstance(outcome, tuple):
-            raise FakeRpcError(*outcome)
+            raise service_rpc_error(*outcome)
         output = json.dumps({"name": text})
         if outcome == "length":
             return fc.pb.GenerateResponse(text=output[:5], finish_reason=fc.pb.FINISH_REASON_LENGTH,
@@ -181,7 +170,7 @@ def test_retry_delay_doubles_up_to_the_cap_with_full_jitter():
 def test_only_unavailable_and_an_overloaded_server_are_retried():
     policy = RetryPolicy(max_retries=3)
     assert policy.delay_s(fc.UnavailableError(*LOADING), 0) is not None
-    queue_full = fc.errors.from_rpc_error(FakeRpcError(*QUEUE_FULL))
+    queue_full = fc.errors.from_rpc_error(service_rpc_error(*QUEUE_FULL))
     assert isinstance(queue_full, fc.ResourceExhaustedError) and queue_full.retry_after_s == 0.05
     assert policy.delay_s(queue_full, 0, uniform=lambda: 0.0) == 0.05  # never sooner than the server asked
     assert policy.delay_s(queue_full, 2, uniform=lambda: 1.0) == 2.0  # the backoff when it is longer

@@ -11,16 +11,8 @@ import jsonschema
 import pytest
 
 import formwork_client as fc
+from live_server import EXTRACT_PERSON_SCHEMA as PERSON_SCHEMA
 
-PERSON_SCHEMA = {  # bounded strings, so extraction finishes in a few tokens
-    "type": "object",
-    "properties": {
-        "name": {"type": "string", "maxLength": 20},
-        "age": {"type": "integer", "minimum": 0, "maximum": 150},
-    },
-    "required": ["name", "age"],
-    "additionalProperties": False,
-}
 PEOPLE = [("ada", "Ada Lovelace was 36 years old."), ("bob", "Bob is a 20 year old baker."),
           ("cleo", "Cleo, aged 41, runs the library."), ("dan", "Dan turned 67 last spring."),
           ("eve", "Eve is 29 and lives in Oslo.")]

@@ -20,21 +20,13 @@ from google.rpc import error_details_pb2, status_pb2
 
 import formwork_client as fc
 from formwork_client.request import extract_prompt, extract_request, generate_request
-from live_server import REPO_ROOT, LiveServer
+from live_server import EXTRACT_PERSON_SCHEMA as PERSON_SCHEMA, REPO_ROOT, LiveServer
+from rpc_fakes import FakeRpcError
 from service import protogen
 
 CLIENT_DIR = REPO_ROOT / "clients" / "python"
 CLI = [sys.executable, "-m", "formwork_client.cli"]
 
-PERSON_SCHEMA = {  # bounded strings, so extraction finishes in a few tokens
-    "type": "object",
-    "properties": {
-        "name": {"type": "string", "maxLength": 20},
-        "age": {"type": "integer", "minimum": 0, "maximum": 150},
-    },
-    "required": ["name", "age"],
-    "additionalProperties": False,
-}
 TEXT = "Ada Lovelace was 36 years old."
 
 
@@ -191,20 +183,6 @@ def test_extract_prompt_is_the_same_in_node():
                             cwd=REPO_ROOT / "clients" / "node", capture_output=True, text=True, timeout=60)
     assert result.returncode == 0, result.stderr
     assert json.loads(result.stdout) == [extract_prompt(*case) for case in cases]
-
-
-class FakeRpcError(grpc.RpcError):
-    def __init__(self, code: grpc.StatusCode, details: str, trailers=()) -> None:
-        self._code, self._details, self._trailers = code, details, trailers
-
-    def code(self):
-        return self._code
-
-    def details(self):
-        return self._details
-
-    def trailing_metadata(self):
-        return self._trailers
 
 
 @pytest.mark.parametrize("code, cls", [

@@ -43,6 +43,10 @@ PERSON_SCHEMA = {
     "required": ["name", "age"],
     "additionalProperties": False,
 }
+# the person the client tests extract from real sentences: roomier bounds, still bounded so
+# extraction finishes in a few tokens
+EXTRACT_PERSON_SCHEMA = {**PERSON_SCHEMA, "properties": {"name": {"type": "string", "maxLength": 20},
+                                                         "age": {"type": "integer", "minimum": 0, "maximum": 150}}}
 
 
 class LiveServer:
