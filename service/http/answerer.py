@@ -16,7 +16,7 @@ import secrets
 import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple, TypeVar
 
 import msgspec
 import pydantic
@@ -46,6 +46,7 @@ GENERATION_PATHS = (CHAT_COMPLETIONS, COMPLETIONS, RESPONSES)  # the paths an An
 _json_encoder = msgspec.json.Encoder()
 
 Body = ChatCompletionRequest | CompletionRequest | ResponsesRequest
+BodyModel = TypeVar("BodyModel", bound=pydantic.BaseModel)
 Outputs = AsyncIterator[tuple[int, "RequestOutput"]]  # (output index, output), merged over n choices and prompts
 
 
@@ -208,13 +209,13 @@ def read_call(path: str, body: bytes | str | dict[str, Any], max_message_bytes: 
         raise Refused(too_large(f"the request body is {len(raw)} bytes; this server's max_message_bytes "
                                 f"is {max_message_bytes}"))
     if path == CHAT_COMPLETIONS:
-        chat = _parsed(ChatCompletionRequest, raw)
+        chat = parsed_body(ChatCompletionRequest, raw)
         call = Call(path, chat, _translated(lambda: translate_chat(chat)))
     elif path == COMPLETIONS:
-        completion = _parsed(CompletionRequest, raw)
+        completion = parsed_body(CompletionRequest, raw)
         call = Call(path, completion, _translated(lambda: translate_completion(completion)))
     elif path == RESPONSES:
-        response = _parsed(ResponsesRequest, raw)
+        response = parsed_body(ResponsesRequest, raw)
         call = Call(path, response, _translated(lambda: translate_response_request(response)))
     else:
         raise Refused(not_found(f"no route POST {path}"))
@@ -231,7 +232,9 @@ def raise_if_error(output: RequestOutput, translated: Translated) -> None:
         raise error_from_output(output, translated.request.constraint_field)
 
 
-def _parsed(model: type[pydantic.BaseModel], raw: bytes) -> Any:
+def parsed_body(model: type[BodyModel], raw: bytes, unsupported_by: str | None = None) -> BodyModel:
+    """`raw` validated as `model`, else Refused: a 400 naming the first bad field. With
+    `unsupported_by`, a field `model` forbids is refused as not supported by that API."""
     try:
         return model.model_validate_json(raw)
     except pydantic.ValidationError as e:
@@ -239,6 +242,8 @@ def _parsed(model: type[pydantic.BaseModel], raw: bytes) -> Any:
         path = field_path(first["loc"])
         if first["type"] == "json_invalid":
             raise Refused(bad_request(f"the request body is not valid JSON: {first['msg']}")) from None
+        if first["type"] == "extra_forbidden" and unsupported_by is not None:
+            raise Refused(bad_request(f"{path}: not supported by {unsupported_by}", path)) from None
         raise Refused(bad_request(f"{path or 'body'}: {first['msg']}", path or None)) from None
 
 

@@ -18,10 +18,9 @@ from fastapi import FastAPI, Request
 from fastapi.responses import Response
 
 from service.batch.api_config import COMPLETION_WINDOW_S
-from service.http.answerer import GENERATION_PATHS, Refused
+from service.http.answerer import GENERATION_PATHS, Refused, parsed_body
 from service.http.batch_objects import batch_object, list_limit, list_object
 from service.http.errors import bad_request, not_found, too_large
-from service.http.protocol import field_path
 from service.http.streaming import encode_json
 
 if TYPE_CHECKING:
@@ -61,7 +60,7 @@ class BatchRoutes:
         if len(body) > _MAX_BODY_BYTES:
             raise Refused(too_large(f"the request body is {len(body)} bytes; a batch is created with at most "
                                     f"{_MAX_BODY_BYTES}"))
-        create = _parsed(body)
+        create = parsed_body(BatchCreateRequest, body, unsupported_by="this server's Batches API")
         if create.endpoint not in GENERATION_PATHS:
             raise Refused(bad_request(f"endpoint: this server runs batches for {', '.join(GENERATION_PATHS)}, "
                                       f"got {create.endpoint!r}", "endpoint"))
@@ -113,19 +112,6 @@ class BatchRoutes:
         if batch is None:
             raise _no_batch(batch_id)
         return batch
-
-
-def _parsed(body: bytes) -> BatchCreateRequest:
-    try:
-        return BatchCreateRequest.model_validate_json(body)
-    except pydantic.ValidationError as e:
-        first = e.errors()[0]
-        path = field_path(first["loc"])
-        if first["type"] == "json_invalid":
-            raise Refused(bad_request(f"the request body is not valid JSON: {first['msg']}")) from None
-        if first["type"] == "extra_forbidden":
-            raise Refused(bad_request(f"{path}: not supported by this server's Batches API", path)) from None
-        raise Refused(bad_request(f"{path or 'body'}: {first['msg']}", path or None)) from None
 
 
 def _check_metadata(metadata: dict[str, str] | None) -> None:

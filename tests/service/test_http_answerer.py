@@ -3,10 +3,11 @@ the same errors as the HTTP routes, a priority that replaces the body's, and `st
 from __future__ import annotations
 
 import httpx
+import pydantic
 import pytest
 
 from fake_engine_core import PLAIN_ANSWER
-from service.http.answerer import Answerer
+from service.http.answerer import Answerer, Refused, parsed_body
 
 CHAT = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 64}
 
@@ -71,3 +72,25 @@ def test_a_body_over_the_size_limit_is_too_large(make_http_server):
     server = make_http_server()
     status, answer = server.run(Answerer(server.server.llm, 100).answer("/v1/completions", {"prompt": "x" * 200}))
     assert status == 413 and "max_message_bytes is 100" in answer["error"]["message"]
+
+
+class _Body(pydantic.BaseModel):
+    model_config = pydantic.ConfigDict(extra="forbid")
+    count: int
+
+
+@pytest.mark.parametrize(("raw", "unsupported_by", "message", "param"), [
+    (b"{", None, "the request body is not valid JSON: ", None),
+    (b'{"count": "x"}', None, "count: ", "count"),
+    (b'{"count": 1, "extra": 2}', None, "extra: Extra inputs are not permitted", "extra"),
+    (b'{"count": 1, "extra": 2}', "this API", "extra: not supported by this API", "extra"),
+])
+def test_parsed_body_refuses_naming_the_first_bad_field(raw, unsupported_by, message, param):
+    with pytest.raises(Refused) as refused:
+        parsed_body(_Body, raw, unsupported_by)
+    assert refused.value.error.message.startswith(message) and refused.value.error.param == param
+    assert refused.value.error.status == 400
+
+
+def test_parsed_body_returns_the_model():
+    assert parsed_body(_Body, b'{"count": 3}') == _Body(count=3)
