@@ -16,12 +16,14 @@ from typing import TYPE_CHECKING, Callable
 
 import msgspec
 
-from grammar.backend import CompiledGrammar, GrammarBackend, GrammarError
+from grammar.backend import CompiledGrammar, GrammarBackend, GrammarError, UnsupportedError
+from grammar.chat.tool_call_format import arguments_notes
 from grammar.cpu_wait import thread_cpu_wait_s
 from grammar.json_schema.limits import check_limits
 
 if TYPE_CHECKING:
     from grammar.config import GrammarConfig
+    from grammar.chat.tool_calls import ToolCalls
     from grammar.constraint import Constraint
 
 logger = logging.getLogger(__name__)
@@ -319,6 +321,34 @@ def answer_constraint(constraint: Constraint, answer: dict, config: GrammarConfi
         raise GrammarError(f"the answer's {checked.kind}: {e}") from None
     return checked
 
+
+
+def tool_arguments(spec: ToolCalls, constraint: Constraint, compile_content: Callable[[Constraint, str, str], dict],
+                   not_enforced: list[str]) -> dict[str, dict]:
+    """Each allowed tool's arguments format in its call syntax (allowed tool name -> format), each
+    leaf (the arguments' schema, or a parameter's schema or regex) compiled by
+    `compile_content(content, error_label, note_label)` as a constraint of its kind with the tool
+    constraint's options; the syntax's narrowings go to `not_enforced` (UnsupportedError when
+    strict and the syntax cannot enforce a keyword)."""
+    arguments: dict[str, dict] = {}
+    allowed = {tool.name for tool in spec.allowed_tools}
+    for index, tool in enumerate(spec.tools):
+        if tool.name not in allowed:
+            continue
+        def compile_leaf(leaf: dict, parameter: str, index: int = index, tool=tool) -> dict:
+            where = f'tools[{index}] "{tool.name}" parameters' + (f'.{parameter}' if parameter else "")
+            content = msgspec.structs.replace(
+                constraint, kind=leaf["type"], choices=[], think_end="", think_budget=0, think=None,
+                spec=leaf["pattern"] if leaf["type"] == "regex" else json.dumps(leaf["json_schema"],
+                                                                                ensure_ascii=False))
+            note = f'tool "{tool.name}"' + (f' parameter "{parameter}"' if parameter else "")
+            return compile_content(content, where, note)
+        arguments[tool.name], narrowed, unenforced = spec.call_syntax.arguments_format(tool, compile_leaf)
+        try:
+            not_enforced += arguments_notes(tool, index, narrowed, unenforced, constraint.strict)
+        except ValueError as e:
+            raise UnsupportedError(str(e)) from None
+    return arguments
 
 
 def content_constraint(constraint: Constraint, leaf: dict, path: str, config: GrammarConfig) -> Constraint:

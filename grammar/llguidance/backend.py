@@ -8,15 +8,14 @@ from typing import TYPE_CHECKING, Any
 import llguidance as llg
 import llguidance.hf as llg_hf
 import llguidance.torch as llg_torch
-import msgspec
 from llguidance.gbnf_to_lark import any_to_lark
 
 from grammar.backend import GrammarBackend, GrammarError, UnsupportedError
-from grammar.chat.tool_call_format import arguments_notes, tool_calls_format
-from grammar.chat.tool_calls import Tool, ToolCalls
+from grammar.chat.tool_call_format import tool_calls_format
+from grammar.chat.tool_calls import ToolCalls
 from grammar.chat.structural_tag import (StructuralTagError, content_field, is_older_shape, map_contents,
                                          parse_structural_tag)
-from grammar.compiler import answer_constraint, content_constraint
+from grammar.compiler import answer_constraint, content_constraint, tool_arguments
 from grammar.json_schema.limits import check_limits, parse_schema
 from grammar.json_schema.rewrite import rewrite
 from grammar.json_schema.values import check_keyword_values
@@ -191,24 +190,8 @@ class LLGuidanceBackend(GrammarBackend):
         except ValueError as e:
             raise GrammarError(str(e)) from None
         contents: dict[str, str] = {}
-        arguments: dict[str, dict] = {}
-        allowed = {tool.name for tool in spec.allowed_tools}
-        for index, tool in enumerate(spec.tools):
-            if tool.name not in allowed:
-                continue
-            def compile_leaf(leaf: dict, parameter: str, index: int = index, tool: Tool = tool) -> dict:
-                where = f'tools[{index}] "{tool.name}" parameters' + (f'.{parameter}' if parameter else "")
-                content = msgspec.structs.replace(
-                    constraint, kind=leaf["type"], choices=[], think_end="", think_budget=0, think=None,
-                    spec=leaf["pattern"] if leaf["type"] == "regex" else json.dumps(leaf["json_schema"],
-                                                                                    ensure_ascii=False))
-                note = f'tool "{tool.name}"' + (f' parameter "{parameter}"' if parameter else "")
-                return self._content_ref(content, where, note, contents, not_enforced)
-            arguments[tool.name], narrowed, unenforced = spec.call_syntax.arguments_format(tool, compile_leaf)
-            try:
-                not_enforced += arguments_notes(tool, index, narrowed, unenforced, constraint.strict)
-            except ValueError as e:
-                raise UnsupportedError(str(e)) from None
+        arguments = tool_arguments(spec, constraint, lambda content, where, note: self._content_ref(
+            content, where, note, contents, not_enforced), not_enforced)
         answer = None
         if spec.answer is not None:
             answer_grammar = self._grammar(answer_constraint(constraint, spec.answer, self.config), not_enforced)

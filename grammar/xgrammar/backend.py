@@ -7,17 +7,16 @@ import random
 import time
 from typing import TYPE_CHECKING, Any
 
-import msgspec
 import numpy as np
 import torch
 import xgrammar as xgr
 
-from grammar.backend import CompiledGrammar, GrammarBackend, GrammarError, UnsupportedError
+from grammar.backend import CompiledGrammar, GrammarBackend, GrammarError
 from grammar.chat.structural_tag import (StructuralTagError, content_field, is_older_shape, map_contents,
                                          parse_structural_tag)
-from grammar.chat.tool_call_format import arguments_notes, tool_calls_format
-from grammar.chat.tool_calls import Tool, ToolCalls
-from grammar.compiler import answer_constraint, content_constraint
+from grammar.chat.tool_call_format import tool_calls_format
+from grammar.chat.tool_calls import ToolCalls
+from grammar.compiler import answer_constraint, content_constraint, tool_arguments
 from grammar.constraint import BOUNDED_JSON_WHITESPACE, Constraint
 from grammar.json_schema.limits import check_limits, parse_schema
 from grammar.json_schema.rewrite import rewrite
@@ -264,25 +263,8 @@ class XGrammarBackend(GrammarBackend):
             spec = ToolCalls.from_spec(constraint.spec)
         except ValueError as e:
             raise GrammarError(str(e)) from None
-        arguments: dict[str, structural_tags.Format] = {}
-        allowed = {tool.name for tool in spec.allowed_tools}
-        for index, tool in enumerate(spec.tools):
-            if tool.name not in allowed:
-                continue
-            def compile_leaf(leaf: structural_tags.Format, parameter: str, index: int = index,
-                             tool: Tool = tool) -> structural_tags.Format:
-                where = f'tools[{index}] "{tool.name}" parameters' + (f'.{parameter}' if parameter else "")
-                content = Constraint(kind=leaf["type"], strict=constraint.strict,
-                                     whitespace=constraint.json_whitespace,
-                                     spec=leaf["pattern"] if leaf["type"] == "regex" else
-                                     json.dumps(leaf["json_schema"], ensure_ascii=False))
-                note = f'tool "{tool.name}"' + (f' parameter "{parameter}"' if parameter else "")
-                return structural_tags.grammar_format(self._content_grammar(content, where, note, not_enforced))
-            arguments[tool.name], narrowed, unenforced = spec.call_syntax.arguments_format(tool, compile_leaf)
-            try:
-                not_enforced += arguments_notes(tool, index, narrowed, unenforced, constraint.strict)
-            except ValueError as e:
-                raise UnsupportedError(str(e)) from None
+        arguments = tool_arguments(spec, constraint, lambda content, where, note: structural_tags.grammar_format(
+            self._content_grammar(content, where, note, not_enforced)), not_enforced)
         answer = self._answer_ebnf(constraint, spec, not_enforced)
         return tool_calls_format(spec, arguments, None if answer is None else structural_tags.grammar_format(answer))
 
