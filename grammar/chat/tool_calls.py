@@ -18,13 +18,13 @@ from typing import Any
 
 from grammar.chat.call_reader import CallReader, scan_calls, skip_space
 from grammar.chat.pythonic_tool_calls import PythonicSyntax
-from grammar.chat.structural_tag import Format
+from grammar.chat.structural_tag import Format, StructuralTagError, conflicting_trigger, parse_structural_tag
 from grammar.chat.tool import CompileLeaf, Tool
 from grammar.chat.xml_tool_calls import XmlParameterSyntax
 
 TOOL_CHOICES = ("auto", "required", "named")
 # the constraint kinds a text answer beside the calls may have (ToolCalls.answer)
-ANSWER_KINDS = ("json_schema", "json_object", "regex", "grammar", "choice")
+ANSWER_KINDS = ("json_schema", "json_object", "regex", "grammar", "choice", "structural_tag")
 _TOOL_NAME = re.compile(r"^[A-Za-z0-9_.:-]{1,64}$")
 
 
@@ -303,3 +303,19 @@ class ToolCalls:
                                  "answer only with calls)")
             if not isinstance(self.answer, dict) or self.answer.get("kind") not in ANSWER_KINDS:
                 raise ValueError(f"the answer constraint needs a kind, one of {', '.join(ANSWER_KINDS)}")
+            if self.answer["kind"] == "structural_tag":
+                self._check_tags_beside_calls(self.answer.get("spec", ""))
+
+    def _check_tags_beside_calls(self, spec: str) -> None:
+        """A structural tag beside the calls: well formed, and none of its triggers clashing
+        with the call syntax's (StructuralTagError naming the trigger's path)."""
+        tagged = parse_structural_tag(spec)
+        trigger = self.call_syntax.trigger
+        index = conflicting_trigger(tagged, trigger)
+        if index is not None:
+            older_shape = "format" not in json.loads(spec)
+            raise StructuralTagError(f"{'' if older_shape else 'format.'}triggers[{index}]",
+                                     f"{tagged['triggers'][index]!r} clashes with the tool calls' trigger "
+                                     f"{trigger!r} ({self.syntax} syntax): one starts the other, so a call and a "
+                                     f"tag could not be told apart; choose a trigger that neither starts nor "
+                                     f"extends it")

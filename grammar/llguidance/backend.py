@@ -193,32 +193,43 @@ class LLGuidanceBackend(GrammarBackend):
         arguments = tool_arguments(spec, constraint, lambda content, where, note: self._content_ref(
             content, where, note, contents, not_enforced), not_enforced)
         answer = None
-        if spec.answer is not None:
-            answer_grammar = self._grammar(answer_constraint(constraint, spec.answer, self.config), not_enforced)
-            answer = _content_ref_of(answer_grammar, contents)
-        return _compose(structural_lark(tool_calls_format(spec, arguments, answer)), contents)
+        if spec.answer is not None:  # a structural tag's own tree (its tags may join the calls'), else a grammar
+            checked = answer_constraint(constraint, spec.answer, self.config)
+            answer = (self._structural_tag_format(checked, contents, not_enforced) if checked.kind == "structural_tag"
+                      else _content_ref_of(self._grammar(checked, not_enforced), contents))
+        try:
+            lark = structural_lark(tool_calls_format(spec, arguments, answer))
+        except UnsupportedError as e:
+            raise UnsupportedError(f"tool_calls {e}") from None
+        return _compose(lark, contents)
 
     # -- structural tags ---------------------------------------------------------------------
 
     def _structural_tag_grammar(self, constraint: Constraint, not_enforced: list[str]) -> str:
         """The tag's Lark (grammar/llguidance/structural_lark.py) over its contents, each compiled
         as a constraint of its kind with the tag's options, named by its path on error."""
+        contents: dict[str, str] = {}
+        format_ = self._structural_tag_format(constraint, contents, not_enforced)
+        try:
+            lark = structural_lark(format_)
+        except UnsupportedError as e:
+            raise UnsupportedError(f"structural_tag {e}") from None
+        return _compose(lark, contents)
+
+    def _structural_tag_format(self, constraint: Constraint, contents: dict[str, str],
+                               not_enforced: list[str]) -> dict:
+        """The tag's format tree, each content a `ref` leaf to its grammar, added to `contents`."""
         try:
             format_ = parse_structural_tag(constraint.spec)
         except StructuralTagError as e:
             raise GrammarError(f"structural_tag {e}") from None
         older_shape = is_older_shape(constraint.spec)
-        contents: dict[str, str] = {}
 
         def compile_content(leaf: dict, path: str) -> dict:
             field = content_field(path, leaf, older_shape)
             content = content_constraint(constraint, leaf, field, self.config)
             return self._content_ref(content, field, field, contents, not_enforced)
-        try:
-            lark = structural_lark(map_contents(format_, compile_content))
-        except UnsupportedError as e:
-            raise UnsupportedError(f"structural_tag {e}") from None
-        return _compose(lark, contents)
+        return map_contents(format_, compile_content)
 
     def _content_ref(self, content: Constraint, error_label: str, note_label: str, contents: dict[str, str],
                      not_enforced: list[str]) -> dict:

@@ -265,8 +265,7 @@ class XGrammarBackend(GrammarBackend):
             raise GrammarError(str(e)) from None
         arguments = tool_arguments(spec, constraint, lambda content, where, note: structural_tags.grammar_format(
             self._content_grammar(content, where, note, not_enforced)), not_enforced)
-        answer = self._answer_ebnf(constraint, spec, not_enforced)
-        return tool_calls_format(spec, arguments, None if answer is None else structural_tags.grammar_format(answer))
+        return tool_calls_format(spec, arguments, self._answer_format(constraint, spec, not_enforced))
 
     def _structural_tag_format(self, constraint: Constraint, not_enforced: list[str]) -> structural_tags.Format:
         """The request's own structural tag, each schema, regex and grammar inside it compiled as
@@ -298,13 +297,17 @@ class XGrammarBackend(GrammarBackend):
         not_enforced += [f"{note_label}: {note}" for note in notes]
         return str(grammar)
 
-    def _answer_ebnf(self, constraint: Constraint, spec: ToolCalls, not_enforced: list[str]) -> str | None:
-        """The grammar a text answer follows beside the calls (ToolCalls.answer), with the tool
-        constraint's options; None: free text."""
+    def _answer_format(self, constraint: Constraint, spec: ToolCalls,
+                       not_enforced: list[str]) -> structural_tags.Format | None:
+        """The format a text answer follows beside the calls (ToolCalls.answer), with the tool
+        constraint's options: a structural tag's own tree (its tags may join the calls'), else
+        the answer's grammar; None: free text."""
         if spec.answer is None:
             return None
         answer = answer_constraint(constraint, spec.answer, self.config)
-        return str(self._plain_grammar(answer, not_enforced))
+        if answer.kind == "structural_tag":
+            return self._structural_tag_format(answer, not_enforced)
+        return structural_tags.grammar_format(str(self._plain_grammar(answer, not_enforced)))
 
     # -- JSON -------------------------------------------------------------------------------
 

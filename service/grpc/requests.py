@@ -105,7 +105,8 @@ def chat_options_from_proto(request: pb.GenerateRequest | pb.TokenizeRequest) ->
     budget = reasoning.budget_tokens if reasoning.HasField("budget_tokens") else None
     think = (constraint_from_proto(reasoning.think_constraint, THINK_FIELD)
              if reasoning.HasField("think_constraint") else None)
-    return ChatOptions(tools, choice, name, parallel, thinking, budget, allowed_tools=allowed, think_constraint=think)
+    return ChatOptions(tools, choice, name, parallel, thinking, budget, allowed_tools=allowed, think_constraint=think,
+                       constraint_in_reasoning=reasoning.constraint_in_reasoning)
 
 
 def _tool_choice(tool_choice: pb.ToolChoice) -> tuple[str, str, tuple[str, ...]]:

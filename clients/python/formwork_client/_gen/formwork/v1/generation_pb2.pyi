@@ -160,14 +160,16 @@ class ToolCall(_message.Message):
     def __init__(self, id: _Optional[str] = ..., name: _Optional[str] = ..., arguments_json: _Optional[str] = ...) -> None: ...
 
 class Reasoning(_message.Message):
-    __slots__ = ("enabled", "budget_tokens", "think_constraint")
+    __slots__ = ("enabled", "budget_tokens", "think_constraint", "constraint_in_reasoning")
     ENABLED_FIELD_NUMBER: _ClassVar[int]
     BUDGET_TOKENS_FIELD_NUMBER: _ClassVar[int]
     THINK_CONSTRAINT_FIELD_NUMBER: _ClassVar[int]
+    CONSTRAINT_IN_REASONING_FIELD_NUMBER: _ClassVar[int]
     enabled: bool
     budget_tokens: int
     think_constraint: Constraint
-    def __init__(self, enabled: _Optional[bool] = ..., budget_tokens: _Optional[int] = ..., think_constraint: _Optional[_Union[Constraint, _Mapping]] = ...) -> None: ...
+    constraint_in_reasoning: bool
+    def __init__(self, enabled: _Optional[bool] = ..., budget_tokens: _Optional[int] = ..., think_constraint: _Optional[_Union[Constraint, _Mapping]] = ..., constraint_in_reasoning: _Optional[bool] = ...) -> None: ...
 
 class Chat(_message.Message):
     __slots__ = ("messages", "add_generation_prompt")
