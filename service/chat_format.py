@@ -116,9 +116,11 @@ class ChatFormat:
         if reasoning is None:
             raise invalid_argument(THINK_FIELD, "needs reasoning on (reasoning.enabled is false)")
         if options.reasoning_budget:
-            raise invalid_argument(THINK_FIELD, "cannot be combined with reasoning.budget_tokens (the forced end "
-                                                "marker would cut it short); bound the think constraint itself, "
-                                                "e.g. a regex with a count")
+            raise invalid_argument(THINK_FIELD, "cannot be combined with reasoning.budget_tokens: a token budget "
+                                                "is enforced only over free text (the grammar backends cap no "
+                                                "grammar's tokens), and the end marker forced at the budget would "
+                                                "cut the think text off mid-grammar, unmatched; bound the think "
+                                                "constraint itself, e.g. a regex with a count or a maxLength")
 
     def _reasoning(self, options: ChatOptions, template_kwargs: dict[str, Any]) -> ReasoningMarkers | None:
         """The markers of the think section the output starts with (None: none), with the template

@@ -5,7 +5,8 @@ A template that reads `tools` gets them as transformers passes them (`apply_chat
 ...)`), and the conversation's assistant calls and `tool` results as they are. For a template
 without tools (SmolLM2's ChatML), the tools go into the system message with the call syntax the
 output is constrained to, earlier calls are written into their assistant message in that syntax,
-and tool results become user turns in `<tool_response>` tags, as Qwen 2.5's template writes them.
+and tool results become user turns in `<tool_response>` tags, as Qwen 2.5's template writes them
+(in a ```tool_output block for Gemma's ```tool_code calls, as Google's guides write them).
 """
 from __future__ import annotations
 
@@ -13,6 +14,10 @@ import json
 from typing import Any
 
 from grammar.chat.tool_calls import CallSyntax
+
+# call syntax name -> (before, after) a tool result in its user turn; other syntaxes: Qwen 2.5's tags
+_RESULT_WRAPPING = {"tool_code": ("```tool_output\n", "\n```")}
+_DEFAULT_RESULT_WRAPPING = ("<tool_response>\n", "\n</tool_response>")
 
 
 def template_knows_tools(chat_template: str | None) -> bool:
@@ -43,7 +48,8 @@ def messages_with_tools(messages: list[dict[str, Any]], tools: list[dict[str, An
             content = f"{content}\n{written}" if content else written
             out.append({"role": "assistant", "content": content})
         elif role == "tool":
-            out.append({"role": "user", "content": f"<tool_response>\n{content}\n</tool_response>"})
+            before, after = _RESULT_WRAPPING.get(syntax.name, _DEFAULT_RESULT_WRAPPING)
+            out.append({"role": "user", "content": f"{before}{content}{after}"})
         else:
             out.append({k: v for k, v in message.items() if k not in ("tool_calls", "tool_call_id", "name")})
     if tools:

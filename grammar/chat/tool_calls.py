@@ -3,10 +3,11 @@
 A `ToolCalls` spec is what a "tool_calls" Constraint carries (as JSON text in `Constraint.spec`):
 the tools (name, description, JSON Schema of the arguments), the choice (auto / required / one
 named tool), whether several calls may follow one another, and the syntax the model writes calls
-in: JSON calls (`ToolCallSyntax`, here), Qwen3-Coder's XML parameters (xml_tool_calls.py) or
-Llama's pythonic list (pythonic_tool_calls.py), each with the same methods. Both backends build
-the calls' structural-tag format (tool_call_format.py); the front end reads calls back out of the
-text with the syntax's `parse`. No grammar library is imported here.
+in: JSON calls (`ToolCallSyntax`, here), Qwen3-Coder's XML parameters (xml_tool_calls.py), or
+Python calls in Llama's pythonic list or Gemma's ```tool_code block (pythonic_tool_calls.py), each
+with the same methods. Both backends build the calls' structural-tag format (tool_call_format.py);
+the front end reads calls back out of the text with the syntax's `parse`. No grammar library is
+imported here.
 """
 from __future__ import annotations
 
@@ -180,6 +181,8 @@ SYNTAXES: dict[str, CallSyntax] = {s.name: s for s in (
     XmlParameterSyntax(),
     # Llama 3.2 / Llama 4's pythonic calls: [f(a=1, b="x"), g()]
     PythonicSyntax(),
+    # Gemma's function calling: the same Python calls, one a line, in a ```tool_code block
+    PythonicSyntax("tool_code", open="```tool_code\n", close="\n```", separator="\n", trigger="```tool_code"),
 )}
 DEFAULT_SYNTAX = "hermes"
 
@@ -187,8 +190,10 @@ DEFAULT_SYNTAX = "hermes"
 FAMILY_SYNTAX = {
     "qwen2": "hermes", "qwen2_moe": "hermes", "qwen3": "hermes", "qwen3_moe": "hermes",
     "mistral": "mistral", "mixtral": "mistral",
-    # Gemma's templates hold no tools; Google documents the pythonic list for its function calling
-    "gemma": "pythonic", "gemma2": "pythonic", "gemma3": "pythonic", "gemma3_text": "pythonic", "gemma3n": "pythonic",
+    # Gemma's templates hold no tools; Google's Gemma function-calling guides have the model write
+    # its calls as Python in a ```tool_code block (and read results from a ```tool_output block)
+    "gemma": "tool_code", "gemma2": "tool_code", "gemma3": "tool_code", "gemma3_text": "tool_code",
+    "gemma3n": "tool_code",
 }
 
 
@@ -207,6 +212,8 @@ def syntax_for_model(model_type: str | None, chat_template: str | None) -> str:
         return "phi4_mini"
     if "[func_name" in template:  # the template teaches the pythonic list of calls
         return "pythonic"
+    if "```tool_code" in template:  # a template that teaches Gemma's fenced calls
+        return "tool_code"
     if "<|python_tag|>" in template or "ipython" in template:
         return "llama3_json"
     return FAMILY_SYNTAX.get(model_type or "", DEFAULT_SYNTAX)
