@@ -15,9 +15,9 @@ from typing import Any
 from service.errors import FieldViolation, ServiceError, invalid_argument
 from service.http.fields import check_extra_fields
 from service.http.protocol import (AllowedTools, AllowedToolsChoice, ChatCompletionRequest, ChatMessage, CompletionRequest,
-                                   FormworkOptions, ResponseFormat, StructuredOutputs, _GenerationRequest)
-from service.request import (IN_REASONING_FIELD, THINK_FIELD, ChatOptions, ConstraintRequest, GenerationRequest, PromptInput,
-                             SamplingRequest, ToolSpec, template_message)
+                                   FormworkOptions, ResponseFormat, _GenerationRequest)
+from service.request import (IN_REASONING_FIELD, THINK_FIELD, ChatOptions, ConstraintRequest, GenerationRequest,
+                             PromptInput, SamplingRequest, ToolSpec, template_message)
 
 MAX_CHOICES = 16  # n, per prompt
 # chat template variables a request sets through its own fields, never through chat_template_kwargs

@@ -16,8 +16,9 @@ PHI4_MINI_TEMPLATE = (
     "message['tools'] + '<|/tool|>' + '<|end|>' }}{% else %}{{ '<|' + message['role'] + '|>' + "
     "message['content'] + '<|end|>' }}{% endif %}{% endfor %}{% if add_generation_prompt %}"
     "{{ '<|assistant|>' }}{% else %}{{ eos_token }}{% endif %}")
-WEATHER = {"type": "function", "function": {"name": "get_weather", "description": "The weather in a city",
-                                            "parameters": {"type": "object", "properties": {"city": {"type": "string"}}}}}
+WEATHER = {"type": "function", "function": {
+    "name": "get_weather", "description": "The weather in a city",
+    "parameters": {"type": "object", "properties": {"city": {"type": "string"}}}}}
 CALL = {"id": "call_1", "type": "function", "function": {"name": "get_weather", "arguments": {"city": "Paris"}}}
 
 

@@ -204,3 +204,11 @@ def test_enable_in_reasoning_on_completions_is_the_same_switch():
     translated = translate_completion(CompletionRequest.model_validate(
         {"prompt": "hi", "structured_outputs": {"regex": "a", "enable_in_reasoning": True}}))
     assert translated.request.chat.constraint_in_reasoning
+
+
+def test_the_python_client_sets_constraint_in_reasoning():
+    from formwork_client.request import generate_request
+    request = generate_request(messages=[{"role": "user", "content": "hi"}], constraint={"type": "object"},
+                               constraint_in_reasoning=True)
+    assert chat_options_from_proto(request).constraint_in_reasoning
+    assert not chat_options_from_proto(generate_request(prompt="hi")).constraint_in_reasoning

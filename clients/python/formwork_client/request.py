@@ -41,7 +41,8 @@ def generate_request(prompt: str | pb.GenerateRequest | None = None, *, messages
     the calls the model may make; `reasoning` (on/off) and `reasoning_budget` (tokens): its think
     section; `reasoning_format` (a constraint, as `constraint` takes it): the think text's own
     shape (reasoning.think_constraint); `constraint_in_reasoning`: `constraint` covers the whole
-    output from its first token, think section included. The response's `tool_calls`, `content` and `reasoning` hold the answer read back.
+    output from its first token, think section included. The response's `tool_calls`, `content`
+    and `reasoning` hold the answer read back.
     `speculative`: drafting from the prompt on or off for this request (None: the server's
     default); the output is the same either way, only faster or slower (usage.draft_tokens).
     `min_tokens`: EOS, stop tokens and stop strings cannot end the output before this many tokens."""
