@@ -120,6 +120,15 @@ def test_a_structural_tag_beside_tools_joins_its_tags_to_the_calls_on_both_backe
     assert not accepts(one, NOTE + " " + CALL_WEATHER)
 
 
+def test_a_structural_tag_of_another_shape_beside_tools_is_that_answer_or_calls():
+    fixed = {"type": "structural_tag", "format": {"type": "tag", "begin": "Answer: ", "content": {
+        "type": "regex", "pattern": "[0-9]{1,3}"}, "end": "."}}
+    answer = {"kind": "structural_tag", "spec": json.dumps(fixed)}
+    grammar = compiled(Constraint("tool_calls", ToolCalls((WEATHER,), "auto", answer=answer).to_spec()))
+    assert accepts(grammar, "Answer: 42.") and accepts(grammar, CALL_WEATHER)
+    assert not accepts(grammar, "Answer: 42. " + CALL_WEATHER) and not accepts(grammar, "Answer: x.")
+
+
 def test_a_structural_tag_trigger_that_clashes_with_the_calls_is_named():
     clash = json.loads(json.dumps(NOTE_TAG))
     clash["format"]["triggers"] = ["<tool"]
