@@ -180,7 +180,7 @@ async def peer_runs(client: Client, names: list[str], concurrencies: list[int], 
             status[name] = {"status": "skipped", "reason": "this peer does not answer tool-call requests"}
             log(f"peer {name}: skipped (no tool calls)")
             continue
-        if workload == "tool-calls" and name == "vllm" and not VLLM_TOOL_PARSERS.get(syntax, syntax):
+        if workload == "tool-calls" and name.startswith("vllm") and not VLLM_TOOL_PARSERS.get(syntax, syntax):
             status[name] = {"status": "skipped", "reason": f"vLLM has no tool-call parser for the {syntax} syntax"}
             log(f"peer {name}: skipped (no parser for {syntax})")
             continue
