@@ -50,8 +50,9 @@ def add_engine_args(parser: argparse.ArgumentParser) -> None:
     defaults = GrammarConfig()
     b = parser.add_argument_group("grammar bounds (a constraint past one is refused: docs/constraints.md)")
     b.add_argument("--grammar-backend", choices=list(GRAMMAR_BACKENDS), default=defaults.grammar_backend,
-                   help="the library that compiles a constraint which names none; auto picks per constraint "
-                        "(docs/constraints.md) (default: %(default)s)")
+                   help="the library that compiles a constraint which names none: auto picks per constraint the "
+                        "one that enforces every keyword and answers first, xgrammar or llguidance always that "
+                        "one (docs/constraints.md) (default: %(default)s)")
     b.add_argument("--compile-timeout", type=float, default=defaults.compile_timeout_s,
                    help="seconds one grammar compile may take (default: %(default)s)")
     b.add_argument("--max-schema-depth", type=int, default=defaults.max_schema_depth,

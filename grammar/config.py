@@ -36,9 +36,9 @@ class GrammarConfig:
     # close a constrained output before it runs out of tokens, and the JSON kinds' runaway loops
     # (grammar/runtime/early_closing.py); engine default, a request may switch it off (or on)
     close_early: bool = True
-    # the library that compiles a constraint which names none: "xgrammar", "llguidance" or "auto"
-    # (grammar/selection.py picks per constraint; opt-in: llguidance cannot always close early)
-    grammar_backend: str = "xgrammar"
+    # the library that compiles a constraint which names none: "auto" (grammar/selection.py picks
+    # per constraint), "xgrammar" or "llguidance"
+    grammar_backend: str = "auto"
 
     def __post_init__(self) -> None:
         for name in ("max_spec_bytes", "max_schema_depth", "cache_bytes", "num_compile_threads",

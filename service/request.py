@@ -73,6 +73,9 @@ class ChatOptions:
     template_kwargs: dict[str, Any] = field(default_factory=dict)
     allowed_tools: tuple[str, ...] = ()  # auto / required: the only tools that may be called (empty: all)
     think_constraint: ConstraintRequest | None = None  # the think section's own constraint; None: free thinking
+    # "auto", "xgrammar" or "llguidance" for every grammar the request compiles (its constraint, its
+    # tools' calls, its think section's); None: the constraint's own choice, else the server's default
+    grammar_backend: str | None = None
 
 
 @dataclass(frozen=True)

@@ -190,7 +190,7 @@ class _NamingBackend(FakeBackend):
 
 
 def test_compile_times_and_failures_name_their_backend():
-    compiler, _ = make_compiler(_NamingBackend(), max_spec_bytes=64)
+    compiler, _ = make_compiler(_NamingBackend(), max_spec_bytes=64, grammar_backend="xgrammar")
     compiler.submit(regex("a+")).result(timeout=5)
     with pytest.raises(GrammarError):
         compiler.submit(Constraint("regex", "bad-1", grammar_backend="auto")).result(timeout=5)
