@@ -17,6 +17,9 @@ class GrammarConfig:
     max_schema_depth: int = 64
     cache_bytes: int = 256 << 20
     num_compile_threads: int = 1
+    # compiles run in Linux's idle scheduling class, rescued when starved (grammar/compiler.py):
+    # a heavy schema's compile then costs the running requests next to nothing
+    idle_compiles: bool = True
     jump_forward: bool = True  # engine default; a request may switch it off (or on)
     # bytes of forced text jump-forward takes per step, and the most output a grammar may need at
     # one point (grammar/xgrammar/output_bounds.py): beyond it, forced text could outgrow any request
