@@ -50,9 +50,9 @@ class LLGuidanceBackend(GrammarBackend):
     Compiling validates the grammar, builds a template matcher and searches for the shortest output
     (as on xgrammar, so closing early keeps its budget and a max_tokens below it is refused); no
     token mask is built ahead (llguidance computes each step's mask from its lexer and parser), so
-    a new schema answers in milliseconds. Think sections with a token budget are refused (an UnsupportedError, so
-    auto takes xgrammar): the budget's forced end marker is xgrammar's; so are the parts of a
-    structural tag structural_lark.py cannot write.
+    a new schema answers in milliseconds. Think sections with a token budget are refused (an
+    UnsupportedError, so auto takes xgrammar): the budget's forced end marker is xgrammar's; so
+    are the parts of a structural tag structural_lark.py cannot write.
     """
 
     name = "llguidance"
