@@ -71,3 +71,14 @@ def test_the_engine_refuses_it_before_the_first_token(name):
     # closing off: nothing is checked, the output may be cut
     assert manager.try_activate(off.request_id, off.structured_output, max_tokens=3, context_left=1000)
 
+
+
+def test_both_backends_know_a_long_shortest_output_when_compiling():
+    # a real schema's shape (JSONSchemaBench's Github_ultra): hundreds of required parts, a
+    # shortest output of hundreds of tokens that a step's 20 ms search cannot find
+    many = json.dumps({"type": "object", "properties": {f"field_{n:03d}": {"type": "integer"} for n in range(150)},
+                       "required": [f"field_{n:03d}" for n in range(150)]})
+    minimums = {name: factory().compile(Constraint("json_schema", many)).min_output_tokens
+                for name, factory in BACKENDS.items()}
+    assert minimums["xgrammar"] is not None and minimums["xgrammar"] > 300
+    assert minimums["llguidance"] == minimums["xgrammar"]
