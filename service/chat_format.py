@@ -17,6 +17,7 @@ from engine.sampling_params import SamplingParams
 from grammar.chat.reasoning import ReasoningMarkers, markers_for_model
 from grammar.chat.structural_tag import StructuralTagError
 from grammar.chat.tool_calls import SYNTAXES, Tool, ToolCalls, syntax_for_model
+from grammar.config import GRAMMAR_BACKENDS
 from grammar.constraint import Constraint, after_thinking, with_tool_calls
 from service.assistant_output import OutputShape
 from service.errors import invalid_argument
@@ -88,6 +89,7 @@ class ChatFormat:
                                         reasoning.start)
         elif options.reasoning_budget is not None:
             raise invalid_argument("reasoning.budget_tokens", "needs reasoning on (a model with think markers)")
+        constraint = _with_grammar_backend(constraint, options.grammar_backend)
         if constraint is not None:
             try:
                 constraint.validate()
@@ -226,3 +228,20 @@ def _model_type(model_dir: str | None) -> str | None:
     except (OSError, json.JSONDecodeError):
         return None
     return config.get("model_type") if isinstance(config, dict) else None
+
+
+def _with_grammar_backend(constraint: Constraint | None, backend: str | None) -> Constraint | None:
+    """`constraint` (the output's, the tools' calls, the think section's: one grammar) compiled by
+    the request's `backend` (ChatOptions.grammar_backend), which a constraint's own choice may only repeat."""
+    if backend is None:
+        return constraint
+    if backend not in GRAMMAR_BACKENDS:
+        raise invalid_argument("grammar_backend", f"unknown grammar backend {backend!r}; expected one of "
+                                                  f"{', '.join(GRAMMAR_BACKENDS)}")
+    if constraint is None:
+        raise invalid_argument("grammar_backend", "needs a grammar to choose for: an output constraint, tools, or "
+                                                  "reasoning with a budget or a think constraint")
+    if constraint.grammar_backend and constraint.grammar_backend != backend:
+        raise invalid_argument("grammar_backend", f"is {backend!r}, but constraint.grammar_backend is "
+                                                  f"{constraint.grammar_backend!r}: set one of them")
+    return msgspec.structs.replace(constraint, grammar_backend=backend)

@@ -78,6 +78,9 @@ class ChatOptions:
     # the request's constraint covers the whole output from its first token, think section
     # included (vLLM's structured_outputs.enable_in_reasoning); False: it applies after thinking
     constraint_in_reasoning: bool = False
+    # "auto", "xgrammar" or "llguidance" for every grammar the request compiles (its constraint, its
+    # tools' calls, its think section's); None: the constraint's own choice, else the server's default
+    grammar_backend: str | None = None
 
 
 @dataclass(frozen=True)

@@ -27,6 +27,7 @@ from grammar.llguidance.structural_lark import structural_lark
 from grammar.regex.repeat_counts import find_large_repeat
 from grammar.runtime.char_tokens import CharTokens
 from grammar.runtime.closing_hints import closing_hints
+from grammar.runtime.early_closing import shortest_output_tokens
 from grammar.runtime.jump_forward import ForcedTextTokenizer
 
 if TYPE_CHECKING:
@@ -46,11 +47,12 @@ _MAX_ERROR_CHARS = 400  # llguidance's messages can quote a whole grammar
 class LLGuidanceBackend(GrammarBackend):
     """Compiles constraints with llguidance for one tokenizer. `compile` is thread-safe.
 
-    Compiling validates the grammar and builds a template matcher; no token mask is built ahead
-    (llguidance computes each step's mask from its lexer and parser), so a new schema answers in
-    about a millisecond. Think sections with a token budget are refused (an UnsupportedError, so
-    auto takes xgrammar): the budget's forced end marker is xgrammar's; so are the parts of a
-    structural tag structural_lark.py cannot write.
+    Compiling validates the grammar, builds a template matcher and searches for the shortest output
+    (as on xgrammar, so closing early keeps its budget and a max_tokens below it is refused); no
+    token mask is built ahead (llguidance computes each step's mask from its lexer and parser), so
+    a new schema answers in milliseconds. Think sections with a token budget are refused (an
+    UnsupportedError, so auto takes xgrammar): the budget's forced end marker is xgrammar's; so
+    are the parts of a structural tag structural_lark.py cannot write.
     """
 
     name = "llguidance"
@@ -99,7 +101,9 @@ class LLGuidanceBackend(GrammarBackend):
             raise GrammarError(f"{constraint.kind} is not fully enforceable: {_short(notes[0])}")
         not_enforced += [f"{constraint.kind}: {_short(n)}" for n in notes]
         self._probe_first_fill(constraint.kind, template)
-        return LLGuidanceCompiled(template, grammar, constraint.kind, not_enforced, closing_hints(constraint))
+        compiled = LLGuidanceCompiled(template, grammar, constraint.kind, not_enforced, closing_hints(constraint))
+        compiled.min_output_tokens = shortest_output_tokens(self.make_grammar(compiled))
+        return compiled
 
     def _grammar(self, constraint: Constraint, not_enforced: list[str]) -> str:
         """llguidance's grammar text (its JSON form) of a constraint, think section aside."""

@@ -112,12 +112,17 @@ def _chat_options(body: ChatCompletionRequest) -> ChatOptions:
     parallel = body.parallel_tool_calls if body.parallel_tool_calls is not None else True
     return ChatOptions(tools, choice, name, parallel, thinking, budget, template_kwargs=dict(kwargs),
                        allowed_tools=allowed, think_constraint=reasoning_format(body.formwork),
-                       constraint_in_reasoning=_in_reasoning(body))
+                       constraint_in_reasoning=_in_reasoning(body), grammar_backend=grammar_backend(body.formwork))
 
 
 def _in_reasoning(body: _GenerationRequest) -> bool:
     """vLLM's structured_outputs.enable_in_reasoning: the constraint covers the whole output."""
     return bool(body.structured_outputs and body.structured_outputs.enable_in_reasoning)
+
+
+def grammar_backend(options: FormworkOptions | None) -> str | None:
+    """formwork.grammar_backend, for every grammar the request compiles (ChatOptions.grammar_backend)."""
+    return options.grammar_backend if options else None
 
 
 def reasoning_format(options: FormworkOptions | None) -> ConstraintRequest | None:
@@ -199,7 +204,7 @@ def translate_completion(body: CompletionRequest) -> Translated:
         prompts = [PromptInput(field="prompt", text=p) if isinstance(p, str) else _token_prompt(p, f"prompt[{i}]")
                    for i, p in enumerate(prompt)]  # type: ignore[union-attr]
     names.names[IN_REASONING_FIELD] = "structured_outputs.enable_in_reasoning"
-    chat = ChatOptions(constraint_in_reasoning=_in_reasoning(body))
+    chat = ChatOptions(constraint_in_reasoning=_in_reasoning(body), grammar_backend=grammar_backend(body.formwork))
     return _translated(body, GenerationRequest(tuple(prompts), sampling, constraint, chat), names)
 
 
@@ -217,6 +222,7 @@ def _translated(body: _GenerationRequest, request: GenerationRequest, names: Fie
     if body.stream_options is not None and not body.stream:
         raise invalid_argument("stream_options", "is only allowed with stream: true")
     priority = body.formwork.priority if body.formwork else 0
+    names.names["grammar_backend"] = "formwork.grammar_backend"
     return Translated(dataclasses.replace(request, priority=priority), names, body.n, body.stream, include_usage,
                       continuous_usage)
 
@@ -298,8 +304,6 @@ def _constraint(body: _GenerationRequest, names: FieldNames) -> ConstraintReques
                                                "constraint")
         if body.formwork and body.formwork.close_early is not None:
             raise invalid_argument("formwork", "close_early needs an output constraint")
-        if body.formwork and body.formwork.grammar_backend is not None:
-            raise invalid_argument("formwork.grammar_backend", "needs an output constraint")
         return None
     http_field, constraint = found[0]
     names.names[f"constraint.{constraint.kind}"] = http_field

@@ -11,7 +11,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from formwork_client._gen.formwork.v1 import generation_pb2 as pb
-from formwork_client.constraints import ConstraintLike, json_schema, to_constraint
+from formwork_client.constraints import GRAMMAR_BACKENDS, ConstraintLike, json_schema, to_constraint
 from formwork_client.errors import IncompleteOutputError
 from formwork_client.tools import set_tools, to_message, to_tool_choice
 
@@ -33,7 +33,7 @@ def generate_request(prompt: str | pb.GenerateRequest | None = None, *, messages
                      tool_choice: str | Mapping[str, Any] | None = None, parallel_tool_calls: bool | None = None,
                      reasoning: bool | None = None, reasoning_budget: int | None = None,
                      reasoning_format: ConstraintLike | None = None, constraint_in_reasoning: bool = False,
-                     speculative: bool | None = None) -> pb.GenerateRequest:
+                     speculative: bool | None = None, grammar_backend: str | None = None) -> pb.GenerateRequest:
     """A GenerateRequest. The input is exactly one of `prompt` (raw text, tokenized as is),
     `messages` (a chat, rendered with the model's chat template) or `prompt_token_ids`; a ready
     GenerateRequest passed as `prompt` is used as it is. A dict `constraint` is a JSON Schema.
@@ -45,7 +45,9 @@ def generate_request(prompt: str | pb.GenerateRequest | None = None, *, messages
     and `reasoning` hold the answer read back.
     `speculative`: drafting from the prompt on or off for this request (None: the server's
     default); the output is the same either way, only faster or slower (usage.draft_tokens).
-    `min_tokens`: EOS, stop tokens and stop strings cannot end the output before this many tokens."""
+    `min_tokens`: EOS, stop tokens and stop strings cannot end the output before this many tokens.
+    `grammar_backend` ("auto", "xgrammar", "llguidance"): the library for every grammar the request
+    compiles, its tools' calls and think section included (None: the constraint's own, else the server's)."""
     if isinstance(prompt, pb.GenerateRequest):
         return prompt
     request = pb.GenerateRequest(request_id=request_id, priority=priority, stop=list(stop),
@@ -71,6 +73,10 @@ def generate_request(prompt: str | pb.GenerateRequest | None = None, *, messages
         request.tool_choice.CopyFrom(to_tool_choice(tool_choice))
     if parallel_tool_calls is not None:
         request.parallel_tool_calls = parallel_tool_calls
+    if grammar_backend is not None:
+        if grammar_backend not in GRAMMAR_BACKENDS:
+            raise ValueError(f"grammar_backend must be one of {', '.join(GRAMMAR_BACKENDS)}, not {grammar_backend!r}")
+        request.grammar_backend = GRAMMAR_BACKENDS[grammar_backend]
     return request
 
 
