@@ -100,6 +100,8 @@ def add_bench_parser(subparsers, add_engine_args) -> None:
 
     from bench.bombs import add_parser as add_bombs_parser
     add_bombs_parser(which)
+    from bench.compile_interference import add_parser as add_compile_interference_parser
+    add_compile_interference_parser(which)
     from bench.affinity import add_affinity_parser
     add_affinity_parser(which)
     from bench.batch_interference import add_parser as add_batch_interference_parser

@@ -8,9 +8,10 @@ from bench.serve import Client, RequestSpec
 from engine.frontend.tool_prompt import messages_with_tools
 from grammar.chat.tool_calls import SYNTAXES
 
-# Formwork's tool-call syntax -> the vLLM tool-call parser that reads it
+# Formwork's tool-call syntax -> the vLLM tool-call parser that reads it ("": vLLM has none)
 VLLM_TOOL_PARSERS = {"hermes": "hermes", "llama3_json": "llama3_json", "mistral": "mistral",
-                     "phi4_mini": "phi4_mini_json", "qwen3_coder": "qwen3_coder", "pythonic": "pythonic"}
+                     "phi4_mini": "phi4_mini_json", "qwen3_coder": "qwen3_coder", "pythonic": "pythonic",
+                     "tool_code": ""}
 
 
 def _template_tools(tools: list[dict]) -> list[dict]:

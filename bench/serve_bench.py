@@ -180,6 +180,10 @@ async def peer_runs(client: Client, names: list[str], concurrencies: list[int], 
             status[name] = {"status": "skipped", "reason": "this peer does not answer tool-call requests"}
             log(f"peer {name}: skipped (no tool calls)")
             continue
+        if workload == "tool-calls" and name.startswith("vllm") and not VLLM_TOOL_PARSERS.get(syntax, syntax):
+            status[name] = {"status": "skipped", "reason": f"vLLM has no tool-call parser for the {syntax} syntax"}
+            log(f"peer {name}: skipped (no parser for {syntax})")
+            continue
         levels = [1] if name == "llama-cpp" else concurrencies  # one sequence at a time
         payload_runs = []
         for c in levels:

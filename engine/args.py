@@ -50,8 +50,12 @@ def add_engine_args(parser: argparse.ArgumentParser) -> None:
     defaults = GrammarConfig()
     b = parser.add_argument_group("grammar bounds (a constraint past one is refused: docs/constraints.md)")
     b.add_argument("--grammar-backend", choices=list(GRAMMAR_BACKENDS), default=defaults.grammar_backend,
-                   help="the library that compiles a constraint which names none; auto picks per constraint "
-                        "(docs/constraints.md) (default: %(default)s)")
+                   help="the library that compiles a constraint which names none: auto picks per constraint the "
+                        "one that enforces every keyword and answers first, xgrammar or llguidance always that "
+                        "one (docs/constraints.md) (default: %(default)s)")
+    b.add_argument("--no-idle-compiles", action="store_true",
+                   help="compile grammars at normal CPU priority, not in the idle class (rescued when starved) "
+                        "that keeps a heavy compile from slowing running requests")
     b.add_argument("--compile-timeout", type=float, default=defaults.compile_timeout_s,
                    help="seconds one grammar compile may take (default: %(default)s)")
     b.add_argument("--max-schema-depth", type=int, default=defaults.max_schema_depth,
@@ -97,7 +101,7 @@ def engine_config_from_args(args: argparse.Namespace):
                           kv_cache_bytes=int(args.kv_cache_gib * (1 << 30)),
                           enable_prefix_caching=not args.no_prefix_caching),
         grammar=GrammarConfig(jump_forward=not args.no_jump_forward, close_early=not args.no_close_early,
-                              compile_timeout_s=args.compile_timeout,
+                              compile_timeout_s=args.compile_timeout, idle_compiles=not args.no_idle_compiles,
                               max_schema_depth=args.max_schema_depth, max_forced_bytes=args.max_forced_bytes,
                               max_repeat_count=args.max_repeat_count, max_fill_ms=args.max_fill_ms,
                               lazy_fill_budget_ms=args.lazy_fill_budget_ms, grammar_backend=args.grammar_backend),

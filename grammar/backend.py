@@ -92,12 +92,14 @@ class Grammar(ABC):
         text with what follows.
         """
 
-    def closing_token_ids(self, max_tokens: int, first_fills: FirstFillBudget | None = None) -> list[int] | None:
+    def closing_token_ids(self, max_tokens: int, first_fills: FirstFillBudget | None = None, max_nodes: int = 1000,
+                          max_cpu_s: float = 0.02) -> list[int] | None:
         """Tokens that complete the output from here, at most `max_tokens` of them: the text that
         closes what is open (a string, required properties with minimal values, the containers),
         then a stop token unless nothing may follow it anyway. Not accepted: the matcher is as
         it was. None when no closing is found within `max_tokens` (or the backend cannot tell).
-        `first_fills`: pays for the search's waits on lazily built masks (closing_search.py)."""
+        `first_fills`: pays for the search's waits on lazily built masks; `max_nodes`, `max_cpu_s`:
+        the search's own budget, a step's by default (grammar/runtime/closing_search.py)."""
         return None
 
     def completes(self, token_ids: list[int], strict: bool = False) -> bool:

@@ -20,6 +20,7 @@ from grammar.backend import CompiledGrammar, GrammarBackend, GrammarError, Unsup
 from grammar.chat.tool_call_format import arguments_notes
 from grammar.cpu_wait import thread_cpu_wait_s
 from grammar.json_schema.limits import check_limits
+from grammar.runtime.low_priority import IdleClassPool
 
 if TYPE_CHECKING:
     from grammar.config import GrammarConfig
@@ -51,6 +52,10 @@ class GrammarCompiler:
       duplicates fail fast instead of queueing more runaway compiles), and when it finishes its
       outcome replaces the timeout in the cache, so the work is not wasted on the next request.
       Meanwhile it occupies a pool thread; compiles queued behind it wait.
+    * The compile itself runs in Linux's idle scheduling class (GrammarConfig.idle_compiles;
+      grammar/runtime/low_priority.py): a schema that takes seconds to compile takes them from
+      the gaps the forward pass leaves, not from the requests already generating. A compile kept
+      from a CPU for STARVED_AFTER_S is rescued at normal priority, so it is never starved.
 
     Thread-safe: any thread may submit; futures are resolved on pool or timer threads and never
     change state afterwards. Futures cannot be cancelled (several requests may share one).
@@ -66,7 +71,13 @@ class GrammarCompiler:
             config = GrammarConfig()
         self.backend = backend
         self.config = config
-        self._pool = ThreadPoolExecutor(max(1, config.num_compile_threads), thread_name_prefix="grammar-compile")
+        num_threads = max(1, config.num_compile_threads)
+        # each compile's own thread: it waits for the compile (rescuing it if starved) and keeps its limits
+        self._pool = ThreadPoolExecutor(num_threads, thread_name_prefix="grammar-compile")
+        # where the compiles run: a compile has no state another run of it could race on
+        self._idle = (IdleClassPool(num_threads, thread_name_prefix="grammar-compile-idle", restartable=True,
+                                    cpu_wait_s=cpu_wait_s or thread_cpu_wait_s)
+                      if config.idle_compiles else None)
         self._lock = threading.Lock()  # guards everything below
         self._cache: OrderedDict[tuple, tuple[CompiledGrammar | GrammarError, int]] = OrderedDict()
         self._cache_bytes = 0
@@ -118,6 +129,8 @@ class GrammarCompiler:
         """Stop compiling: queued compiles are dropped and their futures fail; running ones
         finish in the background."""
         self._pool.shutdown(wait=False, cancel_futures=True)
+        if self._idle is not None:
+            self._idle.shutdown(wait=False, cancel_futures=True)
         with self._lock:
             pending = list(self._in_flight.values())
             self._in_flight.clear()
@@ -164,10 +177,9 @@ class GrammarCompiler:
         timeout_s = self.config.compile_timeout_s
         timer = None
         start = time.monotonic()
+        runs = _Runs(self._cpu_wait_s)
         if timeout_s and timeout_s > 0:
-            thread_id = threading.get_native_id()
-            timer = _LimitTimer(timeout_s, start, lambda: self._cpu_wait_s(thread_id),
-                                lambda: self._expire(key, constraint, future))
+            timer = _LimitTimer(timeout_s, runs.own_s, lambda: self._expire(key, constraint, future))
         outcome: CompiledGrammar | GrammarError
         failure = None  # the reason, for the failure counts
         try:
@@ -176,7 +188,10 @@ class GrammarCompiler:
             if constraint.think is not None:
                 check_limits(constraint.think, self.config.max_spec_bytes, self.config.max_schema_depth)
             failure = "invalid"
-            outcome = self.backend.compile(constraint)
+            if self._idle is None:
+                outcome = runs.run(self.backend.compile, constraint)
+            else:
+                outcome = self._idle.result(self._idle.submit(runs.run, self.backend.compile, constraint))
             failure = None
         except GrammarError as e:
             outcome = e
@@ -262,15 +277,37 @@ def _failed(error: GrammarError) -> Future[CompiledGrammar]:
     return _done(error)
 
 
-class _LimitTimer:
-    """Calls `expire` once `limit_s` of the compile's own time has passed: wall time since `start`
-    less what `cpu_wait_s()` (its thread's wait for a CPU) grew by meanwhile."""
+class _Runs:
+    """The runs of one compile (a starved one is run again at normal priority) and the time each
+    has had a CPU."""
 
-    def __init__(self, limit_s: float, start: float, cpu_wait_s: Callable[[], float],
-                 expire: Callable[[], None]) -> None:
-        self._limit_s, self._start, self._expire = limit_s, start, expire
+    def __init__(self, cpu_wait_s: Callable[[int], float]) -> None:
         self._cpu_wait_s = cpu_wait_s
-        self._first_wait_s = cpu_wait_s()
+        self._lock = threading.Lock()
+        self._starts: list[tuple[int, float, float]] = []  # (thread id, start, its CPU wait then) per run
+
+    def run(self, fn: Callable[[Constraint], CompiledGrammar], constraint: Constraint) -> CompiledGrammar:
+        thread_id = threading.get_native_id()
+        with self._lock:
+            self._starts.append((thread_id, time.monotonic(), self._cpu_wait_s(thread_id)))
+        return fn(constraint)
+
+    def own_s(self) -> float:
+        """The furthest run's time with a CPU: wall time since it started less what its thread
+        waited for one meanwhile (0 before any run starts: a queued compile has done nothing)."""
+        now = time.monotonic()
+        with self._lock:
+            starts = list(self._starts)
+        return max((now - start - (self._cpu_wait_s(thread_id) - first_wait_s)
+                    for thread_id, start, first_wait_s in starts), default=0.0)
+
+
+class _LimitTimer:
+    """Calls `expire` once `own_s()` (the compile's own time: wall time less the time it waited for
+    a CPU, _Runs.own_s) reaches `limit_s`."""
+
+    def __init__(self, limit_s: float, own_s: Callable[[], float], expire: Callable[[], None]) -> None:
+        self._limit_s, self._own_s, self._expire = limit_s, own_s, expire
         self._lock = threading.Lock()
         self._cancelled = False
         self._timer: threading.Timer | None = None
@@ -284,7 +321,7 @@ class _LimitTimer:
                 self._timer.start()
 
     def _check(self) -> None:
-        own_s = time.monotonic() - self._start - (self._cpu_wait_s() - self._first_wait_s)
+        own_s = self._own_s()
         if own_s < self._limit_s:  # kept from a CPU by other work: the rest of the limit still stands
             self._arm(max(self._limit_s - own_s, _MIN_RECHECK_S))
         else:

@@ -17,6 +17,9 @@ class GrammarConfig:
     max_schema_depth: int = 64
     cache_bytes: int = 256 << 20
     num_compile_threads: int = 1
+    # compiles run in Linux's idle scheduling class, rescued when starved (grammar/compiler.py):
+    # a heavy schema's compile then costs the running requests next to nothing
+    idle_compiles: bool = True
     jump_forward: bool = True  # engine default; a request may switch it off (or on)
     # bytes of forced text jump-forward takes per step, and the most output a grammar may need at
     # one point (grammar/xgrammar/output_bounds.py): beyond it, forced text could outgrow any request
@@ -36,9 +39,9 @@ class GrammarConfig:
     # close a constrained output before it runs out of tokens, and the JSON kinds' runaway loops
     # (grammar/runtime/early_closing.py); engine default, a request may switch it off (or on)
     close_early: bool = True
-    # the library that compiles a constraint which names none: "xgrammar", "llguidance" or "auto"
-    # (grammar/selection.py picks per constraint; opt-in: llguidance cannot always close early)
-    grammar_backend: str = "xgrammar"
+    # the library that compiles a constraint which names none: "auto" (grammar/selection.py picks
+    # per constraint), "xgrammar" or "llguidance"
+    grammar_backend: str = "auto"
 
     def __post_init__(self) -> None:
         for name in ("max_spec_bytes", "max_schema_depth", "cache_bytes", "num_compile_threads",

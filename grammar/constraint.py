@@ -123,8 +123,9 @@ class Constraint(msgspec.Struct, array_like=True, omit_defaults=True, frozen=Tru
         if not self.think_end:
             raise ValueError("a think constraint needs think_end (the marker that ends thinking)")
         if self.think_budget:
-            raise ValueError("a think constraint cannot be combined with a think budget (the forced end marker "
-                             "would cut the think constraint short); bound the think constraint itself, "
+            raise ValueError("a think constraint cannot be combined with a think budget: a token budget is "
+                             "enforced only over free text, and the end marker forced at the budget would cut "
+                             "the think text off mid-grammar, unmatched; bound the think constraint itself, "
                              "e.g. a regex with a count")
         if think.kind not in THINK_KINDS:
             raise ValueError(f"a think constraint's kind must be one of {', '.join(THINK_KINDS)}, got {think.kind!r}")

@@ -7,8 +7,9 @@ leaves nothing out when one does. Among the backends that enforce it all, the on
 answer first: xgrammar compiles its token masks before the first token (tens of ms for a small
 schema, seconds for a large one), llguidance builds each mask as the output reaches it (a few ms
 to start, about the same per step), so a large schema starts on llguidance. A small one stays on
-xgrammar, which does more at compile time (never-ending grammars refused, the shortest output
-searched, think budgets).
+xgrammar, which does more at compile time (never-ending grammars refused, think budgets). Both
+search for the shortest output when compiling, which closing early needs; where llguidance finds
+none (too long, or an output that never ends), xgrammar compiles it.
 """
 from __future__ import annotations
 
@@ -86,6 +87,15 @@ class SelectingBackend(GrammarBackend):
             # llguidance was first only for speed: xgrammar, the default, has the last word (its
             # message, too), so a spec is never refused for being large
             return self._compile_with(second, constraint)
+        if compiled.min_output_tokens is None and second == "xgrammar":
+            # llguidance found no shortest output: closing early would not know what to keep for
+            # it, and an output that never ends would run to max_tokens. xgrammar refuses the
+            # latter and otherwise does what the default always did; its refusal stands, but for
+            # a keyword it does not enforce
+            try:
+                return self._compile_with(second, constraint)
+            except UnsupportedError:
+                return compiled
         if compiled.not_enforced and second is not None:  # best effort: does the other leave nothing out?
             try:
                 other = self._compile_with(second, constraint)

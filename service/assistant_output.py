@@ -25,6 +25,9 @@ class OutputShape:
 
     tool_syntax: CallSyntax | None = None  # set: calls are parsed out of the answer
     reasoning: ReasoningMarkers | None = None  # set: the output starts with a think section
+    # with `reasoning`: the output is a think section only if it opens with the start marker (a
+    # constraint over the whole output decides whether it writes one); otherwise all of it is answer
+    think_if_opened: bool = False
 
     @property
     def plain(self) -> bool:
@@ -115,6 +118,12 @@ class AssistantStream:
 def _think(text: str, shape: OutputShape, finished: bool) -> tuple[str, str]:
     if shape.reasoning is None:
         return "", text
+    if shape.think_if_opened:
+        opening = text.lstrip()
+        if not finished and shape.reasoning.start.startswith(opening):  # the start marker may still be coming
+            return "", ""
+        if not opening.startswith(shape.reasoning.start):
+            return "", text
     reasoning, answer, _ = split_reasoning(text, shape.reasoning, finished)
     return reasoning, answer
 

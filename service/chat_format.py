@@ -15,12 +15,14 @@ import msgspec
 
 from engine.sampling_params import SamplingParams
 from grammar.chat.reasoning import ReasoningMarkers, markers_for_model
+from grammar.chat.structural_tag import StructuralTagError
 from grammar.chat.tool_calls import SYNTAXES, Tool, ToolCalls, syntax_for_model
+from grammar.config import GRAMMAR_BACKENDS
 from grammar.constraint import Constraint, after_thinking, with_tool_calls
 from service.assistant_output import OutputShape
 from service.errors import invalid_argument
 from service.limits import ServiceLimits
-from service.request import THINK_FIELD, ChatOptions, PromptInput
+from service.request import IN_REASONING_FIELD, THINK_FIELD, ChatOptions, PromptInput
 
 
 @dataclass(frozen=True)
@@ -72,27 +74,30 @@ class ChatFormat:
         template_kwargs: dict[str, Any] = dict(options.template_kwargs)
         syntax = None
         if tools and choice != "none":
-            if constraint is not None and constraint.kind == "structural_tag":
-                raise invalid_argument("constraint.structural_tag", "cannot be combined with tools; write the calls "
-                                                                    "as tags of the structural tag, or send no tools")
             calls = ToolCalls(tuple(tools), choice, options.tool_name, options.parallel_tool_calls, self.tool_syntax,
                               allowed=options.allowed_tools)
+            if constraint is not None and constraint.kind == "structural_tag" and choice == "auto":
+                _check_tags_beside_calls(calls, constraint)
             constraint = with_tool_calls(calls, constraint)
             syntax = calls.call_syntax  # typed by the tools' schemas where the syntax needs them
         reasoning = self._reasoning(options, template_kwargs)
         self._check_think(options, reasoning, think)
-        if reasoning is not None:
+        if options.constraint_in_reasoning:
+            _check_in_reasoning(options, constraint)
+        elif reasoning is not None:
             constraint = after_thinking(constraint, reasoning.end, options.reasoning_budget or 0, think,
                                         reasoning.start)
         elif options.reasoning_budget is not None:
             raise invalid_argument("reasoning.budget_tokens", "needs reasoning on (a model with think markers)")
+        constraint = _with_grammar_backend(constraint, options.grammar_backend)
         if constraint is not None:
             try:
                 constraint.validate()
             except ValueError as e:
                 raise invalid_argument("tools" if tools else "constraint", str(e)) from None
         template_tools = [_template_tool(t) for t in tools] or None
-        return ToolPlan(constraint, OutputShape(syntax, reasoning), template_tools, template_kwargs)
+        shape = OutputShape(syntax, reasoning, think_if_opened=options.constraint_in_reasoning)
+        return ToolPlan(constraint, shape, template_tools, template_kwargs)
 
     def render(self, options: ChatOptions, prompt: PromptInput, limits: ServiceLimits) -> PromptInput:
         """A chat `prompt` with the request's tools and think switch, as `plan` renders it for
@@ -113,9 +118,11 @@ class ChatFormat:
         if reasoning is None:
             raise invalid_argument(THINK_FIELD, "needs reasoning on (reasoning.enabled is false)")
         if options.reasoning_budget:
-            raise invalid_argument(THINK_FIELD, "cannot be combined with reasoning.budget_tokens (the forced end "
-                                                "marker would cut it short); bound the think constraint itself, "
-                                                "e.g. a regex with a count")
+            raise invalid_argument(THINK_FIELD, "cannot be combined with reasoning.budget_tokens: a token budget "
+                                                "is enforced only over free text (the grammar backends cap no "
+                                                "grammar's tokens), and the end marker forced at the budget would "
+                                                "cut the think text off mid-grammar, unmatched; bound the think "
+                                                "constraint itself, e.g. a regex with a count or a maxLength")
 
     def _reasoning(self, options: ChatOptions, template_kwargs: dict[str, Any]) -> ReasoningMarkers | None:
         """The markers of the think section the output starts with (None: none), with the template
@@ -136,6 +143,31 @@ class ChatFormat:
         if self.switches_thinking:
             template_kwargs["enable_thinking"] = True
         return self.reasoning
+
+
+def _check_tags_beside_calls(calls: ToolCalls, constraint: Constraint) -> None:
+    """A structural tag whose triggers and tags join the calls': none may clash with theirs."""
+    try:
+        dataclasses.replace(calls, answer={"kind": "structural_tag", "spec": constraint.spec}).validate()
+    except StructuralTagError as e:
+        raise invalid_argument(f"constraint.structural_tag.{e.path}", e.problem) from None
+
+
+# the switch as both wires name it (an error names the other field first)
+_IN_REASONING_NAMES = f"{IN_REASONING_FIELD} (HTTP: structured_outputs.enable_in_reasoning)"
+
+
+def _check_in_reasoning(options: ChatOptions, constraint: Constraint | None) -> None:
+    """A constraint over the whole output leaves no free think section to bound or constrain."""
+    if constraint is None:
+        raise invalid_argument(IN_REASONING_FIELD, "needs an output constraint (or tools) to cover the whole "
+                                                   "output")
+    if options.reasoning_budget is not None:
+        raise invalid_argument("reasoning.budget_tokens", f"cannot be combined with {_IN_REASONING_NAMES} (the "
+                                                          "constraint covers the think section too; bound it there)")
+    if options.think_constraint is not None:
+        raise invalid_argument(THINK_FIELD, f"cannot be combined with {_IN_REASONING_NAMES} (one constraint "
+                                            "covers the whole output, think section included)")
 
 
 def _tools(options: ChatOptions, limits: ServiceLimits) -> list[Tool]:
@@ -196,3 +228,20 @@ def _model_type(model_dir: str | None) -> str | None:
     except (OSError, json.JSONDecodeError):
         return None
     return config.get("model_type") if isinstance(config, dict) else None
+
+
+def _with_grammar_backend(constraint: Constraint | None, backend: str | None) -> Constraint | None:
+    """`constraint` (the output's, the tools' calls, the think section's: one grammar) compiled by
+    the request's `backend` (ChatOptions.grammar_backend), which a constraint's own choice may only repeat."""
+    if backend is None:
+        return constraint
+    if backend not in GRAMMAR_BACKENDS:
+        raise invalid_argument("grammar_backend", f"unknown grammar backend {backend!r}; expected one of "
+                                                  f"{', '.join(GRAMMAR_BACKENDS)}")
+    if constraint is None:
+        raise invalid_argument("grammar_backend", "needs a grammar to choose for: an output constraint, tools, or "
+                                                  "reasoning with a budget or a think constraint")
+    if constraint.grammar_backend and constraint.grammar_backend != backend:
+        raise invalid_argument("grammar_backend", f"is {backend!r}, but constraint.grammar_backend is "
+                                                  f"{constraint.grammar_backend!r}: set one of them")
+    return msgspec.structs.replace(constraint, grammar_backend=backend)

@@ -45,6 +45,8 @@ class ConstraintRequest:
 
 # the think section's constraint (ChatOptions.think_constraint), as errors name it
 THINK_FIELD = "reasoning.think_constraint"
+# ChatOptions.constraint_in_reasoning, as errors name it
+IN_REASONING_FIELD = "reasoning.constraint_in_reasoning"
 # the API's constraint fields -> the engine's constraint kind
 CONSTRAINT_FIELD_KINDS = {"json_schema": "json_schema", "json_schema_text": "json_schema",
                           "json_object": "json_object", "regex": "regex", "grammar": "grammar", "choice": "choice",
@@ -73,6 +75,12 @@ class ChatOptions:
     template_kwargs: dict[str, Any] = field(default_factory=dict)
     allowed_tools: tuple[str, ...] = ()  # auto / required: the only tools that may be called (empty: all)
     think_constraint: ConstraintRequest | None = None  # the think section's own constraint; None: free thinking
+    # the request's constraint covers the whole output from its first token, think section
+    # included (vLLM's structured_outputs.enable_in_reasoning); False: it applies after thinking
+    constraint_in_reasoning: bool = False
+    # "auto", "xgrammar" or "llguidance" for every grammar the request compiles (its constraint, its
+    # tools' calls, its think section's); None: the constraint's own choice, else the server's default
+    grammar_backend: str | None = None
 
 
 @dataclass(frozen=True)

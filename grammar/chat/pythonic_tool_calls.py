@@ -1,6 +1,12 @@
-"""Llama 3.2's (and Llama 4's) pythonic tool calls: one list of calls written as Python,
+"""Calls written as Python: Llama 3.2's (and Llama 4's) pythonic list,
 
     [get_weather(city="Paris", days=3), get_time(zone="CET")]
+
+and Gemma's documented function-calling form, the same calls one per line in a fenced block,
+
+    ```tool_code
+    get_weather(city="Paris", days=3)
+    ```
 
 each argument a keyword whose value is a Python literal. Read back as OpenAI's arguments JSON,
 keys in the order written; while a call is written its arguments stream one whole argument at a
@@ -29,9 +35,10 @@ _OBJECT_KEYWORDS = ("anyOf", "oneOf", "allOf", "not", "if", "$ref", "patternProp
 
 @dataclass(frozen=True)
 class PythonicSyntax(CallReader):
-    """All of a turn's calls in one `[...]` list of `name(key=value, ...)`. The constraint writes
-    a top-level boolean or null as Python (`True`, `None`) and every other value as JSON, which is
-    a Python literal but for the constants nested inside it (`true`); both read back."""
+    """All of a turn's calls, `name(key=value, ...)`, between `open` and `close` (a `[...]` list;
+    Gemma: a ```tool_code block). The constraint writes a top-level boolean or null as Python
+    (`True`, `None`) and every other value as JSON, which is a Python literal but for the
+    constants nested inside it (`true`); both read back. `trigger` is `open` up to its whitespace."""
 
     name: str = "pythonic"
     open: str = "["
@@ -55,7 +62,7 @@ class PythonicSyntax(CallReader):
                 raise ValueError(f"the arguments of a call to {name!r} must be a JSON object")
             written.append(f"{name}(" + ", ".join(f"{key}={python_literal(value)}"
                                                   for key, value in arguments.items()) + ")")
-        return "[" + self.separator.join(written) + "]"
+        return self.open + self.separator.join(written) + self.close
 
     # -- reading -------------------------------------------------------------------------------
 
@@ -70,12 +77,12 @@ class PythonicSyntax(CallReader):
             at = text.find(self.trigger, search)
             if at < 0:
                 break
-            found = _read_list(text, at)
+            found = self._read_list(text, at)
             if found.end is None:
                 if found.may_be_calls:
                     kept.append(text[pos:at])
                     return "".join(p for p in kept if p.strip(" \n")), calls, at
-                search = at + 1  # a bracket in the text
+                search = at + 1  # a bracket (or a fence) in the text
                 continue
             kept.append(text[pos:at])
             calls += [(call.name, _arguments(call, final=True)) for call in found.calls]
@@ -86,7 +93,61 @@ class PythonicSyntax(CallReader):
     def partial_calls(self, text: str, at: int) -> list[tuple[str, str]]:
         """The calls of the list begun at `at` that `scan` found not complete yet: (name, the
         arguments text written so far, whole arguments only), for streaming."""
-        return [(call.name, _arguments(call, final=False)) for call in _read_list(text, at).calls]
+        return [(call.name, _arguments(call, final=False)) for call in self._read_list(text, at).calls]
+
+    def _read_list(self, text: str, at: int) -> _List:
+        """The calls at `at` (the trigger) as far as they are written and read."""
+        found = _List()
+        closer, between = self.close.strip(), self.separator.strip()  # "" between: calls follow one another
+        pos = skip_space(text, at + len(self.trigger))
+        while True:
+            name = _NAME.match(text, pos)
+            if name is None or name.end() == len(text):
+                found.may_be_calls = pos == len(text) or (name is not None and name.start() == pos)
+                return found
+            pos = skip_space(text, name.end())
+            if pos == len(text):
+                return found
+            if text[pos] != "(":
+                found.may_be_calls = False
+                return found
+            call = _Call(name.group())
+            found.calls.append(call)
+            pos = skip_space(text, pos + 1)
+            while pos < len(text) and text[pos] != ")":
+                key = _KEY.match(text, pos)
+                if key is None:
+                    found.may_be_calls = False
+                    return found
+                pos = skip_space(text, key.end())
+                if not text.startswith("=", pos):
+                    found.may_be_calls = pos == len(text)
+                    return found
+                start = skip_space(text, pos + 1)
+                end = _value_end(text, start)
+                if end is None:
+                    return found
+                value = _literal(text[start:end])
+                if value is _NOT_A_LITERAL:
+                    found.may_be_calls = False
+                    return found
+                call.arguments.append((key.group(), value))
+                pos = skip_space(text, end)
+                if text.startswith(",", pos):
+                    pos = skip_space(text, pos + 1)
+            if pos >= len(text):
+                return found
+            pos = skip_space(text, pos + 1)  # past the `)`
+            if text.startswith(closer, pos):
+                found.end = pos + len(closer)
+                return found
+            if closer.startswith(text[pos:]):  # the close may still be coming
+                return found
+            if between:
+                if not text.startswith(between, pos):
+                    found.may_be_calls = False
+                    return found
+                pos = skip_space(text, pos + len(between))
 
     # -- the constrained format ----------------------------------------------------------------
 
@@ -96,7 +157,7 @@ class PythonicSyntax(CallReader):
         return {"type": "tag", "begin": f"{name}(", "content": content, "end": ""}
 
     def closing_words(self, tool: Tool) -> list[str]:
-        return [")", ")]"]
+        return [")", ")" + self.close]
 
     def raw_patterns(self, tool: Tool) -> list[str]:
         return []
@@ -170,57 +231,6 @@ def python_literal(value: Any) -> str:
         return "{" + ", ".join(f"{json.dumps(k, ensure_ascii=False)}: {python_literal(v)}"
                                for k, v in value.items()) + "}"
     return json.dumps(value, ensure_ascii=False)
-
-
-def _read_list(text: str, at: int) -> _List:
-    """The list of calls at `at` (a `[`) as far as it is written and reads."""
-    found = _List()
-    pos = skip_space(text, at + 1)
-    while True:
-        name = _NAME.match(text, pos)
-        if name is None or name.end() == len(text):
-            found.may_be_calls = pos == len(text) or (name is not None and name.start() == pos)
-            return found
-        pos = skip_space(text, name.end())
-        if pos == len(text):
-            return found
-        if text[pos] != "(":
-            found.may_be_calls = False
-            return found
-        call = _Call(name.group())
-        found.calls.append(call)
-        pos = skip_space(text, pos + 1)
-        while pos < len(text) and text[pos] != ")":
-            key = _KEY.match(text, pos)
-            if key is None:
-                found.may_be_calls = False
-                return found
-            pos = skip_space(text, key.end())
-            if not text.startswith("=", pos):
-                found.may_be_calls = pos == len(text)
-                return found
-            start = skip_space(text, pos + 1)
-            end = _value_end(text, start)
-            if end is None:
-                return found
-            value = _literal(text[start:end])
-            if value is _NOT_A_LITERAL:
-                found.may_be_calls = False
-                return found
-            call.arguments.append((key.group(), value))
-            pos = skip_space(text, end)
-            if text.startswith(",", pos):
-                pos = skip_space(text, pos + 1)
-        if pos >= len(text):
-            return found
-        pos = skip_space(text, pos + 1)  # past the `)`
-        if text.startswith("]", pos):
-            found.end = pos + 1
-            return found
-        if not text.startswith(",", pos):
-            found.may_be_calls = pos == len(text)
-            return found
-        pos = skip_space(text, pos + 1)
 
 
 def _value_end(text: str, start: int) -> int | None:

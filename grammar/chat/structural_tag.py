@@ -134,6 +134,18 @@ def tag_ends(format_: Format) -> list[str]:
     return ends
 
 
+def conflicting_trigger(tagged: Format, trigger: str) -> int | None:
+    """The index of the first trigger of `tagged` (a format whose top is `triggered_tags`) that
+    clashes with another `trigger` joining it (one is a prefix of the other: the text could not
+    tell which is meant), or None."""
+    if tagged["type"] != "triggered_tags":
+        return None
+    for index, own in enumerate(tagged["triggers"]):
+        if own.startswith(trigger) or trigger.startswith(own):
+            return index
+    return None
+
+
 def _from_structures(structures: Any, triggers: Any) -> Format:
     """The older shape as a triggered_tags format; its field paths stay the older shape's."""
     if not isinstance(structures, list) or not structures:

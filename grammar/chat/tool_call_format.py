@@ -7,7 +7,9 @@ leaf it compiled already, from the schema, by its json_schema path.
 * auto: free text; once the model writes the syntax's trigger the call is constrained
   (`triggered_tags`), and free text may follow it. With an answer constraint (a response_format
   beside the tools), either an answer in its grammar or only calls (`or`): triggered tags leave the
-  text between calls free, so text and calls cannot be mixed there.
+  text between calls free, so text and calls cannot be mixed there. A structural tag's own
+  triggered tags are the exception: its triggers and tags and the calls' join in one
+  `triggered_tags`, so free text may hold either (`with_tags`).
 """
 from __future__ import annotations
 
@@ -31,10 +33,24 @@ def tool_calls_format(spec: ToolCalls, arguments: dict[str, Format], answer: For
         calls = {"type": "tag", "begin": syntax.open, "content": calls, "end": syntax.close}
     if spec.choice != "auto":
         return calls
+    tags = [calls] if wrapped else calls["tags"]
+    if answer is not None and answer["type"] == "triggered_tags":
+        return with_tags(answer, syntax.trigger, tags, spec.parallel)
     if answer is not None:
         return {"type": "or", "elements": [answer, calls]}
-    tags = [calls] if wrapped else calls["tags"]
     return {"type": "triggered_tags", "triggers": [syntax.trigger], "tags": tags, "stop_after_first": not spec.parallel}
+
+
+def with_tags(tagged: Format, trigger: str, call_tags: list[Format], parallel: bool) -> Format:
+    """A structural tag's `triggered_tags` format with the calls' trigger and tags added: free
+    text may hold its tags and calls alike. Without `parallel`, the output stops after its first
+    tag of either kind (one triggered_tags cannot count the calls apart)."""
+    merged = dict(tagged)
+    merged["triggers"] = [*tagged["triggers"], trigger]
+    merged["tags"] = [*tagged["tags"], *call_tags]
+    if not parallel:
+        merged["stop_after_first"] = True
+    return merged
 
 
 def arguments_notes(tool: Tool, index: int, narrowed: list[str], unenforced: list[str], strict: bool) -> list[str]:

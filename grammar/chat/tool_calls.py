@@ -3,10 +3,11 @@
 A `ToolCalls` spec is what a "tool_calls" Constraint carries (as JSON text in `Constraint.spec`):
 the tools (name, description, JSON Schema of the arguments), the choice (auto / required / one
 named tool), whether several calls may follow one another, and the syntax the model writes calls
-in: JSON calls (`ToolCallSyntax`, here), Qwen3-Coder's XML parameters (xml_tool_calls.py) or
-Llama's pythonic list (pythonic_tool_calls.py), each with the same methods. Both backends build
-the calls' structural-tag format (tool_call_format.py); the front end reads calls back out of the
-text with the syntax's `parse`. No grammar library is imported here.
+in: JSON calls (`ToolCallSyntax`, here), Qwen3-Coder's XML parameters (xml_tool_calls.py), or
+Python calls in Llama's pythonic list or Gemma's ```tool_code block (pythonic_tool_calls.py), each
+with the same methods. Both backends build the calls' structural-tag format (tool_call_format.py);
+the front end reads calls back out of the text with the syntax's `parse`. No grammar library is
+imported here.
 """
 from __future__ import annotations
 
@@ -18,13 +19,13 @@ from typing import Any
 
 from grammar.chat.call_reader import CallReader, scan_calls, skip_space
 from grammar.chat.pythonic_tool_calls import PythonicSyntax
-from grammar.chat.structural_tag import Format
+from grammar.chat.structural_tag import Format, StructuralTagError, conflicting_trigger, parse_structural_tag
 from grammar.chat.tool import CompileLeaf, Tool
 from grammar.chat.xml_tool_calls import XmlParameterSyntax
 
 TOOL_CHOICES = ("auto", "required", "named")
 # the constraint kinds a text answer beside the calls may have (ToolCalls.answer)
-ANSWER_KINDS = ("json_schema", "json_object", "regex", "grammar", "choice")
+ANSWER_KINDS = ("json_schema", "json_object", "regex", "grammar", "choice", "structural_tag")
 _TOOL_NAME = re.compile(r"^[A-Za-z0-9_.:-]{1,64}$")
 
 
@@ -180,6 +181,8 @@ SYNTAXES: dict[str, CallSyntax] = {s.name: s for s in (
     XmlParameterSyntax(),
     # Llama 3.2 / Llama 4's pythonic calls: [f(a=1, b="x"), g()]
     PythonicSyntax(),
+    # Gemma's function calling: the same Python calls, one a line, in a ```tool_code block
+    PythonicSyntax("tool_code", open="```tool_code\n", close="\n```", separator="\n", trigger="```tool_code"),
 )}
 DEFAULT_SYNTAX = "hermes"
 
@@ -187,8 +190,10 @@ DEFAULT_SYNTAX = "hermes"
 FAMILY_SYNTAX = {
     "qwen2": "hermes", "qwen2_moe": "hermes", "qwen3": "hermes", "qwen3_moe": "hermes",
     "mistral": "mistral", "mixtral": "mistral",
-    # Gemma's templates hold no tools; Google documents the pythonic list for its function calling
-    "gemma": "pythonic", "gemma2": "pythonic", "gemma3": "pythonic", "gemma3_text": "pythonic", "gemma3n": "pythonic",
+    # Gemma's templates hold no tools; Google's Gemma function-calling guides have the model write
+    # its calls as Python in a ```tool_code block (and read results from a ```tool_output block)
+    "gemma": "tool_code", "gemma2": "tool_code", "gemma3": "tool_code", "gemma3_text": "tool_code",
+    "gemma3n": "tool_code",
 }
 
 
@@ -207,6 +212,8 @@ def syntax_for_model(model_type: str | None, chat_template: str | None) -> str:
         return "phi4_mini"
     if "[func_name" in template:  # the template teaches the pythonic list of calls
         return "pythonic"
+    if "```tool_code" in template:  # a template that teaches Gemma's fenced calls
+        return "tool_code"
     if "<|python_tag|>" in template or "ipython" in template:
         return "llama3_json"
     return FAMILY_SYNTAX.get(model_type or "", DEFAULT_SYNTAX)
@@ -303,3 +310,19 @@ class ToolCalls:
                                  "answer only with calls)")
             if not isinstance(self.answer, dict) or self.answer.get("kind") not in ANSWER_KINDS:
                 raise ValueError(f"the answer constraint needs a kind, one of {', '.join(ANSWER_KINDS)}")
+            if self.answer["kind"] == "structural_tag":
+                self._check_tags_beside_calls(self.answer.get("spec", ""))
+
+    def _check_tags_beside_calls(self, spec: str) -> None:
+        """A structural tag beside the calls: well formed, and none of its triggers clashing
+        with the call syntax's (StructuralTagError naming the trigger's path)."""
+        tagged = parse_structural_tag(spec)
+        trigger = self.call_syntax.trigger
+        index = conflicting_trigger(tagged, trigger)
+        if index is not None:
+            older_shape = "format" not in json.loads(spec)
+            raise StructuralTagError(f"{'' if older_shape else 'format.'}triggers[{index}]",
+                                     f"{tagged['triggers'][index]!r} clashes with the tool calls' trigger "
+                                     f"{trigger!r} ({self.syntax} syntax): one starts the other, so a call and a "
+                                     f"tag could not be told apart; choose a trigger that neither starts nor "
+                                     f"extends it")

@@ -27,6 +27,7 @@ from grammar.llguidance.structural_lark import structural_lark
 from grammar.regex.repeat_counts import find_large_repeat
 from grammar.runtime.char_tokens import CharTokens
 from grammar.runtime.closing_hints import closing_hints
+from grammar.runtime.early_closing import shortest_output_tokens
 from grammar.runtime.jump_forward import ForcedTextTokenizer
 
 if TYPE_CHECKING:
@@ -46,11 +47,12 @@ _MAX_ERROR_CHARS = 400  # llguidance's messages can quote a whole grammar
 class LLGuidanceBackend(GrammarBackend):
     """Compiles constraints with llguidance for one tokenizer. `compile` is thread-safe.
 
-    Compiling validates the grammar and builds a template matcher; no token mask is built ahead
-    (llguidance computes each step's mask from its lexer and parser), so a new schema answers in
-    about a millisecond. Think sections with a token budget are refused (an UnsupportedError, so
-    auto takes xgrammar): the budget's forced end marker is xgrammar's; so are the parts of a
-    structural tag structural_lark.py cannot write.
+    Compiling validates the grammar, builds a template matcher and searches for the shortest output
+    (as on xgrammar, so closing early keeps its budget and a max_tokens below it is refused); no
+    token mask is built ahead (llguidance computes each step's mask from its lexer and parser), so
+    a new schema answers in milliseconds. Think sections with a token budget are refused (an
+    UnsupportedError, so auto takes xgrammar): the budget's forced end marker is xgrammar's; so
+    are the parts of a structural tag structural_lark.py cannot write.
     """
 
     name = "llguidance"
@@ -99,7 +101,9 @@ class LLGuidanceBackend(GrammarBackend):
             raise GrammarError(f"{constraint.kind} is not fully enforceable: {_short(notes[0])}")
         not_enforced += [f"{constraint.kind}: {_short(n)}" for n in notes]
         self._probe_first_fill(constraint.kind, template)
-        return LLGuidanceCompiled(template, grammar, constraint.kind, not_enforced, closing_hints(constraint))
+        compiled = LLGuidanceCompiled(template, grammar, constraint.kind, not_enforced, closing_hints(constraint))
+        compiled.min_output_tokens = shortest_output_tokens(self.make_grammar(compiled))
+        return compiled
 
     def _grammar(self, constraint: Constraint, not_enforced: list[str]) -> str:
         """llguidance's grammar text (its JSON form) of a constraint, think section aside."""
@@ -193,32 +197,43 @@ class LLGuidanceBackend(GrammarBackend):
         arguments = tool_arguments(spec, constraint, lambda content, where, note: self._content_ref(
             content, where, note, contents, not_enforced), not_enforced)
         answer = None
-        if spec.answer is not None:
-            answer_grammar = self._grammar(answer_constraint(constraint, spec.answer, self.config), not_enforced)
-            answer = _content_ref_of(answer_grammar, contents)
-        return _compose(structural_lark(tool_calls_format(spec, arguments, answer)), contents)
+        if spec.answer is not None:  # a structural tag's own tree (its tags may join the calls'), else a grammar
+            checked = answer_constraint(constraint, spec.answer, self.config)
+            answer = (self._structural_tag_format(checked, contents, not_enforced) if checked.kind == "structural_tag"
+                      else _content_ref_of(self._grammar(checked, not_enforced), contents))
+        try:
+            lark = structural_lark(tool_calls_format(spec, arguments, answer))
+        except UnsupportedError as e:
+            raise UnsupportedError(f"tool_calls {e}") from None
+        return _compose(lark, contents)
 
     # -- structural tags ---------------------------------------------------------------------
 
     def _structural_tag_grammar(self, constraint: Constraint, not_enforced: list[str]) -> str:
         """The tag's Lark (grammar/llguidance/structural_lark.py) over its contents, each compiled
         as a constraint of its kind with the tag's options, named by its path on error."""
+        contents: dict[str, str] = {}
+        format_ = self._structural_tag_format(constraint, contents, not_enforced)
+        try:
+            lark = structural_lark(format_)
+        except UnsupportedError as e:
+            raise UnsupportedError(f"structural_tag {e}") from None
+        return _compose(lark, contents)
+
+    def _structural_tag_format(self, constraint: Constraint, contents: dict[str, str],
+                               not_enforced: list[str]) -> dict:
+        """The tag's format tree, each content a `ref` leaf to its grammar, added to `contents`."""
         try:
             format_ = parse_structural_tag(constraint.spec)
         except StructuralTagError as e:
             raise GrammarError(f"structural_tag {e}") from None
         older_shape = is_older_shape(constraint.spec)
-        contents: dict[str, str] = {}
 
         def compile_content(leaf: dict, path: str) -> dict:
             field = content_field(path, leaf, older_shape)
             content = content_constraint(constraint, leaf, field, self.config)
             return self._content_ref(content, field, field, contents, not_enforced)
-        try:
-            lark = structural_lark(map_contents(format_, compile_content))
-        except UnsupportedError as e:
-            raise UnsupportedError(f"structural_tag {e}") from None
-        return _compose(lark, contents)
+        return map_contents(format_, compile_content)
 
     def _content_ref(self, content: Constraint, error_label: str, note_label: str, contents: dict[str, str],
                      not_enforced: list[str]) -> dict:

@@ -46,6 +46,8 @@ def closing_hints(constraint: Constraint) -> list[str]:
         for tool in spec.allowed_tools if spec else ():
             hints += _schema_hints(tool.schema) + spec.call_syntax.closing_words(tool)
             hints += [suffix for pattern in spec.call_syntax.raw_patterns(tool) for suffix in regex_suffixes(pattern)]
+        if spec and spec.answer and spec.answer.get("kind") == "structural_tag":  # its tags join the calls'
+            hints += _structural_tag_hints(spec.answer.get("spec", ""))
     elif constraint.kind == "structural_tag":
         hints += _structural_tag_hints(constraint.spec)
     if constraint.think is not None:  # its own words, to finish a constrained think section

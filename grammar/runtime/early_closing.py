@@ -44,6 +44,23 @@ logger = logging.getLogger(__name__)
 _MARGIN = 3
 # the search for the shortest output before anything is generated may look this far
 _MINIMUM_SEARCH_TOKENS = 4096
+# the compile-time search's budget (a step's is 1,000 nodes and 20 ms): a schema with a thousand
+# required properties has a shortest output of 1,000+ tokens, found in 30-60 ms
+_COMPILE_SEARCH_NODES = 20_000
+_COMPILE_SEARCH_CPU_S = 1.0
+
+
+def shortest_output_tokens(grammar: Grammar) -> int | None:
+    """The tokens of the shortest output `grammar` (a fresh matcher) accepts, searched for with a
+    budget a step could not afford: for the compile thread (CompiledGrammar.min_output_tokens).
+    None when the search finds none: too long, too costly, or an output that never ends."""
+    try:
+        closing = grammar.closing_token_ids(_MINIMUM_SEARCH_TOKENS, max_nodes=_COMPILE_SEARCH_NODES,
+                                            max_cpu_s=_COMPILE_SEARCH_CPU_S)
+    except Exception as e:  # the closing is an extra: its failure is not the grammar's
+        logger.warning("shortest-output search failed: %s: %s", type(e).__name__, e)
+        return None
+    return None if closing is None else len(closing)
 
 
 class EarlyClosing:

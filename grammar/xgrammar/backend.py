@@ -23,6 +23,7 @@ from grammar.json_schema.rewrite import rewrite
 from grammar.json_schema.values import check_keyword_values
 from grammar.json_schema.walk import iter_subschemas
 from grammar.runtime.closing_hints import closing_hints
+from grammar.runtime.early_closing import shortest_output_tokens
 from grammar.runtime.jump_forward import ForcedTextTokenizer
 from grammar.runtime.low_priority import run_at_low_priority
 from grammar.runtime.slow_fills import SlowFills
@@ -49,7 +50,6 @@ _WHITESPACE_OPTIONS: dict[str, dict[str, Any]] = {
     "any": {"any_whitespace": True},
 }
 _PROBE_TOKENS = 8  # tokens the compile-time fill probe walks
-_MIN_OUTPUT_SEARCH_TOKENS = 4096  # the longest shortest output the compile-time search looks for
 _ONE_OF_WARNING = "oneOf with overlapping"
 
 
@@ -111,7 +111,7 @@ class XGrammarBackend(GrammarBackend):
                                   json_output=kind in ("json_schema", "json_object") and not constraint.think_end,
                                   lazy_masks=lazy_masks)
         self._warm_up(result)
-        result.min_output_tokens = self._min_output_tokens(result)
+        result.min_output_tokens = shortest_output_tokens(self.make_grammar(result))
         return result
 
     def _plain_grammar(self, constraint: Constraint, not_enforced: list[str]) -> xgr.Grammar:
@@ -134,17 +134,6 @@ class XGrammarBackend(GrammarBackend):
         else:
             raise GrammarError(f"unknown constraint kind {kind!r}")
         return grammar
-
-    def _min_output_tokens(self, compiled: XGrammarCompiled) -> int | None:
-        """The shortest output's tokens, searched for here on the compile thread with a budget a
-        request's step could not afford (a schema with many required parts needs it)."""
-        try:
-            closing = self.make_grammar(compiled).closing_token_ids(_MIN_OUTPUT_SEARCH_TOKENS, max_nodes=20_000,
-                                                                    max_cpu_s=1.0)
-        except Exception as e:  # the closing is an extra: its failure is not the grammar's
-            logger.warning("shortest-output search failed: %s: %s", type(e).__name__, e)
-            return None
-        return None if closing is None else len(closing)
 
     def make_grammar(self, compiled: CompiledGrammar) -> XGrammarGrammar:
         if not isinstance(compiled, XGrammarCompiled):
@@ -265,8 +254,7 @@ class XGrammarBackend(GrammarBackend):
             raise GrammarError(str(e)) from None
         arguments = tool_arguments(spec, constraint, lambda content, where, note: structural_tags.grammar_format(
             self._content_grammar(content, where, note, not_enforced)), not_enforced)
-        answer = self._answer_ebnf(constraint, spec, not_enforced)
-        return tool_calls_format(spec, arguments, None if answer is None else structural_tags.grammar_format(answer))
+        return tool_calls_format(spec, arguments, self._answer_format(constraint, spec, not_enforced))
 
     def _structural_tag_format(self, constraint: Constraint, not_enforced: list[str]) -> structural_tags.Format:
         """The request's own structural tag, each schema, regex and grammar inside it compiled as
@@ -298,13 +286,17 @@ class XGrammarBackend(GrammarBackend):
         not_enforced += [f"{note_label}: {note}" for note in notes]
         return str(grammar)
 
-    def _answer_ebnf(self, constraint: Constraint, spec: ToolCalls, not_enforced: list[str]) -> str | None:
-        """The grammar a text answer follows beside the calls (ToolCalls.answer), with the tool
-        constraint's options; None: free text."""
+    def _answer_format(self, constraint: Constraint, spec: ToolCalls,
+                       not_enforced: list[str]) -> structural_tags.Format | None:
+        """The format a text answer follows beside the calls (ToolCalls.answer), with the tool
+        constraint's options: a structural tag's own tree (its tags may join the calls'), else
+        the answer's grammar; None: free text."""
         if spec.answer is None:
             return None
         answer = answer_constraint(constraint, spec.answer, self.config)
-        return str(self._plain_grammar(answer, not_enforced))
+        if answer.kind == "structural_tag":
+            return self._structural_tag_format(answer, not_enforced)
+        return structural_tags.grammar_format(str(self._plain_grammar(answer, not_enforced)))
 
     # -- JSON -------------------------------------------------------------------------------
 

@@ -60,6 +60,10 @@ def generate_requests(request: GenerationRequest, num_choices: int) -> list[pb.G
         base.reasoning.enabled = chat.thinking
     if chat.reasoning_budget is not None:
         base.reasoning.budget_tokens = chat.reasoning_budget
+    if chat.grammar_backend is not None:
+        if chat.grammar_backend not in _GRAMMAR_BACKEND:
+            raise invalid_argument("grammar_backend", f"unknown grammar backend {chat.grammar_backend!r}")
+        base.grammar_backend = _GRAMMAR_BACKEND[chat.grammar_backend]
     requests = []
     for prompt in request.prompts:
         with_prompt = pb.GenerateRequest()

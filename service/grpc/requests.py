@@ -84,11 +84,20 @@ def constraint_from_proto(constraint: pb.Constraint, field: str = "constraint") 
         if constraint.grammar_syntax not in _GRAMMAR_SYNTAX:
             raise invalid_argument(f"{field}.grammar_syntax", f"unknown value {constraint.grammar_syntax}")
         options["grammar_syntax"] = _GRAMMAR_SYNTAX[constraint.grammar_syntax]
-    if constraint.HasField("grammar_backend") and constraint.grammar_backend != pb.GRAMMAR_BACKEND_UNSPECIFIED:
-        if constraint.grammar_backend not in GRAMMAR_BACKEND_NAMES:
-            raise invalid_argument(f"{field}.grammar_backend", f"unknown value {constraint.grammar_backend}")
-        options["grammar_backend"] = GRAMMAR_BACKEND_NAMES[constraint.grammar_backend]
+    if constraint.HasField("grammar_backend"):
+        backend = _grammar_backend(constraint.grammar_backend, f"{field}.grammar_backend")
+        if backend is not None:
+            options["grammar_backend"] = backend
     return ConstraintRequest(kind, spec, choices, **options)
+
+
+def _grammar_backend(value: int, field: str) -> str | None:
+    """A GrammarBackend's name; None for UNSPECIFIED."""
+    if value == pb.GRAMMAR_BACKEND_UNSPECIFIED:
+        return None
+    if value not in GRAMMAR_BACKEND_NAMES:
+        raise invalid_argument(field, f"unknown value {value}")
+    return GRAMMAR_BACKEND_NAMES[value]
 
 
 def chat_options_from_proto(request: pb.GenerateRequest | pb.TokenizeRequest) -> ChatOptions:
@@ -105,7 +114,11 @@ def chat_options_from_proto(request: pb.GenerateRequest | pb.TokenizeRequest) ->
     budget = reasoning.budget_tokens if reasoning.HasField("budget_tokens") else None
     think = (constraint_from_proto(reasoning.think_constraint, THINK_FIELD)
              if reasoning.HasField("think_constraint") else None)
-    return ChatOptions(tools, choice, name, parallel, thinking, budget, allowed_tools=allowed, think_constraint=think)
+    backend = None
+    if isinstance(request, pb.GenerateRequest) and request.HasField("grammar_backend"):
+        backend = _grammar_backend(request.grammar_backend, "grammar_backend")
+    return ChatOptions(tools, choice, name, parallel, thinking, budget, allowed_tools=allowed, think_constraint=think,
+                       constraint_in_reasoning=reasoning.constraint_in_reasoning, grammar_backend=backend)
 
 
 def _tool_choice(tool_choice: pb.ToolChoice) -> tuple[str, str, tuple[str, ...]]:

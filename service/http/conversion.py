@@ -15,9 +15,9 @@ from typing import Any
 from service.errors import FieldViolation, ServiceError, invalid_argument
 from service.http.fields import check_extra_fields
 from service.http.protocol import (AllowedTools, AllowedToolsChoice, ChatCompletionRequest, ChatMessage, CompletionRequest,
-                                   FormworkOptions, ResponseFormat, StructuredOutputs, _GenerationRequest)
-from service.request import (THINK_FIELD, ChatOptions, ConstraintRequest, GenerationRequest, PromptInput,
-                             SamplingRequest, ToolSpec, template_message)
+                                   FormworkOptions, ResponseFormat, _GenerationRequest)
+from service.request import (IN_REASONING_FIELD, THINK_FIELD, ChatOptions, ConstraintRequest, GenerationRequest,
+                             PromptInput, SamplingRequest, ToolSpec, template_message)
 
 MAX_CHOICES = 16  # n, per prompt
 # chat template variables a request sets through its own fields, never through chat_template_kwargs
@@ -67,7 +67,8 @@ def translate_chat(body: ChatCompletionRequest) -> Translated:
                         "reasoning.enabled": "chat_template_kwargs.enable_thinking",
                         "tool_choice.allowed_tools.function_names": "tool_choice.allowed_tools.tools",
                         "tool_choice.allowed_tools.mode": "tool_choice.allowed_tools.mode",
-                        THINK_FIELD: "formwork.reasoning_format"})
+                        THINK_FIELD: "formwork.reasoning_format",
+                        IN_REASONING_FIELD: "structured_outputs.enable_in_reasoning"})
     _refuse(body.functions, "functions", "the legacy functions field is not supported; use tools")
     _refuse(body.audio, "audio", "audio output is not supported")
     if body.modalities and body.modalities != ["text"]:
@@ -110,7 +111,18 @@ def _chat_options(body: ChatCompletionRequest) -> ChatOptions:
         raise invalid_argument("formwork.reasoning_budget", f"must be >= 0, got {budget}")
     parallel = body.parallel_tool_calls if body.parallel_tool_calls is not None else True
     return ChatOptions(tools, choice, name, parallel, thinking, budget, template_kwargs=dict(kwargs),
-                       allowed_tools=allowed, think_constraint=reasoning_format(body.formwork))
+                       allowed_tools=allowed, think_constraint=reasoning_format(body.formwork),
+                       constraint_in_reasoning=_in_reasoning(body), grammar_backend=grammar_backend(body.formwork))
+
+
+def _in_reasoning(body: _GenerationRequest) -> bool:
+    """vLLM's structured_outputs.enable_in_reasoning: the constraint covers the whole output."""
+    return bool(body.structured_outputs and body.structured_outputs.enable_in_reasoning)
+
+
+def grammar_backend(options: FormworkOptions | None) -> str | None:
+    """formwork.grammar_backend, for every grammar the request compiles (ChatOptions.grammar_backend)."""
+    return options.grammar_backend if options else None
 
 
 def reasoning_format(options: FormworkOptions | None) -> ConstraintRequest | None:
@@ -132,7 +144,10 @@ def reasoning_format(options: FormworkOptions | None) -> ConstraintRequest | Non
                                      strict=value.json_schema.strict if value.json_schema else None)
         raise invalid_argument(f"{where}.type", f"{value.type} is not a think section's format; use json_object, "
                                                 "json_schema, or structured_outputs' json, regex, choice, grammar")
-    _refuse_enable_in_reasoning(value, f"{where}.enable_in_reasoning")
+    if value.enable_in_reasoning:
+        raise invalid_argument(f"{where}.enable_in_reasoning", "is not a think section's option; send "
+                                                              "structured_outputs.enable_in_reasoning to constrain "
+                                                              "the whole output, think section included")
     kinds = [k for k in ("json_", "regex", "choice", "grammar", "json_object") if getattr(value, k) is not None]
     if value.structural_tag is not None:
         raise invalid_argument(f"{where}.structural_tag", "is not a think section's format")
@@ -140,14 +155,6 @@ def reasoning_format(options: FormworkOptions | None) -> ConstraintRequest | Non
         raise invalid_argument(where, "set exactly one of type (json_object, json_schema) or json, regex, choice, "
                                       "grammar, json_object")
     return _kind_constraint(kinds[0], getattr(value, kinds[0]))
-
-
-def _refuse_enable_in_reasoning(structured: StructuredOutputs, where: str) -> None:
-    if structured.enable_in_reasoning:
-        raise invalid_argument(where, "is not supported: in vLLM it is a server setting under which one constraint "
-                                      "covers the whole output from its first token, think section included; "
-                                      "Formwork constrains the think section on its own: send "
-                                      "formwork.reasoning_format")
 
 
 def _allowed_names(allowed: AllowedTools) -> tuple[str, ...]:
@@ -196,7 +203,9 @@ def translate_completion(body: CompletionRequest) -> Translated:
     else:
         prompts = [PromptInput(field="prompt", text=p) if isinstance(p, str) else _token_prompt(p, f"prompt[{i}]")
                    for i, p in enumerate(prompt)]  # type: ignore[union-attr]
-    return _translated(body, GenerationRequest(tuple(prompts), sampling, constraint), names)
+    names.names[IN_REASONING_FIELD] = "structured_outputs.enable_in_reasoning"
+    chat = ChatOptions(constraint_in_reasoning=_in_reasoning(body), grammar_backend=grammar_backend(body.formwork))
+    return _translated(body, GenerationRequest(tuple(prompts), sampling, constraint, chat), names)
 
 
 def _translated(body: _GenerationRequest, request: GenerationRequest, names: FieldNames) -> Translated:
@@ -213,6 +222,7 @@ def _translated(body: _GenerationRequest, request: GenerationRequest, names: Fie
     if body.stream_options is not None and not body.stream:
         raise invalid_argument("stream_options", "is only allowed with stream: true")
     priority = body.formwork.priority if body.formwork else 0
+    names.names["grammar_backend"] = "formwork.grammar_backend"
     return Translated(dataclasses.replace(request, priority=priority), names, body.n, body.stream, include_usage,
                       continuous_usage)
 
@@ -271,7 +281,6 @@ def _constraint(body: _GenerationRequest, names: FieldNames) -> ConstraintReques
             raise invalid_argument(f"response_format.{extra[0]}", "belongs to type structural_tag")
     structured = body.structured_outputs
     if structured is not None:
-        _refuse_enable_in_reasoning(structured, "structured_outputs.enable_in_reasoning")
         kinds = [k for k in ("json_", "regex", "choice", "grammar", "json_object", "structural_tag")
                  if getattr(structured, k) is not None]
         if len(kinds) != 1:
@@ -295,8 +304,6 @@ def _constraint(body: _GenerationRequest, names: FieldNames) -> ConstraintReques
                                                "constraint")
         if body.formwork and body.formwork.close_early is not None:
             raise invalid_argument("formwork", "close_early needs an output constraint")
-        if body.formwork and body.formwork.grammar_backend is not None:
-            raise invalid_argument("formwork.grammar_backend", "needs an output constraint")
         return None
     http_field, constraint = found[0]
     names.names[f"constraint.{constraint.kind}"] = http_field

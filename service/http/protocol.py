@@ -50,8 +50,8 @@ class StructuredOutputs(_Strict):
     grammar: str | None = None
     json_object: bool | None = None
     structural_tag: dict[str, Any] | str | None = None  # a structural tag, inline or as JSON text
-    # vLLM's switch (a server setting there) that constrains the whole output, think section
-    # included; refused when true (formwork.reasoning_format constrains the think section)
+    # vLLM's switch (a server setting there): the constraint covers the whole output from its first
+    # token, think section included (gRPC's reasoning.constraint_in_reasoning)
     enable_in_reasoning: bool | None = None
 
 

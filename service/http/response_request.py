@@ -14,7 +14,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from service.errors import invalid_argument
-from service.http.conversion import FieldNames, Translated, reasoning_format
+from service.http.conversion import FieldNames, Translated, grammar_backend, reasoning_format
 from service.http.fields import check_extra_fields
 from service.http.protocol import FormworkOptions
 from service.request import (THINK_FIELD, ChatOptions, ConstraintRequest, GenerationRequest, PromptInput,
@@ -119,6 +119,7 @@ def translate_response_request(body: ResponsesRequest) -> Translated:
                         "tool_choice.allowed_tools.mode": "tool_choice.mode", "reasoning.budget_tokens":
                         "formwork.reasoning_budget", "constraint": "text.format",
                         "constraint.grammar_backend": "formwork.grammar_backend",
+                        "grammar_backend": "formwork.grammar_backend",
                         THINK_FIELD: "formwork.reasoning_format"})
     messages = ([] if body.instructions is None else [template_message("system", body.instructions)])
     messages += input_messages(body.input)
@@ -221,10 +222,12 @@ def _constraint(body: ResponsesRequest) -> ConstraintRequest | None:
     if options is None:
         return constraint
     chosen = {name: getattr(options, name) for name in ("strict", "any_whitespace", "jump_forward", "close_early",
-                                                          "whitespace", "grammar_backend")
+                                                          "whitespace")
               if getattr(options, name) is not None}
     if chosen and constraint is None:
         raise invalid_argument("formwork", f"needs an output constraint (text.format) for {', '.join(chosen)}")
+    if options.grammar_backend is not None and constraint is not None:
+        chosen["grammar_backend"] = options.grammar_backend
     return None if constraint is None else dataclasses.replace(constraint, **chosen)
 
 
@@ -250,7 +253,7 @@ def _chat_options(body: ResponsesRequest) -> ChatOptions:
         raise invalid_argument("formwork.reasoning_budget", f"must be >= 0, got {budget}")
     parallel = body.parallel_tool_calls if body.parallel_tool_calls is not None else True
     return ChatOptions(tuple(tools), choice, name, parallel, None, budget, allowed_tools=allowed,
-                       think_constraint=reasoning_format(body.formwork))
+                       think_constraint=reasoning_format(body.formwork), grammar_backend=grammar_backend(body.formwork))
 
 
 def _allowed_names(choice: AllowedToolsChoice) -> tuple[str, ...]:

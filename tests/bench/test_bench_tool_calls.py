@@ -187,3 +187,4 @@ def test_the_tool_call_syntax_reaches_the_started_server_and_the_vllm_parser():
         parser.parse_args(["bench", "serve", "--tool-call-syntax", "klingon"])
     assert set(VLLM_TOOL_PARSERS) == set(SYNTAXES)
     assert VLLM_TOOL_PARSERS["phi4_mini"] == "phi4_mini_json"
+    assert VLLM_TOOL_PARSERS["tool_code"] == ""  # vLLM reads no ```tool_code block: its run is skipped

@@ -4,6 +4,8 @@ A fake backend stands in for xgrammar, so these tests control time and size exac
 """
 from __future__ import annotations
 
+import os
+import sys
 import threading
 import time
 from concurrent.futures import TimeoutError as FutureTimeout
@@ -190,7 +192,7 @@ class _NamingBackend(FakeBackend):
 
 
 def test_compile_times_and_failures_name_their_backend():
-    compiler, _ = make_compiler(_NamingBackend(), max_spec_bytes=64)
+    compiler, _ = make_compiler(_NamingBackend(), max_spec_bytes=64, grammar_backend="xgrammar")
     compiler.submit(regex("a+")).result(timeout=5)
     with pytest.raises(GrammarError):
         compiler.submit(Constraint("regex", "bad-1", grammar_backend="auto")).result(timeout=5)
@@ -211,3 +213,36 @@ def test_a_think_constraint_is_held_to_the_same_limits():
     with pytest.raises(GrammarError, match="max_schema_depth"):
         compiler.submit(deep).result(timeout=5)
     assert backend.calls == []  # refused before the backend saw them
+
+
+class _SchedulingBackend(FakeBackend):
+    """Records the scheduling class of the thread each compile runs on."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.policies: list[int] = []
+
+    def compile(self, constraint):
+        self.policies.append(os.sched_getscheduler(0))
+        return super().compile(constraint)
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="Linux's idle scheduling class")
+def test_compiles_run_in_the_idle_class_unless_switched_off():
+    idle = _SchedulingBackend()
+    make_compiler(idle)[0].compile_sync(regex("a"))
+    normal = _SchedulingBackend()
+    make_compiler(normal, idle_compiles=False)[0].compile_sync(regex("a"))
+    assert idle.policies == [os.SCHED_IDLE] and normal.policies == [os.SCHED_OTHER]
+
+
+def test_a_starved_compile_still_finishes_and_its_limit_counts_only_its_own_time():
+    backend = FakeBackend()
+    # every thread as if starved from the start: the compile is rescued (restored or run again)
+    compiler = GrammarCompiler(backend, GrammarConfig(compile_timeout_s=0.2),
+                               cpu_wait_s=lambda thread_id: time.monotonic())
+    future = compiler.submit(regex("slow"))
+    time.sleep(1.2)  # two starvation checks: a rescue, and still no time of its own spent
+    backend.gate.set()
+    assert future.result(timeout=5).spec == "slow"
+    assert compiler.num_timeouts == 0

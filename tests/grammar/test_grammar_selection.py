@@ -4,7 +4,7 @@ from __future__ import annotations
 import pytest
 from grammar_factories import make_backend, make_constraint, make_llguidance_backend
 
-from grammar.backend import CompiledGrammar, GrammarBackend, GrammarError
+from grammar.backend import CompiledGrammar, GrammarBackend, GrammarError, UnsupportedError
 from grammar.config import GrammarConfig
 from grammar.constraint import Constraint
 from grammar.selection import XGRAMMAR_CHEAP_SPEC_CHARS, SelectingBackend
@@ -89,8 +89,9 @@ def test_the_backend_is_part_of_the_cache_key():
 class _Compiled(CompiledGrammar):
     num_bytes = 1
 
-    def __init__(self, not_enforced: list[str] | None = None) -> None:
+    def __init__(self, not_enforced: list[str] | None = None, min_output_tokens: int | None = 1) -> None:
         self.not_enforced = not_enforced or []
+        self.min_output_tokens = min_output_tokens
 
 
 class _ScriptedBackend(GrammarBackend):
@@ -104,6 +105,8 @@ class _ScriptedBackend(GrammarBackend):
         self.num_compiles += 1
         if isinstance(self.outcome, GrammarError):
             raise self.outcome
+        if isinstance(self.outcome, _Compiled):
+            return self.outcome
         return _Compiled(self.outcome)
 
     def make_grammar(self, compiled):
@@ -140,3 +143,32 @@ def test_best_effort_keeps_the_first_when_the_other_leaves_out_as_much():
     selecting, backends = scripted(["uniqueItems at /"], ["uniqueItems at /"])
     assert selecting.compile(Constraint("regex", "a", strict=False)).backend_name == "xgrammar"
     assert backends["llguidance"].num_compiles == 1
+
+
+def test_a_large_spec_without_a_known_shortest_output_on_llguidance_goes_to_xgrammar():
+    # closing early needs the shortest output; xgrammar refuses one that never ends
+    selecting, _ = scripted(None, _Compiled(min_output_tokens=None))
+    assert selecting.compile(LARGE).backend_name == "xgrammar"
+    selecting, _ = scripted(GrammarError("accepts no output of finite length"), _Compiled(min_output_tokens=None))
+    with pytest.raises(GrammarError, match="^accepts no output of finite length$"):
+        selecting.compile(LARGE)
+    # a keyword xgrammar does not enforce: llguidance's grammar is all there is
+    selecting, _ = scripted(UnsupportedError("multipleOf"), _Compiled(min_output_tokens=None))
+    assert selecting.compile(LARGE).backend_name == "llguidance"
+    selecting, backends = scripted(None, _Compiled(min_output_tokens=40))
+    assert selecting.compile(LARGE).backend_name == "llguidance" and backends["xgrammar"].num_compiles == 0
+
+
+def test_a_large_schema_that_never_ends_is_refused_under_auto():
+    # a required child of the object's own shape: no finite output; past the size llguidance starts
+    schema = large_schema(properties={**large_schema()["properties"], "child": {"$ref": "#"}},
+                          required=["child"])
+    constraint = make_constraint(spec=schema)
+    assert len(constraint.spec) > XGRAMMAR_CHEAP_SPEC_CHARS
+    assert make_llguidance_backend().compile(constraint).min_output_tokens is None
+    with pytest.raises(GrammarError, match="finite length|never end"):
+        make_selecting().compile(constraint)
+
+
+def test_the_default_is_auto():
+    assert GrammarConfig().grammar_backend == "auto"

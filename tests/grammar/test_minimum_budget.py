@@ -1,6 +1,6 @@
 """A max_tokens below the shortest output a constraint accepts is refused before the first token,
 for every kind: tool calls, think sections, regexes (a word at the end too), grammars, choices —
-on the real tokenizer and backend, no model."""
+on the real tokenizer and both backends, no model."""
 from __future__ import annotations
 
 import json
@@ -8,7 +8,7 @@ import json
 import msgspec
 import pytest
 from conftest import make_request
-from grammar_factories import make_backend
+from grammar_factories import make_backend, make_llguidance_backend
 from test_tool_call_grammar import WEATHER, tools_constraint
 
 from engine.structured_output.manager import StructuredOutputManager
@@ -31,9 +31,13 @@ CONSTRAINTS = {
 }
 
 
+BACKENDS = {"xgrammar": make_backend, "llguidance": make_llguidance_backend}
+
+
+@pytest.mark.parametrize("backend_name", sorted(BACKENDS))
 @pytest.mark.parametrize("constraint", CONSTRAINTS.values(), ids=list(CONSTRAINTS))
-def test_below_the_shortest_output_is_refused_with_the_minimum(constraint):
-    backend = make_backend()
+def test_below_the_shortest_output_is_refused_with_the_minimum(constraint, backend_name):
+    backend = BACKENDS[backend_name]()
     compiled = backend.compile(constraint)
     minimum = compiled.min_output_tokens
     assert minimum is not None and minimum > 3
@@ -67,3 +71,14 @@ def test_the_engine_refuses_it_before_the_first_token(name):
     # closing off: nothing is checked, the output may be cut
     assert manager.try_activate(off.request_id, off.structured_output, max_tokens=3, context_left=1000)
 
+
+
+def test_both_backends_know_a_long_shortest_output_when_compiling():
+    # a real schema's shape (JSONSchemaBench's Github_ultra): hundreds of required parts, a
+    # shortest output of hundreds of tokens that a step's 20 ms search cannot find
+    many = json.dumps({"type": "object", "properties": {f"field_{n:03d}": {"type": "integer"} for n in range(150)},
+                       "required": [f"field_{n:03d}" for n in range(150)]})
+    minimums = {name: factory().compile(Constraint("json_schema", many)).min_output_tokens
+                for name, factory in BACKENDS.items()}
+    assert minimums["xgrammar"] is not None and minimums["xgrammar"] > 300
+    assert minimums["llguidance"] == minimums["xgrammar"]

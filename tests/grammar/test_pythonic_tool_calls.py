@@ -1,6 +1,6 @@
-"""Llama 3.2's pythonic calls: written as Python, read back as OpenAI's arguments JSON (Python's
-and JSON's constants alike), streamed one whole argument at a time, and the family found from its
-chat template. Library-free."""
+"""Llama 3.2's pythonic calls and Gemma's ```tool_code block: written as Python, read back as
+OpenAI's arguments JSON (Python's and JSON's constants alike), streamed one whole argument at a
+time, and the family found from its chat template. Library-free."""
 from __future__ import annotations
 
 import json
@@ -58,7 +58,9 @@ def test_the_chat_template_picks_the_syntax():
                 "params_name2=params_value2...), func_name2(params)]' }}{{ 'ipython' }}")
     assert syntax_for_model("llama", template) == "pythonic"
     assert syntax_for_model("llama", "{{ '<|python_tag|>' }} ipython") == "llama3_json"
-    assert syntax_for_model("gemma3", "<start_of_turn>") == "pythonic"  # Gemma's documented form
+    assert syntax_for_model("gemma3", "<start_of_turn>") == "tool_code"  # Gemma's documented form
+    assert syntax_for_model("gemma3_text", None) == "tool_code"
+    assert syntax_for_model(None, "wrap calls in ```tool_code blocks") == "tool_code"
 
 
 def test_phi4_mini_writes_one_json_list_between_its_markers():
@@ -68,3 +70,31 @@ def test_phi4_mini_writes_one_json_list_between_its_markers():
     assert phi.parse("Sure. " + text) == ("Sure.", [("f", '{"a": 1}'), ("g", "{}")])
     assert phi.partial_calls(text[:-len("}}]<|/tool_call|>")], 0) == [("f", '{"a": 1}'), ("g", "{")]
     assert syntax_for_model("phi3", "{{ '<|tool|>' + tools + '<|/tool|>' }}") == "phi4_mini"
+
+
+TOOL_CODE = SYNTAXES["tool_code"]
+FENCED = '```tool_code\nget_weather(city="Paris", days=3)\nget_time(zone="CET")\n```'
+
+
+def test_gemma_writes_its_calls_one_a_line_in_a_tool_code_block():
+    assert TOOL_CODE.render([("get_weather", {"city": "Paris", "days": 3}), ("get_time", {"zone": "CET"})]) == FENCED
+    assert TOOL_CODE.parse("Let me check.\n" + FENCED + "\nOne moment.") == (
+        "Let me check.\n\nOne moment.", [("get_weather", '{"city": "Paris", "days": 3}'),
+                                          ("get_time", '{"zone": "CET"}')])
+    assert TOOL_CODE.parse('```tool_code\nnow()\n```')[1] == [("now", "{}")]
+
+
+def test_gemma_code_that_is_not_calls_stays_text():
+    for text in ("```tool_code\nx = 1\n```", "```python\nf(a=1)\n```", "```tool_code\nf(a=1); g(b=2)\n```"):
+        assert TOOL_CODE.parse(text) == (text, []), text
+
+
+def test_gemma_partial_blocks_stream_whole_arguments_and_hold_the_closing_fence():
+    final = [arguments for _, arguments in TOOL_CODE.parse(FENCED)[1]]
+    for end in range(1, len(FENCED)):
+        _, calls, broken = TOOL_CODE.scan(FENCED[:end])
+        if end >= len("```tool_code"):
+            assert calls == [] and broken == 0, FENCED[:end]  # a call under way, the fence not closed yet
+        for index, (_, arguments) in enumerate(TOOL_CODE.partial_calls(FENCED[:end], 0)):
+            assert final[index].startswith(arguments)
+    assert TOOL_CODE.partial_calls(FENCED[:-1], 0) == [("get_weather", final[0][:-1]), ("get_time", final[1][:-1])]

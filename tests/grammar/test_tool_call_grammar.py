@@ -2,11 +2,14 @@
 what they accept, the masks before and after a trigger / end marker, and the errors of a bad tool."""
 from __future__ import annotations
 
+import json
+
 import numpy as np
 import pytest
-from grammar_factories import accepts, allowed_ids, encode, make_backend
+from grammar_factories import accepts, allowed_ids, encode, make_backend, make_llguidance_backend
 
 from grammar.backend import GrammarError
+from grammar.chat.structural_tag import StructuralTagError
 from grammar.chat.tool_calls import Tool, ToolCalls
 from grammar.constraint import Constraint
 
@@ -85,6 +88,55 @@ def test_auto_with_an_answer_constraint_is_that_answer_or_calls():
     assert accepts(compiled(choice), "no") and not accepts(compiled(choice), "maybe")
     with pytest.raises(GrammarError, match="the answer's regex"):
         compiled(Constraint("tool_calls", ToolCalls((WEATHER,), "auto", answer={"kind": "regex"}).to_spec()))
+
+
+NOTE_TAG = {"type": "structural_tag", "format": {"type": "triggered_tags", "triggers": ["<note"], "tags": [
+    {"type": "tag", "begin": "<note>", "content": {"type": "regex", "pattern": "[a-z ]{1,20}"}, "end": "</note>"}]}}
+NOTE = "<note>check the sky</note>"
+TAG_TEXTS = ["It is sunny.", "Sure. " + NOTE, "Sure. " + CALL_WEATHER, NOTE + " then " + CALL_WEATHER + " done",
+             CALL_WEATHER + "\n" + CALL_TIME + " " + NOTE, "<note>Loud!</note>",
+             CALL_WEATHER.replace('"city"', '"town"'), "<note>a</note> " + CALL_WEATHER.replace("get_weather", "x")]
+
+
+def tag_beside_tools(parallel=True):
+    answer = {"kind": "structural_tag", "spec": json.dumps(NOTE_TAG)}
+    return Constraint("tool_calls", ToolCalls((WEATHER, TIME), "auto", parallel=parallel, answer=answer).to_spec())
+
+
+def test_a_structural_tag_beside_tools_joins_its_tags_to_the_calls_on_both_backends():
+    """Free text may hold the tag's tags and the calls alike, each in its own shape."""
+    expected = [True, True, True, True, True, False, False, False]
+    assert [accepts(compiled(tag_beside_tools()), text) for text in TAG_TEXTS] == expected
+    backend = make_llguidance_backend()
+    on_llguidance = backend.compile(tag_beside_tools())
+
+    def llguidance_accepts(text: str) -> bool:
+        grammar = backend.make_grammar(on_llguidance)
+        return grammar.accept_tokens(encode(text)) and (grammar.is_terminated()
+                                                        or grammar.accept_tokens(backend.stop_token_ids))
+    assert [llguidance_accepts(text) for text in TAG_TEXTS] == expected
+    one = compiled(tag_beside_tools(parallel=False))  # stops after the first tag of either kind
+    assert accepts(one, "Sure. " + CALL_WEATHER) and accepts(one, NOTE)
+    assert not accepts(one, NOTE + " " + CALL_WEATHER)
+
+
+def test_a_structural_tag_of_another_shape_beside_tools_is_that_answer_or_calls():
+    fixed = {"type": "structural_tag", "format": {"type": "tag", "begin": "Answer: ", "content": {
+        "type": "regex", "pattern": "[0-9]{1,3}"}, "end": "."}}
+    answer = {"kind": "structural_tag", "spec": json.dumps(fixed)}
+    grammar = compiled(Constraint("tool_calls", ToolCalls((WEATHER,), "auto", answer=answer).to_spec()))
+    assert accepts(grammar, "Answer: 42.") and accepts(grammar, CALL_WEATHER)
+    assert not accepts(grammar, "Answer: 42. " + CALL_WEATHER) and not accepts(grammar, "Answer: x.")
+
+
+def test_a_structural_tag_trigger_that_clashes_with_the_calls_is_named():
+    clash = json.loads(json.dumps(NOTE_TAG))
+    clash["format"]["triggers"] = ["<tool"]
+    clash["format"]["tags"][0]["begin"] = "<tool>"
+    answer = {"kind": "structural_tag", "spec": json.dumps(clash)}
+    with pytest.raises(StructuralTagError, match=r"format.triggers\[0\]: '<tool' clashes with the tool calls' "
+                                                 r"trigger '<tool_call>' \(hermes syntax\)"):
+        ToolCalls((WEATHER,), "auto", answer=answer).validate()
 
 
 @pytest.mark.parametrize("syntax, text", [

@@ -55,7 +55,7 @@ def _sampled_tools() -> tuple[Tool, ...]:
 
 NUM_SAMPLED = 8
 SAMPLED = _sampled_tools()
-NEW_SYNTAXES = ("qwen3_coder", "pythonic", "phi4_mini")
+NEW_SYNTAXES = ("qwen3_coder", "pythonic", "phi4_mini", "tool_code")
 
 
 def _walk(backend, grammar, rng: random.Random) -> list[int]:
@@ -186,3 +186,20 @@ def test_pythonic_constraint_holds_required_parameters_and_python_constants(back
                                       strict=False))
     grammar = backend.make_grammar(auto)
     assert grammar.accept_tokens(backend.tokenizer.encode("It is sunny.", add_special_tokens=False))
+
+
+@pytest.mark.parametrize("backend_name", ["xgrammar", "llguidance"])
+def test_gemma_tool_code_is_free_text_until_the_fence_then_python_calls(backend_name):
+    backend = make_backend() if backend_name == "xgrammar" else make_llguidance_backend()
+    compiled = backend.compile(Constraint("tool_calls", ToolCalls(TOOLS, "auto", syntax="tool_code").to_spec(),
+                                          strict=False))
+
+    def takes(text: str) -> bool:
+        grammar = backend.make_grammar(compiled)
+        encoded = backend.tokenizer.encode(text, add_special_tokens=False)
+        return grammar.accept_tokens(encoded) and (grammar.is_terminated()
+                                                   or grammar.accept_tokens([backend.stop_token_ids[0]]))
+    assert takes("It is sunny.")
+    assert takes('Let me look.\n```tool_code\nget_weather(city="Paris", days=3)\nnow()\n```')
+    assert not takes('```tool_code\nget_weather(days=3)\n```')  # city is required
+    assert not takes('```tool_code\nprint("hi")\n```')  # not a tool

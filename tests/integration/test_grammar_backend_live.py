@@ -1,4 +1,5 @@
-"""A request's grammar backend on the live server (the shared `default_server`, xgrammar by default):
+"""A request's grammar backend on the live server (the shared `default_server`, auto by default: a
+small constraint on xgrammar):
 the one named serves it and the answer says so, over gRPC and HTTP; an unknown one is refused,
 naming the field."""
 from __future__ import annotations
@@ -25,7 +26,7 @@ def server(default_server):
 @pytest.mark.parametrize("asked, served", [
     (pb.GRAMMAR_BACKEND_LLGUIDANCE, pb.GRAMMAR_BACKEND_LLGUIDANCE),
     (pb.GRAMMAR_BACKEND_XGRAMMAR, pb.GRAMMAR_BACKEND_XGRAMMAR),
-    (None, pb.GRAMMAR_BACKEND_XGRAMMAR),  # the server's default
+    (None, pb.GRAMMAR_BACKEND_XGRAMMAR),  # the server's default, auto: a small regex on xgrammar
 ])
 def test_grpc_request_is_served_by_the_backend_it_names(server, asked, served):
     constraint = {"regex": CODE} if asked is None else {"regex": CODE, "grammar_backend": asked}

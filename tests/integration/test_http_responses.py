@@ -163,3 +163,24 @@ def test_reasoning_format_constrains_the_think_text_on_chat_and_responses(thinki
                                                temperature=0, text_format=Person, extra_body=think)
     reasoning, _ = response.output
     assert re.fullmatch(THINK_STEPS, reasoning.content[0].text) and isinstance(response.output_parsed, Person)
+
+
+def test_enable_in_reasoning_constrains_the_whole_output_and_reads_back_coherently(thinking_client):
+    """structured_outputs.enable_in_reasoning: the constraint holds from the first token. A JSON
+    schema leaves no think section (all of it is content, no reasoning_content); a regex that writes
+    the markers itself gives the reasoning between them and the answer after, whole and streamed."""
+    ask = dict(model=MODEL, messages=[{"role": "user", "content": "Invent a person."}], max_tokens=160, temperature=0)
+    json_only = thinking_client.chat.completions.create(
+        **ask, extra_body={"structured_outputs": {"json": Person.model_json_schema(), "enable_in_reasoning": True}})
+    message = json_only.choices[0].message
+    assert not message.reasoning_content, message  # no think section written: empty
+    Person.model_validate_json(message.content)
+    steps_then_answer = "<think>\n" + THINK_STEPS + "</think>\n\n(yes|no)"
+    extra = {"structured_outputs": {"regex": steps_then_answer, "enable_in_reasoning": True}}
+    whole = thinking_client.chat.completions.create(**ask, extra_body=extra).choices[0].message
+    assert re.fullmatch(THINK_STEPS, whole.reasoning_content), whole.reasoning_content
+    assert whole.content in ("yes", "no")
+    chunks = list(thinking_client.chat.completions.create(**ask, extra_body=extra, stream=True))
+    deltas = [c.choices[0].delta for c in chunks if c.choices]
+    assert "".join(getattr(d, "reasoning_content", None) or "" for d in deltas) == whole.reasoning_content
+    assert "".join(d.content or "" for d in deltas) == whole.content

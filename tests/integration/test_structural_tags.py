@@ -92,3 +92,48 @@ def test_bad_tags_are_refused_by_field_and_the_server_serves_on(client, default_
     answer = client.chat.completions.create(model=MODEL, messages=ASK, max_tokens=60, temperature=0,
                                             response_format=ONE_CALL)
     assert len(tagged_calls(answer.choices[0].message.content)) == 1
+
+
+TIME_TOOL = {"type": "function", "function": {"name": "get_time", "description": "The time in a city", "parameters": {
+    "type": "object", "properties": {"city": {"type": "string", "maxLength": 20}}, "required": ["city"],
+    "additionalProperties": False}}}
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["whole", "stream"])
+def test_http_chat_a_structural_tag_beside_tools_gives_a_tag_or_a_call(client, stream):
+    """The tag's triggers and the tools' join: the answer starts with one of either kind
+    (at_least_one) and stops there; a call comes back in tool_calls with valid arguments, the
+    tag's part stays in content."""
+    fields = dict(model=MODEL, messages=ASK, max_tokens=60, temperature=0, response_format=ONE_CALL,
+                  tools=[TIME_TOOL])
+    if stream:
+        content, calls = "", {}
+        for chunk in client.chat.completions.create(**fields, stream=True):
+            delta = chunk.choices[0].delta if chunk.choices else None
+            content += (delta.content or "") if delta else ""
+            for call in (delta.tool_calls or []) if delta else []:
+                entry = calls.setdefault(call.index, {"name": "", "arguments": ""})
+                entry["name"] += call.function.name or ""
+                entry["arguments"] += call.function.arguments or ""
+        calls = list(calls.values())
+    else:
+        message = client.chat.completions.create(**fields).choices[0].message
+        content = message.content or ""
+        calls = [{"name": c.function.name, "arguments": c.function.arguments} for c in message.tool_calls or []]
+    tags = tagged_calls(content)
+    assert len(tags) + len(calls) == 1, (content, calls)
+    for call in calls:
+        assert call["name"] == "get_time"
+        jsonschema.validate(json.loads(call["arguments"]), TIME_TOOL["function"]["parameters"])
+
+
+def test_http_responses_stream_with_a_structural_tag(client):
+    """/v1/responses streamed through the SDK's responses.stream, text.format a structural tag:
+    the text deltas add up to the final output, which holds one call in its schema."""
+    with client.responses.stream(model=MODEL, input=ASK[0]["content"], max_output_tokens=60, temperature=0,
+                                 text={"format": ONE_CALL}) as stream:
+        events = list(stream)
+        final = stream.get_final_response()
+    deltas = "".join(e.delta for e in events if e.type == "response.output_text.delta")
+    assert deltas == final.output_text and final.status == "completed"
+    assert final.output_text.startswith(BEGIN) and len(tagged_calls(final.output_text)) == 1

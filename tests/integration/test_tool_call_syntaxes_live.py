@@ -24,7 +24,7 @@ TOOLS = [{"type": "function", "function": {"name": "get_weather", "description":
 ASK = [{"role": "user", "content": "What will the weather be in Paris over the next 3 days?"}]
 
 
-@pytest.fixture(scope="module", params=["qwen3_coder", "pythonic"])
+@pytest.fixture(scope="module", params=["qwen3_coder", "pythonic", "tool_code"])
 def served(request, model_dir):
     live = LiveServer("--tool-call-syntax", request.param, startup_timeout_s=900)
     with openai.OpenAI(base_url=f"{live.http_url}/v1", api_key="unused", max_retries=0, timeout=120) as client:

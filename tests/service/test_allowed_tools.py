@@ -129,12 +129,15 @@ def test_the_clients_build_allowed_tools():
     expected = client_pb.ToolChoice(allowed_tools=client_pb.AllowedTools(mode=client_pb.TOOL_CHOICE_MODE_REQUIRED,
                                                                          function_names=["get_time"]))
     assert to_tool_choice(openai_shape) == expected and to_tool_choice(responses_shape) == expected
-    script = """
-      import { toolChoice } from "./clients/node/src/tools.js";
-      console.log(JSON.stringify(toolChoice({ allowed: ["get_time"], mode: "required" })));
+    # the Node client: its own shape, and the same two OpenAI shapes
+    script = f"""
+      import {{ toolChoice }} from "./clients/node/src/tools.js";
+      const shapes = [{{ allowed: ["get_time"], mode: "required" }}, {json.dumps(openai_shape)},
+                      {json.dumps(responses_shape)}];
+      console.log(JSON.stringify(shapes.map(toolChoice)));
     """
     node = subprocess.run(["node", "--input-type=module", "-e", script], cwd=REPO_ROOT, capture_output=True,
                           text=True, timeout=60)
     assert node.returncode == 0, node.stderr
-    assert json.loads(node.stdout) == {"allowed_tools": {"mode": "TOOL_CHOICE_MODE_REQUIRED",
-                                                         "function_names": ["get_time"]}}
+    assert json.loads(node.stdout) == 3 * [{"allowed_tools": {"mode": "TOOL_CHOICE_MODE_REQUIRED",
+                                                              "function_names": ["get_time"]}}]

@@ -134,12 +134,40 @@ def test_qwen3_coder_calls_stream_as_json_arguments_that_add_up_to_the_whole(chu
 
 
 @pytest.mark.parametrize("chunk", [1, 3, 1000])
-def test_pythonic_calls_stream_whole_arguments_that_add_up_to_the_whole(chunk):
-    syntax = SYNTAXES["pythonic"]
-    text = syntax.render([("get_weather", {"city": "Paris, (FR)", "days": 3}), ("get_time", {"zone": "CET"})])
+@pytest.mark.parametrize("name", ["pythonic", "tool_code"])
+def test_pythonic_calls_stream_whole_arguments_that_add_up_to_the_whole(chunk, name):
+    syntax = SYNTAXES[name]
+    text = "Sure. " + syntax.render([("get_weather", {"city": "Paris, (FR)", "days": 3}),
+                                     ("get_time", {"zone": "CET"})])
     shape = OutputShape(syntax)
     _, content, calls = stream(text, shape, chunk)
     whole = split(text, shape)
-    assert content == whole.content == ""
+    assert content.strip() == whole.content == "Sure."
     assert [(n, a) for _, n, a in calls] == [(c.name, c.arguments) for c in whole.calls] == [
         ("get_weather", '{"city": "Paris, (FR)", "days": 3}'), ("get_time", '{"zone": "CET"}')]
+
+
+@pytest.mark.parametrize("chunk", [1, 3, 1000])
+def test_a_whole_output_constraint_reads_a_think_section_only_when_it_opens_with_one(chunk):
+    shape = OutputShape(None, THINK, think_if_opened=True)
+    opened = "<think>\nsteps\n</think>\n\n{\"a\": 1}"
+    assert (split(opened, shape).reasoning, split(opened, shape).content) == ("steps\n", '{"a": 1}')
+    assert stream(opened, shape, chunk)[:2] == ("steps\n", '{"a": 1}')
+    plain = '{"a": 1}'  # no think section written: all of it is the answer, never reasoning
+    assert (split(plain, shape).reasoning, split(plain, shape).content) == ("", plain)
+    assert stream(plain, shape, chunk)[:2] == ("", plain)
+    assert (split("<th", shape).reasoning, split("<th", shape).content) == ("", "<th")
+    assert stream("<th", shape, chunk)[:2] == ("", "<th")
+
+
+def test_a_whole_output_constraint_holds_back_only_a_possible_start_marker():
+    reader = AssistantStream(OutputShape(None, THINK, think_if_opened=True))
+    assert reader.step("<thi", False).content == ""
+    assert reader.step("<tab", False).content == "<tab"
+
+
+def test_a_structural_tags_parts_stay_in_content_beside_parsed_calls():
+    text = "Sure. <note>check the sky</note> " + CALL
+    parts = split(text, OutputShape(HERMES))
+    assert parts.content == "Sure. <note>check the sky</note>"
+    assert [(c.name, json.loads(c.arguments)) for c in parts.calls] == [("get_weather", {"city": "Paris"})]

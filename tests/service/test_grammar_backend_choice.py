@@ -1,5 +1,6 @@
-"""A request's grammar backend (gRPC's Constraint.grammar_backend, HTTP's formwork.grammar_backend):
-decoded to the same wire-neutral request, checked in one place, and the backend that served it
+"""A request's grammar backend (gRPC's Constraint.grammar_backend and GenerateRequest.grammar_backend,
+HTTP's formwork.grammar_backend): decoded to the same wire-neutral request, applied to every grammar
+the request compiles (tool calls and think sections too), checked in one place, and the backend that served it
 reported back (GenerateResponse, ValidateConstraintResponse, HTTP's `formwork` extension). Pure: no
 server, no model."""
 from __future__ import annotations
@@ -13,14 +14,16 @@ from grammar.constraint import Constraint
 from service._gen.formwork.v1 import generation_pb2 as pb
 from service.errors import ErrorCode, ServiceError
 from service.grpc import responses
-from service.grpc.requests import constraint_from_proto
+from grammar.chat.reasoning import ReasoningMarkers
+from service.chat_format import ChatFormat
+from service.grpc.requests import chat_options_from_proto, constraint_from_proto
 from service.http.conversion import translate_chat, translate_completion
 from service.http.protocol import ChatCompletionRequest, CompletionRequest
 from service.http.response_request import ResponsesRequest, translate_response_request
 from service.http.responses import formwork_extension
 from service.limits import ServiceLimits
-from service.request import ConstraintRequest
-from service.validation import engine_constraint, sampling_params
+from service.request import ConstraintRequest, GenerationRequest, SamplingRequest
+from service.validation import engine_constraint, sampling_params, think_constraint
 
 LIMITS = ServiceLimits()
 VOCAB = 1000
@@ -92,11 +95,73 @@ def test_http_unknown_backend_is_refused_naming_its_field(translate, body):
     assert renamed.message.startswith("formwork.grammar_backend: unknown grammar backend 'guidance'")
 
 
-def test_http_backend_without_a_constraint_is_refused():
+WEATHER_TOOL = {"type": "function", "function": {"name": "get_weather", "parameters": {
+    "type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}}
+THINKING = ChatFormat("hermes", ReasoningMarkers("<think>", "</think>"), switches_thinking=True)
+
+
+def planned(request: GenerationRequest, chat_format: ChatFormat = ChatFormat()) -> Constraint | None:
+    """The one grammar the request compiles, as the server plans it (tools and reasoning included)."""
+    params = sampling_params(request, LIMITS, VOCAB)
+    return chat_format.plan(request.chat, params.constraint, LIMITS, think_constraint(request, LIMITS)).constraint
+
+
+def test_http_backend_applies_to_tool_calls_without_a_constraint():
+    request = translate_chat(chat(tools=[WEATHER_TOOL], tool_choice="required",
+                                  formwork={"grammar_backend": "llguidance"})).request
+    constraint = planned(request)
+    assert constraint.kind == "tool_calls" and constraint.grammar_backend == "llguidance"
+    response = translate_response_request(ResponsesRequest.model_validate(
+        {"input": "hi", "tools": [{"type": "function", **WEATHER_TOOL["function"]}],
+         "formwork": {"grammar_backend": "xgrammar"}})).request
+    assert planned(response).grammar_backend == "xgrammar"
+
+
+def test_http_backend_applies_to_the_think_section_and_what_follows_it():
+    budget = translate_chat(chat(formwork={"grammar_backend": "xgrammar", "reasoning_budget": 16})).request
+    assert planned(budget, THINKING).grammar_backend == "xgrammar"  # the think budget's any-text grammar
+    think = translate_chat(chat(tools=[WEATHER_TOOL], formwork={
+        "grammar_backend": "llguidance", "reasoning_format": {"regex": "[a-z ]+"}})).request
+    constraint = planned(think, THINKING)
+    assert constraint.kind == "tool_calls" and constraint.think is not None
+    assert constraint.grammar_backend == "llguidance"  # one grammar: the think section's is compiled with it
+
+
+def test_http_backend_with_nothing_to_compile_is_refused_naming_its_field():
+    translated = translate_chat(chat(formwork={"grammar_backend": "llguidance"}))
     with pytest.raises(ServiceError) as info:
-        translate_chat(chat(formwork={"grammar_backend": "llguidance"}))
-    assert [v.field for v in info.value.violations] == ["formwork.grammar_backend"]
-    assert "needs an output constraint" in info.value.message
+        planned(translated.request)
+    renamed, param = translated.field_names.rename(info.value)
+    assert param == "formwork.grammar_backend" and "needs a grammar" in renamed.message
+    unknown = translate_chat(chat(tools=[WEATHER_TOOL], formwork={"grammar_backend": "guidance"}))
+    with pytest.raises(ServiceError) as info:
+        planned(unknown.request)
+    assert unknown.field_names.rename(info.value)[1] == "formwork.grammar_backend"
+
+
+def grpc_request(**fields) -> GenerationRequest:
+    message = json_format.ParseDict({"chat": {"messages": [{"role": "user", "content": "hi"}]}, **fields},
+                                    pb.GenerateRequest())
+    constraint = constraint_from_proto(message.constraint) if message.HasField("constraint") else None
+    return GenerationRequest((), SamplingRequest(), constraint, chat_options_from_proto(message))
+
+
+GRPC_TOOL = {"name": "get_weather", "parameters_json": '{"type": "object", "properties": {"city": {"type": "string"}}}'}
+
+
+def test_grpc_request_backend_applies_to_tool_calls_and_agrees_with_the_constraints():
+    calls = planned(grpc_request(tools=[GRPC_TOOL], grammar_backend="GRAMMAR_BACKEND_LLGUIDANCE"))
+    assert calls.kind == "tool_calls" and calls.grammar_backend == "llguidance"
+    same = planned(grpc_request(tools=[GRPC_TOOL], grammar_backend="GRAMMAR_BACKEND_AUTO",
+                                constraint={"regex": "a+", "grammar_backend": "GRAMMAR_BACKEND_AUTO"}))
+    assert same.grammar_backend == "auto"
+    with pytest.raises(ServiceError) as info:
+        planned(grpc_request(grammar_backend="GRAMMAR_BACKEND_XGRAMMAR",
+                             constraint={"regex": "a+", "grammar_backend": "GRAMMAR_BACKEND_LLGUIDANCE"}))
+    assert [v.field for v in info.value.violations] == ["grammar_backend"]
+    with pytest.raises(ServiceError) as info:
+        grpc_request(tools=[GRPC_TOOL], grammar_backend=9)
+    assert [v.field for v in info.value.violations] == ["grammar_backend"] and "unknown value 9" in info.value.message
 
 
 def final_output(**fields) -> RequestOutput:

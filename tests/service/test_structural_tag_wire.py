@@ -99,13 +99,29 @@ def test_grpc_constraint_and_its_errors():
     assert info.value.violations[0].field == "constraint.structural_tag.format.triggers[1]"
 
 
-def test_a_tag_beside_tools_is_refused(make_http_server):
+TOOLS = [{"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}]
+
+
+def test_a_tag_beside_tools_joins_the_calls(make_http_server):
     server = make_http_server()
-    tools = [{"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}]
-    response = httpx.post(f"{server.url}/v1/chat/completions", json={**CHAT, "response_format": TAG, "tools": tools})
+    response = httpx.post(f"{server.url}/v1/chat/completions", json={**CHAT, "response_format": TAG, "tools": TOOLS})
+    assert response.status_code == 200, response.text
+
+
+@pytest.mark.parametrize(("tag", "param"), [
+    ({"type": "structural_tag", "format": dict(FORMAT, triggers=["<tool"], tags=[
+        dict(FORMAT["tags"][0], begin="<tool>")])}, "response_format.format.triggers[0]"),
+    ({"type": "structural_tag", "triggers": ["<tool_call>"],
+      "structures": [{"begin": "<tool_call>x", "schema": {}, "end": "</x>"}]}, "response_format.triggers[0]"),
+])
+def test_a_tag_trigger_that_clashes_with_the_calls_is_a_400_naming_it(make_http_server, tag, param):
+    server = make_http_server()
+    response = httpx.post(f"{server.url}/v1/chat/completions", json={**CHAT, "response_format": tag, "tools": TOOLS})
     assert response.status_code == 400, response.text
-    assert response.json()["error"]["param"] == "response_format"
-    assert "cannot be combined with tools" in response.json()["error"]["message"]
+    assert response.json()["error"]["param"] == param
+    assert "clashes with the tool calls' trigger '<tool_call>' (hermes syntax)" in response.json()["error"]["message"]
+    assert httpx.post(f"{server.url}/v1/chat/completions", json={**CHAT, "response_format": TAG,
+                                                                 "tools": TOOLS}).status_code == 200
 
 
 def test_both_front_ends_refuse_a_bad_tag_and_serve_on(make_http_server):

@@ -103,10 +103,8 @@ def test_http_reasoning_format_type_text_is_free_thinking():
     ({"formwork": {"reasoning_format": {"regex": "a", "choice": ["b"]}}}, "formwork.reasoning_format: set exactly one"),
     ({"formwork": {"reasoning_format": {"type": "json_schema"}}},
      "formwork.reasoning_format.json_schema.schema: is required"),
-    ({"structured_outputs": {"json": {"type": "object"}, "enable_in_reasoning": True}},
-     "structured_outputs.enable_in_reasoning: is not supported"),
     ({"formwork": {"reasoning_format": {"regex": "a", "enable_in_reasoning": True}}},
-     "formwork.reasoning_format.enable_in_reasoning: is not supported"),
+     "formwork.reasoning_format.enable_in_reasoning: is not a think section's option"),
 ])
 def test_http_refusals_name_the_field(fields, message):
     with pytest.raises(ServiceError) as info:
@@ -157,3 +155,60 @@ def test_a_model_without_think_markers_refuses_it_on_both_wires(make_http_server
             pb_grpc.GenerationStub(channel).Generate(request, timeout=30)
     assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT
     assert info.value.details().startswith("reasoning.think_constraint: this model has no think markers")
+
+
+def test_enable_in_reasoning_constrains_the_whole_output_from_its_first_token():
+    translated = http_request(structured_outputs={"json": {"type": "object"}, "enable_in_reasoning": True})
+    assert translated.request.chat.constraint_in_reasoning
+    plan = THINKING.plan(translated.request.chat, Constraint("json_schema", '{"type": "object"}'), LIMITS)
+    assert plan.constraint == Constraint("json_schema", '{"type": "object"}')  # no free think section first
+    assert plan.shape.reasoning == THINKING.reasoning and plan.shape.think_if_opened
+    assert plan.template_kwargs == {"enable_thinking": True}  # the template renders as without it
+
+
+def test_grpc_constraint_in_reasoning_is_the_same_switch():
+    request = grpc_request(constraint_in_reasoning=True)
+    assert request.chat.constraint_in_reasoning
+    assert planned(request, Constraint("regex", "a")) == Constraint("regex", "a")
+
+
+def test_enable_in_reasoning_with_tools_keeps_the_calls_from_the_first_token():
+    translated = http_request(structured_outputs={"regex": "a", "enable_in_reasoning": True}, tools=[
+        {"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}])
+    plan = THINKING.plan(translated.request.chat, Constraint("regex", "a"), LIMITS)
+    assert plan.constraint.kind == "tool_calls" and not plan.constraint.think_end
+
+
+@pytest.mark.parametrize(("fields", "http_field"), [
+    ({"formwork": {"reasoning_budget": 8}}, "formwork.reasoning_budget"),
+    ({"formwork": {"reasoning_format": {"regex": "a"}}}, "formwork.reasoning_format"),
+])
+def test_enable_in_reasoning_refuses_what_bounds_a_free_think_section(fields, http_field):
+    translated = http_request(structured_outputs={"regex": "a", "enable_in_reasoning": True}, **fields)
+    with pytest.raises(ServiceError) as info:
+        planned(translated.request, Constraint("regex", "a"))
+    renamed, param = translated.field_names.rename(info.value)
+    assert param == http_field
+    assert "cannot be combined with reasoning.constraint_in_reasoning" in renamed.message
+
+
+def test_grpc_constraint_in_reasoning_needs_a_constraint():
+    with pytest.raises(ServiceError) as info:
+        planned(grpc_request(constraint_in_reasoning=True))
+    assert info.value.message.startswith("reasoning.constraint_in_reasoning: needs an output constraint")
+
+
+def test_enable_in_reasoning_on_completions_is_the_same_switch():
+    from service.http.conversion import translate_completion
+    from service.http.protocol import CompletionRequest
+    translated = translate_completion(CompletionRequest.model_validate(
+        {"prompt": "hi", "structured_outputs": {"regex": "a", "enable_in_reasoning": True}}))
+    assert translated.request.chat.constraint_in_reasoning
+
+
+def test_the_python_client_sets_constraint_in_reasoning():
+    from formwork_client.request import generate_request
+    request = generate_request(messages=[{"role": "user", "content": "hi"}], constraint={"type": "object"},
+                               constraint_in_reasoning=True)
+    assert chat_options_from_proto(request).constraint_in_reasoning
+    assert not chat_options_from_proto(generate_request(prompt="hi")).constraint_in_reasoning

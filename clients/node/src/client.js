@@ -108,7 +108,10 @@ export class FormworkClient {
       options);
   }
 
-  /** Compile a constraint without generating: { ok, error, compile_s, cached, not_enforced }. */
+  /**
+   * Compile a constraint without generating: { ok, error, compile_s, cached, not_enforced,
+   * grammar_backend } (the library a request with it is served by).
+   */
   validateConstraint(constraint, { timeoutMs } = {}) {
     return this.#unary("ValidateConstraint", { constraint }, timeoutMs);
   }
@@ -118,7 +121,10 @@ export class FormworkClient {
     return this.#unary("GetModelInfo", {}, timeoutMs);
   }
 
-  /** The prompt token ids generate() would use: { prompt } or { chat }. */
+  /**
+   * The prompt token ids generate() would use: { prompt } or { chat }, with the request's `tools`
+   * and `reasoning` so a chat renders as generate() renders it.
+   */
   tokenize(request, { timeoutMs } = {}) {
     return this.#unary("Tokenize", request, timeoutMs);
   }

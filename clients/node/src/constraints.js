@@ -2,8 +2,10 @@
 // Options left undefined are not sent, so the server's defaults apply: strict true (unenforceable
 // JSON-Schema keywords are an error), whitespace the server's default JSON whitespace ("compact",
 // "spaced", "bounded" or "any"; docs/constraints.md), anyWhitespace false, jumpForward the server's,
-// grammarBackend the server's ("auto", "xgrammar" or "llguidance"; the response's grammar_backend
-// names the one that served the request).
+// closeEarly the server's (on unless started with --no-close-early: the output is closed before
+// max_tokens runs out, or when it loops, and the response's closed_early says so), grammarBackend
+// the server's ("auto", "xgrammar" or "llguidance"; the response's grammar_backend names the one that
+// served the request).
 
 import { createHash } from "node:crypto";
 
@@ -11,7 +13,8 @@ import { createHash } from "node:crypto";
 // it, so one constraint keeps meeting the same server's warm compile cache (docs/deploy.md).
 export const CONSTRAINT_KEY_HEADER = "x-formwork-constraint-key";
 
-const KINDS = ["json_schema", "json_schema_text", "json_object", "regex", "grammar", "choice", "structural_tag"];
+// the Constraint oneof `kind`, as its fields are named
+export const KINDS = ["json_schema", "json_schema_text", "json_object", "regex", "grammar", "choice", "structural_tag"];
 
 const WHITESPACE = { compact: "JSON_WHITESPACE_COMPACT", spaced: "JSON_WHITESPACE_SPACED",
   bounded: "JSON_WHITESPACE_BOUNDED", any: "JSON_WHITESPACE_ANY" };
@@ -27,8 +30,8 @@ export function jsonSchema(schema, { strict, anyWhitespace, jumpForward, whitesp
 }
 
 /** Any JSON object. */
-export function jsonObject({ anyWhitespace, jumpForward, whitespace, grammarBackend } = {}) {
-  return withOptions({ json_object: {} }, { anyWhitespace, jumpForward, whitespace, grammarBackend });
+export function jsonObject({ anyWhitespace, jumpForward, whitespace, closeEarly, grammarBackend } = {}) {
+  return withOptions({ json_object: {} }, { anyWhitespace, jumpForward, whitespace, closeEarly, grammarBackend });
 }
 
 /** A regular expression the whole output must match. */

@@ -9,4 +9,5 @@ export {
 } from "./constraints.js";
 export { FormworkError, IncompleteOutputError, isTransient } from "./errors.js";
 export { extractPrompt, extractRequest, retryDelayMs } from "./extraction.js";
-export { tool, ToolCallAccumulator, toolCalls, toolChoice } from "./tools.js";
+export { reasoning } from "./reasoning.js";
+export { chatMessage, tool, ToolCallAccumulator, toolCalls, toolChoice } from "./tools.js";

@@ -8,8 +8,8 @@ import { after, before, describe, test } from "node:test";
 import { fileURLToPath } from "node:url";
 
 import {
-  choice, FormworkClient, FormworkError, IncompleteOutputError, jsonSchema, regex, tool, ToolCallAccumulator, toolCalls,
-  toolChoice,
+  chatMessage, choice, FormworkClient, FormworkError, IncompleteOutputError, jsonSchema, reasoning, regex, structuralTag,
+  tool, ToolCallAccumulator, toolCalls, toolChoice,
 } from "formwork-client";
 
 const ADDRESS = process.env.FORMWORK_ADDR;
@@ -126,6 +126,90 @@ describe("FormworkClient against a live server", () => {
     const withTools = await client.tokenize({ chat: { messages }, tools: request.tools });
     assert.ok(withTools.token_ids.length > plain.token_ids.length);
     assert.ok(withTools.rendered_prompt.includes("get_weather"));
+  });
+
+  test("allowed tools in OpenAI's shape: asked for the weather with only get_time allowed, it calls get_time", async () => {
+    const time = { type: "object", properties: { zone: { type: "string", maxLength: 20 } }, required: ["zone"] };
+    const weather = { type: "object", properties: { city: { type: "string", maxLength: 20 } }, required: ["city"] };
+    const tools = [tool("get_weather", weather, "Current weather in a city"), tool("get_time", time, "The time in a time zone")];
+    const response = await client.generate({
+      chat: { messages: [{ role: "user", content: "What is the weather in Paris?" }] }, tools, parallel_tool_calls: false,
+      tool_choice: toolChoice({ type: "allowed_tools", allowed_tools: { mode: "required",
+        tools: [{ type: "function", function: { name: "get_time" } }] } }),
+      max_tokens: 48, temperature: 0,
+    });
+    const [call, ...more] = toolCalls(response);
+    assert.equal(more.length, 0);
+    assert.equal(call.name, "get_time");
+    assert.equal(typeof call.arguments.zone, "string");
+    assert.equal(response.content, ""); // only calls: no answer text beside them
+    const error = await rejection(client.generate({ chat: { messages: [{ role: "user", content: "hi" }] }, tools,
+      tool_choice: toolChoice({ allowed: ["get_date"] }), max_tokens: 8 }));
+    assert.equal(error.code, "INVALID_ARGUMENT");
+    assert.match(error.fieldViolations[0].field, /^tool_choice/);
+  });
+
+  test("chatMessage: an OpenAI-shaped call and its result render into the prompt", async () => {
+    const messages = [
+      { role: "user", content: "What is the weather in Paris?" },
+      { role: "assistant", content: null, tool_calls: [{ id: "call_1", type: "function",
+        function: { name: "get_weather", arguments: { city: "Paris" } } }] },
+      { role: "tool", tool_call_id: "call_1", name: "get_weather", content: "18 degrees and sunny" },
+    ].map(chatMessage);
+    const tools = [tool("get_weather", { type: "object", properties: { city: { type: "string" } } })];
+    const { rendered_prompt } = await client.tokenize({ chat: { messages }, tools });
+    assert.ok(rendered_prompt.includes('"city": "Paris"') || rendered_prompt.includes('"city":"Paris"'), rendered_prompt);
+    assert.ok(rendered_prompt.includes("18 degrees and sunny"), rendered_prompt);
+  });
+
+  test("reasoning: its fields reach the server, which names the one it cannot serve on a model without think markers", async () => {
+    const ask = { chat: { messages: [{ role: "user", content: "Is the sky blue? Answer yes or no." }] }, max_tokens: 4,
+      temperature: 0 };
+    const think = await rejection(client.generate({ ...ask, reasoning: reasoning({ thinkConstraint: regex("[a-z ]+") }) }));
+    assert.deepEqual(think.fieldViolations.map((v) => v.field), ["reasoning.think_constraint"]);
+    assert.match(think.details, /no think markers/);
+    const budget = await rejection(client.generate({ ...ask, reasoning: reasoning({ budgetTokens: 8 }) }));
+    assert.deepEqual(budget.fieldViolations.map((v) => v.field), ["reasoning.budget_tokens"]);
+    const whole = await rejection(client.generate({ ...ask, reasoning: reasoning({ constraintInReasoning: true }) }));
+    assert.deepEqual(whole.fieldViolations.map((v) => v.field), ["reasoning.constraint_in_reasoning"]);
+    assert.match(whole.details, /needs an output constraint/);
+    // with a constraint it is served: no think section here, so all of the output is the answer
+    const response = await client.generate({ ...ask, constraint: choice(["yes", "no"]),
+      reasoning: reasoning({ constraintInReasoning: true }) });
+    assert.ok(["yes", "no"].includes(response.text), response.text);
+    assert.equal(response.reasoning, "");
+  });
+
+  test("closeEarly: a JSON output closed before max_tokens ran out is complete, and closed_early says why", async () => {
+    const request = { chat: { messages: [{ role: "user", content: "Invent a person." }] }, max_tokens: 12, temperature: 0 };
+    const response = await client.generate({ ...request, constraint: jsonSchema(PERSON_SCHEMA) });
+    assert.equal(response.finish_reason, "FINISH_REASON_STOP");
+    assert.equal(response.closed_early, "budget");
+    assertPerson(JSON.parse(response.text));
+    assert.ok(response.usage.forced_tokens > 0, JSON.stringify(response.usage));
+    const tooShort = await rejection(client.generate({ ...request, max_tokens: 3, constraint: jsonSchema(PERSON_SCHEMA) }));
+    assert.match(tooShort.details, /max_tokens is 3, but the shortest output this constraint accepts takes \d+ tokens/);
+    const open = await client.generate({ ...request, constraint: jsonSchema(PERSON_SCHEMA, { closeEarly: false }) });
+    assert.equal(open.closed_early, "");
+    assert.equal(open.finish_reason, "FINISH_REASON_LENGTH");
+  });
+
+  test("structuralTag: the tagged call's content is in its schema", async () => {
+    const weather = { type: "object", properties: { city: { type: "string", maxLength: 20 },
+      unit: { enum: ["celsius", "fahrenheit"] } }, required: ["city", "unit"], additionalProperties: false };
+    const call = { type: "tag", begin: "<function=get_weather>", content: { type: "json_schema", json_schema: weather },
+      end: "</function>" };
+    const constraint = structuralTag({ type: "structural_tag", format: { type: "triggered_tags", triggers: ["<function="],
+      tags: [call], at_least_one: true, stop_after_first: true } });
+    const response = await client.generate({ constraint, max_tokens: 60, temperature: 0,
+      chat: { messages: [{ role: "user", content: "What is the weather in Paris? Call get_weather." }] } });
+    const [, content] = response.text.match(/^<function=get_weather>(.*)<\/function>$/s) ?? assert.fail(response.text);
+    const args = JSON.parse(content);
+    assert.ok(typeof args.city === "string" && ["celsius", "fahrenheit"].includes(args.unit), content);
+    const error = await rejection(client.generate({ prompt: "x", max_tokens: 4,
+      constraint: structuralTag({ type: "structural_tag", format: { type: "nonsense" } }) }));
+    assert.equal(error.code, "INVALID_ARGUMENT");
+    assert.match(error.fieldViolations[0].field, /^constraint\.structural_tag/);
   });
 
   test("leaving a stream early cancels the request on the server", async () => {

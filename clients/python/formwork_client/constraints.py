@@ -9,7 +9,7 @@ server's default applies: strict=True (unenforceable schema keywords are an erro
 server's default JSON whitespace (docs/constraints.md), any_whitespace=False, jump_forward=the
 server's setting (on unless started with --no-jump-forward), close_early=the server's setting (on
 unless started with --no-close-early: the output is closed before max_tokens runs out, or when it
-loops, and the response's closed_early says so), grammar_backend=the server's (xgrammar unless
+loops, and the response's closed_early says so), grammar_backend=the server's (auto unless
 started with another --grammar-backend; the response's grammar_backend names the one that served
 it). `whitespace` is one of "compact", "spaced", "bounded", "any"; `grammar_backend` one of "auto",
 "xgrammar", "llguidance".

@@ -11,7 +11,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from formwork_client._gen.formwork.v1 import generation_pb2 as pb
-from formwork_client.constraints import ConstraintLike, json_schema, to_constraint
+from formwork_client.constraints import GRAMMAR_BACKENDS, ConstraintLike, json_schema, to_constraint
 from formwork_client.errors import IncompleteOutputError
 from formwork_client.tools import set_tools, to_message, to_tool_choice
 
@@ -32,18 +32,22 @@ def generate_request(prompt: str | pb.GenerateRequest | None = None, *, messages
                      priority: int = 0, request_id: str = "", tools: Iterable[Mapping[str, Any]] | None = None,
                      tool_choice: str | Mapping[str, Any] | None = None, parallel_tool_calls: bool | None = None,
                      reasoning: bool | None = None, reasoning_budget: int | None = None,
-                     reasoning_format: ConstraintLike | None = None,
-                     speculative: bool | None = None) -> pb.GenerateRequest:
+                     reasoning_format: ConstraintLike | None = None, constraint_in_reasoning: bool = False,
+                     speculative: bool | None = None, grammar_backend: str | None = None) -> pb.GenerateRequest:
     """A GenerateRequest. The input is exactly one of `prompt` (raw text, tokenized as is),
     `messages` (a chat, rendered with the model's chat template) or `prompt_token_ids`; a ready
     GenerateRequest passed as `prompt` is used as it is. A dict `constraint` is a JSON Schema.
     `tools`, `tool_choice` (formwork_client.tools says their shapes), `parallel_tool_calls`:
     the calls the model may make; `reasoning` (on/off) and `reasoning_budget` (tokens): its think
     section; `reasoning_format` (a constraint, as `constraint` takes it): the think text's own
-    shape (reasoning.think_constraint). The response's `tool_calls`, `content` and `reasoning` hold the answer read back.
+    shape (reasoning.think_constraint); `constraint_in_reasoning`: `constraint` covers the whole
+    output from its first token, think section included. The response's `tool_calls`, `content`
+    and `reasoning` hold the answer read back.
     `speculative`: drafting from the prompt on or off for this request (None: the server's
     default); the output is the same either way, only faster or slower (usage.draft_tokens).
-    `min_tokens`: EOS, stop tokens and stop strings cannot end the output before this many tokens."""
+    `min_tokens`: EOS, stop tokens and stop strings cannot end the output before this many tokens.
+    `grammar_backend` ("auto", "xgrammar", "llguidance"): the library for every grammar the request
+    compiles, its tools' calls and think section included (None: the constraint's own, else the server's)."""
     if isinstance(prompt, pb.GenerateRequest):
         return prompt
     request = pb.GenerateRequest(request_id=request_id, priority=priority, stop=list(stop),
@@ -63,10 +67,16 @@ def generate_request(prompt: str | pb.GenerateRequest | None = None, *, messages
     set_tools(request, tools, reasoning, reasoning_budget)
     if reasoning_format is not None:
         request.reasoning.think_constraint.CopyFrom(to_constraint(reasoning_format))
+    if constraint_in_reasoning:
+        request.reasoning.constraint_in_reasoning = True
     if tool_choice is not None:
         request.tool_choice.CopyFrom(to_tool_choice(tool_choice))
     if parallel_tool_calls is not None:
         request.parallel_tool_calls = parallel_tool_calls
+    if grammar_backend is not None:
+        if grammar_backend not in GRAMMAR_BACKENDS:
+            raise ValueError(f"grammar_backend must be one of {', '.join(GRAMMAR_BACKENDS)}, not {grammar_backend!r}")
+        request.grammar_backend = GRAMMAR_BACKENDS[grammar_backend]
     return request
 
 

@@ -44,6 +44,8 @@ def round_trip(path, body, num_prompts=1):
             "mode": "required", "tools": [{"type": "function", "function": {"name": "v"}}]}}}),
     ("/v1/completions", {"prompt": "x", "formwork": {"grammar_backend": "llguidance"}, "response_format": {
         "type": "structural_tag", "format": {"type": "const_string", "value": "hi"}}}),
+    ("/v1/chat/completions", {"messages": [{"role": "user", "content": "x"}], "tools": CHAT["tools"],
+                              "formwork": {"grammar_backend": "auto"}}),  # the tools' calls: no constraint
 ])
 def test_the_requests_sent_decode_to_the_request_read(path, body):
     request, received, _ = round_trip(path, body)

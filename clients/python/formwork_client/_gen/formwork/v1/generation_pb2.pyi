@@ -66,7 +66,7 @@ FINISH_REASON_CANCELLED: FinishReason
 FINISH_REASON_ERROR: FinishReason
 
 class GenerateRequest(_message.Message):
-    __slots__ = ("request_id", "prompt", "chat", "prompt_token_ids", "max_tokens", "temperature", "top_p", "top_k", "min_p", "seed", "repetition_penalty", "frequency_penalty", "presence_penalty", "stop", "stop_token_ids", "ignore_eos", "include_stop_str_in_output", "logprobs", "priority", "constraint", "tools", "tool_choice", "parallel_tool_calls", "reasoning", "speculative", "min_tokens")
+    __slots__ = ("request_id", "prompt", "chat", "prompt_token_ids", "max_tokens", "temperature", "top_p", "top_k", "min_p", "seed", "repetition_penalty", "frequency_penalty", "presence_penalty", "stop", "stop_token_ids", "ignore_eos", "include_stop_str_in_output", "logprobs", "priority", "constraint", "tools", "tool_choice", "parallel_tool_calls", "reasoning", "speculative", "min_tokens", "grammar_backend")
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     PROMPT_FIELD_NUMBER: _ClassVar[int]
     CHAT_FIELD_NUMBER: _ClassVar[int]
@@ -93,6 +93,7 @@ class GenerateRequest(_message.Message):
     REASONING_FIELD_NUMBER: _ClassVar[int]
     SPECULATIVE_FIELD_NUMBER: _ClassVar[int]
     MIN_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    GRAMMAR_BACKEND_FIELD_NUMBER: _ClassVar[int]
     request_id: str
     prompt: str
     chat: Chat
@@ -119,7 +120,8 @@ class GenerateRequest(_message.Message):
     reasoning: Reasoning
     speculative: bool
     min_tokens: int
-    def __init__(self, request_id: _Optional[str] = ..., prompt: _Optional[str] = ..., chat: _Optional[_Union[Chat, _Mapping]] = ..., prompt_token_ids: _Optional[_Union[TokenIds, _Mapping]] = ..., max_tokens: _Optional[int] = ..., temperature: _Optional[float] = ..., top_p: _Optional[float] = ..., top_k: _Optional[int] = ..., min_p: _Optional[float] = ..., seed: _Optional[int] = ..., repetition_penalty: _Optional[float] = ..., frequency_penalty: _Optional[float] = ..., presence_penalty: _Optional[float] = ..., stop: _Optional[_Iterable[str]] = ..., stop_token_ids: _Optional[_Iterable[int]] = ..., ignore_eos: _Optional[bool] = ..., include_stop_str_in_output: _Optional[bool] = ..., logprobs: _Optional[int] = ..., priority: _Optional[int] = ..., constraint: _Optional[_Union[Constraint, _Mapping]] = ..., tools: _Optional[_Iterable[_Union[Tool, _Mapping]]] = ..., tool_choice: _Optional[_Union[ToolChoice, _Mapping]] = ..., parallel_tool_calls: _Optional[bool] = ..., reasoning: _Optional[_Union[Reasoning, _Mapping]] = ..., speculative: _Optional[bool] = ..., min_tokens: _Optional[int] = ...) -> None: ...
+    grammar_backend: GrammarBackend
+    def __init__(self, request_id: _Optional[str] = ..., prompt: _Optional[str] = ..., chat: _Optional[_Union[Chat, _Mapping]] = ..., prompt_token_ids: _Optional[_Union[TokenIds, _Mapping]] = ..., max_tokens: _Optional[int] = ..., temperature: _Optional[float] = ..., top_p: _Optional[float] = ..., top_k: _Optional[int] = ..., min_p: _Optional[float] = ..., seed: _Optional[int] = ..., repetition_penalty: _Optional[float] = ..., frequency_penalty: _Optional[float] = ..., presence_penalty: _Optional[float] = ..., stop: _Optional[_Iterable[str]] = ..., stop_token_ids: _Optional[_Iterable[int]] = ..., ignore_eos: _Optional[bool] = ..., include_stop_str_in_output: _Optional[bool] = ..., logprobs: _Optional[int] = ..., priority: _Optional[int] = ..., constraint: _Optional[_Union[Constraint, _Mapping]] = ..., tools: _Optional[_Iterable[_Union[Tool, _Mapping]]] = ..., tool_choice: _Optional[_Union[ToolChoice, _Mapping]] = ..., parallel_tool_calls: _Optional[bool] = ..., reasoning: _Optional[_Union[Reasoning, _Mapping]] = ..., speculative: _Optional[bool] = ..., min_tokens: _Optional[int] = ..., grammar_backend: _Optional[_Union[GrammarBackend, str]] = ...) -> None: ...
 
 class Tool(_message.Message):
     __slots__ = ("name", "description", "parameters_json")
@@ -160,14 +162,16 @@ class ToolCall(_message.Message):
     def __init__(self, id: _Optional[str] = ..., name: _Optional[str] = ..., arguments_json: _Optional[str] = ...) -> None: ...
 
 class Reasoning(_message.Message):
-    __slots__ = ("enabled", "budget_tokens", "think_constraint")
+    __slots__ = ("enabled", "budget_tokens", "think_constraint", "constraint_in_reasoning")
     ENABLED_FIELD_NUMBER: _ClassVar[int]
     BUDGET_TOKENS_FIELD_NUMBER: _ClassVar[int]
     THINK_CONSTRAINT_FIELD_NUMBER: _ClassVar[int]
+    CONSTRAINT_IN_REASONING_FIELD_NUMBER: _ClassVar[int]
     enabled: bool
     budget_tokens: int
     think_constraint: Constraint
-    def __init__(self, enabled: _Optional[bool] = ..., budget_tokens: _Optional[int] = ..., think_constraint: _Optional[_Union[Constraint, _Mapping]] = ...) -> None: ...
+    constraint_in_reasoning: bool
+    def __init__(self, enabled: _Optional[bool] = ..., budget_tokens: _Optional[int] = ..., think_constraint: _Optional[_Union[Constraint, _Mapping]] = ..., constraint_in_reasoning: _Optional[bool] = ...) -> None: ...
 
 class Chat(_message.Message):
     __slots__ = ("messages", "add_generation_prompt")
