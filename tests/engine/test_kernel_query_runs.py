@@ -36,9 +36,11 @@ def slots_of(row, positions, block_size):
 
 # (dtype, head_dim, group, kv heads, block size): the AVX-512 BF16 kernel's shapes (the default
 # model's 9/3 heads of 64, the 1.5B model's 12/2 of 128, a group of 1), a block size that is not a
-# multiple of the 16-key chunks, and the generic kernel (fp32; bf16 with head_dim 96)
+# multiple of the 16-key chunks, the AVX2 kernel's (fp32 and fp16 widened; on an AVX2 build bf16 too)
+# and the generic kernel (bf16 with head_dim 96)
 RUN_SHAPES = [(torch.bfloat16, 64, 3, 3, 16), (torch.bfloat16, 128, 6, 2, 16), (torch.bfloat16, 64, 1, 2, 7),
-              (torch.float32, 64, 3, 3, 16), (torch.bfloat16, 96, 2, 2, 16)]
+              (torch.float32, 64, 3, 3, 16), (torch.float32, 128, 6, 2, 7), (torch.float16, 64, 3, 3, 16),
+              (torch.bfloat16, 96, 2, 2, 16)]
 
 
 @pytest.mark.parametrize("dtype,head_dim,group,kv_heads,block_size", RUN_SHAPES)
@@ -99,6 +101,23 @@ def test_the_vector_path_of_a_machine_with_amx(kernels):
                           "print(load().paged_attention_isa())"], cwd=ROOT, env=env, capture_output=True, text=True,
                          timeout=1800)
     assert isa.stdout.split()[-1:] == ["avx512_bf16"], isa.stdout + isa.stderr[-2000:]
+    tests = [f"{Path(__file__).name}::test_a_run_of_queries_equals_each_query_alone", "test_cpu_attention.py"]
+    result = subprocess.run([sys.executable, "-m", "pytest", "-q", "-x", "-m", "not slow", "-p", "no:cacheprovider",
+                             *(f"tests/engine/{t}" for t in tests)], cwd=ROOT, env=env, capture_output=True, text=True,
+                            timeout=1800)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-2000:]
+    assert " passed" in result.stdout
+
+
+@pytest.mark.slow
+def test_the_avx2_build(kernels):
+    """The kernels a CPU with AVX2 and FMA but no AVX-512 runs (FORMWORK_CPU_ISA=avx2: their own
+    build, bf16 widened too) pass the kernel tests, in a process of their own."""
+    env = {**os.environ, "FORMWORK_CPU_ISA": "avx2"}
+    isa = subprocess.run([sys.executable, "-c", "from engine.kernels.loader import load_cpu_kernels as load; "
+                          "print(load().paged_attention_isa())"], cwd=ROOT, env=env, capture_output=True, text=True,
+                         timeout=1800)
+    assert isa.stdout.split()[-1:] == ["avx2"], isa.stdout + isa.stderr[-2000:]
     tests = [f"{Path(__file__).name}::test_a_run_of_queries_equals_each_query_alone", "test_cpu_attention.py"]
     result = subprocess.run([sys.executable, "-m", "pytest", "-q", "-x", "-m", "not slow", "-p", "no:cacheprovider",
                              *(f"tests/engine/{t}" for t in tests)], cwd=ROOT, env=env, capture_output=True, text=True,

@@ -6,8 +6,9 @@
 //
 // A query's output is a function of its own q and its keys only, bit for bit: the same whether it is
 // a decode, one row of a whole prompt or of a chunk, alone or among other requests, on any thread.
-// bf16 with AVX-512 BF16 takes paged_attention_bf16.h (runs of a request's queries share each K/V
-// row read). The generic kernel here takes one work item per (query, kv head), its group of query
+// bf16 with AVX-512 BF16 takes paged_attention_bf16.h, other dtypes with AVX2 and FMA (head_dim 64 or
+// 128) paged_attention_avx2.h: there runs of a request's queries share each K/V row read. The generic
+// kernel here (any other CPU or shape) takes one work item per (query, kv head), its group of query
 // heads sharing every K/V row it reads, scores 16 keys at a time into one vector; every sum runs in
 // one fixed order: a key's score is its own dot product; the softmax works on whole 16-lane blocks
 // of a row padded to a multiple of 16 (the padding scores exp() to 0), with 16 partial sums folded
@@ -25,6 +26,7 @@
 #include <vector>
 
 #include "conversions.h"
+#include "paged_attention_avx2.h"
 #include "paged_attention_bf16.h"
 #include "paged_attention_step.h"
 #include "worker_pool.h"
@@ -155,6 +157,12 @@ void attend(const Step<scalar_t>& st) {
     if (st.head_dim == 128 && formwork::paged::attend_bf16_for_group<128>(st)) return;
   }
 #endif
+#if defined(__AVX2__) && defined(__FMA__)
+  if constexpr (!std::is_same_v<scalar_t, double>) {
+    if (st.head_dim == 64 && formwork::paged::avx2::takes(st)) return formwork::paged::avx2::attend_runs<scalar_t, 64>(st);
+    if (st.head_dim == 128 && formwork::paged::avx2::takes(st)) return formwork::paged::avx2::attend_runs<scalar_t, 128>(st);
+  }
+#endif
   if (st.head_dim == 64) attend_generic<scalar_t, 64>(st);
   else if (st.head_dim == 128) attend_generic<scalar_t, 128>(st);
   else attend_generic<scalar_t, 0>(st);
@@ -180,6 +188,8 @@ void check_token_rows(const torch::Tensor& t, const char* name) {
 std::string paged_attention_isa() {
 #if defined(__AVX512BF16__)
   return formwork::paged::scores_on_amx() ? "amx_bf16" : "avx512_bf16";
+#elif defined(__AVX2__) && defined(__FMA__)
+  return "avx2";
 #else
   return "generic";
 #endif

@@ -41,26 +41,6 @@ using Bf16 = c10::BFloat16;
 constexpr int kAccumulators = 24;  // of the 32 vector registers; the others hold K, V and q operands
 constexpr int kRunHeads = 48;  // query heads of a run: it transposes each K chunk once for all of them
 
-// listed queries [begin, end) that share one block-table row: the same request's keys
-struct Run {
-  int64_t begin, end;
-};
-
-// the step's runs of consecutive queries with equal block-table rows, at most max_run queries each
-inline std::vector<Run> query_runs(const Step<Bf16>& st, int64_t max_run) {
-  std::vector<Run> runs;
-  const size_t row_bytes = st.max_blocks * sizeof(int32_t);
-  for (int64_t i = 0; i < st.num_queries; ++i) {
-    const int32_t* row = st.block_table + i * st.max_blocks;
-    if (!runs.empty() && runs.back().end - runs.back().begin < max_run
-        && std::memcmp(row, row - st.max_blocks, row_bytes) == 0)
-      ++runs.back().end;
-    else
-      runs.push_back({i, i + 1});
-  }
-  return runs;
-}
-
 // The K rows of one chunk (rows[i]: key i's D values) as D/2 vectors of bf16 pairs: lane i of
 // tile[p] holds dims 2p and 2p + 1 of key i, what a dot-product instruction takes against q's pair p.
 template <int D>

@@ -1,5 +1,5 @@
 // One paged-attention call's inputs, and the walk over a request's K or V rows in the cache blocks:
-// what the kernels of paged_attention.cpp and paged_attention_bf16.h share.
+// what the kernels of paged_attention.cpp, paged_attention_bf16.h and paged_attention_avx2.h share.
 //
 // Layout (engine/attention/base.py): cache [2, num_blocks, block_size, num_kv_heads, head_dim];
 // token t of request i lives at block_table[i][t / block_size], offset t % block_size.
@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <cstring>
 #include <vector>
 #if defined(__AVX512F__)
 #include <immintrin.h>
@@ -60,6 +61,27 @@ struct Step {
     return sliding_window > 0 ? std::max<int64_t>(0, seq_len - sliding_window) : 0;
   }
 };
+
+// listed queries [begin, end) that share one block-table row: the same request's keys
+struct Run {
+  int64_t begin, end;
+};
+
+// the step's runs of consecutive queries with equal block-table rows, at most max_run queries each
+template <typename scalar_t>
+std::vector<Run> query_runs(const Step<scalar_t>& st, int64_t max_run) {
+  std::vector<Run> runs;
+  const size_t row_bytes = st.max_blocks * sizeof(int32_t);
+  for (int64_t i = 0; i < st.num_queries; ++i) {
+    const int32_t* row = st.block_table + i * st.max_blocks;
+    if (!runs.empty() && runs.back().end - runs.back().begin < max_run
+        && std::memcmp(row, row - st.max_blocks, row_bytes) == 0)
+      ++runs.back().end;
+    else
+      runs.push_back({i, i + 1});
+  }
+  return runs;
+}
 
 // One request's K or V rows at one kv head, in position order from `first`; the next block's rows
 // are prefetched on entering a block (blocks lie anywhere in the cache, so the hardware prefetcher

@@ -30,11 +30,22 @@ namespace {
 
 // how long a helper stays awake after a job: longer than the gaps between one forward's kernels
 constexpr auto kSpin = std::chrono::microseconds(300);
+// checks a waiting thread spins through before it yields its CPU between checks
+constexpr int kPauses = 64;
 
-inline void spin_pause() {
+// One check's wait in a loop that waits for another thread: a few pauses, then sched_yield. When the
+// machine has more runnable threads than CPUs, a thread that only spins holds its CPU to the end of
+// its time slice while the thread it waits for (or the caller, when Linux woke a helper on the
+// caller's CPU) waits for that CPU; yielding hands it over. With nothing else runnable the yield
+// returns at once, so a quiet machine sees the same latency.
+inline void wait_a_moment(int& checks) {
+  if (++checks <= kPauses) {
 #if defined(__x86_64__)
-  _mm_pause();
+    _mm_pause();
 #endif
+  } else {
+    sched_yield();
+  }
 }
 
 class Pool {
@@ -70,7 +81,7 @@ class Pool {
     wake_.notify_all();
     work();
     ticket_.store(ticket & ~uint64_t{1}, std::memory_order_seq_cst);  // closed: no one joins any more
-    while (joined_.load(std::memory_order_seq_cst) != 0) spin_pause();
+    for (int checks = 0; joined_.load(std::memory_order_seq_cst) != 0;) wait_a_moment(checks);
     jobs_.fetch_add(1, std::memory_order_relaxed);
     chunks_.fetch_add(num_chunks, std::memory_order_relaxed);
     if (helper_joined_.load(std::memory_order_relaxed)) joined_jobs_.fetch_add(1, std::memory_order_relaxed);
@@ -89,6 +100,7 @@ class Pool {
     for (;;) {
       const auto deadline = std::chrono::steady_clock::now() + kSpin;
       uint64_t ticket;
+      int checks = 0;
       while ((ticket = ticket_.load(std::memory_order_acquire)) == seen || !(ticket & 1)) {
         if (std::chrono::steady_clock::now() > deadline) {
           std::unique_lock<std::mutex> lock(sleep_mutex_);
@@ -97,8 +109,9 @@ class Pool {
             return t != seen && (t & 1);
           });
           wakeups_.fetch_add(1, std::memory_order_relaxed);
+          checks = 0;
         }
-        spin_pause();
+        wait_a_moment(checks);
       }
       seen = ticket;
       joined_.fetch_add(1, std::memory_order_seq_cst);

@@ -2,8 +2,9 @@
 //
 // With OMP_WAIT_POLICY=PASSIVE (which the engine needs: grammar work runs beside the forward) an
 // OpenMP parallel region wakes sleeping threads, about 50 us a wake on this VM, and a decode step
-// opens ~150 of them. These helpers spin for a while after each job before they sleep, so the
-// kernels of one forward find them awake, and sleep between steps. Work is claimed chunk by chunk
+// opens ~150 of them. These helpers stay awake for a while after each job before they sleep, so the
+// kernels of one forward find them awake, and sleep between steps; awake, they yield their CPU to
+// any other runnable thread (a loaded machine's, or the caller woken on the same CPU). Work is claimed chunk by chunk
 // and the caller works too: a helper the OS has not scheduled delays at most the chunk it holds,
 // and one that never woke up is simply not waited for.
 #pragma once
