@@ -10,7 +10,7 @@ the bomb's own compile latency (ValidateConstraint's wall time and its compile_s
 
 With `--compare-normal` a second server runs with --no-idle-compiles and the rounds alternate
 between the two, so the idle-class compile and the normal-priority one are measured in one run;
-`--compare-args "--no-schema-worker"` does the same for any server option.
+`--compare-args=--no-schema-worker` does the same for any server option.
 """
 from __future__ import annotations
 
@@ -52,7 +52,7 @@ def add_parser(which) -> None:
     parser.add_argument("--compare-normal", action="store_true",
                         help="also a server with --no-idle-compiles, rounds alternated with the default one")
     parser.add_argument("--compare-args", help="also a server started with these arguments (e.g. "
-                        "\"--no-schema-worker\"), rounds alternated with the default one")
+                        "--compare-args=--no-schema-worker), rounds alternated with the default one")
     parser.add_argument("--output", default="build/bench/compile_interference.json")
     parser.set_defaults(func=main)
 

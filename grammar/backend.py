@@ -7,14 +7,17 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from typing import TYPE_CHECKING, Any, Protocol
 
-from grammar.schema_worker import run_here
-
 if TYPE_CHECKING:
     from collections.abc import Callable, Sequence
 
     import torch
 
     from grammar.constraint import Constraint
+
+
+def run_here(fn: Callable[..., Any], *args: Any, num_chars: int = 0) -> Any:
+    """A GrammarBackend's schema_runner unless one is set: fn(*args) in the calling thread."""
+    return fn(*args)
 
 
 class GrammarError(ValueError):
@@ -122,7 +125,7 @@ class GrammarBackend(ABC):
     enforced_formats: frozenset[str] = frozenset()
 
     # where `compile` runs its pure-Python schema work: `schema_runner(fn, *args, num_chars=spec chars)`
-    # returns fn(*args), here (grammar/schema_worker.py's run_here) or in the schema worker
+    # returns fn(*args), here (run_here) or in the schema worker (grammar/schema_worker.py)
     schema_runner: Callable[..., Any] = staticmethod(run_here)
 
     def use_schema_runner(self, runner: Callable[..., Any]) -> None:

@@ -39,6 +39,7 @@ logger = logging.getLogger(__name__)
 MIN_SPEC_CHARS = 4096
 # how often a waiting caller looks at the worker (alive, starved)
 _POLL_S = 0.02
+_EXIT_WAIT_S = 1.0  # for the exit code of a worker whose pipe closed
 _HEADER = struct.Struct("<Q")  # a message's length in bytes, before its pickle
 
 T = TypeVar("T")
@@ -46,11 +47,6 @@ T = TypeVar("T")
 
 class SchemaWorkerCrashed(RuntimeError):
     """The worker process exited while it served this call; the next call starts a new one."""
-
-
-def run_here(fn: Callable[..., T], *args: Any, num_chars: int = 0) -> T:
-    """The in-process runner: what a backend uses when no worker is set."""
-    return fn(*args)
 
 
 class SchemaWorker:
@@ -67,6 +63,7 @@ class SchemaWorker:
         self._busy = threading.Lock()  # held by the one call the worker serves
         self._process: subprocess.Popen | None = None
         self._warming: str | None = None  # the module a new worker is importing, until it answers
+        self._closed = False  # shut down: every call runs here
         self._lock = threading.Lock()  # guards _waited and the swap of _process
         # caller's native thread id -> seconds the worker waited for a CPU while serving its calls
         self._waited: dict[int, float] = {}
@@ -77,7 +74,7 @@ class SchemaWorker:
     def run(self, fn: Callable[..., T], *args: Any, num_chars: int = 0) -> T:
         """`fn(*args)` in the worker when `num_chars` (the spec's size) reaches min_spec_chars and
         the worker is free, else here."""
-        if num_chars < self.min_spec_chars or not self._busy.acquire(blocking=False):
+        if num_chars < self.min_spec_chars or self._closed or not self._busy.acquire(blocking=False):
             return fn(*args)
         try:
             if not self._ready(fn):
@@ -98,7 +95,8 @@ class SchemaWorker:
         return process.pid if process is not None and process.poll() is None else None
 
     def shutdown(self) -> None:
-        """Stop the worker; a call it was serving fails (SchemaWorkerCrashed), a later call starts a new one."""
+        """Stop the worker; a call it was serving fails (SchemaWorkerCrashed), later calls run here."""
+        self._closed = True
         self._stop()
 
     # -- internals ------------------------------------------------------------------------
@@ -172,7 +170,10 @@ class SchemaWorker:
         logger.info("schema worker starting (pid %d)", process.pid)
 
     def _crashed(self, process: subprocess.Popen) -> SchemaWorkerCrashed:
-        code = process.poll()
+        try:  # its pipe closes a moment before it can be reaped
+            code = process.wait(timeout=_EXIT_WAIT_S)
+        except subprocess.TimeoutExpired:
+            code = None
         self.num_crashes += 1
         self._stop()
         logger.warning("schema worker (pid %d) exited with code %s during a call", process.pid, code)
