@@ -9,7 +9,8 @@ bomb: the probe's median and max alone and during the compile, the median paired
 the bomb's own compile latency (ValidateConstraint's wall time and its compile_s).
 
 With `--compare-normal` a second server runs with --no-idle-compiles and the rounds alternate
-between the two, so the idle-class compile and the normal-priority one are measured in one run.
+between the two, so the idle-class compile and the normal-priority one are measured in one run;
+`--compare-args=--no-schema-worker` does the same for any server option.
 """
 from __future__ import annotations
 
@@ -50,6 +51,8 @@ def add_parser(which) -> None:
                         help="seconds between sending the bomb and starting the probe")
     parser.add_argument("--compare-normal", action="store_true",
                         help="also a server with --no-idle-compiles, rounds alternated with the default one")
+    parser.add_argument("--compare-args", help="also a server started with these arguments (e.g. "
+                        "--compare-args=--no-schema-worker), rounds alternated with the default one")
     parser.add_argument("--output", default="build/bench/compile_interference.json")
     parser.set_defaults(func=main)
 
@@ -66,6 +69,8 @@ def main(args: argparse.Namespace) -> int:
     labels = {"idle compiles": common}
     if args.compare_normal:
         labels["normal-priority compiles"] = [*common, "--no-idle-compiles"]
+    if args.compare_args:
+        labels[args.compare_args.strip()] = [*common, *args.compare_args.split()]
     servers: dict[str, ServerProcess] = {}
     channels = []
     try:

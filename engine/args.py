@@ -56,6 +56,10 @@ def add_engine_args(parser: argparse.ArgumentParser) -> None:
     b.add_argument("--no-idle-compiles", action="store_true",
                    help="compile grammars at normal CPU priority, not in the idle class (rescued when starved) "
                         "that keeps a heavy compile from slowing running requests")
+    b.add_argument("--no-schema-worker", action="store_true",
+                   help="run the Python part of a large schema's compile (its rewrite, its grammar's bounds) in "
+                        "the engine's process, not in the worker process that keeps it from holding the GIL "
+                        "the running requests need")
     b.add_argument("--compile-timeout", type=float, default=defaults.compile_timeout_s,
                    help="seconds one grammar compile may take (default: %(default)s)")
     b.add_argument("--max-schema-depth", type=int, default=defaults.max_schema_depth,
@@ -102,6 +106,7 @@ def engine_config_from_args(args: argparse.Namespace):
                           enable_prefix_caching=not args.no_prefix_caching),
         grammar=GrammarConfig(jump_forward=not args.no_jump_forward, close_early=not args.no_close_early,
                               compile_timeout_s=args.compile_timeout, idle_compiles=not args.no_idle_compiles,
+                              schema_worker=not args.no_schema_worker,
                               max_schema_depth=args.max_schema_depth, max_forced_bytes=args.max_forced_bytes,
                               max_repeat_count=args.max_repeat_count, max_fill_ms=args.max_fill_ms,
                               lazy_fill_budget_ms=args.lazy_fill_budget_ms, grammar_backend=args.grammar_backend),

@@ -5,7 +5,7 @@ Any grammar library can sit behind these; the engine never imports one directly.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Sequence
@@ -13,6 +13,11 @@ if TYPE_CHECKING:
     import torch
 
     from grammar.constraint import Constraint
+
+
+def run_here(fn: Callable[..., Any], *args: Any, num_chars: int = 0) -> Any:
+    """A GrammarBackend's schema_runner unless one is set: fn(*args) in the calling thread."""
+    return fn(*args)
 
 
 class GrammarError(ValueError):
@@ -118,6 +123,14 @@ class GrammarBackend(ABC):
     # the JSON-schema `format` values whose strings this backend checks: the schema rewrite takes
     # any other as an annotation and notes it (grammar/json_schema/scalars.py)
     enforced_formats: frozenset[str] = frozenset()
+
+    # where `compile` runs its pure-Python schema work: `schema_runner(fn, *args, num_chars=spec chars)`
+    # returns fn(*args), here (run_here) or in the schema worker (grammar/schema_worker.py)
+    schema_runner: Callable[..., Any] = staticmethod(run_here)
+
+    def use_schema_runner(self, runner: Callable[..., Any]) -> None:
+        """Run the pure-Python part of compiles through `runner` (SchemaWorker.run) from now on."""
+        self.schema_runner = runner
 
     def text_encoder(self) -> Callable[[str], list[int]] | None:
         """The tokenizer's plain encoding of a text (no special tokens added), for text that

@@ -21,6 +21,7 @@ from grammar.chat.tool_call_format import arguments_notes
 from grammar.cpu_wait import thread_cpu_wait_s
 from grammar.json_schema.limits import check_limits
 from grammar.runtime.low_priority import IdleClassPool
+from grammar.schema_worker import SchemaWorker
 
 if TYPE_CHECKING:
     from grammar.config import GrammarConfig
@@ -56,6 +57,9 @@ class GrammarCompiler:
       grammar/runtime/low_priority.py): a schema that takes seconds to compile takes them from
       the gaps the forward pass leaves, not from the requests already generating. A compile kept
       from a CPU for STARVED_AFTER_S is rescued at normal priority, so it is never starved.
+    * The pure-Python part of a large JSON schema's compile (the rewrite, the grammar's bounds) runs
+      in a worker process (GrammarConfig.schema_worker; grammar/schema_worker.py), also in the
+      idle class: in this process it would hold the GIL the engine thread needs.
 
     Thread-safe: any thread may submit; futures are resolved on pool or timer threads and never
     change state afterwards. Futures cannot be cancelled (several requests may share one).
@@ -78,6 +82,14 @@ class GrammarCompiler:
         self._idle = (IdleClassPool(num_threads, thread_name_prefix="grammar-compile-idle", restartable=True,
                                     cpu_wait_s=cpu_wait_s or thread_cpu_wait_s)
                       if config.idle_compiles else None)
+        # the pure-Python part of a large schema's compile, in a process of its own: it holds no
+        # GIL the engine thread needs (grammar/schema_worker.py)
+        self._schema_worker = SchemaWorker() if config.schema_worker else None
+        own_wait_s = cpu_wait_s or thread_cpu_wait_s
+        if self._schema_worker is not None:
+            backend.use_schema_runner(self._schema_worker.run)
+            # a compile's limit excuses the worker's waits for a CPU as it does its own thread's
+            own_wait_s = _WithWorkerWaits(own_wait_s, self._schema_worker)
         self._lock = threading.Lock()  # guards everything below
         self._cache: OrderedDict[tuple, tuple[CompiledGrammar | GrammarError, int]] = OrderedDict()
         self._cache_bytes = 0
@@ -92,7 +104,7 @@ class GrammarCompiler:
         # (backend, seconds) of each finished compile, until taken: the backend that compiled it,
         # or the one asked for ("auto" included) when it failed
         self._compile_times: list[tuple[str, float]] = []
-        self._cpu_wait_s = cpu_wait_s or thread_cpu_wait_s
+        self._cpu_wait_s = own_wait_s
 
     def submit(self, constraint: Constraint) -> Future[CompiledGrammar]:
         """A future of the compiled grammar; already done on a cache hit. Never raises: every
@@ -131,6 +143,8 @@ class GrammarCompiler:
         self._pool.shutdown(wait=False, cancel_futures=True)
         if self._idle is not None:
             self._idle.shutdown(wait=False, cancel_futures=True)
+        if self._schema_worker is not None:
+            self._schema_worker.shutdown()
         with self._lock:
             pending = list(self._in_flight.values())
             self._in_flight.clear()
@@ -300,6 +314,16 @@ class _Runs:
             starts = list(self._starts)
         return max((now - start - (self._cpu_wait_s(thread_id) - first_wait_s)
                     for thread_id, start, first_wait_s in starts), default=0.0)
+
+
+class _WithWorkerWaits:
+    """A thread's wait for a CPU plus the schema worker's while it served that thread's calls."""
+
+    def __init__(self, own_wait_s: Callable[[int], float], worker: SchemaWorker) -> None:
+        self._own_wait_s, self._worker = own_wait_s, worker
+
+    def __call__(self, thread_id: int) -> float:
+        return self._own_wait_s(thread_id) + self._worker.waited_s(thread_id)
 
 
 class _LimitTimer:

@@ -20,6 +20,9 @@ class GrammarConfig:
     # compiles run in Linux's idle scheduling class, rescued when starved (grammar/compiler.py):
     # a heavy schema's compile then costs the running requests next to nothing
     idle_compiles: bool = True
+    # the pure-Python part of a large schema's compile runs in a worker process (grammar/schema_worker.py):
+    # in the engine's process it would hold the GIL the engine thread needs
+    schema_worker: bool = True
     jump_forward: bool = True  # engine default; a request may switch it off (or on)
     # bytes of forced text jump-forward takes per step, and the most output a grammar may need at
     # one point (grammar/xgrammar/output_bounds.py): beyond it, forced text could outgrow any request

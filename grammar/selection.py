@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import logging
 from types import MappingProxyType
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from grammar.backend import GrammarBackend, GrammarError, UnsupportedError
 
@@ -65,6 +65,11 @@ class SelectingBackend(GrammarBackend):
     def backends(self) -> Mapping[str, GrammarBackend]:
         """The backends by name (read-only: the selection owns them)."""
         return MappingProxyType(self._backends)
+
+    def use_schema_runner(self, runner: Callable[..., Any]) -> None:
+        self.schema_runner = runner
+        for backend in self._backends.values():
+            backend.use_schema_runner(runner)
 
     def compile(self, constraint: Constraint) -> CompiledGrammar:
         name = constraint.grammar_backend or self._default

@@ -16,12 +16,10 @@ from grammar.chat.tool_calls import ToolCalls
 from grammar.chat.structural_tag import (StructuralTagError, content_field, is_older_shape, map_contents,
                                          parse_structural_tag)
 from grammar.compiler import answer_constraint, content_constraint, tool_arguments
-from grammar.json_schema.limits import check_limits, parse_schema
-from grammar.json_schema.rewrite import rewrite
-from grammar.json_schema.values import check_keyword_values
-from grammar.llguidance import lark_text, output_bounds
-from grammar.llguidance.json_options import (ENFORCED_FORMATS, WHITESPACE_OPTIONS, closed_schema,
-                                             keyword_locations, unimplemented_keywords)
+from grammar.json_schema.limits import check_limits
+from grammar.llguidance import lark_text, output_bounds, prepared_schema
+from grammar.llguidance.json_options import (ENFORCED_FORMATS, WHITESPACE_OPTIONS, keyword_locations,
+                                             unimplemented_keywords)
 from grammar.llguidance.matcher import LLGuidanceCompiled, LLGuidanceGrammar
 from grammar.llguidance.structural_lark import structural_lark
 from grammar.regex.repeat_counts import find_large_repeat
@@ -85,7 +83,14 @@ class LLGuidanceBackend(GrammarBackend):
             raise UnsupportedError("think_budget is not enforced by the llguidance backend (its end marker cannot "
                                "be forced after a token count); use the xgrammar backend")
         not_enforced: list[str] = []
-        grammar = self._grammar(constraint, not_enforced)
+        if constraint.kind == "json_schema" and not constraint.think_end:  # the hints come with the schema
+            prepared = self._prepared_schema(constraint, with_hints=True)
+            not_enforced += prepared.notes
+            grammar = self._json_grammar(constraint, prepared.schema, not_enforced)
+            hints = prepared.closing_hints
+        else:
+            grammar = self._grammar(constraint, not_enforced)
+            hints = closing_hints(constraint)
         if constraint.think is not None:
             thinking = self._grammar(constraint.think, not_enforced)
             grammar = _compose(lark_text.constrained_think_then("@answer", "@think", constraint.think_start,
@@ -101,7 +106,7 @@ class LLGuidanceBackend(GrammarBackend):
             raise GrammarError(f"{constraint.kind} is not fully enforceable: {_short(notes[0])}")
         not_enforced += [f"{constraint.kind}: {_short(n)}" for n in notes]
         self._probe_first_fill(constraint.kind, template)
-        compiled = LLGuidanceCompiled(template, grammar, constraint.kind, not_enforced, closing_hints(constraint))
+        compiled = LLGuidanceCompiled(template, grammar, constraint.kind, not_enforced, hints)
         compiled.min_output_tokens = shortest_output_tokens(self.make_grammar(compiled))
         return compiled
 
@@ -144,16 +149,17 @@ class LLGuidanceBackend(GrammarBackend):
     # -- JSON -------------------------------------------------------------------------------
 
     def _json_schema(self, constraint: Constraint, not_enforced: list[str]) -> Any:
-        """The schema after Formwork's rewrite (the same normalized schema xgrammar sees), with
-        undeclared properties closed as on xgrammar."""
+        """The schema after Formwork's rewrite (grammar/llguidance/prepared_schema.py)."""
         if constraint.kind == "json_object":
             return {"type": "object"}
-        parsed = parse_schema(constraint.spec)
-        check_keyword_values(parsed, self.config.max_repeat_count)
-        rewritten = rewrite(parsed, self.enforced_formats)
-        not_enforced += rewritten.notes
-        output_bounds.check_schema(rewritten.schema, self.config.max_forced_bytes)
-        return closed_schema(rewritten.schema)
+        prepared = self._prepared_schema(constraint, with_hints=False)
+        not_enforced += prepared.notes
+        return prepared.schema
+
+    def _prepared_schema(self, constraint: Constraint, with_hints: bool) -> prepared_schema.PreparedSchema:
+        """Its Python work may run in the schema worker (GrammarBackend.schema_runner)."""
+        return self.schema_runner(prepared_schema.prepare, constraint, self.config, with_hints,
+                                  num_chars=len(constraint.spec))
 
     def _json_grammar(self, constraint: Constraint, schema: Any, not_enforced: list[str]) -> str:
         """Strict: a keyword llguidance does not implement is an error naming it and where it is;

@@ -5,7 +5,7 @@ import json
 import logging
 import random
 import time
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
@@ -17,23 +17,19 @@ from grammar.chat.structural_tag import (StructuralTagError, content_field, is_o
 from grammar.chat.tool_call_format import tool_calls_format
 from grammar.chat.tool_calls import ToolCalls
 from grammar.compiler import answer_constraint, content_constraint, tool_arguments
-from grammar.constraint import BOUNDED_JSON_WHITESPACE, Constraint
-from grammar.json_schema.limits import check_limits, parse_schema
-from grammar.json_schema.rewrite import rewrite
-from grammar.json_schema.values import check_keyword_values
-from grammar.json_schema.walk import iter_subschemas
+from grammar.constraint import Constraint
+from grammar.json_schema.limits import check_limits
 from grammar.runtime.closing_hints import closing_hints
 from grammar.runtime.early_closing import shortest_output_tokens
 from grammar.runtime.jump_forward import ForcedTextTokenizer
 from grammar.runtime.low_priority import run_at_low_priority
 from grammar.runtime.slow_fills import SlowFills
-from grammar.xgrammar import decimal_numbers, lark_grammar, output_bounds, structural_tags
-from grammar.xgrammar.conversion import (builds_masks_lazily, check_repeats, choice_ebnf, convert_spec,
-                                         unsupported_error, warning_keywords, with_decimal_numbers)
-from grammar.xgrammar.log_capture import capture_native_log, strip_native_prefix
+from grammar.xgrammar import json_grammar, lark_grammar, output_bounds, structural_tags
+from grammar.xgrammar.conversion import builds_masks_lazily, check_repeats, choice_ebnf, convert_spec
+from grammar.xgrammar.log_capture import strip_native_prefix
 from grammar.xgrammar.matcher import XGrammarCompiled, XGrammarGrammar
 from grammar.runtime.char_tokens import CharTokens
-from grammar.xgrammar.schema_gaps import ENFORCED_FORMATS, Finding, find_unsupported, normalize
+from grammar.xgrammar.schema_gaps import ENFORCED_FORMATS
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -42,15 +38,7 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 
-# JSON whitespace mode (Constraint.json_whitespace) -> xgrammar's JSON-schema options
-_WHITESPACE_OPTIONS: dict[str, dict[str, Any]] = {
-    "compact": {"any_whitespace": False, "separators": (",", ":")},
-    "spaced": {"any_whitespace": False, "separators": (", ", ": ")},
-    "bounded": {"any_whitespace": True, "max_whitespace_cnt": BOUNDED_JSON_WHITESPACE},
-    "any": {"any_whitespace": True},
-}
 _PROBE_TOKENS = 8  # tokens the compile-time fill probe walks
-_ONE_OF_WARNING = "oneOf with overlapping"
 
 
 class XGrammarBackend(GrammarBackend):
@@ -95,11 +83,18 @@ class XGrammarBackend(GrammarBackend):
         first matcher and bitmask fill run here, on the compile thread, rather than in a step."""
         kind = constraint.kind
         not_enforced: list[str] = []
-        structural = kind in ("tool_calls", "structural_tag")
-        grammar = None if structural else self._plain_grammar(constraint, not_enforced)
-        if structural or constraint.think_end:
-            grammar = self._structural_grammar(constraint, grammar, not_enforced)
-        bounds = self._check_bounds(kind, grammar)
+        if kind == "json_schema" and not constraint.think_end:  # its Python part may run in the schema worker
+            prepared = self.schema_runner(json_grammar.prepare, constraint, self.config, num_chars=len(constraint.spec))
+            grammar = xgr.Grammar.from_ebnf(prepared.ebnf)
+            not_enforced += prepared.not_enforced
+            bounds, hints = prepared.bounds, prepared.closing_hints
+        else:
+            structural = kind in ("tool_calls", "structural_tag")
+            grammar = None if structural else self._plain_grammar(constraint, not_enforced)
+            if structural or constraint.think_end:
+                grammar = self._structural_grammar(constraint, grammar, not_enforced)
+            bounds = json_grammar.check_bounds(kind, grammar, self.config.max_forced_bytes)
+            hints = closing_hints(constraint)
         lazy_masks = builds_masks_lazily(str(grammar))
         compiler = self._lazy_compiler if lazy_masks else self._compiler
         try:
@@ -107,7 +102,7 @@ class XGrammarBackend(GrammarBackend):
         except Exception as e:  # xgrammar raises RuntimeError/ValueError with a C++ prefix
             raise GrammarError(f"{kind} does not compile: {strip_native_prefix(str(e))}") from None
         result = XGrammarCompiled(compiled, kind, not_enforced, jump_forward_safe=bounds.exact,
-                                  closing_hints=closing_hints(constraint),
+                                  closing_hints=hints,
                                   json_output=kind in ("json_schema", "json_object") and not constraint.think_end,
                                   lazy_masks=lazy_masks)
         self._warm_up(result)
@@ -118,7 +113,7 @@ class XGrammarBackend(GrammarBackend):
         """The grammar of a constraint of one of CONSTRAINT_KINDS, think section aside."""
         kind = constraint.kind
         if kind in ("json_schema", "json_object"):
-            grammar, notes = self._json_grammar(constraint)
+            grammar, notes = json_grammar.json_grammar(constraint, self.config.max_repeat_count)
             not_enforced += notes
         elif kind == "regex":
             check_repeats("regex", constraint.spec, self.config.max_repeat_count)
@@ -145,38 +140,8 @@ class XGrammarBackend(GrammarBackend):
         return self.forced_text.encode if self.forced_text.enabled else None
 
     def output_bounds(self, grammar: xgr.Grammar) -> output_bounds.OutputBounds:
-        """What the grammar's rules need (grammar/xgrammar/output_bounds.py); inexact (jump-forward off,
-        nothing refused) if the rules cannot be read."""
-        try:
-            return output_bounds.analyze(json.loads(grammar.serialize_json()), self._regex_bounds)
-        except (KeyError, IndexError, TypeError, ValueError) as e:
-            logger.warning("grammar rules not analysed (%s: %s); jump-forward is off for this grammar",
-                           type(e).__name__, e)
-            return output_bounds.OutputBounds(0, 0, None, exact=False)
-
-    def _regex_bounds(self, pattern: str) -> output_bounds.OutputBounds:
-        try:
-            grammar = xgr.Grammar.from_regex(pattern)
-        except Exception:  # reported when the grammar compiles; nothing is known here
-            return output_bounds.OutputBounds(0, 0, None, exact=False)
-        return output_bounds.analyze(json.loads(grammar.serialize_json()),
-                                     lambda _: output_bounds.OutputBounds(0, 0, None, exact=False))
-
-    def _check_bounds(self, kind: str, grammar: xgr.Grammar) -> output_bounds.OutputBounds:
-        bounds = self.output_bounds(grammar)
-        example = " (e.g. a required property whose schema refers back to its parent)" if kind == "json_schema" else ""
-        if bounds.min_bytes == output_bounds.INFINITE:
-            raise GrammarError(f"{kind} accepts no output of finite length: a required part contains itself"
-                               f"{example}, so its text would be forced without end")
-        if bounds.dead_rule is not None:
-            raise GrammarError(f"{kind} has a part that can never end (grammar rule {bounds.dead_rule!r}: it "
-                               f"contains itself{example}); output entering it would be forced without end")
-        limit = self.config.max_forced_bytes
-        if bounds.max_required_bytes > limit:
-            raise GrammarError(f"{kind} needs at least {bounds.max_required_bytes:.0f} bytes of output at one point, "
-                               f"over this server's max_forced_bytes limit of {limit}; lower its repetition counts "
-                               "or minimum lengths")
-        return bounds
+        """What the grammar's rules need (grammar/xgrammar/json_grammar.py's output_bounds_of)."""
+        return json_grammar.output_bounds_of(grammar)
 
     def _warm_up(self, compiled: XGrammarCompiled) -> None:
         """Build the first matcher and fill bitmasks along a short walk here, where a slow fill
@@ -297,79 +262,3 @@ class XGrammarBackend(GrammarBackend):
         if answer.kind == "structural_tag":
             return self._structural_tag_format(answer, not_enforced)
         return structural_tags.grammar_format(str(self._plain_grammar(answer, not_enforced)))
-
-    # -- JSON -------------------------------------------------------------------------------
-
-    def _json_grammar(self, constraint: Constraint, decimals: bool = True) -> tuple[xgr.Grammar, list[str]]:
-        """`decimals`: numbers with a multipleOf of 10^-k get a rule of their own
-        (grammar/xgrammar/decimal_numbers.py); without it they are reported as findings."""
-        numbers: dict[str, str] = {}
-        if constraint.kind == "json_object":
-            schema: Any = {"type": "object"}
-            findings: list[Finding] = []
-            notes: list[str] = []
-        else:
-            parsed = parse_schema(constraint.spec)
-            # malformed keyword values are named before the rewrite reads them
-            check_keyword_values(parsed, self.config.max_repeat_count)
-            rewritten = rewrite(parsed, self.enforced_formats)
-            schema, notes = rewritten.schema, rewritten.notes
-            if decimals:
-                schema, numbers = decimal_numbers.mark(schema)
-            findings = find_unsupported(schema)
-        if constraint.strict and findings:
-            raise unsupported_error(findings)
-        text = json.dumps(normalize(schema))
-        with capture_native_log() as log_lines:
-            grammar = self._json_to_grammar(text, constraint.json_whitespace)
-        for finding in self._findings_from_log(log_lines, schema, findings, constraint.json_whitespace):
-            findings.append(finding)
-            if constraint.strict:
-                raise unsupported_error([finding])
-        with_numbers = with_decimal_numbers(grammar, numbers)
-        if with_numbers is None:
-            return self._json_grammar(constraint, decimals=False)
-        return with_numbers, [str(f) for f in findings] + notes
-
-    @staticmethod
-    def _json_to_grammar(schema_text: str, whitespace: str) -> xgr.Grammar:
-        try:
-            return xgr.Grammar.from_json_schema(schema_text, strict_mode=True, **_WHITESPACE_OPTIONS[whitespace])
-        except Exception as e:
-            raise GrammarError(f"json_schema does not compile: {strip_native_prefix(str(e))}") from None
-
-    def _findings_from_log(self, lines: list[str], schema: Any, known: list[Finding],
-                           whitespace: str) -> list[Finding]:
-        """Turn xgrammar's warnings into findings; a warning the static check already explains
-        adds nothing, and a oneOf warning is traced to the oneOf(s) that caused it."""
-        out: list[Finding] = []
-        known_keywords = {f.keyword for f in known}
-        for line in dict.fromkeys(lines):  # de-duplicated, in order
-            if _ONE_OF_WARNING in line:
-                out += [Finding("oneOf", p, "branches may overlap, so it is enforced as anyOf")
-                        for p in self._overlapping_one_ofs(schema, whitespace)]
-                continue
-            keywords = warning_keywords(line)
-            if not keywords & known_keywords:
-                out.append(Finding(min(keywords), None, f"xgrammar: {line}"))
-        return out
-
-    def _overlapping_one_ofs(self, schema: Any, whitespace: str) -> list[str | None]:
-        """Pointers of the oneOfs xgrammar falls back to anyOf for: convert once per oneOf with
-        every other oneOf renamed to anyOf, and see whether the warning comes back."""
-        pointers = [p for p, node, _ in iter_subschemas(schema)
-                    if isinstance(node, dict) and "oneOf" in node]
-        guilty: list[str | None] = []
-        for pointer in pointers:
-            trial = normalize(schema)
-            for other, node, _ in iter_subschemas(trial):
-                if isinstance(node, dict) and "oneOf" in node and other != pointer:
-                    node["anyOf"] = node.pop("oneOf")
-            with capture_native_log() as lines:
-                try:
-                    self._json_to_grammar(json.dumps(trial), whitespace)
-                except GrammarError:
-                    pass
-            if any(_ONE_OF_WARNING in line for line in lines):
-                guilty.append(pointer)
-        return guilty or [None]

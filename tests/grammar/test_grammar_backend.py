@@ -9,6 +9,7 @@ import pytest
 from grammar_factories import VOCAB_PADDING, accepts, allowed_ids, encode, make_backend, make_constraint
 
 from grammar.backend import GrammarError
+from grammar.xgrammar.json_grammar import json_grammar
 
 TOKENIZER_VOCAB = 49152
 PERSON = {"type": "object", "properties": {"name": {"type": "string"}, "age": {"type": "integer"}},
@@ -194,7 +195,7 @@ def test_a_grammar_of_many_rules_compiles_lazily_and_enforces_the_same_language(
               "additionalProperties": True}
     backend = make_backend()
     constraint = make_constraint(spec=schema, strict=True)
-    grammar, _ = backend._json_grammar(constraint)
+    grammar, _ = json_grammar(constraint, backend.config.max_repeat_count)
     assert str(grammar).count(" ::= ") >= LAZY_MIN_RULES
     compiled = backend.compile(constraint)
     first, last = names[0], names[-1]
@@ -210,7 +211,7 @@ def test_a_word_count_pattern_compiles_lazily_and_counts_words_exactly():
     schema = {"type": "string", "pattern": r"^(?:\S+\s+){0,99}\S+$"}
     backend = make_backend()
     constraint = make_constraint(spec=schema, strict=True)
-    assert builds_masks_lazily(str(backend._json_grammar(constraint)[0]))
+    assert builds_masks_lazily(str(json_grammar(constraint, backend.config.max_repeat_count)[0]))
     compiled = backend.compile(constraint)
     assert accepts(compiled, json.dumps(" ".join(["word"] * 100)))
     assert not accepts(compiled, json.dumps(" ".join(["word"] * 101)))
@@ -222,7 +223,7 @@ def test_a_lazily_built_grammar_is_marked_so_for_its_slow_first_fills():
 
     backend = make_backend()
     lazy = make_constraint(spec={"type": "string", "pattern": r"^(?:\S+\s+){0,99}\S+$"}, strict=True)
-    assert builds_masks_lazily(str(backend._json_grammar(lazy)[0]))
+    assert builds_masks_lazily(str(json_grammar(lazy, backend.config.max_repeat_count)[0]))
     compiled = backend.compile(lazy)
     assert compiled.lazy_masks and backend.make_grammar(compiled).lazy_masks
     eager = backend.compile(make_constraint(spec={"type": "string"}, strict=True))
