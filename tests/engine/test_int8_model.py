@@ -126,6 +126,19 @@ def test_an_unsupported_gguf_type_names_itself(tmp_path):
         gguf_matmul_types(path)
 
 
+def test_the_start_up_line_says_a_4_bit_file_is_widened_to_int8(caplog):
+    import logging
+
+    from engine.model_files import resolve_model
+    with caplog.at_level(logging.INFO, logger="engine.model_files"):
+        resolve_model(None, "int8")  # the packaged file: Q4_1
+    assert "Q4_1 matmul weights, dequantized once then quantized per channel to int8 (no 4-bit kernel" in caplog.text
+    caplog.clear()
+    with caplog.at_level(logging.INFO, logger="engine.model_files"):
+        resolve_model(None)
+    assert "int8" not in caplog.text
+
+
 @pytest.fixture(scope="module")
 def q8_0_gguf(tmp_path_factory):
     """The default model with its weights as Q8_0 (bench/q8_0_gguf.py)."""
