@@ -2,7 +2,7 @@
 
     python -m bench.llama_cpp_decode [--model M] [--gguf FILE] [--settings int8,bf16]
                                      [--modes unconstrained,constrained] [--concurrency 1,8]
-                                     [--threads 2] [--max-tokens 128] [--rounds 2]
+                                     [--threads 1] [--max-tokens 128] [--rounds 2]
 
 The 8 person paragraphs of `formwork bench accuracy` (name, age, email, city), greedy, max_tokens
 128, as the same prompt token ids to both. llama.cpp (`make peer-llama-cpp`, bench/peers/
@@ -61,14 +61,15 @@ def formwork_run(llm, prompts: list[list[int]], schemas: list[dict | None], max_
 
 
 def llama_cpp_runs(gguf: str, threads: int, prompts: list[list[int]], schemas: list[dict | None],
-                   max_tokens: int, names: list[str]) -> tuple[dict[str, dict], str]:
+                   max_tokens: int, names: list[str], extra_bufts: bool) -> tuple[dict[str, dict], str]:
     """Every mode's requests through the llama.cpp peer in one process; per mode, the same figures."""
     from bench.peers import PEERS, run_peer
     runs = [{"name": name, "concurrency": 1,
              "requests": [{"id": f"{name}-{i}", "prompt_token_ids": p, "schema": s if name == "constrained" else None,
                            "max_tokens": max_tokens} for i, (p, s) in enumerate(zip(prompts, schemas))]}
             for name in names]
-    result = run_peer(PEERS["llama-cpp"], {"gguf": gguf, "threads": threads, "runs": runs}, timeout_s=3600)
+    result = run_peer(PEERS["llama-cpp"], {"gguf": gguf, "threads": threads, "runs": runs,
+                                           "extra_bufts": extra_bufts}, timeout_s=3600)
     out = {}
     for run in result["runs"]:
         tokens = sum(r["num_output_tokens"] for r in run["records"])
@@ -87,11 +88,15 @@ def _load_average() -> str:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", default=None, help="Formwork's model (default: the packaged one)")
-    parser.add_argument("--gguf", default=None, help="llama.cpp's file (default: the packaged Q4_1)")
+    parser.add_argument("--gguf", default=None, help="llama.cpp's files, a comma list (default: the packaged Q4_1)")
     parser.add_argument("--settings", default="int8,bf16", help=f"comma list of {', '.join(SETTINGS)}")
     parser.add_argument("--modes", default="unconstrained,constrained")
     parser.add_argument("--concurrency", default="1,8")
-    parser.add_argument("--threads", type=int, default=2, help="llama.cpp's threads")
+    parser.add_argument("--threads", type=int, default=1,
+                        help="llama.cpp's threads (two collapse when another process is busy on a 2-core machine)")
+    parser.add_argument("--extra-bufts", action="store_true",
+                        help="llama.cpp with its extra buffer types (AMX, repacked layouts; they crash on the AMX "
+                             "Xeon here: bench/peers/llama_cpp_peer.py)")
     parser.add_argument("--max-tokens", type=int, default=128)
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--output", default=None, help="write the results as JSON here")
@@ -105,7 +110,7 @@ def main(argv: list[str] | None = None) -> int:
     settings = args.settings.split(",")
     modes = args.modes.split(",")
     levels = [int(c) for c in args.concurrency.split(",")]
-    gguf = args.gguf or str(default_gguf_path())
+    ggufs = (args.gguf or str(default_gguf_path())).split(",")
     items = _items()
     base = EngineConfig(model=args.model, cache=CacheConfig(enable_prefix_caching=False))
     llms = {s: LLM(config=replace(base, quantization=SETTINGS[s])) for s in settings}
@@ -120,7 +125,7 @@ def main(argv: list[str] | None = None) -> int:
         figures = {**figures, "load": load}
         if key not in best or figures["tok_s"] > best[key]["tok_s"]:
             best[key] = figures
-        print(f"  {key[0]:<10} {key[1]:<13} c={key[2]}: {figures['tok_s']:6.1f} tok/s, decode "
+        print(f"  {key[0]:<16} {key[1]:<13} c={key[2]}: {figures['tok_s']:6.1f} tok/s, decode "
               f"{figures['decode_tok_s']:6.1f} tok/s, {figures['tokens']} tokens in {figures['wall_s']:.2f} s "
               f"(load {load})", flush=True)
 
@@ -132,22 +137,24 @@ def main(argv: list[str] | None = None) -> int:
                     for c in levels:
                         keep((f"formwork {setting}", mode, c),
                              formwork_run(llm, prompts, schemas[mode], args.max_tokens, c), _load_average())
-            load = _load_average()
-            try:
-                runs, version = llama_cpp_runs(gguf, args.threads, prompts, schemas["constrained"], args.max_tokens,
-                                               modes)
-            except PeerSkipped as e:
-                print(f"  llama.cpp skipped: {e}", flush=True)
-                runs = {}
-            for mode, figures in runs.items():
-                keep(("llama.cpp", mode, 1), figures, load)
+            for gguf in ggufs:
+                load = _load_average()
+                try:
+                    runs, version = llama_cpp_runs(gguf, args.threads, prompts, schemas["constrained"],
+                                                   args.max_tokens, modes, args.extra_bufts)
+                except PeerSkipped as e:
+                    print(f"  llama.cpp skipped: {e}", flush=True)
+                    runs = {}
+                label = "llama.cpp" if len(ggufs) == 1 else f"llama.cpp {os.path.basename(gguf)}"
+                for mode, figures in runs.items():
+                    keep((label, mode, 1), figures, load)
     finally:
         for llm in llms.values():
             llm.shutdown()
     print(f"\nbest rounds ({version}, {args.threads} threads; llama.cpp one request at a time):")
-    print(f"{'system':<16} {'mode':<14} {'c':>2} {'tok/s':>7} {'decode tok/s':>12} {'wall s':>7}  load")
+    print(f"{'system':<48} {'mode':<14} {'c':>2} {'tok/s':>7} {'decode tok/s':>12} {'wall s':>7}  load")
     for (system, mode, c), f in sorted(best.items()):
-        print(f"{system:<16} {mode:<14} {c:>2} {f['tok_s']:7.1f} {f['decode_tok_s']:12.1f} {f['wall_s']:7.2f}  {f['load']}")
+        print(f"{system:<48} {mode:<14} {c:>2} {f['tok_s']:7.1f} {f['decode_tok_s']:12.1f} {f['wall_s']:7.2f}  {f['load']}")
     if args.output:
         with open(args.output, "w") as out:
             json.dump({"version": version, "rows": [{"system": s, "mode": m, "concurrency": c, **f}
