@@ -61,15 +61,17 @@ def formwork_run(llm, prompts: list[list[int]], schemas: list[dict | None], max_
 
 
 def llama_cpp_runs(gguf: str, threads: int, prompts: list[list[int]], schemas: list[dict | None],
-                   max_tokens: int, names: list[str], extra_bufts: bool) -> tuple[dict[str, dict], str]:
+                   max_tokens: int, names: list[str], extra_bufts: bool | None) -> tuple[dict[str, dict], str]:
     """Every mode's requests through the llama.cpp peer in one process; per mode, the same figures."""
     from bench.peers import PEERS, run_peer
     runs = [{"name": name, "concurrency": 1,
              "requests": [{"id": f"{name}-{i}", "prompt_token_ids": p, "schema": s if name == "constrained" else None,
                            "max_tokens": max_tokens} for i, (p, s) in enumerate(zip(prompts, schemas))]}
             for name in names]
-    result = run_peer(PEERS["llama-cpp"], {"gguf": gguf, "threads": threads, "runs": runs,
-                                           "extra_bufts": extra_bufts}, timeout_s=3600)
+    payload = {"gguf": gguf, "threads": threads, "runs": runs}
+    if extra_bufts is not None:
+        payload["extra_bufts"] = extra_bufts
+    result = run_peer(PEERS["llama-cpp"], payload, timeout_s=3600)
     out = {}
     for run in result["runs"]:
         tokens = sum(r["num_output_tokens"] for r in run["records"])
@@ -94,9 +96,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--concurrency", default="1,8")
     parser.add_argument("--threads", type=int, default=1,
                         help="llama.cpp's threads (two collapse when another process is busy on a 2-core machine)")
-    parser.add_argument("--extra-bufts", action="store_true",
-                        help="llama.cpp with its extra buffer types (AMX, repacked layouts; they crash on the AMX "
-                             "Xeon here: bench/peers/llama_cpp_peer.py)")
+    parser.add_argument("--extra-bufts", action=argparse.BooleanOptionalAction, default=None,
+                        help="llama.cpp with its extra buffer types (AMX, repacked layouts); default: off on a CPU "
+                             "with AMX-INT8, where they crash (bench/peers/llama_cpp_peer.py)")
     parser.add_argument("--max-tokens", type=int, default=128)
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--output", default=None, help="write the results as JSON here")

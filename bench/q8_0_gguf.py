@@ -54,15 +54,16 @@ RANDOM_SHAPES = {
 }
 
 
-def write_random_q8_0(source: Path, target: Path, shape: str, seed: int = 0) -> Path:
-    """A llama-architecture Q8_0 GGUF of random weights in RANDOM_SHAPES[shape], the source's
-    tokenizer, template and vocabulary; the embedding is tied (no output.weight), as the source's."""
+def write_random_q8_0(source: Path, target: Path, shape: dict, seed: int = 0) -> Path:
+    """A llama-architecture Q8_0 GGUF of random weights of `shape` (the `llama` keys of RANDOM_SHAPES'
+    entries), the source's tokenizer, template and vocabulary; the embedding is tied (no
+    output.weight), as the source's."""
     import gguf
     import numpy as np
 
     reader = gguf.GGUFReader(source)
     arch = bytes(reader.fields[gguf.Keys.General.ARCHITECTURE].parts[-1]).decode()
-    sizes = {f"{arch}.{key}": value for key, value in RANDOM_SHAPES[shape].items()}
+    sizes = {f"{arch}.{key}": value for key, value in shape.items()}
     writer = gguf.GGUFWriter(target, arch)
     for field in reader.fields.values():
         if field.name == gguf.Keys.General.ARCHITECTURE or field.name.startswith("GGUF."):
@@ -114,7 +115,7 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     source = args.source or default_gguf_path()
     if args.random_shape:
-        print(write_random_q8_0(source, args.out, args.random_shape, args.seed))
+        print(write_random_q8_0(source, args.out, RANDOM_SHAPES[args.random_shape], args.seed))
     else:
         print(write_q8_0_copy(source, args.out))
 
