@@ -100,12 +100,13 @@ def main(argv: list[str] | None = None) -> int:
                         help="llama.cpp with its extra buffer types (AMX, repacked layouts); default: off on a CPU "
                              "with AMX-INT8, where they crash (bench/peers/llama_cpp_peer.py)")
     parser.add_argument("--max-tokens", type=int, default=128)
+    parser.add_argument("--no-speculation", action="store_true", help="Formwork without its prompt-lookup drafts")
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--output", default=None, help="write the results as JSON here")
     args = parser.parse_args(argv)
     os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
     from bench.peers import PeerSkipped
-    from engine.config import CacheConfig, EngineConfig
+    from engine.config import CacheConfig, EngineConfig, SpeculativeConfig
     from engine.llm import LLM
     from engine.model_files import default_gguf_path
 
@@ -114,7 +115,8 @@ def main(argv: list[str] | None = None) -> int:
     levels = [int(c) for c in args.concurrency.split(",")]
     ggufs = (args.gguf or str(default_gguf_path())).split(",")
     items = _items()
-    base = EngineConfig(model=args.model, cache=CacheConfig(enable_prefix_caching=False))
+    base = EngineConfig(model=args.model, cache=CacheConfig(enable_prefix_caching=False),
+                        speculative=SpeculativeConfig(enabled=False if args.no_speculation else None))
     llms = {s: LLM(config=replace(base, quantization=SETTINGS[s])) for s in settings}
     prompts = [next(iter(llms.values())).encode_prompt(item.messages["schema"]) for item in items]
     schemas = {"unconstrained": [None] * len(items), "constrained": [item.schema for item in items]}
