@@ -1,13 +1,15 @@
 """Peak memory of loading a model, against its weight bytes.
 
-    python -m bench.load_memory MODEL_DIR [--dtype bfloat16] [--pack]
+    python -m bench.load_memory MODEL_DIR [--dtype bfloat16] [--pack | --int8 [--quantize-lm-head]]
     python -m bench.load_memory FILE.gguf  # a Q8_0 GGUF served as int8 from its blocks, against the file
 
 Builds the model as the engine does (meta device, empty storage in the served dtype, safetensors
 read tensor by tensor) in this process, then prints the process's peak resident memory before and
 after loading, the weights' bytes, and their ratio. With --pack, the CPU fast paths' packing
-(engine/kernels/cpu_linear.py) runs too, and its peak is printed separately. Run it in a fresh
-process: the peak is the process's own since it started.
+(engine/kernels/cpu_linear.py) runs too, and its peak is printed separately; with --int8, the
+quantization `--quantization int8` runs instead, and the resident weights are set against the int8
+bytes (one byte per parameter). Run it in a fresh process: the peak is the process's own since it
+started.
 """
 from __future__ import annotations
 
@@ -26,6 +28,8 @@ def main() -> None:
     parser.add_argument("model_dir")
     parser.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float16", "float32"])
     parser.add_argument("--pack", action="store_true", help="also pack the matmul weights for the CPU fast paths")
+    parser.add_argument("--int8", action="store_true", help="quantize as --quantization int8 does (instead of --pack)")
+    parser.add_argument("--quantize-lm-head", action="store_true", help="with --int8: the head too")
     args = parser.parse_args()
     os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
     import torch
@@ -51,6 +55,13 @@ def main() -> None:
         count = model.pack_cpu_weights()
         packed = peak_rss_bytes()
         print(f"peak RSS after packing {count} weights {packed / gib:.2f} GiB = {packed / weights:.2f}x the weights")
+    if args.int8:
+        parameters = sum(p.numel() for p in model.parameters())
+        count = model.quantize_cpu_weights(args.quantize_lm_head, lenient=False)
+        resident = model.resident_weight_bytes()
+        print(f"int8: {count} weights quantized; resident weights {resident / gib:.3f} GiB = "
+              f"{resident / parameters:.3f}x the int8 bytes ({parameters / gib:.3f} GiB, one a parameter); "
+              f"peak RSS {peak_rss_bytes() / gib:.2f} GiB")
 
 
 def q8_0_gguf(gguf: Path, dtype) -> None:
@@ -74,6 +85,11 @@ def q8_0_gguf(gguf: Path, dtype) -> None:
           f"{model.resident_weight_bytes() / mib:.0f} MiB")
     print(f"peak RSS after loading {loaded / mib:.0f} MiB: loading added {(loaded - base) / mib:.0f} MiB = "
           f"{(loaded - base) / size:.2f}x the file")
+    from engine.kernels.int8_linear import Int8Linear
+    parameters = sum(p.numel() for p in model.parameters()) + sum(
+        m.out_features * m.in_features for m in model.modules() if isinstance(m, Int8Linear))
+    print(f"resident weights = {model.resident_weight_bytes() / parameters:.3f}x the int8 bytes "
+          f"({parameters / mib:.0f} MiB, one a parameter)")
 
 
 if __name__ == "__main__":

@@ -1,9 +1,14 @@
-"""`python -m bench.q8_0_gguf OUT.gguf [--source IN.gguf]`: a Q8_0 copy of a GGUF model.
+"""`python -m bench.q8_0_gguf OUT.gguf [--source IN.gguf] [--random-shape qwen2.5-1.5b]`: a Q8_0 GGUF model.
 
 The default model ships as Q4_1 (its embedding as Q8_0); this writes the same model with every
 quantized tensor re-quantized to Q8_0 by the `gguf` package (dequantized, then quantized in blocks
 of 32 as llama.cpp does) and the metadata (config, tokenizer, chat template) copied as it is: a
 Q8_0 file to serve with `--quantization int8` in tests and benchmarks.
+
+With --random-shape, the file holds random weights of a bigger model's shape instead (normal,
+std 0.02 as transformers initialises a Llama; norms 1), with the source's tokenizer and chat
+template: one file that Formwork (`--model OUT.gguf --quantization int8`) and llama.cpp both
+serve, so a comparison runs on the same weights. Throughput depends only on the shapes.
 """
 from __future__ import annotations
 
@@ -41,14 +46,78 @@ def write_q8_0_copy(source: Path, target: Path) -> Path:
     return target
 
 
+# llama.cpp `llama` keys of a shape; the vocabulary stays the source's (its tokenizer is copied)
+RANDOM_SHAPES = {
+    "qwen2.5-1.5b": {"block_count": 28, "embedding_length": 1536, "feed_forward_length": 8960,
+                     "attention.head_count": 12, "attention.head_count_kv": 2, "rope.dimension_count": 128,
+                     "rope.freq_base": 1000000.0},
+}
+
+
+def write_random_q8_0(source: Path, target: Path, shape: dict, seed: int = 0) -> Path:
+    """A llama-architecture Q8_0 GGUF of random weights of `shape` (the `llama` keys of RANDOM_SHAPES'
+    entries), the source's tokenizer, template and vocabulary; the embedding is tied (no
+    output.weight), as the source's."""
+    import gguf
+    import numpy as np
+
+    reader = gguf.GGUFReader(source)
+    arch = bytes(reader.fields[gguf.Keys.General.ARCHITECTURE].parts[-1]).decode()
+    sizes = {f"{arch}.{key}": value for key, value in shape.items()}
+    writer = gguf.GGUFWriter(target, arch)
+    for field in reader.fields.values():
+        if field.name == gguf.Keys.General.ARCHITECTURE or field.name.startswith("GGUF."):
+            continue
+        value = sizes.get(field.name, field.contents())
+        if field.name == gguf.Keys.General.FILE_TYPE:
+            value = gguf.LlamaFileType.MOSTLY_Q8_0
+        sub_type = field.types[-1] if field.types[0] == gguf.GGUFValueType.ARRAY else None
+        writer.add_key_value(field.name, value, field.types[0], sub_type=sub_type)
+    hidden, ffn = sizes[f"{arch}.embedding_length"], sizes[f"{arch}.feed_forward_length"]
+    head_dim = hidden // sizes[f"{arch}.attention.head_count"]
+    kv = head_dim * sizes[f"{arch}.attention.head_count_kv"]
+    vocab = int(reader.fields[f"{arch}.vocab_size"].contents())
+    rng = np.random.default_rng(seed)
+
+    def matrix(name: str, rows: int, columns: int) -> None:  # rows: output features, as llama.cpp's ne[1]
+        values = rng.standard_normal((rows, columns), dtype=np.float32) * np.float32(0.02)
+        writer.add_tensor(name, gguf.quantize(values, gguf.GGMLQuantizationType.Q8_0),
+                          raw_dtype=gguf.GGMLQuantizationType.Q8_0)
+
+    def ones(name: str) -> None:
+        writer.add_tensor(name, np.ones(hidden, dtype=np.float32))
+
+    matrix("token_embd.weight", vocab, hidden)
+    for i in range(sizes[f"{arch}.block_count"]):
+        ones(f"blk.{i}.attn_norm.weight")
+        ones(f"blk.{i}.ffn_norm.weight")
+        for name, rows, columns in (("attn_q", hidden, hidden), ("attn_k", kv, hidden), ("attn_v", kv, hidden),
+                                    ("attn_output", hidden, hidden), ("ffn_gate", ffn, hidden),
+                                    ("ffn_up", ffn, hidden), ("ffn_down", hidden, ffn)):
+            matrix(f"blk.{i}.{name}.weight", rows, columns)
+    ones("output_norm.weight")
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return target
+
+
 def main(argv: list[str] | None = None) -> None:
     from engine.model_files import default_gguf_path
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("out", type=Path)
     parser.add_argument("--source", type=Path, default=None, help="default: the packaged SmolLM2 (Q4_1)")
+    parser.add_argument("--random-shape", choices=sorted(RANDOM_SHAPES), default=None,
+                        help="random weights of this shape, the source's tokenizer")
+    parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args(argv)
-    print(write_q8_0_copy(args.source or default_gguf_path(), args.out))
+    source = args.source or default_gguf_path()
+    if args.random_shape:
+        print(write_random_q8_0(source, args.out, RANDOM_SHAPES[args.random_shape], args.seed))
+    else:
+        print(write_q8_0_copy(source, args.out))
 
 
 if __name__ == "__main__":

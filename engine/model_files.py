@@ -69,12 +69,25 @@ def prepare_gguf(gguf: Path, quantization: str | None = None) -> Path:
         logger.info("%s: Q8_0 matmul weights, served as int8 from the file's own blocks", gguf.name)
         target = cache_dir() / "models" / f"{gguf.stem}-{key}-q8_0"
         return target if (target / _READY_MARKER).exists() else _prepare_gguf(gguf, target, weights=False)
-    logger.info("%s: %s matmul weights, dequantized once%s", gguf.name, "/".join(sorted(matmul_types)),
-                "" if quantization is None else " then quantized per channel to int8 (Q8_0 files are read as they are)")
+    logger.info("%s", _widened_line(gguf.name, matmul_types, quantization))
     target = cache_dir() / "models" / f"{gguf.stem}-{key}"
     if (target / _READY_MARKER).exists():
         return target
     return _prepare_gguf(gguf, target)
+
+
+# llama.cpp's 4-bit types: no kernel multiplies them as they are; under int8 they are widened
+_FOUR_BIT_TYPES = ("Q4_0", "Q4_1", "Q4_K")
+
+
+def _widened_line(name: str, matmul_types: set[str], quantization: str | None) -> str:
+    """The start-up line of a GGUF file whose matmul weights are dequantized (not read as Q8_0 blocks)."""
+    types = "/".join(sorted(matmul_types))
+    if quantization is None:
+        return f"{name}: {types} matmul weights, dequantized once"
+    four_bit = " (no 4-bit kernel: 4-bit weights are widened to int8)" if matmul_types & set(_FOUR_BIT_TYPES) else ""
+    return (f"{name}: {types} matmul weights, dequantized once then quantized per channel to int8{four_bit}; "
+            "only Q8_0 files are read as they are")
 
 
 def gguf_index(gguf: Path) -> tuple[str, list]:
@@ -149,6 +162,12 @@ def resolve_model(path: str | os.PathLike | None, quantization: str | None = Non
     """A local Hugging Face model folder: `path` if it is one, the prepared cache folder if `path` is
     a GGUF file (see prepare_gguf for `quantization`), else the prepared default model."""
     if path is None:
+        if quantization is not None:
+            try:
+                gguf = default_gguf_path()
+                logger.info("%s", _widened_line(gguf.name, gguf_matmul_types(gguf), quantization))
+            except ValueError:  # the package is gone; a prepared copy may still be there
+                pass
         return prepare_default_model()
     folder = Path(path).expanduser()
     if folder.is_file() and folder.suffix == ".gguf":

@@ -5,12 +5,24 @@ contract). The schema becomes a GBNF grammar with llama-cpp-python's own JSON-sc
 llama-cpp-python's `Llama` runs one sequence at a time, so requests run one after another
 whatever the concurrency asked; times are from the start of each request. One thread by
 default: with two, llama.cpp collapsed whenever the other core was busy (docs/benchmarks.md).
+"extra_bufts": false in the payload loads the weights without llama.cpp's extra buffer types (its
+AMX and repacked layouts), the default on a CPU with AMX-INT8: on the Xeon with AMX here, ggml's AMX
+matmul (ggml_backend_amx_mul_mat) crashes with a segmentation fault in llama-cpp-python 0.3.36, on
+Q4_1 and Q8_0 files alike.
 """
 from __future__ import annotations
 
 import json
 import sys
 import time
+
+
+def _has_amx_int8() -> bool:
+    try:
+        with open("/proc/cpuinfo") as f:
+            return any(line.startswith("flags") and " amx_int8" in line for line in f)
+    except OSError:
+        return False
 
 
 def main() -> int:
@@ -22,6 +34,16 @@ def main() -> int:
         print(json.dumps({"skipped": f"llama-cpp-python is not importable here: {e}"}))
         return 0
     threads = payload.get("threads") or 1
+    if not payload.get("extra_bufts", not _has_amx_int8()):
+        import llama_cpp.llama_cpp as bindings  # the ctypes module Llama() takes its model parameters from
+        default_params = bindings.llama_model_default_params
+
+        def without_extra_bufts():
+            params = default_params()
+            params.use_extra_bufts = False
+            return params
+
+        bindings.llama_model_default_params = without_extra_bufts
     started = time.perf_counter()
     llm = Llama(model_path=payload["gguf"], n_ctx=payload.get("n_ctx", 2048), n_threads=threads,
                 n_threads_batch=threads, n_batch=512, verbose=False)

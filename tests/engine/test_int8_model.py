@@ -126,6 +126,43 @@ def test_an_unsupported_gguf_type_names_itself(tmp_path):
         gguf_matmul_types(path)
 
 
+def test_the_start_up_line_says_a_4_bit_file_is_widened_to_int8(caplog):
+    import logging
+
+    from engine.model_files import resolve_model
+    with caplog.at_level(logging.INFO, logger="engine.model_files"):
+        resolve_model(None, "int8")  # the packaged file: Q4_1
+    assert "Q4_1 matmul weights, dequantized once then quantized per channel to int8 (no 4-bit kernel" in caplog.text
+    caplog.clear()
+    with caplog.at_level(logging.INFO, logger="engine.model_files"):
+        resolve_model(None)
+    assert "int8" not in caplog.text
+
+
+def test_a_random_q8_0_gguf_of_another_shape_is_served(kernels, tmp_path, monkeypatch):
+    """bench.q8_0_gguf --random-shape: a file of that shape, with the source's tokenizer, that the
+    int8 GGUF path reads as it is."""
+    import gguf
+
+    from bench.q8_0_gguf import write_random_q8_0
+    from engine.model_files import default_gguf_path
+    shape = {"block_count": 2, "embedding_length": 64, "feed_forward_length": 96, "attention.head_count": 2,
+             "attention.head_count_kv": 1, "rope.dimension_count": 32}
+    path = write_random_q8_0(default_gguf_path(), tmp_path / "random.gguf", shape)
+    types = {t.name: (t.tensor_type.name, tuple(t.shape)) for t in gguf.GGUFReader(path).tensors}
+    assert types["blk.1.ffn_down.weight"] == ("Q8_0", (96, 64)) and types["blk.0.attn_k.weight"] == ("Q8_0", (64, 32))
+    monkeypatch.setenv("FORMWORK_CACHE", str(tmp_path / "cache"))  # the kernels are loaded already
+    llm = make_llm(str(path), quantization="int8")
+    try:
+        model = llm.engine.runner.model
+        assert len(model.layers) == 2 and isinstance(model.layers[1].down_proj, Int8Linear)
+        assert model.layers[1].down_proj.in_features == 96
+        out = llm.generate([[{"role": "user", "content": "Hello"}]], SamplingParams(temperature=0, max_tokens=4))[0]
+        assert out.num_output_tokens >= 1
+    finally:
+        llm.shutdown()
+
+
 @pytest.fixture(scope="module")
 def q8_0_gguf(tmp_path_factory):
     """The default model with its weights as Q8_0 (bench/q8_0_gguf.py)."""
