@@ -6,7 +6,6 @@ front end calls `compile_sync` to validate a constraint ahead of traffic. Both s
 """
 from __future__ import annotations
 
-import json
 import logging
 import threading
 import time
@@ -14,10 +13,8 @@ from collections import OrderedDict
 from concurrent.futures import Future, InvalidStateError, ThreadPoolExecutor
 from typing import TYPE_CHECKING, Callable
 
-import msgspec
-
-from grammar.backend import CompiledGrammar, GrammarBackend, GrammarError, UnsupportedError
-from grammar.chat.tool_call_format import arguments_notes
+from grammar.backend import CompiledGrammar, GrammarBackend, GrammarError
+from grammar.compile_limit import CompileRuns, LimitTimer, WithWorkerWaits
 from grammar.cpu_wait import thread_cpu_wait_s
 from grammar.json_schema.limits import check_limits
 from grammar.runtime.low_priority import IdleClassPool
@@ -25,15 +22,12 @@ from grammar.schema_worker import SchemaWorker
 
 if TYPE_CHECKING:
     from grammar.config import GrammarConfig
-    from grammar.chat.tool_calls import ToolCalls
     from grammar.constraint import Constraint
 
 logger = logging.getLogger(__name__)
 
 # what a cached failure costs besides its message (the exception object, the cache slot)
 _FAILURE_OVERHEAD_BYTES = 256
-# the shortest wait before a limit that was excused a CPU wait is looked at again
-_MIN_RECHECK_S = 0.05
 # compile times kept for a reader (the engine's metrics) that has not taken them yet
 _MAX_UNREAD_COMPILE_TIMES = 4096
 
@@ -89,7 +83,7 @@ class GrammarCompiler:
         if self._schema_worker is not None:
             backend.use_schema_runner(self._schema_worker.run)
             # a compile's limit excuses the worker's waits for a CPU as it does its own thread's
-            own_wait_s = _WithWorkerWaits(own_wait_s, self._schema_worker)
+            own_wait_s = WithWorkerWaits(own_wait_s, self._schema_worker)
         self._lock = threading.Lock()  # guards everything below
         self._cache: OrderedDict[tuple, tuple[CompiledGrammar | GrammarError, int]] = OrderedDict()
         self._cache_bytes = 0
@@ -191,9 +185,9 @@ class GrammarCompiler:
         timeout_s = self.config.compile_timeout_s
         timer = None
         start = time.monotonic()
-        runs = _Runs(self._cpu_wait_s)
+        runs = CompileRuns(self._cpu_wait_s)
         if timeout_s and timeout_s > 0:
-            timer = _LimitTimer(timeout_s, runs.own_s, lambda: self._expire(key, constraint, future))
+            timer = LimitTimer(timeout_s, runs.own_s, lambda: self._expire(key, constraint, future))
         outcome: CompiledGrammar | GrammarError
         failure = None  # the reason, for the failure counts
         try:
@@ -291,73 +285,6 @@ def _failed(error: GrammarError) -> Future[CompiledGrammar]:
     return _done(error)
 
 
-class _Runs:
-    """The runs of one compile (a starved one is run again at normal priority) and the time each
-    has had a CPU."""
-
-    def __init__(self, cpu_wait_s: Callable[[int], float]) -> None:
-        self._cpu_wait_s = cpu_wait_s
-        self._lock = threading.Lock()
-        self._starts: list[tuple[int, float, float]] = []  # (thread id, start, its CPU wait then) per run
-
-    def run(self, fn: Callable[[Constraint], CompiledGrammar], constraint: Constraint) -> CompiledGrammar:
-        thread_id = threading.get_native_id()
-        with self._lock:
-            self._starts.append((thread_id, time.monotonic(), self._cpu_wait_s(thread_id)))
-        return fn(constraint)
-
-    def own_s(self) -> float:
-        """The furthest run's time with a CPU: wall time since it started less what its thread
-        waited for one meanwhile (0 before any run starts: a queued compile has done nothing)."""
-        now = time.monotonic()
-        with self._lock:
-            starts = list(self._starts)
-        return max((now - start - (self._cpu_wait_s(thread_id) - first_wait_s)
-                    for thread_id, start, first_wait_s in starts), default=0.0)
-
-
-class _WithWorkerWaits:
-    """A thread's wait for a CPU plus the schema worker's while it served that thread's calls."""
-
-    def __init__(self, own_wait_s: Callable[[int], float], worker: SchemaWorker) -> None:
-        self._own_wait_s, self._worker = own_wait_s, worker
-
-    def __call__(self, thread_id: int) -> float:
-        return self._own_wait_s(thread_id) + self._worker.waited_s(thread_id)
-
-
-class _LimitTimer:
-    """Calls `expire` once `own_s()` (the compile's own time: wall time less the time it waited for
-    a CPU, _Runs.own_s) reaches `limit_s`."""
-
-    def __init__(self, limit_s: float, own_s: Callable[[], float], expire: Callable[[], None]) -> None:
-        self._limit_s, self._own_s, self._expire = limit_s, own_s, expire
-        self._lock = threading.Lock()
-        self._cancelled = False
-        self._timer: threading.Timer | None = None
-        self._arm(limit_s)
-
-    def _arm(self, delay_s: float) -> None:
-        with self._lock:
-            if not self._cancelled:
-                self._timer = threading.Timer(delay_s, self._check)
-                self._timer.daemon = True
-                self._timer.start()
-
-    def _check(self) -> None:
-        own_s = self._own_s()
-        if own_s < self._limit_s:  # kept from a CPU by other work: the rest of the limit still stands
-            self._arm(max(self._limit_s - own_s, _MIN_RECHECK_S))
-        else:
-            self._expire()
-
-    def cancel(self) -> None:
-        with self._lock:
-            self._cancelled = True
-            if self._timer is not None:
-                self._timer.cancel()
-
-
 def _resolve(future: Future[CompiledGrammar], outcome: CompiledGrammar | GrammarError) -> None:
     """Resolve once; the loser of a compile/timeout race is ignored."""
     try:
@@ -368,63 +295,3 @@ def _resolve(future: Future[CompiledGrammar], outcome: CompiledGrammar | Grammar
             future.set_result(outcome)
     except InvalidStateError:
         pass
-
-
-def answer_constraint(constraint: Constraint, answer: dict, config: GrammarConfig) -> Constraint:
-    """The constraint a text answer beside tool calls follows (ToolCalls.answer), with the tool
-    constraint's options, checked like any constraint (GrammarError naming the answer)."""
-    checked = msgspec.structs.replace(constraint, kind=answer["kind"], spec=answer.get("spec", ""),
-                                      choices=list(answer.get("choices", [])), think_end="", think_budget=0, think=None)
-    try:
-        checked.validate()
-        check_limits(checked, config.max_spec_bytes, config.max_schema_depth)
-    except ValueError as e:
-        raise GrammarError(f"the answer's {checked.kind}: {e}") from None
-    return checked
-
-
-
-def tool_arguments(spec: ToolCalls, constraint: Constraint, compile_content: Callable[[Constraint, str, str], dict],
-                   not_enforced: list[str]) -> dict[str, dict]:
-    """Each allowed tool's arguments format in its call syntax (allowed tool name -> format), each
-    leaf (the arguments' schema, or a parameter's schema or regex) compiled by
-    `compile_content(content, error_label, note_label)` as a constraint of its kind with the tool
-    constraint's options; the syntax's narrowings go to `not_enforced` (UnsupportedError when
-    strict and the syntax cannot enforce a keyword)."""
-    arguments: dict[str, dict] = {}
-    allowed = {tool.name for tool in spec.allowed_tools}
-    for index, tool in enumerate(spec.tools):
-        if tool.name not in allowed:
-            continue
-        def compile_leaf(leaf: dict, parameter: str, index: int = index, tool=tool) -> dict:
-            where = f'tools[{index}] "{tool.name}" parameters' + (f'.{parameter}' if parameter else "")
-            content = msgspec.structs.replace(
-                constraint, kind=leaf["type"], choices=[], think_end="", think_budget=0, think=None,
-                spec=leaf["pattern"] if leaf["type"] == "regex" else json.dumps(leaf["json_schema"],
-                                                                                ensure_ascii=False))
-            note = f'tool "{tool.name}"' + (f' parameter "{parameter}"' if parameter else "")
-            return compile_content(content, where, note)
-        arguments[tool.name], narrowed, unenforced = spec.call_syntax.arguments_format(tool, compile_leaf)
-        try:
-            not_enforced += arguments_notes(tool, index, narrowed, unenforced, constraint.strict)
-        except ValueError as e:
-            raise UnsupportedError(str(e)) from None
-    return arguments
-
-
-def content_constraint(constraint: Constraint, leaf: dict, path: str, config: GrammarConfig) -> Constraint:
-    """The constraint of a structural tag's content leaf (grammar/chat/structural_tag.py: a
-    json_schema, regex or grammar format at `path`), with the tag constraint's options."""
-    if leaf["type"] == "json_schema":
-        kind, spec, syntax = "json_schema", json.dumps(leaf["json_schema"], ensure_ascii=False), ""
-    elif leaf["type"] == "regex":
-        kind, spec, syntax = "regex", leaf["pattern"], ""
-    else:
-        kind, spec, syntax = "grammar", leaf["grammar"], leaf.get("syntax", "ebnf")
-    content = msgspec.structs.replace(constraint, kind=kind, spec=spec, choices=[], grammar_syntax=syntax,
-                                      think_end="", think_budget=0, think=None)
-    try:
-        content.validate()
-    except ValueError as e:
-        raise GrammarError(f"{path}: {e}") from None
-    return content

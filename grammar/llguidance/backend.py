@@ -15,7 +15,7 @@ from grammar.chat.tool_call_format import tool_calls_format
 from grammar.chat.tool_calls import ToolCalls
 from grammar.chat.structural_tag import (StructuralTagError, content_field, is_older_shape, map_contents,
                                          parse_structural_tag)
-from grammar.compiler import answer_constraint, content_constraint, tool_arguments
+from grammar.constraint_parts import answer_constraint, content_constraint, tool_arguments
 from grammar.json_schema.limits import check_limits
 from grammar.llguidance import lark_text, output_bounds, prepared_schema
 from grammar.llguidance.json_options import (ENFORCED_FORMATS, WHITESPACE_OPTIONS, keyword_locations,

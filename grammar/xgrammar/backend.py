@@ -16,7 +16,7 @@ from grammar.chat.structural_tag import (StructuralTagError, content_field, is_o
                                          parse_structural_tag)
 from grammar.chat.tool_call_format import tool_calls_format
 from grammar.chat.tool_calls import ToolCalls
-from grammar.compiler import answer_constraint, content_constraint, tool_arguments
+from grammar.constraint_parts import answer_constraint, content_constraint, tool_arguments
 from grammar.constraint import Constraint
 from grammar.json_schema.limits import check_limits
 from grammar.runtime.closing_hints import closing_hints
