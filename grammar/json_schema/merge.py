@@ -86,6 +86,8 @@ def merge(a: Any, b: Any) -> Any:
         return copy_json(a)
     if a is True or a == {}:
         return copy_json(b)
+    if a == b:
+        return copy_json(a)  # x and x is x, whatever x holds ($refs included)
     if not isinstance(a, dict) or not isinstance(b, dict):
         raise CannotMerge("a subschema is neither an object nor a boolean")
     if "$ref" in a or "$ref" in b:

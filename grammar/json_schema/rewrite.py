@@ -22,8 +22,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from grammar.backend import GrammarError
-from grammar.json_schema import (arrays, conjunction, dependencies, inference, negation, pattern_names, patterns,
-                                  scalars)
+from grammar.json_schema import (arrays, conditional, conjunction, dependencies, inference, negation, pattern_names,
+                                  patterns, property_names, scalars, unevaluated)
 from grammar.json_schema.merge import copy_json
 from grammar.json_schema.one_of import discriminated_one_of, exclusive_one_of
 from grammar.json_schema.rule import RuleContext
@@ -37,8 +37,9 @@ MAX_MIN_BYTES = 256 * 1024
 # in order: merging first (their output is what the later rules read), oneOf exclusivity last
 # (the exact forms before the narrowing one)
 RULES = (
+    unevaluated.unevaluated_properties, property_names.property_names,
     conjunction.ref_siblings, conjunction.all_of, conjunction.distribute,
-    conjunction.fixed_siblings, negation.not_rule, negation.false_patterns,
+    conjunction.fixed_siblings, conditional.if_then_else, negation.not_rule, negation.false_patterns,
     negation.false_properties,
     dependencies.dependencies,
     inference.infer_type, inference.undeclared_required, pattern_names.declared_names_in_patterns,
@@ -48,7 +49,9 @@ RULES = (
     arrays.unique_items, exclusive_one_of, negation.one_of_by_negation, discriminated_one_of,
 )
 
-_NON_MONOTONE = ("not", "if", "contains", "oneOf")
+# then/else too: the conditional rule merges them with the node, whose keywords (its type...)
+# make a narrowing there (an inferred type) needless
+_NON_MONOTONE = ("not", "if", "then", "else", "contains", "oneOf")
 _MAPS = ("properties", "patternProperties", "$defs", "definitions", "dependentSchemas")
 _SINGLES = ("additionalProperties", "items", "contains", "propertyNames", "not", "if", "then", "else",
             "additionalItems", "unevaluatedItems", "unevaluatedProperties")
