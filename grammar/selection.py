@@ -13,11 +13,16 @@ none (too long, or an output that never ends), xgrammar compiles it.
 """
 from __future__ import annotations
 
+import json
 import logging
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Any
 
+import msgspec
+
 from grammar.backend import GrammarBackend, GrammarError, UnsupportedError
+from grammar.json_schema.unique_strings import runtime_unique_strings
+from grammar.unique_strings_grammar import UniqueStringsCompiled, UniqueStringsGrammar
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Mapping, Sequence
@@ -72,6 +77,28 @@ class SelectingBackend(GrammarBackend):
             backend.use_schema_runner(runner)
 
     def compile(self, constraint: Constraint) -> CompiledGrammar:
+        """The constraint compiled by the backend it names (or picked); a JSON schema's
+        uniqueItems over free strings is taken out and enforced beside the matcher, on either
+        backend (grammar/unique_strings_grammar.py)."""
+        moved = self._unique_strings(constraint)
+        if moved is None:
+            return self._compile_named(constraint)
+        spec, paths = moved
+        return UniqueStringsCompiled(self._compile_named(msgspec.structs.replace(constraint, spec=spec)), paths)
+
+    def _unique_strings(self, constraint: Constraint) -> tuple[str, dict] | None:
+        """(the schema text without those uniqueItems, their path tree), or None: none, or no
+        token bytes to follow the output with, or a think section before the JSON."""
+        if constraint.kind != "json_schema" or constraint.think_end or self.token_bytes is None:
+            return None
+        try:
+            schema = json.loads(constraint.spec)
+        except ValueError:
+            return None  # the backend names the error
+        moved = runtime_unique_strings(schema)
+        return None if moved is None else (json.dumps(moved[0]), moved[1])
+
+    def _compile_named(self, constraint: Constraint) -> CompiledGrammar:
         name = constraint.grammar_backend or self._default
         if name != "auto":
             return self._compile_with(name, constraint)
@@ -119,6 +146,11 @@ class SelectingBackend(GrammarBackend):
         return compiled
 
     def make_grammar(self, compiled: CompiledGrammar) -> Grammar:
+        if isinstance(compiled, UniqueStringsCompiled):
+            token_bytes = self.token_bytes
+            if token_bytes is None:
+                raise TypeError("a grammar with distinct strings needs token bytes")  # compile wraps only with them
+            return UniqueStringsGrammar(self.make_grammar(compiled.inner), compiled.paths, token_bytes)
         backend = self._backends.get(compiled.backend_name)
         if backend is None:
             raise TypeError(f"no backend {compiled.backend_name!r} for a {type(compiled).__name__}")

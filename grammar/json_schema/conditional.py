@@ -4,8 +4,10 @@ means, "if and then, or not-if and else", each side merged with the node's other
 Exact: an instance is valid against the conditional exactly when it is valid against `if` and
 `then`, or invalid against `if` and valid against `else` (a missing `then`/`else` is true). The
 negated side goes through not_rule at once: a condition it can complement (a discriminator's
-const or enum, `required`, a type) leaves no `not` behind. Where a `not` would stay, or a side
-cannot be merged, the node is left as it was, for the checker to name its `if`.
+const or enum, `required`, a type) leaves no `not` behind. One it cannot complement here stays a
+`not`, exact as it is: a later pass may write it out once the node's own keywords are merged
+around it (an allOf of conditionals), else the checker refuses it. A side that cannot be merged
+leaves the node as it was.
 """
 from __future__ import annotations
 
@@ -13,7 +15,7 @@ from typing import Any
 
 from grammar.json_schema.merge import CannotMerge, EmptyIntersection, merge
 from grammar.json_schema.negation import not_rule
-from grammar.json_schema.rule import RuleContext, asserting, kept, walk_json
+from grammar.json_schema.rule import RuleContext, asserting, kept
 
 _CONDITIONAL = ("if", "then", "else")
 
@@ -23,7 +25,6 @@ def if_then_else(node: dict, pointer: str, context: RuleContext) -> Any:
     if "if" not in node:
         return node
     base = asserting(node, *_CONDITIONAL)
-    scratch = RuleContext(root=context.root, monotone=context.monotone)  # reported only if it applies
     try:
         condition = context.resolved(node["if"])
         sides = [(condition, context.resolved(node.get("then", True))),
@@ -36,15 +37,11 @@ def if_then_else(node: dict, pointer: str, context: RuleContext) -> Any:
             except EmptyIntersection:
                 continue
             if isinstance(branch, dict) and "not" in branch:
-                branch = not_rule(branch, pointer, scratch)
-                if any(isinstance(n, dict) and "not" in n for n in walk_json(branch)):
-                    return node
+                branch = not_rule(branch, pointer, context)
             if branch is not False and branch not in branches:
                 branches.append(branch)
     except CannotMerge:
         return node
-    context.rules.update(scratch.rules)
-    context.narrowed += scratch.narrowed
     context.fired("if", pointer)
     if not branches:
         return False

@@ -27,7 +27,7 @@ from grammar.json_schema import (arrays, conditional, conjunction, dependencies,
 from grammar.json_schema.merge import copy_json
 from grammar.json_schema.one_of import discriminated_one_of, exclusive_one_of
 from grammar.json_schema.rule import RuleContext
-from grammar.json_schema.walk import iter_subschemas, pointer_join
+from grammar.json_schema.walk import iter_subschemas, pointer_join, resolve_pointer
 
 MAX_PASSES = 4
 MAX_VISITS = 200_000
@@ -96,15 +96,20 @@ class _Walk:
     def __init__(self, context: RuleContext) -> None:
         self.context = context
         self.visits = 0
-        self.defs_monotone = True
+        self.negated_targets: list[str] | None = []  # None: every definition
 
     def run(self, root: Any) -> Any:
         self.context.root = root
-        # a definition referenced from a negated place must not be narrowed anywhere
-        self.defs_monotone = not any(
-            isinstance(n, dict) and "$ref" in n and set(p.split("/")) & set(_NON_MONOTONE)
-            for p, n, _ in iter_subschemas(root))
+        self.negated_targets = _negated_targets(root)
         return self.node(root, "", True)
+
+    def def_monotone(self, pointer: str) -> bool:
+        """Whether the definition at `pointer` may be narrowed: no reference from a negated place
+        reaches it (or a part of it), directly or through other definitions."""
+        if self.negated_targets is None:
+            return False
+        return not any(t == pointer or t.startswith(pointer + "/") or pointer.startswith(t + "/")
+                       for t in self.negated_targets)
 
     def node(self, node: Any, pointer: str, monotone: bool) -> Any:
         """`node` rewritten, subschemas first. `monotone`: narrowing this node narrows the whole
@@ -119,8 +124,10 @@ class _Walk:
         node = dict(node)
         for key in _MAPS:
             if isinstance(node.get(key), dict):
-                inner = monotone and (self.defs_monotone or key not in ("$defs", "definitions"))
-                node[key] = {n: self.node(s, pointer_join(pointer, key, n), inner) for n, s in node[key].items()}
+                node[key] = {n: self.node(s, pointer_join(pointer, key, n),
+                                          monotone and (key not in ("$defs", "definitions")
+                                                        or self.def_monotone(pointer_join(pointer, key, n))))
+                             for n, s in node[key].items()}
         for key in _SINGLES:
             if isinstance(node.get(key), (dict, bool)):
                 node[key] = self.node(node[key], pointer_join(pointer, key), monotone and key not in _NON_MONOTONE)
@@ -138,3 +145,22 @@ class _Walk:
                 break
             out = rule(out, pointer, self.context)
         return out
+
+
+def _negated_targets(root: Any) -> list[str] | None:
+    """The pointers that references from a negated place (under not, if, then, else, contains or
+    a oneOf's branches) reach, followed through the definitions they reach; None where one is
+    not a plain local pointer (then no definition may be narrowed)."""
+    refs = [n["$ref"] for p, n, _ in iter_subschemas(root)
+            if isinstance(n, dict) and "$ref" in n and set(p.split("/")) & set(_NON_MONOTONE)]
+    reached: set[str] = set()
+    while refs:
+        ref = refs.pop()
+        if ref in reached:
+            continue
+        if not isinstance(ref, str) or not ref.startswith("#/") or "%" in ref:
+            return None
+        reached.add(ref)
+        target = resolve_pointer(root, ref)
+        refs += [n["$ref"] for _, n, _ in iter_subschemas(target) if isinstance(n, dict) and "$ref" in n]
+    return [ref[1:] for ref in reached]

@@ -72,6 +72,15 @@ def test_a_discriminated_condition_hand_computed():
         {**CLOSED, "properties": {**properties, "kind": {"enum": ["b"]}}, "required": ["kind", "y"]}]}
 
 
+def test_a_conditional_is_written_without_narrowing_its_sides():
+    # else's required does not become an object type: a string shorter than 2 needs nothing
+    schema = {"if": {"minLength": 2}, "then": {"type": "string"}, "else": {"required": ["a"]}}
+    result = rewrite(schema, ENFORCED_FORMATS)
+    assert result.schema == {"anyOf": [{"minLength": 2, "type": "string"},
+                                       {"not": {"minLength": 2}, "required": ["a"]}]}
+    assert result.narrowed == []
+
+
 def test_property_names_hand_computed():
     assert rewrite(SCHEMAS["names in a closed object"], ENFORCED_FORMATS).schema == {
         **CLOSED, "properties": {"ab": {}, "d": {}}}
@@ -87,8 +96,6 @@ def test_unevaluated_properties_hand_computed():
 
 
 @pytest.mark.parametrize("schema, keyword", [
-    # a condition whose complement is not written (any string but one)
-    ({"type": "string", "if": {"pattern": "^a"}, "then": {"maxLength": 3}}, "if"),
     # names of an open object: a pattern over names nobody declared (xgrammar enforces it, llguidance
     # does not)
     ({"type": "object", "propertyNames": {"pattern": "^[a-z]+$"}}, "propertyNames"),
@@ -99,7 +106,17 @@ def test_unevaluated_properties_hand_computed():
 def test_otherwise_stays_for_the_checker(schema, keyword):
     result = rewrite(schema, ENFORCED_FORMATS)
     assert result.rules[keyword] == 0
-    assert f'"{keyword}"' in json.dumps(result.schema) or any(f.keyword == "not" for f in find_unsupported(result.schema))
+    assert f'"{keyword}"' in json.dumps(result.schema)
+
+
+def test_a_condition_without_a_written_complement_stays_a_refused_not():
+    # not "starts with a": no complement is written for a general pattern
+    schema = {"type": "string", "if": {"pattern": "^a"}, "then": {"maxLength": 3}}
+    result = rewrite(schema, ENFORCED_FORMATS)
+    # (the length folded into the pattern by another rule)
+    assert result.schema == {"anyOf": [{"type": "string", "pattern": "^a.{0,2}$"},
+                                       {"type": "string", "not": {"pattern": "^a"}}]}
+    assert "not" in [f.keyword for f in find_unsupported(result.schema)]
 
 
 def test_a_schema_merged_with_itself_is_itself_references_included():

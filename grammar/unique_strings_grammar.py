@@ -1,0 +1,112 @@
+"""A compiled grammar and its matcher with distinct strings enforced in the arrays that need it:
+`uniqueItems` over free strings (grammar/json_schema/unique_strings.py), on either backend.
+
+The backend compiles the schema without those uniqueItems; the matcher here wraps the backend's
+and runs grammar/runtime/unique_strings.py's tracker over every token it accepts. In such an
+array, a token that would close an element equal to an earlier one is masked out of the bitmask
+and refused by accept_tokens; a closing or a forced text that would do so is not used. Only the
+tokens that hold a quote can close a string, so only those are tried, and only while the
+innermost open container is such an array.
+"""
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from grammar.backend import CompiledGrammar, Grammar
+from grammar.runtime.unique_strings import UniqueStringsTracker
+
+if TYPE_CHECKING:
+    import torch
+
+    from grammar.backend import FirstFillBudget
+
+_QUOTE = 0x22
+
+
+class UniqueStringsCompiled(CompiledGrammar):
+    """The backend's compiled grammar and the path tree to the arrays of distinct strings."""
+
+    def __init__(self, inner: CompiledGrammar, paths: dict) -> None:
+        self.inner = inner
+        self.paths = paths
+        self.not_enforced = inner.not_enforced
+        self.min_output_tokens = inner.min_output_tokens
+        self.lazy_masks = inner.lazy_masks
+        self.backend_name = inner.backend_name
+
+    @property
+    def num_bytes(self) -> int:
+        return self.inner.num_bytes
+
+
+class UniqueStringsGrammar(Grammar):
+    """The backend's matcher, and a tracker kept at the same tokens (rollback replays them)."""
+
+    def __init__(self, inner: Grammar, paths: dict, token_bytes: Sequence[bytes]) -> None:
+        self._inner = inner
+        self._paths = paths
+        self._token_bytes = token_bytes
+        self._quote_token_ids = [i for i, data in enumerate(token_bytes) if _QUOTE in data]
+        self._tracker = UniqueStringsTracker(paths)
+        self._token_ids: list[int] = []
+        self.not_enforced = inner.not_enforced
+        self.lazy_masks = inner.lazy_masks
+
+    def fill_bitmask(self, bitmask: torch.Tensor, row: int) -> None:
+        self._inner.fill_bitmask(bitmask, row)
+        if not self._tracker.in_unique_array:
+            return
+        words = bitmask.numpy().view(np.uint32)
+        for token_id in self._quote_token_ids:
+            bit = np.uint32(1 << (token_id & 31))
+            if words[row, token_id >> 5] & bit and not self._tracker.clone().feed(self._token_bytes[token_id]):
+                words[row, token_id >> 5] &= ~bit
+
+    def accept_tokens(self, token_ids: list[int]) -> bool:
+        after = self._after(token_ids)
+        if after is None or not self._inner.accept_tokens(token_ids):
+            return False
+        self._tracker = after
+        self._token_ids += token_ids
+        return True
+
+    def rollback(self, num_tokens: int) -> None:
+        self._inner.rollback(num_tokens)
+        if num_tokens <= 0:
+            return
+        del self._token_ids[-num_tokens:]
+        self._tracker = UniqueStringsTracker(self._paths)
+        self._tracker.feed(self._bytes(self._token_ids))
+
+    def is_terminated(self) -> bool:
+        return self._inner.is_terminated()
+
+    def jump_forward_token_ids(self) -> list[int]:
+        forced = self._inner.jump_forward_token_ids()
+        after = self._after(forced)
+        if after is None:  # forced text that would repeat an element: not taken
+            self._inner.rollback(len(forced))
+            return []
+        self._tracker = after
+        self._token_ids += forced
+        return forced
+
+    def closing_token_ids(self, max_tokens: int, first_fills: FirstFillBudget | None = None, max_nodes: int = 1000,
+                          max_cpu_s: float = 0.02) -> list[int] | None:
+        closing = self._inner.closing_token_ids(max_tokens, first_fills, max_nodes, max_cpu_s)
+        return closing if closing is not None and self._after(closing) is not None else None
+
+    def completes(self, token_ids: list[int], strict: bool = False) -> bool:
+        return self._after(token_ids) is not None and self._inner.completes(token_ids, strict)
+
+    def _after(self, token_ids: list[int]) -> UniqueStringsTracker | None:
+        """The tracker after `token_ids`, or None where they would repeat an element."""
+        tracker = self._tracker.clone()
+        return tracker if tracker.feed(self._bytes(token_ids)) else None
+
+    def _bytes(self, token_ids: list[int]) -> bytes:
+        size = len(self._token_bytes)
+        return b"".join(self._token_bytes[t] for t in token_ids if 0 <= t < size)
