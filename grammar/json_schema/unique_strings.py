@@ -141,7 +141,7 @@ class _PathTree:
                 self.refs[ref] = placeholder if target is not None else None
             return self.refs[ref]
         for key in _BRANCHING:
-            if key in schema and key not in (*_COMBINED, "patternProperties") and self._holds_any(schema[key]):
+            if key in schema and key not in (*_COMBINED, "patternProperties") and self._holds_any(schema[key], key):
                 raise _PathUnknown(key)
         if isinstance(schema.get("items"), list) and self.holds(schema["items"]):
             raise _PathUnknown("items")  # a tuple
@@ -201,12 +201,17 @@ class _PathTree:
                        items=self.sum(a["items"], b["items"]))
         return self.sums[key][2]
 
-    def _holds_any(self, value: Any) -> bool:
-        subschemas = value.values() if isinstance(value, dict) else value if isinstance(value, list) else [value]
+    def _holds_any(self, value: Any, key: str = "patternProperties") -> bool:
+        """Whether a subschema of keyword `key` (a list, a map of them, or one) holds a uniqueItems."""
+        if isinstance(value, dict) and key in _SCHEMA_MAPS:
+            subschemas = list(value.values())
+        else:
+            subschemas = value if isinstance(value, list) else [value]
         return any(self.holds(s) for s in subschemas)
 
 
 _COMBINED = ("allOf", "anyOf", "oneOf")
+_SCHEMA_MAPS = ("patternProperties", "dependentSchemas", "dependencies")  # name -> schema
 _EVERY_NAME = ("", ".*", "^.*$", "^.*")
 _EVERY_NONEMPTY_NAME = (".", ".+", "^.+$", "^.+", "^.")
 

@@ -334,3 +334,15 @@ def test_no_narrowing_where_it_would_widen_the_parent(schema):
 def test_a_number_that_is_a_multiple_of_a_whole_number_is_an_integer():
     assert rewritten({"type": "number", "multipleOf": 1.0}) == {"type": "integer", "multipleOf": 1}
     assert rewritten({"type": "number", "multipleOf": 0.5}) == {"type": "number", "multipleOf": 0.5}
+
+
+def test_only_the_definitions_a_negated_place_reaches_are_kept_from_narrowing():
+    # free is referenced from a plain property only: its type may be inferred (a narrowing);
+    # negated is under a not, and chained through it, so neither is narrowed
+    schema = {"type": "object",
+              "$defs": {"free": {"required": ["a"]}, "negated": {"$ref": "#/$defs/chained"},
+                        "chained": {"required": ["c"]}},
+              "properties": {"x": {"$ref": "#/$defs/free"}, "y": {"not": {"$ref": "#/$defs/negated"}}}}
+    defs = rewritten(schema)["$defs"]
+    assert defs["free"]["type"] == "object"
+    assert "type" not in defs["chained"] and defs["negated"] == {"$ref": "#/$defs/chained"}
