@@ -84,29 +84,54 @@ def _follow(node: Any, root: dict) -> Any:
 
 
 class _HoldsUnique:
-    """Whether a schema, references followed, holds a uniqueItems anywhere (memoized per $ref)."""
+    """Whether a schema, references followed, holds a uniqueItems anywhere (memoized per schema
+    and per reference; a cycle of references is searched whole, never cut short)."""
 
     def __init__(self, root: dict) -> None:
         self.root = root
         self.refs: dict[str, bool] = {}
+        self.schemas: dict[int, tuple[Any, bool]] = {}  # id -> (the schema, kept alive; the answer)
 
     def __call__(self, schema: Any) -> bool:
-        for _, node, _ in iter_subschemas(schema):
-            if not isinstance(node, dict):
-                continue
-            if "uniqueItems" in node:
-                return True
-            ref = node.get("$ref")
-            if isinstance(ref, str) and self._ref(ref):
-                return True
-        return False
+        if not isinstance(schema, (dict, list)):
+            return False
+        if id(schema) not in self.schemas:
+            direct, refs = _scan(schema)
+            self.schemas[id(schema)] = (schema, direct or any(self._ref(r) for r in refs))
+        return self.schemas[id(schema)][1]
 
     def _ref(self, ref: str) -> bool:
-        if ref not in self.refs:
-            self.refs[ref] = False  # a cycle adds nothing new
-            target = resolve_pointer(self.root, ref) if ref.startswith("#/") else None
-            self.refs[ref] = True if target is None and not ref.startswith("#/") else self(target)
-        return self.refs[ref]
+        """Whether the target of `ref`, or of a reference reached from it, holds one."""
+        if ref in self.refs:
+            return self.refs[ref]
+        seen, todo = {ref}, [ref]
+        while todo:
+            current = todo.pop()
+            if self.refs.get(current) is True:
+                break
+            if not current.startswith("#/") and current != "#":
+                break  # another document: it may hold one
+            direct, refs = _scan(resolve_pointer(self.root, current))
+            if direct:
+                break
+            todo += [r for r in refs if r not in seen]
+            seen |= set(refs)
+        else:
+            self.refs.update(dict.fromkeys(seen, False))  # each one's closure is part of this one's
+            return False
+        self.refs[ref] = True
+        return True
+
+
+def _scan(schema: Any) -> tuple[bool, list[str]]:
+    """(whether a uniqueItems is in `schema` itself, the references in it)."""
+    direct, refs = False, []
+    for _, node, _ in iter_subschemas(schema if not isinstance(schema, list) else {"anyOf": schema}):
+        if isinstance(node, dict):
+            direct = direct or "uniqueItems" in node
+            if isinstance(node.get("$ref"), str):
+                refs.append(node["$ref"])
+    return direct, refs
 
 
 class _PathUnknown(Exception):
@@ -135,15 +160,18 @@ class _PathTree:
         ref = schema.get("$ref")
         if isinstance(ref, str) and not asserting(schema, "$ref"):  # bare, but for annotations
             if ref not in self.refs:
-                self.refs[ref] = placeholder = {"unique": False, "properties": {}, "additional": None, "items": None}
+                # pending until built: a recursive reference inside it sees it incomplete
+                self.refs[ref] = placeholder = {"unique": False, "properties": {}, "additional": None, "items": None,
+                                                "pending": True}
                 target = self.node(resolve_pointer(self.root, ref))
                 placeholder.update(target or {})
+                del placeholder["pending"]
                 self.refs[ref] = placeholder if target is not None else None
             return self.refs[ref]
         for key in _BRANCHING:
             if key in schema and key not in (*_COMBINED, "patternProperties") and self._holds_any(schema[key], key):
                 raise _PathUnknown(key)
-        if isinstance(schema.get("items"), list) and self.holds(schema["items"]):
+        if isinstance(schema.get("items"), list) and self._holds_any(schema["items"], "items"):
             raise _PathUnknown("items")  # a tuple
         properties = schema.get("properties") if isinstance(schema.get("properties"), dict) else {}
         own: dict | None = {"unique": is_site(schema, self.root),
@@ -190,6 +218,7 @@ class _PathTree:
         """The tree of two schemas that both apply."""
         if a is None or b is None or a is b:
             return a if b is None else b
+        _complete(a, b)
         key = (id(a), id(b))
         if key not in self.sums:
             out = {"unique": False, "properties": {}, "additional": None, "items": None}
@@ -222,6 +251,13 @@ def _may_contain(schema: Any) -> bool:
     return types is None or bool(types & {"array", "object"})
 
 
+def _complete(*trees: dict) -> None:
+    """A tree still being built (a recursive reference met inside itself) cannot be compared or
+    added up yet: what it will mark is not known."""
+    if any(t.get("pending") for t in trees):
+        raise _PathUnknown("a recursive reference inside a combination")
+
+
 def _view(tree: dict, name: str) -> dict | None:
     return tree["properties"][name] if name in tree["properties"] else tree["additional"]
 
@@ -230,6 +266,7 @@ def _equal(a: dict | None, b: dict | None, seen: set | None = None) -> bool:
     """Whether two path trees mark the same arrays (cycles followed once)."""
     if a is None or b is None or a is b:
         return a is b or _marks_nothing(a if b is None else b)
+    _complete(a, b)
     seen = set() if seen is None else seen
     if (id(a), id(b)) in seen:
         return True
@@ -245,6 +282,7 @@ def _marks_nothing(tree: dict | None, seen: set | None = None) -> bool:
     seen = set() if seen is None else seen
     if id(tree) in seen:
         return True
+    _complete(tree)
     seen.add(id(tree))
     return not tree["unique"] and all(_marks_nothing(t, seen) for t in
                                       (*tree["properties"].values(), tree["additional"], tree["items"]))

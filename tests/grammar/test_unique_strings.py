@@ -165,3 +165,14 @@ def test_a_closing_that_would_repeat_an_element_is_not_offered(name):
     # the shortest closing ends the open string at once: "" again, so it is refused
     assert closing is None or json.loads(
         '{"tags":["","' + b"".join(backend.token_bytes[t] for t in closing if t != 2).decode())["tags"][1] != ""
+
+
+def test_a_cycle_of_references_is_followed_whole():
+    # b reaches the array only through a, which the search is inside of when it meets b first
+    schema = {"$defs": {"a": {"type": "object", "properties": {"b": {"$ref": "#/$defs/b"}, "t": TAGS}},
+                        "b": {"type": "object", "anyOf": [{"properties": {"a": {"$ref": "#/$defs/a"}}},
+                                                          {"properties": {"a": {"type": "string"}}}]}},
+              "$ref": "#/$defs/a"}
+    assert runtime_unique_strings(schema) is None  # b's branches mark different arrays
+    tuple_items = {"type": "array", "items": [TAGS]}
+    assert runtime_unique_strings(tuple_items) is None
