@@ -47,11 +47,24 @@ def test_jsonschemabench_outputs_validate(llm):
 
 
 def test_rejected_schema_names_keyword_and_pointer(llm):
-    schema = {"type": "object", "properties": {"tags": {"type": "array", "items": {"type": "string"},
+    # bounded strings: distinct ones could run out, so uniqueItems is not enforced beside the matcher
+    schema = {"type": "object", "properties": {"tags": {"type": "array", "items": {"type": "string", "maxLength": 8},
                                                         "uniqueItems": True}}}
     out = ask(llm, Constraint(kind="json_schema", spec=json.dumps(schema)))
     assert out.finish_reason == FinishReason.ERROR
     assert '"uniqueItems"' in out.error and "/properties/tags" in out.error
+
+
+@pytest.mark.parametrize("backend", ["xgrammar", "llguidance"])
+def test_distinct_strings_hold_where_the_model_would_repeat_one(llm, backend):
+    schema = {"type": "object", "required": ["tags"], "additionalProperties": False,
+              "properties": {"tags": {"type": "array", "items": {"type": "string"}, "minItems": 4, "maxItems": 4,
+                                      "uniqueItems": True}}}
+    out = ask(llm, Constraint(kind="json_schema", spec=json.dumps(schema), grammar_backend=backend),
+              prompt='Write the tags "red", "red", "red", "red".', max_tokens=96)
+    assert out.finish_reason == FinishReason.STOP and out.not_enforced == []
+    tags = json.loads(out.text)["tags"]
+    assert len(tags) == 4 and len(set(tags)) == 4
 
 
 def test_best_effort_reports_what_is_not_enforced(llm):
