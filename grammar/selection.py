@@ -22,7 +22,7 @@ import msgspec
 
 from grammar.backend import GrammarBackend, GrammarError, UnsupportedError
 from grammar.json_schema.unique_strings import runtime_unique_strings
-from grammar.unique_strings_grammar import UniqueStringsCompiled, UniqueStringsGrammar
+from grammar.unique_strings_grammar import UniqueStringsCompiled, UniqueStringsGrammar, quote_token_ids
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Mapping, Sequence
@@ -65,6 +65,7 @@ class SelectingBackend(GrammarBackend):
         first = next(iter(backends.values()))
         self.token_bytes: Sequence[bytes] | None = first.token_bytes
         self._first = first
+        self._quote_token_ids: list[int] | None = None  # for UniqueStringsGrammar, found on first use
 
     @property
     def backends(self) -> Mapping[str, GrammarBackend]:
@@ -150,7 +151,10 @@ class SelectingBackend(GrammarBackend):
             token_bytes = self.token_bytes
             if token_bytes is None:
                 raise TypeError("a grammar with distinct strings needs token bytes")  # compile wraps only with them
-            return UniqueStringsGrammar(self.make_grammar(compiled.inner), compiled.paths, token_bytes)
+            if self._quote_token_ids is None:
+                self._quote_token_ids = quote_token_ids(token_bytes)
+            return UniqueStringsGrammar(self.make_grammar(compiled.inner), compiled.paths, token_bytes,
+                                        self._quote_token_ids)
         backend = self._backends.get(compiled.backend_name)
         if backend is None:
             raise TypeError(f"no backend {compiled.backend_name!r} for a {type(compiled).__name__}")

@@ -26,6 +26,11 @@ if TYPE_CHECKING:
 _QUOTE = 0x22
 
 
+def quote_token_ids(token_bytes: Sequence[bytes]) -> list[int]:
+    """The tokens that can close a string: those whose bytes hold a quote."""
+    return [i for i, data in enumerate(token_bytes) if _QUOTE in data]
+
+
 class UniqueStringsCompiled(CompiledGrammar):
     """The backend's compiled grammar and the path tree to the arrays of distinct strings."""
 
@@ -45,11 +50,12 @@ class UniqueStringsCompiled(CompiledGrammar):
 class UniqueStringsGrammar(Grammar):
     """The backend's matcher, and a tracker kept at the same tokens (rollback replays them)."""
 
-    def __init__(self, inner: Grammar, paths: dict, token_bytes: Sequence[bytes]) -> None:
+    def __init__(self, inner: Grammar, paths: dict, token_bytes: Sequence[bytes], quote_token_ids: Sequence[int]) -> None:
+        """`quote_token_ids`: the ids whose bytes hold a quote (quote_token_ids(token_bytes), once per tokenizer)."""
         self._inner = inner
         self._paths = paths
         self._token_bytes = token_bytes
-        self._quote_token_ids = [i for i, data in enumerate(token_bytes) if _QUOTE in data]
+        self._quote_token_ids = quote_token_ids
         self._tracker = UniqueStringsTracker(paths)
         self._token_ids: list[int] = []
         self.not_enforced = inner.not_enforced

@@ -176,3 +176,42 @@ def test_a_cycle_of_references_is_followed_whole():
     assert runtime_unique_strings(schema) is None  # b's branches mark different arrays
     tuple_items = {"type": "array", "items": [TAGS]}
     assert runtime_unique_strings(tuple_items) is None
+
+
+@pytest.mark.parametrize("name", BACKENDS)
+def test_random_walks_never_stick_and_end_valid(name):
+    """Tokens drawn at random among the allowed ones, biased to quotes (repeats are what the
+    mask is for): a mask is never empty, and every output that ends is valid."""
+    import random
+
+    schema = {"type": "object", "additionalProperties": False, "required": ["tags"],
+              "properties": {"tags": {"type": "array", "items": {"type": "string", "minLength": 0},
+                                      "minItems": 3, "maxItems": 5, "uniqueItems": True}}}
+    backend = make_selecting()
+    compiled = backend.compile(make_constraint(spec=schema, grammar_backend=name, whitespace="compact"))
+    validator = jsonschema.Draft202012Validator(schema)
+    # short tokens (so that "", "a", "b"... repeat often) and the stop token
+    short = [i for i, data in enumerate(backend.token_bytes) if 0 < len(data) <= 2] + [2]
+    rng = random.Random(7)
+    num_ended = 0
+    for _ in range(12):
+        grammar = backend.make_grammar(compiled)
+        text = b'{"tags":['
+        assert grammar.accept_tokens(encode(text.decode()))
+        for _ in range(120):
+            bitmask = backend.allocate_bitmask(1)
+            grammar.fill_bitmask(bitmask, 0)
+            words = bitmask.numpy().view(np.uint32)[0]
+            assert words.any(), text  # never stuck
+            ids = [i for i in short if words[i >> 5] >> (i & 31) & 1]
+            if not ids:
+                break
+            closers = [i for i in ids if i == 2 or set(backend.token_bytes[i]) & set(b'"]}')]
+            token_id = rng.choice(closers if closers and rng.random() < 0.6 else ids)
+            assert grammar.accept_tokens([token_id])
+            if token_id == 2 or grammar.is_terminated():
+                num_ended += 1
+                assert validator.is_valid(json.loads(text + (backend.token_bytes[token_id] if token_id != 2 else b""))), text
+                break
+            text += backend.token_bytes[token_id]
+    assert num_ended >= 6
