@@ -205,8 +205,9 @@ def one_of_by_discriminator(branches: list) -> list | None:
 
 def discriminated_one_of(node: dict, pointer: str, context: RuleContext) -> Any:
     """Where narrowing is allowed, a oneOf still left (no exact rule applied) whose object
-    branches have a discriminating property: the anyOf of the branches with it required
-    (one_of_by_discriminator; narrowing)."""
+    branches have a discriminating property (one_of_by_discriminator), or a property they all
+    declare that, required, makes them disjoint (_by_required_property): the anyOf of the
+    branches with it required (narrowing)."""
     branches = node.get("oneOf")
     if not context.monotone or not isinstance(branches, list) or len(branches) < 2 or "anyOf" in node:
         return node
@@ -215,11 +216,35 @@ def discriminated_one_of(node: dict, pointer: str, context: RuleContext) -> Any:
     except CannotMerge:
         return node
     alternatives = one_of_by_discriminator(resolved)
-    if alternatives is None or not all(disjoint(x, y, context.resolved)
-                                       for x, y in itertools.combinations(alternatives, 2)):
+    if alternatives is None or not _pairwise_disjoint(alternatives, context):
+        alternatives = _by_required_property(resolved, context)
+    if alternatives is None:
         return node
     context.fired("oneOf-discriminator", pointer, narrowing=True)
     return {**{k: v for k, v in node.items() if k != "oneOf"}, "anyOf": alternatives}
+
+
+def _pairwise_disjoint(branches: list, context: RuleContext) -> bool:
+    return all(disjoint(x, y, context.resolved) for x, y in itertools.combinations(branches, 2))
+
+
+def _by_required_property(branches: list, context: RuleContext) -> list | None:
+    """The object branches with one property they all declare made required, the first such
+    property that makes them pairwise disjoint (a tag nested deeper: "_attributes" whose
+    schema requires a "repository_system" of an enum of its own in each branch). None: none does."""
+    if not all(isinstance(b, dict) and instance_types(b) == {"object"} and isinstance(b.get("properties"), dict)
+               for b in branches):
+        return None
+    for name in branches[0]["properties"]:
+        if not all(name in b["properties"] for b in branches):
+            continue
+        out = []
+        for branch in branches:
+            required = branch.get("required") if isinstance(branch.get("required"), list) else []
+            out.append({**branch, "required": [*required, name] if name not in required else required})
+        if _pairwise_disjoint(out, context):
+            return out
+    return None
 
 
 def _closed(branch: Any) -> Any:

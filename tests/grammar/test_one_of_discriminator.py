@@ -66,3 +66,40 @@ def test_both_backends_enforce_it_strict(make):
     rewritten = jsonschema.Draft202012Validator(rewrite(TAGGED, ENFORCED_FORMATS).schema)
     for instance in INSTANCES:
         assert accepted_by(backend, compiled, json.dumps(instance)) == rewritten.is_valid(instance), instance
+
+
+# the tag one level down: "meta" is declared by both, optional, and its schema requires a "system"
+# of an enum of its own in each branch; with "meta" required the branches are disjoint
+NESTED = {"type": "object", "required": ["items"], "oneOf": [
+    {"properties": {"meta": {"type": "object", "required": ["system"], "properties": {"system": {"enum": ["apt"]}}},
+                    "items": {"type": "array", "items": {"type": "string"}}}},
+    {"properties": {"meta": {"type": "object", "required": ["system"], "properties": {"system": {"enum": ["yum"]}}},
+                    "items": {"type": "array", "items": {"type": "integer"}}}}]}
+NESTED_INSTANCES = [{"meta": {"system": s}, "items": i} for s in ("apt", "yum", "dnf") for i in ([], ["a"], [1])] + [
+    {"items": []}, {"items": ["a"]}, {"meta": {}, "items": []}]
+
+
+def test_a_property_that_required_makes_the_branches_disjoint_is_the_tag():
+    result = rewrite(NESTED, ENFORCED_FORMATS)
+    assert "oneOf" not in result.schema and result.narrowed == ["oneOf-discriminator at /"]
+    assert [b["required"] for b in result.schema["anyOf"]] == [["items", "meta"], ["items", "meta"]]
+    original, rewritten = jsonschema.Draft202012Validator(NESTED), jsonschema.Draft202012Validator(result.schema)
+    for instance in NESTED_INSTANCES:
+        if "meta" in instance:
+            assert rewritten.is_valid(instance) == original.is_valid(instance), instance
+        else:
+            assert not rewritten.is_valid(instance), instance  # dropped: the narrowing
+    # {"items": []} is valid against both branches, so not against the oneOf: nothing looser
+    assert not original.is_valid({"items": []})
+
+
+@pytest.mark.parametrize("make", [make_backend, make_llguidance_backend], ids=["xgrammar", "llguidance"])
+def test_a_nested_tag_is_enforced_strict_by_both_backends(make):
+    backend = make()
+    compiled = backend.compile(make_constraint(spec=NESTED, whitespace="compact"))
+    validator = jsonschema.Draft202012Validator(NESTED)
+    for instance in NESTED_INSTANCES:
+        ordered = {k: instance[k] for k in ("meta", "items") if k in instance}
+        if "meta" in ordered:
+            text = json.dumps(ordered, separators=(",", ":"))
+            assert accepted_by(backend, compiled, text) == validator.is_valid(ordered), text
