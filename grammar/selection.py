@@ -90,8 +90,9 @@ class SelectingBackend(GrammarBackend):
     def _unique_strings(self, constraint: Constraint) -> tuple[str, dict] | None:
         """(the schema text without those uniqueItems, their path tree), or None: none, or no
         token bytes to follow the output with, or a think section before the JSON."""
-        if constraint.kind != "json_schema" or constraint.think_end or self.token_bytes is None:
-            return None
+        if constraint.kind != "json_schema" or constraint.think_end or self.token_bytes is None or \
+                '"uniqueItems"' not in constraint.spec:
+            return None  # (the text test: no parse for the many schemas without one)
         try:
             schema = json.loads(constraint.spec)
         except ValueError:
