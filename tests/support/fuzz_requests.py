@@ -62,9 +62,12 @@ BOMBS: dict[str, dict] = {
     "regex-empty": {"regex": "   "},
 }
 # the bombs llguidance compiles (lazily: every fill stays cheap, the request runs to its max_tokens);
-# xgrammar and auto refuse them, and llguidance refuses the rest
+# xgrammar refuses them, and llguidance refuses the rest
 LLGUIDANCE_TAKES = {"ebnf-dead-branch", "ebnf-endless", "regex-ambiguous-repeat", "regex-nested-variable-repeat",
                     "schema-recursive-inner", "schema-recursive-required"}
+# of those, the ones auto takes too: xgrammar refuses them only for their slow fills, so auto moves
+# them to llguidance (the others never end, which xgrammar's refusal under auto keeps out)
+AUTO_TAKES = {"regex-ambiguous-repeat", "regex-nested-variable-repeat"}
 # a request's grammar_backend: unset (the server's, auto) or each backend by name
 GRAMMAR_BACKENDS = [None, "GRAMMAR_BACKEND_AUTO", "GRAMMAR_BACKEND_XGRAMMAR", "GRAMMAR_BACKEND_LLGUIDANCE"]
 
@@ -281,7 +284,7 @@ def _bomb(rng: random.Random) -> Case:
     fields = {"constraint": constraint} if method == "ValidateConstraint" else {
         **_chat("Write something."), "max_tokens": 8, "constraint": {**constraint,
                                                                       "jump_forward": rng.random() < 0.7}}
-    taken = on == "@llguidance" and name in LLGUIDANCE_TAKES
+    taken = name in LLGUIDANCE_TAKES if on == "@llguidance" else on != "@xgrammar" and name in AUTO_TAKES
     return Case(f"bomb:{name}{on}", method, _serialize(method, fields), field=f"constraint.{kind}", may_succeed=taken)
 
 
