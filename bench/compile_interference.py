@@ -21,13 +21,17 @@ import threading
 import time
 from pathlib import Path
 
-# name -> the bomb's schema, unique per round
+# name -> the bomb's constraint (proto Constraint fields), unique per round; the regexes are the fuzz
+# suite's two slow compiles (tests/support/fuzz_requests.py: xgrammar spends 10-40 s of CPU on each)
 BOMBS = {
-    "object of 1,000 required properties": lambda i: {
+    "object of 1,000 required properties": lambda i: {"json_schema_text": json.dumps({
         "title": f"bomb {i}", "type": "object",
         "properties": {f"field_{n:04d}": {"type": "integer"} for n in range(1000)},
-        "required": [f"field_{n:04d}" for n in range(1000)]},
-    "nested anyOf, 2^10 branches": lambda i: {"title": f"bomb {i}", **_nested_any_of(10)},
+        "required": [f"field_{n:04d}" for n in range(1000)]})},
+    "nested anyOf, 2^10 branches": lambda i: {"json_schema_text": json.dumps({"title": f"bomb {i}",
+                                                                              **_nested_any_of(10)})},
+    "regex (\\w+ ?){1,50}": lambda i: {"regex": f"(bomb{i} )?" + r"(\w+ ?){1,50}"},
+    "regex ([a-z]{1,3}){0,1000}": lambda i: {"regex": f"(bomb{i} )?" + "([a-z]{1,3}){0,1000}"},
 }
 
 
@@ -91,10 +95,9 @@ def main(args: argparse.Namespace) -> int:
             stub.Generate(probe, timeout=300)
             return time.perf_counter() - start
 
-        def compile_beside_probe(stub, schema: dict, backend: str) -> tuple[float, dict]:
+        def compile_beside_probe(stub, bomb: dict, backend: str) -> tuple[float, dict]:
             """(the probe's latency, the bomb's outcome) with the bomb compiling as the probe starts."""
-            constraint = json_format.ParseDict({"json_schema_text": json.dumps(schema),
-                                                "grammar_backend": f"GRAMMAR_BACKEND_{backend.upper()}"},
+            constraint = json_format.ParseDict({**bomb, "grammar_backend": f"GRAMMAR_BACKEND_{backend.upper()}"},
                                                pb.Constraint())
             outcome: dict = {}
 
@@ -112,7 +115,8 @@ def main(args: argparse.Namespace) -> int:
 
         for stub in stubs.values():  # warm-up: the compile paths, the allocator, a first probe
             for backend in backends:
-                compile_beside_probe(stub, {"type": "object", "title": backend}, backend)
+                compile_beside_probe(stub, {"json_schema_text": json.dumps({"type": "object", "title": backend})},
+                                     backend)
         rows: dict[tuple[str, str, str], dict] = {}
         for round_index in range(args.rounds):
             for name, make in bombs.items():

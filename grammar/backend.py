@@ -29,6 +29,11 @@ class UnsupportedError(GrammarError):
     backend may (grammar/selection.py tries it)."""
 
 
+class TooCostlyError(GrammarError):
+    """A valid constraint this backend enforces, but too slowly to serve (its masks take longer than
+    the server allows): a backend that builds them another way may not (grammar/selection.py tries it)."""
+
+
 class FirstFillBudget(Protocol):
     """CPU time a request may spend waiting for first fills (grammar/runtime/slow_fills.py's SlowFills)."""
 

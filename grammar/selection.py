@@ -2,14 +2,17 @@
 constraint compiled by the one it names, or by the engine's default, or picked ("auto").
 
 "auto" keeps strict strict: a backend that would drop a keyword refuses a strict constraint (an
-UnsupportedError) and the other is tried (any refusal, when llguidance went first for speed); a best-effort constraint goes to the backend that
-leaves nothing out when one does. Among the backends that enforce it all, the one expected to
-answer first: xgrammar compiles its token masks before the first token (tens of ms for a small
-schema, seconds for a large one), llguidance builds each mask as the output reaches it (a few ms
-to start, about the same per step), so a large schema starts on llguidance. A small one stays on
-xgrammar, which does more at compile time (never-ending grammars refused, think budgets). Both
-search for the shortest output when compiling, which closing early needs; where llguidance finds
-none (too long, or an output that never ends), xgrammar compiles it.
+UnsupportedError) and the other is tried, as it is when the first's masks would take too long to
+serve (a TooCostlyError: xgrammar's fills of an ambiguous repeat such as (\w+ ?){1,50} take
+seconds, llguidance's lazy ones a few ms), or after any refusal when llguidance went first for
+speed; a best-effort constraint goes to the backend that leaves nothing out when one does. Among
+the backends that enforce it all, the one expected to answer first: xgrammar compiles its token
+masks before the first token (tens of ms for a small schema, seconds for a large one), llguidance
+builds each mask as the output reaches it (a few ms to start, about the same per step), so a large
+schema starts on llguidance. A small one stays on xgrammar, which does more at compile time
+(never-ending grammars refused, think budgets). Both search for the shortest output when
+compiling, which closing early needs; where llguidance finds none (too long, or an output that
+never ends), xgrammar compiles it.
 """
 from __future__ import annotations
 
@@ -20,7 +23,7 @@ from typing import TYPE_CHECKING, Any
 
 import msgspec
 
-from grammar.backend import GrammarBackend, GrammarError, UnsupportedError
+from grammar.backend import GrammarBackend, GrammarError, TooCostlyError, UnsupportedError
 from grammar.json_schema.unique_strings import runtime_unique_strings
 from grammar.unique_strings_grammar import UniqueStringsCompiled, UniqueStringsGrammar, quote_token_ids
 
@@ -108,7 +111,7 @@ class SelectingBackend(GrammarBackend):
         first, second = order[0], (order[1] if len(order) > 1 else None)
         try:
             compiled = self._compile_with(first, constraint)
-        except UnsupportedError as e:
+        except (UnsupportedError, TooCostlyError) as e:
             if second is None:
                 raise
             try:

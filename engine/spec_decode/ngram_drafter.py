@@ -11,6 +11,8 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from grammar.backend import GrammarError
+
 if TYPE_CHECKING:
     from collections.abc import Sequence
 
@@ -75,7 +77,11 @@ def cut_by_grammar(grammar: Grammar, draft: list[int], stop_before_forced: bool 
     num_kept = 0
     try:
         for token_id in draft:
-            if not grammar.accept_tokens([token_id]):
+            try:
+                accepted = grammar.accept_tokens([token_id])
+            except GrammarError:  # its grammar is broken: the request's own next step reports why
+                break
+            if not accepted:
                 break
             num_accepted += 1
             if grammar.is_terminated():

@@ -2,14 +2,13 @@
 from, and the matcher seen as a TextCursor for the closing search."""
 from __future__ import annotations
 
-import logging
 from typing import TYPE_CHECKING
 
 import llguidance as llg
 import llguidance.torch as llg_torch
 import numpy as np
 
-from grammar.backend import CompiledGrammar, Grammar
+from grammar.backend import CompiledGrammar, Grammar, GrammarError
 from grammar.runtime.closing_search import find_closing
 
 if TYPE_CHECKING:
@@ -19,7 +18,6 @@ if TYPE_CHECKING:
     from grammar.runtime.char_tokens import CharTokens
     from grammar.runtime.jump_forward import ForcedTextTokenizer
 
-logger = logging.getLogger(__name__)
 
 _COMPILED_OVERHEAD_BYTES = 16 << 10  # the template matcher's parser state, roughly
 
@@ -51,8 +49,9 @@ class LLGuidanceGrammar(Grammar):
 
     A rejected token would put llguidance's matcher in an error state for good, so every
     accept is validated first and only a fully valid list is consumed. Its parser limits can
-    still fail a consume (too many Earley items in one step): the matcher is then broken, allows
-    nothing and never terminates, so the engine ends the request with an error.
+    still fail a consume (too many Earley items in one step: `root ::= "a" root` after its first
+    token): the matcher is then broken for good, so the consume raises a GrammarError with
+    llguidance's reason, and the engine ends that request as its constraint's failure.
     """
 
     def __init__(self, compiled: LLGuidanceCompiled, forced_text: ForcedTextTokenizer, stop_token_ids: list[int],
@@ -72,9 +71,7 @@ class LLGuidanceGrammar(Grammar):
 
     def fill_bitmask(self, bitmask: torch.Tensor, row: int) -> None:
         """llguidance writes 0 for ids past its vocabulary (the padding ids) itself."""
-        if self._matcher.is_error():
-            bitmask[row] = 0
-            return
+        self._raise_if_broken()
         llg_torch.fill_next_token_bitmask(self._matcher, bitmask, row)
 
     def accept_tokens(self, token_ids: list[int]) -> bool:
@@ -82,14 +79,18 @@ class LLGuidanceGrammar(Grammar):
             return False
         if not token_ids:
             return True
+        self._raise_if_broken()
         if self._matcher.is_stopped() or self._matcher.validate_tokens(token_ids) < len(token_ids):
             return False
         if not self._matcher.consume_tokens(token_ids):  # validated above: one of its parser limits
-            logger.warning("llguidance matcher failed after %d tokens: %s", len(self._token_ids),
-                           self._matcher.get_error()[:200])
-            return False
+            self._raise_if_broken()
         self._token_ids += token_ids
         return True
+
+    def _raise_if_broken(self) -> None:
+        if self._matcher.is_error():
+            reason = self._matcher.get_error().split("\n")[0][:200]
+            raise GrammarError(f"llguidance could not go on after {len(self._token_ids)} tokens: {reason}")
 
     def rollback(self, num_tokens: int) -> None:
         if num_tokens <= 0:

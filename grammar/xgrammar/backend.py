@@ -11,7 +11,7 @@ import numpy as np
 import torch
 import xgrammar as xgr
 
-from grammar.backend import CompiledGrammar, GrammarBackend, GrammarError
+from grammar.backend import CompiledGrammar, GrammarBackend, GrammarError, TooCostlyError
 from grammar.chat.structural_tag import (StructuralTagError, content_field, is_older_shape, map_contents,
                                          parse_structural_tag)
 from grammar.chat.tool_call_format import tool_calls_format
@@ -169,7 +169,7 @@ class XGrammarBackend(GrammarBackend):
                 matcher.fill_next_token_bitmask(bitmask, 0)
                 fill_ms = (time.thread_time() - start) * 1000
                 if not slow_fills.allows(fill_ms):
-                    raise GrammarError(f"{compiled.kind}: one bitmask fill takes {fill_ms:.0f} ms (after {num_tokens} "
+                    raise TooCostlyError(f"{compiled.kind}: one bitmask fill takes {fill_ms:.0f} ms (after {num_tokens} "
                                        f"tokens), over {slow_fills.limit_text()}; simplify the constraint "
                                        "(ambiguous repeats such as (\\w+ ?){1,50} are the usual cause)")
                 bits = np.unpackbits(bitmask.numpy().view(np.uint8)[0], bitorder="little")[:self.vocab_size]

@@ -4,7 +4,7 @@ from __future__ import annotations
 import pytest
 from grammar_factories import make_backend, make_constraint, make_llguidance_backend
 
-from grammar.backend import CompiledGrammar, GrammarBackend, GrammarError, UnsupportedError
+from grammar.backend import CompiledGrammar, GrammarBackend, GrammarError, TooCostlyError, UnsupportedError
 from grammar.config import GrammarConfig
 from grammar.constraint import Constraint
 from grammar.selection import XGRAMMAR_CHEAP_SPEC_CHARS, SelectingBackend
@@ -136,6 +136,19 @@ def test_a_small_spec_xgrammar_refuses_as_invalid_is_not_retried():
     selecting, backends = scripted(GrammarError("bad spec"), None)
     with pytest.raises(GrammarError, match="^bad spec$"):
         selecting.compile(Constraint("regex", "a"))
+    assert backends["llguidance"].num_compiles == 0
+
+
+def test_masks_too_slow_on_xgrammar_are_built_by_llguidance():
+    # an ambiguous repeat: xgrammar's fills take seconds a token or two in, llguidance's a few ms
+    selecting, _ = scripted(TooCostlyError("regex: one bitmask fill takes 192 ms"), None)
+    assert selecting.compile(Constraint("regex", r"(\w+ ?){1,50}")).backend_name == "llguidance"
+    selecting, _ = scripted(TooCostlyError("regex: one bitmask fill takes 192 ms"), GrammarError("llguidance cannot"))
+    with pytest.raises(GrammarError, match=r"^regex: one bitmask fill takes 192 ms \(llguidance: llguidance cannot\)$"):
+        selecting.compile(Constraint("regex", r"(\w+ ?){1,50}"))
+    selecting, backends = scripted(TooCostlyError("slow"), None)  # named, it stays refused
+    with pytest.raises(TooCostlyError):
+        selecting.compile(Constraint("regex", "a", grammar_backend="xgrammar"))
     assert backends["llguidance"].num_compiles == 0
 
 

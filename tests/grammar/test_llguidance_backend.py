@@ -6,7 +6,7 @@ import json
 import time
 
 import pytest
-from fuzz_requests import BOMBS
+from fuzz_requests import BOMBS, LLGUIDANCE_TAKES
 from grammar_factories import make_constraint, make_llguidance_backend
 
 from grammar.backend import GrammarError, UnsupportedError
@@ -113,24 +113,33 @@ def test_compile_bombs_are_refused_with_a_message(name):
     assert len(str(error.value)) > 20 and "internal error" not in str(error.value)
 
 
-@pytest.mark.parametrize("name", sorted(set(BOMBS) - set(REFUSED) - {"schema-struct-deep-40", "schema-text-not-json",
-                                                                         "choice-empty-string", "regex-empty"}))
+def test_every_bomb_is_refused_or_taken():
+    assert not set(REFUSED) & LLGUIDANCE_TAKES
+    assert set(BOMBS) - set(REFUSED) - LLGUIDANCE_TAKES == {"schema-struct-deep-40", "schema-text-not-json",
+                                                           "choice-empty-string", "regex-empty"}  # refused before
+
+
+@pytest.mark.parametrize("name", sorted(LLGUIDANCE_TAKES))
 def test_the_bombs_llguidance_takes_cost_it_little(name):
     """Ambiguous repeats fill fast on llguidance; a grammar that never ends is not refused
-    (docs/constraints.md) but each fill stays cheap, so the request runs to its max_tokens."""
+    (docs/constraints.md) but each fill stays cheap, so the request runs to its max_tokens (or,
+    past one of llguidance's parser limits, ends with its reason)."""
     backend = make_llguidance_backend()
     grammar = backend.make_grammar(backend.compile(_constraint(BOMBS[name])))
     bitmask = backend.allocate_bitmask(1)
     start = time.thread_time()
     for _ in range(16):
-        grammar.fill_bitmask(bitmask, 0)
-        forced = grammar.jump_forward_token_ids()
-        allowed = (bitmask[0] != 0).nonzero()
-        if not forced and len(allowed):
-            word = int(allowed[0][0])
-            token_id = next(32 * word + b for b in range(32) if int(bitmask[0, word]) >> b & 1)
-            if token_id in backend.stop_token_ids or not grammar.accept_tokens([token_id]):
-                break
+        try:
+            grammar.fill_bitmask(bitmask, 0)
+            forced = grammar.jump_forward_token_ids()
+            allowed = (bitmask[0] != 0).nonzero()
+            if not forced and len(allowed):
+                word = int(allowed[0][0])
+                token_id = next(32 * word + b for b in range(32) if int(bitmask[0, word]) >> b & 1)
+                if token_id in backend.stop_token_ids or not grammar.accept_tokens([token_id]):
+                    break
+        except GrammarError:  # past one of its parser limits: the request ends with llguidance's reason
+            break
     assert time.thread_time() - start < 1.0
 
 
@@ -141,3 +150,18 @@ def test_choices_are_taken_literally_and_a_think_section_comes_before_any_kind()
     lark = make_constraint("grammar", 'start: "yes" | "no"', grammar_syntax="lark", think_end="</think>")
     assert accepts(lark, "hmm</think>\nno") and not accepts(lark, "hmm</think>maybe")
     assert accepts(make_constraint("json_object", "", think_end="</think>"), 'x</think>{"a":1}')
+
+
+def test_a_matcher_its_parser_limits_break_raises_with_llguidance_s_reason():
+    # every "a" token leaves llguidance forcing an endless run of "a"s: past its item limit, the
+    # matcher is broken for good, and each later call says so instead of allowing nothing
+    backend = make_llguidance_backend()
+    grammar = backend.make_grammar(backend.compile(make_constraint("grammar", 'root ::= "a" root')))
+    bitmask = backend.allocate_bitmask(1)
+    grammar.fill_bitmask(bitmask, 0)
+    (token_id,) = [32 * w + b for w in (bitmask[0] != 0).nonzero().flatten().tolist() for b in range(32)
+                   if int(bitmask[0, w]) >> b & 1]
+    with pytest.raises(GrammarError, match="llguidance could not go on after 0 tokens: .*[Tt]oo many items"):
+        grammar.accept_tokens([token_id])
+    with pytest.raises(GrammarError, match="llguidance could not go on"):
+        grammar.fill_bitmask(bitmask, 0)

@@ -20,7 +20,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   // what paged_attention takes beyond plain causal attention: callers check before passing them
   m.attr("paged_attention_features") = py::make_tuple("sliding_window", "softcap");
   m.def("paged_attention_isa", &paged_attention_isa,
-        "what scores bf16 queries of head_dim 64/128: amx_bf16, avx512_bf16 or generic (fp32 vectors)");
+        "what scores queries of head_dim 64/128: amx_bf16, avx512_bf16, avx2 or generic (fp32 vectors)");
   m.def("add_rms_norm", &add_rms_norm, py::call_guard<py::gil_scoped_release>(),
         "residual += delta (if given); returns rms_norm(residual) * weight",
         py::arg("residual"), py::arg("delta"), py::arg("weight"), py::arg("eps"));
