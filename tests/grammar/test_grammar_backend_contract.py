@@ -91,6 +91,19 @@ def test_each_constraint_kind_compiles_to_a_grammar_that_enforces_it(under_test,
     assert not under_test.accepts(compiled, bad)
 
 
+@pytest.mark.parametrize("string", [{"type": "string"}, {"type": "string", "maxLength": 8},
+                                    {"type": "string", "minLength": 1, "maxLength": 2000},
+                                    {"type": ["string", "null"], "maxLength": 8}, {"type": "string", "pattern": "^a.b$"}])
+def test_a_json_string_holds_no_raw_control_character(under_test, string):
+    # JSON forbids them raw (a strict parser refuses "a<TAB>b"); xgrammar's own form of a
+    # length-bounded string let them through
+    compiled = under_test.backend.compile(make_constraint(spec={"type": "object", "properties": {"s": string},
+                                                                "required": ["s"]}))
+    assert under_test.accepts(compiled, '{"s":"a-b"}')
+    for raw in ("\t", "\x01", "\x1f"):
+        assert not under_test.accepts(compiled, '{"s":"a' + raw + 'b"}'), repr(raw)
+
+
 def test_the_bitmask_has_one_bit_per_id_and_starts_all_allowed(under_test):
     bitmask = under_test.backend.allocate_bitmask(3)
     assert str(bitmask.dtype) == "torch.int32" and bitmask.device.type == "cpu"
