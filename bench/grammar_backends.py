@@ -127,7 +127,7 @@ async def _served(address: str, args: argparse.Namespace, tag: str) -> list[dict
         rows = []
         for concurrency in args.concurrency:
             n = per_turn[concurrency]
-            records: dict[str, list] = {b: [] for b in BACKENDS}
+            records: dict[str, list[RequestRecord]] = {b: [] for b in BACKENDS}
             walls = dict.fromkeys(BACKENDS, 0.0)
             specs: dict[str, RequestSpec] = {}
             for r in range(args.rounds):
