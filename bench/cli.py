@@ -106,6 +106,8 @@ def add_bench_parser(subparsers, add_engine_args) -> None:
     add_affinity_parser(which)
     from bench.batch_interference import add_parser as add_batch_interference_parser
     add_batch_interference_parser(which)
+    from bench.grammar_backends import add_parser as add_grammar_backends_parser
+    add_grammar_backends_parser(which)
 
 
 def _tool_call_syntaxes() -> tuple[str, ...]:

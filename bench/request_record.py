@@ -35,6 +35,7 @@ class RequestRecord:
     server_ttft_s: float = 0.0
     server_total_s: float = 0.0
     forward_passes: int = 0
+    grammar_backend: str = ""  # the grammar library that enforced the constraint ("": none)
 
     @property
     def itl_s(self) -> list[float]:

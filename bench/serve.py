@@ -48,6 +48,7 @@ class RequestSpec:
     tools: list[dict] | None = None
     tool_choice: str = "required"
     expected_tool: str | None = None  # the tool the request asks for
+    grammar_backend: str | None = None  # "auto", "xgrammar" or "llguidance"; None: the server's default
 
 
 def check_loopback(address: str) -> None:
@@ -73,6 +74,8 @@ def generate_request(spec: RequestSpec) -> pb.GenerateRequest:
         constraint = pb.Constraint(json_schema_text=json.dumps(spec.schema))
         if spec.jump_forward is not None:
             constraint.jump_forward = spec.jump_forward
+        if spec.grammar_backend is not None:
+            constraint.grammar_backend = pb.GrammarBackend.Value(f"GRAMMAR_BACKEND_{spec.grammar_backend.upper()}")
         request.constraint.CopyFrom(constraint)
     return request
 
@@ -156,6 +159,9 @@ class Client:
         record.server_ttft_s = timings.time_to_first_token_s
         record.server_total_s = timings.total_s
         record.forward_passes = timings.forward_passes
+        if last.grammar_backend:
+            name = pb.GrammarBackend.Name(last.grammar_backend)
+            record.grammar_backend = name.removeprefix("GRAMMAR_BACKEND_").lower()
         return record
 
 

@@ -7,12 +7,14 @@ serve (a TooCostlyError: xgrammar's fills of an ambiguous repeat such as (\w+ ?)
 seconds, llguidance's lazy ones a few ms), or after any refusal when llguidance went first for
 speed; a best-effort constraint goes to the backend that leaves nothing out when one does. Among
 the backends that enforce it all, the one expected to answer first: xgrammar compiles its token
-masks before the first token (tens of ms for a small schema, seconds for a large one), llguidance
-builds each mask as the output reaches it (a few ms to start, about the same per step), so a large
-schema starts on llguidance. A small one stays on xgrammar, which does more at compile time
-(never-ending grammars refused, think budgets). Both search for the shortest output when
-compiling, which closing early needs; where llguidance finds none (too long, or an output that
-never ends), xgrammar compiles it.
+masks before the first token, llguidance builds each mask as the output reaches it (a few ms to
+start, about the same per step, hidden behind the forward). A JSON Schema starts on llguidance
+whatever its size: xgrammar's compile of even a small one is unpredictable (a 434-character schema
+took 400 ms) and one compile at a time, so new schemas queue behind it. Another kind (a regex, a
+grammar, tool calls) stays on xgrammar while its text is small, where its compile takes a few ms
+and it does more at compile time (never-ending grammars refused, think budgets). Both search for
+the shortest output when compiling, which closing early needs; where llguidance finds none (too
+long, or an output that never ends), xgrammar compiles it.
 """
 from __future__ import annotations
 
@@ -38,18 +40,21 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 
-# spec text (a schema, a grammar, tool definitions) up to which xgrammar's compile is expected to
-# take a few tens of ms (JSONSchemaBench's median schema, ~1 KB, compiles in 37 ms here), past
-# which it reaches seconds; llguidance starts any of them in a few ms (docs/benchmarks.md,
-# "Grammar backends: time to the first mask")
+# spec text (a grammar, a regex, tool definitions) up to which xgrammar's compile is expected to
+# take a few tens of ms, past which it reaches seconds; llguidance starts any of them in a few ms
 XGRAMMAR_CHEAP_SPEC_CHARS = 2048
+# the kinds llguidance is expected to start first at any size: on 62 JSONSchemaBench schemas of at
+# most 1.5 KB, each new to the server, its first mask came first on every one (p50 / p99 4 / 19 ms
+# against xgrammar's 32 / 628), and served TTFT at 16 in flight fell from 1.2 s to 0.4 s at the
+# median (docs/benchmarks.md, "Grammar backends: served, never-seen schemas")
+LLGUIDANCE_FIRST_KINDS = frozenset({"json_schema"})
 
 
 def preferred_order(constraint: Constraint) -> tuple[str, str]:
     """The backends to try for an "auto" constraint, first choice first."""
     if constraint.think_budget:
         return ("xgrammar", "llguidance")  # only xgrammar forces the end marker at the budget
-    if len(constraint.spec) > XGRAMMAR_CHEAP_SPEC_CHARS:
+    if constraint.kind in LLGUIDANCE_FIRST_KINDS or len(constraint.spec) > XGRAMMAR_CHEAP_SPEC_CHARS:
         return ("llguidance", "xgrammar")
     return ("xgrammar", "llguidance")
 
@@ -117,7 +122,7 @@ class SelectingBackend(GrammarBackend):
             try:
                 return self._compile_with(second, constraint)
             except GrammarError as other:
-                raise GrammarError(f"{e} ({second}: {other})") from None
+                raise GrammarError(_both_refusals({first: e, second: other})) from None
         except GrammarError:
             if second != "xgrammar":
                 raise
@@ -169,6 +174,13 @@ class SelectingBackend(GrammarBackend):
 
     def text_encoder(self) -> Callable[[str], list[int]] | None:
         return self._first.text_encoder()
+
+
+def _both_refusals(errors: dict[str, GrammarError]) -> str:
+    """Two backends' refusals in one message, xgrammar's first whichever was tried first:
+    llguidance's points to xgrammar, and xgrammar's, beside it, answers that."""
+    (_, first), (second_name, second) = sorted(errors.items(), key=lambda item: item[0] != "xgrammar")
+    return f"{first} ({second_name}: {second})"
 
 
 def make_selecting_backend(tokenizer_dir: str, vocab_size: int, config: GrammarConfig) -> SelectingBackend:

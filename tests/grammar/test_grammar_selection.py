@@ -7,7 +7,7 @@ from grammar_factories import make_backend, make_constraint, make_llguidance_bac
 from grammar.backend import CompiledGrammar, GrammarBackend, GrammarError, TooCostlyError, UnsupportedError
 from grammar.config import GrammarConfig
 from grammar.constraint import Constraint
-from grammar.selection import XGRAMMAR_CHEAP_SPEC_CHARS, SelectingBackend
+from grammar.selection import XGRAMMAR_CHEAP_SPEC_CHARS, SelectingBackend, preferred_order
 
 SMALL = {"type": "object", "properties": {"n": {"type": "integer"}}, "required": ["n"]}
 # llguidance enforces it, xgrammar refuses it (a multipleOf that is no power of ten)
@@ -25,12 +25,21 @@ def large_schema(**extra) -> dict:
     return {"type": "object", "properties": properties, **extra}
 
 
-def test_auto_takes_xgrammar_for_a_small_schema_and_llguidance_for_a_large_one():
+def test_auto_takes_llguidance_for_a_schema_of_any_size():
     backend = make_selecting()
-    assert backend.compile(make_constraint(spec=SMALL)).backend_name == "xgrammar"
+    assert backend.compile(make_constraint(spec=SMALL)).backend_name == "llguidance"
     large = make_constraint(spec=large_schema())
     assert len(large.spec) > XGRAMMAR_CHEAP_SPEC_CHARS
     assert backend.compile(large).backend_name == "llguidance"
+
+
+def test_auto_tries_xgrammar_first_for_a_small_spec_of_another_kind_or_a_think_budget():
+    assert preferred_order(Constraint("regex", "[a-z]+")) == ("xgrammar", "llguidance")
+    assert preferred_order(Constraint("regex", "a" * (XGRAMMAR_CHEAP_SPEC_CHARS + 1)))[0] == "llguidance"
+    assert preferred_order(make_constraint(spec=SMALL)) == ("llguidance", "xgrammar")
+    budget = make_constraint(spec=SMALL, think_end="</think>", think_budget=16)
+    assert preferred_order(budget) == ("xgrammar", "llguidance")  # only xgrammar forces the marker
+    assert make_selecting().compile(budget).backend_name == "xgrammar"
 
 
 def test_a_named_backend_compiles_it_whatever_the_default():

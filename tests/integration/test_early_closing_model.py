@@ -36,9 +36,10 @@ def test_one_schema_per_subset_always_completes(llm):
     assert sum(sum(r.closed_early.values()) for r in results.values()) >= 1
 
 
-def _extract(llm, items: list[dict], max_tokens: int):
+def _extract(llm, items: list[dict], max_tokens: int, grammar_backend: str = ""):
     params = [SamplingParams(temperature=0, max_tokens=max_tokens,
-                             constraint=Constraint(kind="json_schema", spec=json.dumps(item["schema"])))
+                             constraint=Constraint(kind="json_schema", spec=json.dumps(item["schema"]),
+                                                   grammar_backend=grammar_backend))
               for item in items]
     return llm.generate([extraction_prompt(item) for item in items], params)
 
@@ -62,9 +63,9 @@ def test_json_extraction_answers_always_complete(llm, monkeypatch):
     searched = _count_searches(monkeypatch)
     with monkeypatch.context() as without_recheck:  # every check in the last stretch searches
         without_recheck.setattr(XGrammarGrammar, "completes", Grammar.completes)
-        searching = _extract(llm, items, max_tokens=64)
+        searching = _extract(llm, items, max_tokens=64, grammar_backend="xgrammar")  # the recheck counted is its
     num_searching = len(searched)
-    outs = _extract(llm, items, max_tokens=64)  # 64: below what most answers need
+    outs = _extract(llm, items, max_tokens=64, grammar_backend="xgrammar")  # 64: below what most answers need
     for item, out in zip(items, outs):
         assert out.finish_reason == FinishReason.STOP, (item["id"], out.text)
         jsonschema.validate(json.loads(out.text), item["schema"])

@@ -80,9 +80,11 @@ def test_live_metrics_after_a_mixed_load(server) -> None:
     # compiles: the warm-up's json_object, the person schema, the regex, the dangling reference
     assert value(parsed, "formwork_grammar_compiles_total") == 4
     assert value(parsed, "formwork_grammar_compile_cache_hits_total") >= 1
-    # the server's default, auto, put all four (small) on xgrammar; a refusal counts under the name asked for
+    # the server's default, auto, put the schema on llguidance, the json_object and the (small) regex on xgrammar;
+    # a refusal counts under the name asked for
     assert value(parsed, "formwork_grammar_compile_failures_total", reason="invalid", backend="auto") == 1
-    assert value(parsed, "formwork_grammar_compile_seconds_count", backend="xgrammar") == 3
+    assert value(parsed, "formwork_grammar_compile_seconds_count", backend="xgrammar") == 2
+    assert value(parsed, "formwork_grammar_compile_seconds_count", backend="llguidance") == 1
     assert value(parsed, "formwork_grammar_compile_seconds_count", backend="auto") == 1
     num_steps = value(parsed, "formwork_engine_steps_total")
     assert num_steps > 0
