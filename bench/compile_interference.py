@@ -21,8 +21,10 @@ import threading
 import time
 from pathlib import Path
 
-# name -> the bomb's constraint (proto Constraint fields), unique per round; the regexes are the fuzz
-# suite's two slow compiles (tests/support/fuzz_requests.py: xgrammar spends 10-40 s of CPU on each)
+# name -> the bomb's constraint (proto Constraint fields), unique per round; the others are the fuzz
+# suite's slowest (tests/support/fuzz_requests.py): two regexes whose xgrammar fills take seconds, one
+# whose counts xgrammar expands for 0.5 s before refusing, and a schema with no finite instance, which
+# llguidance takes 0.9 s to find has no shortest output (xgrammar then refuses it)
 BOMBS = {
     "object of 1,000 required properties": lambda i: {"json_schema_text": json.dumps({
         "title": f"bomb {i}", "type": "object",
@@ -32,6 +34,10 @@ BOMBS = {
                                                                               **_nested_any_of(10)})},
     "regex (\\w+ ?){1,50}": lambda i: {"regex": f"(bomb{i} )?" + r"(\w+ ?){1,50}"},
     "regex ([a-z]{1,3}){0,1000}": lambda i: {"regex": f"(bomb{i} )?" + "([a-z]{1,3}){0,1000}"},
+    "regex (a{1000}){1000}": lambda i: {"regex": f"(bomb{i} )?" + "(a{1000}){1000}"},
+    "schema with a required child of its own shape": lambda i: {"json_schema_text": json.dumps({
+        "title": f"bomb {i}", "type": "object", "properties": {"child": {"$ref": "#"}, "n": {"type": "integer"}},
+        "required": ["child"]})},
 }
 
 

@@ -3,16 +3,17 @@ constraint compiled by the one it names, or by the engine's default, or picked (
 
 "auto" keeps strict strict: a backend that would drop a keyword refuses a strict constraint (an
 UnsupportedError) and the other is tried, as it is when the first's masks would take too long to
-serve (a TooCostlyError: xgrammar's fills of an ambiguous repeat such as (\w+ ?){1,50} take
+serve (a TooCostlyError: xgrammar's fills of an ambiguous repeat such as (\\w+ ?){1,50} take
 seconds, llguidance's lazy ones a few ms), or after any refusal when llguidance went first for
 speed; a best-effort constraint goes to the backend that leaves nothing out when one does. Among
 the backends that enforce it all, the one expected to answer first: xgrammar compiles its token
 masks before the first token, llguidance builds each mask as the output reaches it (a few ms to
-start, about the same per step, hidden behind the forward). A JSON Schema starts on llguidance
-whatever its size: xgrammar's compile of even a small one is unpredictable (a 434-character schema
-took 400 ms) and one compile at a time, so new schemas queue behind it. Another kind (a regex, a
-grammar, tool calls) stays on xgrammar while its text is small, where its compile takes a few ms
-and it does more at compile time (never-ending grammars refused, think budgets). Both search for
+start, about the same per step, hidden behind the forward). A JSON Schema that does not refer to
+itself starts on llguidance whatever its size: xgrammar's compile of even a small one is
+unpredictable (a 434-character schema took 400 ms) and one compile at a time, so new schemas queue
+behind it. One that does, and any other kind (a regex, a grammar, tool calls), starts on xgrammar
+while its text is small: there its compile takes a few ms and does more (parts that never end
+refused, think budgets). Both search for
 the shortest output when compiling, which closing early needs; where llguidance finds none (too
 long, or an output that never ends), xgrammar compiles it.
 """
@@ -27,6 +28,7 @@ import msgspec
 
 from grammar.backend import GrammarBackend, GrammarError, TooCostlyError, UnsupportedError
 from grammar.json_schema.unique_strings import runtime_unique_strings
+from grammar.json_schema.walk import has_reference_cycle
 from grammar.unique_strings_grammar import UniqueStringsCompiled, UniqueStringsGrammar, quote_token_ids
 
 if TYPE_CHECKING:
@@ -54,9 +56,22 @@ def preferred_order(constraint: Constraint) -> tuple[str, str]:
     """The backends to try for an "auto" constraint, first choice first."""
     if constraint.think_budget:
         return ("xgrammar", "llguidance")  # only xgrammar forces the end marker at the budget
-    if constraint.kind in LLGUIDANCE_FIRST_KINDS or len(constraint.spec) > XGRAMMAR_CHEAP_SPEC_CHARS:
+    if len(constraint.spec) > XGRAMMAR_CHEAP_SPEC_CHARS or (
+            constraint.kind in LLGUIDANCE_FIRST_KINDS and not _may_refer_to_itself(constraint.spec)):
         return ("llguidance", "xgrammar")
     return ("xgrammar", "llguidance")
+
+
+def _may_refer_to_itself(spec: str) -> bool:
+    """A schema with a reference cycle stays with the size rule: it may have a part that never ends
+    though its root does (an optional property whose own required property refers back to it),
+    which xgrammar refuses and llguidance, finding a shortest output, would serve to max_tokens."""
+    if '"$ref"' not in spec:  # (the text test: no parse for the many schemas without one)
+        return False
+    try:
+        return has_reference_cycle(json.loads(spec))
+    except ValueError:
+        return False  # the backend names the error
 
 
 class SelectingBackend(GrammarBackend):

@@ -76,3 +76,36 @@ def resolve_pointer(root: Any, ref: str) -> Any:
         else:
             return None
     return node
+
+
+def has_reference_cycle(schema: Any) -> bool:
+    """Whether a schema may refer to itself: a local $ref leads, through the subschema it names, to
+    a $ref back into it (only such a schema can have a part that never ends). True as well for any
+    reference this cannot follow (an anchor, another document)."""
+    references = [(pointer, node["$ref"]) for pointer, node, _ in iter_subschemas(schema)
+                  if isinstance(node, dict) and isinstance(node.get("$ref"), str)]
+    if any(ref != "#" and not ref.startswith("#/") for _, ref in references):
+        return True
+    targets = {ref[1:] for _, ref in references}  # JSON pointers, "" the root
+
+    def inside(pointer: str, target: str) -> bool:
+        return target == "" or pointer == target or pointer.startswith(target + "/")
+
+    following = {target: {ref[1:] for pointer, ref in references if inside(pointer, target)} for target in targets}
+    done: set[str] = set()
+    for start in targets:  # depth-first over the references, iteratively, from each target
+        path, stack = {start}, [(start, iter(following[start]))]
+        while stack:
+            target, rest = stack[-1]
+            step = next(rest, None)
+            if step is None:
+                stack.pop()
+                path.discard(target)
+                done.add(target)
+            elif step in path:
+                return True
+            elif step not in done and step in following:
+                path.add(step)
+                stack.append((step, iter(following[step])))
+        done.add(start)
+    return False

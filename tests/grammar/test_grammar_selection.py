@@ -7,6 +7,7 @@ from grammar_factories import make_backend, make_constraint, make_llguidance_bac
 from grammar.backend import CompiledGrammar, GrammarBackend, GrammarError, TooCostlyError, UnsupportedError
 from grammar.config import GrammarConfig
 from grammar.constraint import Constraint
+from grammar.json_schema.walk import has_reference_cycle
 from grammar.selection import XGRAMMAR_CHEAP_SPEC_CHARS, SelectingBackend, preferred_order
 
 SMALL = {"type": "object", "properties": {"n": {"type": "integer"}}, "required": ["n"]}
@@ -194,3 +195,28 @@ def test_a_large_schema_that_never_ends_is_refused_under_auto():
 
 def test_the_default_is_auto():
     assert GrammarConfig().grammar_backend == "auto"
+
+
+def test_a_schema_that_refers_to_itself_stays_with_the_size_rule():
+    # llguidance finds a shortest output for it (the optional "a" left out) and would serve the part
+    # that never ends; xgrammar, first for a small spec, refuses it
+    inner_loop = {"type": "object", "properties": {"a": {"type": "object", "properties": {"b": {"$ref": "#/properties/a"}},
+                                                         "required": ["b"]}}}
+    with pytest.raises(GrammarError, match="never end"):
+        make_selecting().compile(make_constraint(spec=inner_loop))
+    shared = {"$defs": {"n": {"type": "integer"}}, "properties": {"x": {"$ref": "#/$defs/n"}}, "required": ["x"]}
+    assert make_selecting().compile(make_constraint(spec=shared)).backend_name == "llguidance"
+
+
+
+@pytest.mark.parametrize("schema, cycle", [
+    ({"properties": {"child": {"$ref": "#"}}}, True),
+    ({"$defs": {"x": {"properties": {"n": {"$ref": "#/$defs/y"}}}, "y": {"items": {"$ref": "#/$defs/x"}}},
+      "properties": {"a": {"$ref": "#/$defs/y"}}}, True),
+    ({"$defs": {"x": {"type": "integer"}, "y": {"$ref": "#/$defs/x"}}, "properties": {"a": {"$ref": "#/$defs/y"}}},
+     False),
+    ({"$ref": "other.json#/x"}, True),  # not followed: taken as possibly recursive
+    ({"type": "string"}, False),
+])
+def test_reference_cycles_are_found_through_the_subschemas_refs_name(schema, cycle):
+    assert has_reference_cycle(schema) is cycle
