@@ -96,7 +96,8 @@ def test_tool_calls_with_an_answer_take_either():
 REFUSED = ["regex-huge-count", "regex-wrapping-count", "regex-nested-counts", "regex-wide-count", "regex-deep-parens",
            "regex-unbalanced", "schema-pattern-nested-counts", "schema-pattern-huge-count", "schema-min-length",
            "schema-min-items", "schema-max-length-negative", "schema-pattern-not-string", "schema-type-nonsense",
-           "schema-enum-not-list", "schema-text-deep-1000", "schema-text-deep-brackets", "ebnf-undefined"]
+           "schema-enum-not-list", "schema-text-deep-1000", "schema-text-deep-brackets", "ebnf-undefined",
+           "schema-recursive-required"]
 
 
 def _constraint(bomb: dict) -> Constraint:

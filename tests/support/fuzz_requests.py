@@ -64,7 +64,7 @@ BOMBS: dict[str, dict] = {
 # the bombs llguidance compiles (lazily: every fill stays cheap, the request runs to its max_tokens);
 # xgrammar refuses them, and llguidance refuses the rest
 LLGUIDANCE_TAKES = {"ebnf-dead-branch", "ebnf-endless", "regex-ambiguous-repeat", "regex-nested-variable-repeat",
-                    "schema-recursive-inner", "schema-recursive-required"}
+                    "schema-recursive-inner"}
 # of those, the ones auto takes too: xgrammar refuses them only for their slow fills, so auto moves
 # them to llguidance (the others never end, which xgrammar's refusal under auto keeps out)
 AUTO_TAKES = {"regex-ambiguous-repeat", "regex-nested-variable-repeat"}
