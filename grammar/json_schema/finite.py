@@ -7,30 +7,19 @@ from __future__ import annotations
 
 from typing import Any
 
-from grammar.json_schema.walk import pointer_join, resolve_pointer
+from grammar.json_schema.walk import first_cycle, pointer_join, resolve_pointer
 
 
 def forced_cycle(schema: Any) -> str | None:
     """The pointer of a part every instance must contain and that must contain itself, or None."""
-    path: set[str] = set()
-    done: set[str] = set()
-    stack = [("", iter(_forced_parts(schema, "", schema)))]
-    path.add("")
-    while stack:
-        pointer, rest = stack[-1]
-        step = next(rest, None)
-        if step is None:
-            stack.pop()
-            path.discard(pointer)
-            done.add(pointer)
-            continue
-        child_pointer, child = step
-        if child_pointer in path:
-            return child_pointer
-        if child_pointer not in done:
-            path.add(child_pointer)
-            stack.append((child_pointer, iter(_forced_parts(child, child_pointer, schema))))
-    return None
+    nodes = {"": schema}
+
+    def forced_pointers(pointer: str) -> list[str]:
+        parts = _forced_parts(nodes[pointer], pointer, schema)
+        nodes.update(parts)
+        return [part_pointer for part_pointer, _ in parts]
+
+    return first_cycle([""], forced_pointers)
 
 
 def _forced_parts(node: Any, pointer: str, root: Any) -> list[tuple[str, Any]]:

@@ -2,7 +2,7 @@
 and local references. Pure JSON; every reader of a schema's structure walks it with this."""
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 # Keywords that assert something about an instance, in any draft. Keywords outside this set
@@ -78,6 +78,30 @@ def resolve_pointer(root: Any, ref: str) -> Any:
     return node
 
 
+
+def first_cycle(starts: Iterable[str], next_of: Callable[[str], Iterable[str]]) -> str | None:
+    """A node that leads back to itself, following `next_of` depth-first (iteratively) from each of
+    `starts`, or None."""
+    done: set[str] = set()
+    for start in starts:
+        if start in done:
+            continue
+        path, stack = {start}, [(start, iter(next_of(start)))]
+        while stack:
+            node, rest = stack[-1]
+            step = next(rest, None)
+            if step is None:
+                stack.pop()
+                path.discard(node)
+                done.add(node)
+            elif step in path:
+                return step
+            elif step not in done:
+                path.add(step)
+                stack.append((step, iter(next_of(step))))
+    return None
+
+
 def has_reference_cycle(schema: Any) -> bool:
     """Whether a schema may refer to itself: a local $ref leads, through the subschema it names, to
     a $ref back into it (only such a schema can have a part that never ends). True as well for any
@@ -92,20 +116,4 @@ def has_reference_cycle(schema: Any) -> bool:
         return target == "" or pointer == target or pointer.startswith(target + "/")
 
     following = {target: {ref[1:] for pointer, ref in references if inside(pointer, target)} for target in targets}
-    done: set[str] = set()
-    for start in targets:  # depth-first over the references, iteratively, from each target
-        path, stack = {start}, [(start, iter(following[start]))]
-        while stack:
-            target, rest = stack[-1]
-            step = next(rest, None)
-            if step is None:
-                stack.pop()
-                path.discard(target)
-                done.add(target)
-            elif step in path:
-                return True
-            elif step not in done and step in following:
-                path.add(step)
-                stack.append((step, iter(following[step])))
-        done.add(start)
-    return False
+    return first_cycle(targets, lambda target: following.get(target, ())) is not None
