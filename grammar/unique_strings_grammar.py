@@ -55,7 +55,7 @@ class UniqueStringsGrammar(Grammar):
         self._inner = inner
         self._paths = paths
         self._token_bytes = token_bytes
-        self._quote_token_ids = quote_token_ids
+        self._quote_token_ids = np.asarray(quote_token_ids, dtype=np.int64)
         self._tracker = UniqueStringsTracker(paths)
         self._token_ids: list[int] = []
         self.not_enforced = inner.not_enforced
@@ -66,10 +66,11 @@ class UniqueStringsGrammar(Grammar):
         if not self._tracker.in_unique_array:
             return
         words = bitmask.numpy().view(np.uint32)
-        for token_id in self._quote_token_ids:
-            bit = np.uint32(1 << (token_id & 31))
-            if words[row, token_id >> 5] & bit and not self._tracker.clone().feed(self._token_bytes[token_id]):
-                words[row, token_id >> 5] &= ~bit
+        ids = self._quote_token_ids
+        allowed = ids[(words[row, ids >> 5] >> (ids & 31)) & 1 == 1]  # the few the grammar allows here
+        for token_id in allowed.tolist():
+            if not self._tracker.clone().feed(self._token_bytes[token_id]):
+                words[row, token_id >> 5] &= ~np.uint32(1 << (token_id & 31))
 
     def accept_tokens(self, token_ids: list[int]) -> bool:
         after = self._after(token_ids)
