@@ -48,7 +48,8 @@ class UniqueStringsCompiled(CompiledGrammar):
 
 
 class UniqueStringsGrammar(Grammar):
-    """The backend's matcher, and a tracker kept at the same tokens (rollback replays them)."""
+    """The backend's matcher, and the tracker's state after each token it accepted (rollback
+    steps back to one)."""
 
     def __init__(self, inner: Grammar, paths: dict, token_bytes: Sequence[bytes], quote_token_ids: Sequence[int]) -> None:
         """`quote_token_ids`: the ids whose bytes hold a quote (quote_token_ids(token_bytes), once per tokenizer)."""
@@ -57,7 +58,7 @@ class UniqueStringsGrammar(Grammar):
         self._token_bytes = token_bytes
         self._quote_token_ids = np.asarray(quote_token_ids, dtype=np.int64)
         self._tracker = UniqueStringsTracker(paths)
-        self._token_ids: list[int] = []
+        self._states: list[UniqueStringsTracker] = []  # after each accepted token (never changed in place)
         self.not_enforced = inner.not_enforced
         self.lazy_masks = inner.lazy_masks
 
@@ -73,47 +74,50 @@ class UniqueStringsGrammar(Grammar):
                 words[row, token_id >> 5] &= ~np.uint32(1 << (token_id & 31))
 
     def accept_tokens(self, token_ids: list[int]) -> bool:
-        after = self._after(token_ids)
-        if after is None or not self._inner.accept_tokens(token_ids):
+        states = self._states_after(token_ids)
+        if states is None or not self._inner.accept_tokens(token_ids):
             return False
-        self._tracker = after
-        self._token_ids += token_ids
+        self._take(states)
         return True
 
     def rollback(self, num_tokens: int) -> None:
         self._inner.rollback(num_tokens)
         if num_tokens <= 0:
             return
-        del self._token_ids[-num_tokens:]
-        self._tracker = UniqueStringsTracker(self._paths)
-        self._tracker.feed(self._bytes(self._token_ids))
+        del self._states[-num_tokens:]
+        self._tracker = self._states[-1] if self._states else UniqueStringsTracker(self._paths)
 
     def is_terminated(self) -> bool:
         return self._inner.is_terminated()
 
     def jump_forward_token_ids(self) -> list[int]:
         forced = self._inner.jump_forward_token_ids()
-        after = self._after(forced)
-        if after is None:  # forced text that would repeat an element: not taken
+        states = self._states_after(forced)
+        if states is None:  # forced text that would repeat an element: not taken
             self._inner.rollback(len(forced))
             return []
-        self._tracker = after
-        self._token_ids += forced
+        self._take(states)
         return forced
 
     def closing_token_ids(self, max_tokens: int, first_fills: FirstFillBudget | None = None, max_nodes: int = 1000,
                           max_cpu_s: float = 0.02) -> list[int] | None:
         closing = self._inner.closing_token_ids(max_tokens, first_fills, max_nodes, max_cpu_s)
-        return closing if closing is not None and self._after(closing) is not None else None
+        return closing if closing is not None and self._states_after(closing) is not None else None
 
     def completes(self, token_ids: list[int], strict: bool = False) -> bool:
-        return self._after(token_ids) is not None and self._inner.completes(token_ids, strict)
+        return self._states_after(token_ids) is not None and self._inner.completes(token_ids, strict)
 
-    def _after(self, token_ids: list[int]) -> UniqueStringsTracker | None:
-        """The tracker after `token_ids`, or None where they would repeat an element."""
-        tracker = self._tracker.clone()
-        return tracker if tracker.feed(self._bytes(token_ids)) else None
+    def _states_after(self, token_ids: list[int]) -> list[UniqueStringsTracker] | None:
+        """The tracker after each of `token_ids`, or None where they would repeat an element."""
+        states, tracker, size = [], self._tracker, len(self._token_bytes)
+        for token_id in token_ids:
+            tracker = tracker.clone()
+            if not tracker.feed(self._token_bytes[token_id] if 0 <= token_id < size else b""):
+                return None
+            states.append(tracker)
+        return states
 
-    def _bytes(self, token_ids: list[int]) -> bytes:
-        size = len(self._token_bytes)
-        return b"".join(self._token_bytes[t] for t in token_ids if 0 <= t < size)
+    def _take(self, states: list[UniqueStringsTracker]) -> None:
+        self._states += states
+        if states:
+            self._tracker = states[-1]
