@@ -2,7 +2,7 @@
 
 For each matmul shape of a model (default: Qwen2.5-1.5B's, --shapes-of smollm2 for the default
 model's) and row count: µs a call of the bf16 GEMM (kernels.gemm on a packed bf16 weight), of the
-int8 GEMM (kernels.int8_gemm: x quantized per row and group of 32, then multiplied), and of the
+int8 GEMM (kernels.int8_gemm: x quantized per row and group of 64, then multiplied), and of the
 activations' quantization alone (kernels.quantize_rows), best of --repeats timings of --calls calls,
 the kernels alternated within each row count. int8 / bf16 above 1 means int8 is slower.
 Set OMP_WAIT_POLICY=PASSIVE as the engine runs.
@@ -46,7 +46,7 @@ def main() -> int:
             bf16 = best_seconds(lambda: kernels.gemm(x, packed_bf16, n, None), args.calls, args.repeats)
             int8 = best_seconds(lambda: kernels.int8_gemm(x, packed_int8, scales, n, None, False), args.calls,
                                 args.repeats)
-            quantize = best_seconds(lambda: kernels.quantize_rows(x), args.calls, args.repeats)
+            quantize = best_seconds(lambda: kernels.quantize_rows(x, 64), args.calls, args.repeats)
             bf16 = min(bf16, best_seconds(lambda: kernels.gemm(x, packed_bf16, n, None), args.calls, args.repeats))
             total = totals.setdefault(rows, [0.0, 0.0, 0.0])
             total[0], total[1], total[2] = total[0] + bf16, total[1] + int8, total[2] + quantize

@@ -3,10 +3,10 @@
 A weight is quantized once, when the model loads, to int8 with one fp32 scale per output channel
 (max|w| / 127), or taken as it is from a GGUF file's Q8_0 blocks (one scale per 32 values, the
 file's own; `from_q8_0`). It is held once, in the GEMM's layout (engine/kernels/csrc/int8_gemm.h);
-the float weight is dropped. Each call quantizes x dynamically, per token and group of 32 values
-(a scale per token alone lets one outlier channel flatten the rest of the row: greedy agreement
-with the unquantized default model fell under 90%), sums the products of each group in int32 and
-scales them back in fp32; the output is in x's dtype (or fp32 for the logits). The int32 sums are
+the float weight is dropped. Each call quantizes x dynamically, per token and group of 64 values
+(32 beside Q8_0 weights, to match their scales; a scale per token alone lets one outlier channel
+flatten the rest of the row: greedy agreement with the unquantized default model fell under 90%),
+sums the products of each group in int32 and scales them back in fp32; the output is in x's dtype (or fp32 for the logits). The int32 sums are
 exact, so a row's output does not depend on the other rows of the batch, nor on which kernel
 (AVX-512 VNNI, AVX2, portable) computed it.
 """
@@ -22,7 +22,8 @@ from engine.kernels.loader import load_cpu_kernels
 logger = logging.getLogger(__name__)
 
 BLOCK_COLUMNS = 16  # output columns per block of the layout
-GROUP = 32  # values of K per activation scale (and per weight scale in GGUF Q8_0)
+GROUP = 32  # values of K per weight scale in GGUF Q8_0 (and per activation scale beside them)
+ACTIVATION_GROUP = 64  # values of K per activation scale beside per-channel weights
 
 
 class Int8Linear(nn.Module):

@@ -8,7 +8,7 @@ import pytest
 import torch
 from torch import nn
 
-from engine.kernels.int8_linear import GROUP, Int8Linear, quantize_linear, quantize_linears
+from engine.kernels.int8_linear import ACTIVATION_GROUP, GROUP, Int8Linear, quantize_linear, quantize_linears
 
 # (rows, K, N): rows around every tile edge (8 rows AVX-512, 4 AVX2), K in whole and partial groups
 # of 32 and 64-value paddings, N in whole and partial blocks and panels (16 and 48 columns)
@@ -24,13 +24,13 @@ def unpack(packed: torch.Tensor, scales: torch.Tensor, n: int, k: int) -> tuple[
     return values, scales.permute(0, 2, 1).reshape(blocks * 16, -1)[:n]
 
 
-def reference(qx, x_scales, qw, w_scales, bias):
+def reference(qx, x_scales, qw, w_scales, bias, group=ACTIVATION_GROUP):
     """The int8 product group by group in int64 (exact), each group scaled by x's and w's scales."""
     m, k = qx.shape
-    num_groups = -(-k // GROUP)
-    padded = num_groups * GROUP
-    qx = torch.nn.functional.pad(qx.long(), (0, padded - k)).view(m, num_groups, GROUP)
-    qw = torch.nn.functional.pad(qw.long(), (0, padded - k)).view(qw.shape[0], num_groups, GROUP)
+    num_groups = -(-k // group)
+    padded = num_groups * group
+    qx = torch.nn.functional.pad(qx.long(), (0, padded - k)).view(m, num_groups, group)
+    qw = torch.nn.functional.pad(qw.long(), (0, padded - k)).view(qw.shape[0], num_groups, group)
     sums = torch.einsum("mgk,ngk->mng", qx, qw)  # [m, n, groups], int64: exact
     w_scales = w_scales[:, :num_groups].expand(-1, num_groups)
     scale = x_scales[:, None, :num_groups] * w_scales[None]  # fp32, as the kernel forms it
@@ -38,20 +38,24 @@ def reference(qx, x_scales, qw, w_scales, bias):
     return y if bias is None else y + bias.double()
 
 
-def test_rows_are_quantized_per_group_of_32(kernels):
+@pytest.mark.parametrize("group", [GROUP, ACTIVATION_GROUP])
+def test_rows_are_quantized_per_group(kernels, group):
     x = torch.randn(5, 77, generator=torch.Generator().manual_seed(0)).bfloat16()
     x[2] = 0  # a row of zeros: scale 0, values 0
-    x[3, 40] = 50.0  # an outlier flattens its own group only
-    q, scales = kernels.quantize_rows(x)
-    assert q.dtype == torch.int8 and q.shape == (5, 77) and scales.shape == (5, 3)
-    groups = torch.nn.functional.pad(x.float(), (0, 96 - 77)).view(5, 3, GROUP)
+    x[3, 70] = 50.0  # an outlier flattens its own group only
+    q, scales = kernels.quantize_rows(x, group)
+    num_groups = -(-77 // group)
+    assert q.dtype == torch.int8 and q.shape == (5, 77) and scales.shape == (5, num_groups)
+    groups = torch.nn.functional.pad(x.float(), (0, num_groups * group - 77)).view(5, num_groups, group)
     amax = groups.abs().amax(-1)
     torch.testing.assert_close(scales, amax / 127, rtol=2 ** -23, atol=0)
-    expected = torch.where(amax[..., None] > 0, groups * (127 / amax[..., None]), 0).round().view(5, 96)[:, :77]
+    expected = torch.where(amax[..., None] > 0, groups * (127 / amax[..., None]), 0).round().view(5, -1)[:, :77]
     assert (q.float() - expected).abs().max() <= 1  # a value at .5 may round either way after 127 / amax
     assert (q.float() != expected).float().mean() < 0.01
     assert torch.equal(q[2], torch.zeros(77, dtype=torch.int8)) and not scales[2].any()
-    assert q[3, 40] == 127 and q[3, :32].abs().max() == 127  # other groups keep their own scale
+    assert q[3, 70] == 127 and q[3, :group].abs().max() == 127  # other groups keep their own scale
+    with pytest.raises(RuntimeError, match="group"):
+        kernels.quantize_rows(x, 16)
 
 
 @pytest.mark.parametrize("rows,k,n", SHAPES)
@@ -67,7 +71,7 @@ def test_int8_gemm_is_the_int8_product_scaled(kernels, rows, k, n):
     assert (qw.float() * w_scales - weight).abs().max() <= w_scales.max() / 2 * 1.001
     got = kernels.int8_gemm(x, packed, scales, n, bias, True)
     assert got.dtype == torch.float32 and got.shape == (rows, n)
-    qx, x_scales = kernels.quantize_rows(x)
+    qx, x_scales = kernels.quantize_rows(x, ACTIVATION_GROUP)  # per-channel weights: x per 64 values
     expected = reference(qx, x_scales, qw, w_scales, bias)
     # the int32 sums are exact: only fp32 roundings of the scaled sums remain (an integer off by one
     # would be ~1/127 of a group's scale, far outside this)
@@ -83,7 +87,7 @@ def test_one_group_is_the_product_bit_for_bit(kernels):
     x = torch.randn(9, 32, generator=gen)
     packed, scales = kernels.pack_int8_weight(weight)
     qw, w_scales = unpack(packed, scales, 40, 32)
-    qx, x_scales = kernels.quantize_rows(x)
+    qx, x_scales = kernels.quantize_rows(x, ACTIVATION_GROUP)
     sums = (qx.long() @ qw.long().T).float()  # exact: |sums| < 2^24
     expected = sums * (x_scales * w_scales.T) + bias
     assert torch.equal(kernels.int8_gemm(x, packed, scales, 40, bias, False), expected)
@@ -122,10 +126,10 @@ def test_q8_0_blocks_are_served_as_they_are(kernels):
     ids = torch.tensor([0, 17, 69])
     assert torch.equal(layer.dequantized_rows(ids), torch.from_numpy(dequantize(rows, GGMLQuantizationType.Q8_0))[ids])
     x = torch.randn(6, k, generator=gen)
-    qx, x_scales = kernels.quantize_rows(x)
-    expected = reference(qx, x_scales, qw, w_scales, None)
+    qx, x_scales = kernels.quantize_rows(x, GROUP)  # x per 32 values, as the file's weight scales
+    expected = reference(qx, x_scales, qw, w_scales, None, GROUP)
     got = kernels.int8_gemm(x, packed, scales, n, None, True)
-    bound = reference(qx.abs(), x_scales, qw.abs(), w_scales, None)
+    bound = reference(qx.abs(), x_scales, qw.abs(), w_scales, None, GROUP)
     assert ((got.double() - expected).abs() <= 2 ** -21 * bound + 1e-30).all()
     with pytest.raises(RuntimeError, match="multiple of 32"):
         kernels.pack_q8_0_weight(torch.from_numpy(rows), 80)

@@ -1,11 +1,12 @@
 // int8 GEMM on AMX tiles (int8_gemm.h's packed layout, read as it is: each block's quads are B-tile
 // rows), for 16 rows and more.
 //
-// A register block is 32 rows x 32 columns: two A tiles (16 rows x one group of 32 values of x),
-// two B tiles (the group's 8 quads x 16 columns, unsigned: w + 128) and four int32 C tiles; one
-// `tdpbsud` is 16 x 16 x 32 multiply-adds, a whole group. After each group the C tiles are stored
-// and scaled into fp32 sums exactly as the vector kernels scale theirs (int8_operands.h), so a row's
-// output is the same bits whichever kernel computed it.
+// A register block is 32 rows x 32 columns: two A tiles (16 rows x one group of x's values), two B
+// tiles (the group's quads x 16 columns, unsigned: w + 128) and four int32 C tiles; one `tdpbsud`
+// is a whole group for 16 rows and 16 columns. The C tiles are stored after each group and scaled
+// into fp32 sums exactly as the vector kernels scale theirs (int8_operands.h), so a row's output is
+// the same bits whichever kernel computed it. The scaling, not the tiles, is most of the time: the
+// stored sums of a span of groups are scaled together, each fp32 sum loaded and stored once a span.
 //
 // Work is split into units of (32 rows) x (2 blocks), claimed one at a time by whichever thread is
 // free; every thread loads the tile configuration itself (it is per-thread state).
@@ -35,56 +36,75 @@ struct alignas(64) TileConfig {
   uint8_t rows[16] = {};
 };
 
-// C tiles 0-3: 16 rows x 16 int32; A tiles 4-5: 16 rows x 32 bytes; B tiles 6-7: 8 quads x 64 bytes
-void configure_tiles() {
+constexpr int64_t kSpan = 4;  // groups multiplied before their sums are scaled
+
+// C tiles 0-3: 16 rows x 16 int32; A tiles 4-5: 16 rows x one group's bytes; B tiles 6-7: the
+// group's quads x 64 bytes
+void configure_tiles(int64_t group) {
   TileConfig config;
   for (int t = 0; t < 4; ++t) {
     config.colsb[t] = 64;
     config.rows[t] = 16;
   }
   for (int t = 4; t < 6; ++t) {
-    config.colsb[t] = kGroup;
+    config.colsb[t] = static_cast<uint16_t>(group);
     config.rows[t] = 16;
   }
   for (int t = 6; t < 8; ++t) {
     config.colsb[t] = 64;
-    config.rows[t] = kGroupQuads;
+    config.rows[t] = static_cast<uint8_t>(group / 4);
   }
   _tile_loadconfig(&config);
 }
 
+// group g's int32 sums of rows [m0, m0 + 16 ma) x blocks [b0, b0 + nb), C tile t's into sums[t]
+void multiply_group(const Operands& op, int64_t m0, int64_t ma, int64_t b0, int64_t nb, int64_t g,
+                    int32_t (*sums)[16][kBlock]) {
+  _tile_zero(0);
+  _tile_zero(1);
+  _tile_zero(2);
+  _tile_zero(3);
+  _tile_loadd(4, op.x + m0 * op.kp + g * op.group, op.kp);
+  if (ma == 2) _tile_loadd(5, op.x + (m0 + 16) * op.kp + g * op.group, op.kp);
+  _tile_loadd(6, op.quad(b0, g * op.group_quads()), 4 * kBlock);
+  if (nb == 2) _tile_loadd(7, op.quad(b0 + 1, g * op.group_quads()), 4 * kBlock);
+  _tile_dpbsud(0, 4, 6);
+  _tile_stored(0, sums[0], 4 * kBlock);
+  if (nb == 2) {
+    _tile_dpbsud(1, 4, 7);
+    _tile_stored(1, sums[1], 4 * kBlock);
+  }
+  if (ma == 2) {
+    _tile_dpbsud(2, 5, 6);
+    _tile_stored(2, sums[2], 4 * kBlock);
+  }
+  if (ma == 2 && nb == 2) {
+    _tile_dpbsud(3, 5, 7);
+    _tile_stored(3, sums[3], 4 * kBlock);
+  }
+}
+
 // rows [m0, m0 + 16 ma) x blocks [b0, b0 + nb), ma and nb 1 or 2
 void unit(const Operands& op, int64_t m0, int64_t ma, int64_t b0, int64_t nb) {
-  alignas(64) int32_t sums[4][16][kBlock];
+  alignas(64) int32_t sums[kSpan][4][16][kBlock];
   alignas(64) float scaled[4][16][kBlock] = {};
-  for (int64_t g = 0; g < op.groups(); ++g) {
-    _tile_zero(0);
-    _tile_zero(1);
-    _tile_zero(2);
-    _tile_zero(3);
-    _tile_loadd(4, op.x + m0 * op.kp + g * kGroup, op.kp);
-    if (ma == 2) _tile_loadd(5, op.x + (m0 + 16) * op.kp + g * kGroup, op.kp);
-    _tile_loadd(6, op.quad(b0, g * kGroupQuads), 4 * kBlock);
-    if (nb == 2) _tile_loadd(7, op.quad(b0 + 1, g * kGroupQuads), 4 * kBlock);
-    _tile_dpbsud(0, 4, 6);
-    if (nb == 2) _tile_dpbsud(1, 4, 7);
-    if (ma == 2) _tile_dpbsud(2, 5, 6);
-    if (ma == 2 && nb == 2) _tile_dpbsud(3, 5, 7);
-    _tile_stored(0, sums[0], 4 * kBlock);
-    _tile_stored(1, sums[1], 4 * kBlock);
-    _tile_stored(2, sums[2], 4 * kBlock);
-    _tile_stored(3, sums[3], 4 * kBlock);
+  for (int64_t g0 = 0; g0 < op.groups(); g0 += kSpan) {
+    const int64_t span = std::min(kSpan, op.groups() - g0);
+    for (int64_t s = 0; s < span; ++s) multiply_group(op, m0, ma, b0, nb, g0 + s, sums[s]);
     for (int64_t a = 0; a < ma; ++a)
       for (int64_t j = 0; j < nb; ++j) {
-        const __m512 w_scale = _mm512_loadu_ps(op.w_scale(b0 + j, g));
+        __m512 w_scale[kSpan];
+        for (int64_t s = 0; s < span; ++s) w_scale[s] = _mm512_loadu_ps(op.w_scale(b0 + j, g0 + s));
         for (int64_t r = 0; r < 16; ++r) {
           const int64_t row = m0 + 16 * a + r;
-          const __m512i offset = _mm512_set1_epi32(128 * op.x_sum(row, g));  // the 128 added to each weight
-          const __m512 scale = _mm512_mul_ps(w_scale, _mm512_set1_ps(op.x_scale(row, g)));
-          float* out = scaled[2 * a + j][r];
-          const __m512i sum = _mm512_load_si512(sums[2 * a + j][r]);
-          _mm512_store_ps(out, _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_sub_epi32(sum, offset)), scale,
-                                               _mm512_load_ps(out)));
+          __m512 sum = _mm512_load_ps(scaled[2 * a + j][r]);
+          for (int64_t s = 0; s < span; ++s) {
+            const __m512i offset = _mm512_set1_epi32(op.x_offset(row, g0 + s));
+            const __m512 scale = _mm512_mul_ps(w_scale[s], _mm512_set1_ps(op.x_scale(row, g0 + s)));
+            const __m512i group_sum = _mm512_load_si512(sums[s][2 * a + j][r]);
+            sum = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_sub_epi32(group_sum, offset)), scale, sum);
+          }
+          _mm512_store_ps(scaled[2 * a + j][r], sum);
         }
       }
   }
@@ -102,7 +122,7 @@ void multiply_amx(const Operands& op) {
   const int64_t num_steps = (op.m + 31) / 32, num_pairs = (op.num_blocks() + 1) / 2;
   // consecutive units share a block pair: its weights stay in L2 while the row steps pass over them
   formwork::parallel_chunks(num_steps * num_pairs, [&](int64_t chunk) {
-    configure_tiles();
+    configure_tiles(op.group);
     const int64_t m0 = chunk % num_steps * 32, b0 = chunk / num_steps * 2;
     unit(op, m0, std::min<int64_t>(2, (op.m - m0 + 15) / 16), b0, std::min<int64_t>(2, op.num_blocks() - b0));
     _tile_release();

@@ -61,9 +61,11 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         "[N, K] float weight -> (packed int8, fp32 scales), one scale per output channel");
   m.def("pack_q8_0_weight", &pack_q8_0_weight, "GGUF Q8_0 rows [N, K / 32 * 34] -> (packed int8, its scales)",
         py::arg("rows"), py::arg("k"));
-  m.def("quantize_rows", &quantize_rows, "x [M, K] -> (int8 [M, K], fp32 scales [M, ceil(K / 32)]), as int8_gemm quantizes x");
+  m.def("quantize_rows", &quantize_rows,
+        "x [M, K] -> (int8 [M, K], fp32 scales [M, ceil(K / group)]), as int8_gemm quantizes x (group 64 beside "
+        "per-channel weights, 32 beside Q8_0's)", py::arg("x"), py::arg("group"));
   m.def("int8_gemm", &int8_gemm, py::call_guard<py::gil_scoped_release>(),
-        "x [M, K] (quantized per row and 32 values) @ W.T (+ fp32 bias) from pack_int8_weight / pack_q8_0_weight: "
+        "x [M, K] (quantized per row and 64 values, 32 beside Q8_0 weights) @ W.T (+ fp32 bias) from pack_int8_weight / pack_q8_0_weight: "
         "[M, N] bf16 for bf16 x, else fp32 (fp32_out: fp32 always)",
         py::arg("x"), py::arg("packed"), py::arg("scales"), py::arg("n"),
         py::arg("bias") = py::none(), py::arg("fp32_out") = false);

@@ -2,9 +2,10 @@
 //
 // A decode step at a small batch reads every weight once, so its time is the weight's bytes over
 // the memory bandwidth: int8 halves what bf16 reads. x is quantized at the start of each call, per
-// row and group of 32 values (one scale each, as llama.cpp quantizes activations for Q8_0: a
-// per-token scale alone lets one outlier channel flatten the rest of the row), the products of a
-// group are summed in int32 (exact), and each group's sum is scaled back in fp32:
+// row and group of 64 values (32 beside GGUF Q8_0 weights, whose scales are per 32; one scale
+// each, as llama.cpp quantizes activations for Q8_0: a per-token scale alone lets one outlier
+// channel flatten the rest of the row), the products of a group are summed in int32 (exact), and
+// each group's sum is scaled back in fp32:
 // y = sum_g int32_g * (x_scale_g * w_scale_g) (+ bias), w_scale_g one per column (per-channel
 // weights) or per column and group (GGUF Q8_0).
 //
@@ -41,7 +42,7 @@
 namespace {
 
 using namespace formwork::int8;
-constexpr int64_t kQ8Group = 32;    // values per scale in GGUF Q8_0
+constexpr int64_t kQ8Group = kWeightGroup;  // values per scale in GGUF Q8_0
 constexpr int64_t kQ8BlockBytes = 2 + kQ8Group;  // its fp16 scale, then the values
 constexpr int64_t kPanel = 3;       // blocks per register tile and per thread work unit
 constexpr int64_t kChunkBytes = 512 << 10;  // rows of x per pass over the weight: about this many bytes
@@ -64,7 +65,7 @@ void tile(const Operands& op, int64_t m0, int64_t b0) {
     __m512i acc[MR][NB];
     for (int m = 0; m < MR; ++m)
       for (int j = 0; j < NB; ++j) acc[m][j] = _mm512_setzero_si512();
-    for (int64_t q = g * kGroupQuads; q < (g + 1) * kGroupQuads; ++q) {
+    for (int64_t q = g * op.group_quads(); q < (g + 1) * op.group_quads(); ++q) {
       __m512i wv[NB];
       for (int j = 0; j < NB; ++j) {
         _mm_prefetch(reinterpret_cast<const char*>(op.quad(b0 + j, q + 8)), _MM_HINT_T0);
@@ -76,7 +77,7 @@ void tile(const Operands& op, int64_t m0, int64_t b0) {
       }
     }
     for (int m = 0; m < MR; ++m) {
-      const __m512i offset = _mm512_set1_epi32(128 * op.x_sum(m0 + m, g));  // the 128 added to each weight
+      const __m512i offset = _mm512_set1_epi32(op.x_offset(m0 + m, g));
       const __m512 x_scale = _mm512_set1_ps(op.x_scale(m0 + m, g));
       for (int j = 0; j < NB; ++j) {
         const __m512 scale = _mm512_mul_ps(_mm512_loadu_ps(op.w_scale(b0 + j, g)), x_scale);
@@ -102,7 +103,7 @@ void tile(const Operands& op, int64_t m0, int64_t b0) {
     for (int64_t g = 0; g < op.groups(); ++g) {
       __m256i acc[MR][2];
       for (int m = 0; m < MR; ++m) acc[m][0] = acc[m][1] = _mm256_setzero_si256();
-      for (int64_t q = g * kGroupQuads; q < (g + 1) * kGroupQuads; ++q) {
+      for (int64_t q = g * op.group_quads(); q < (g + 1) * op.group_quads(); ++q) {
         const uint8_t* w = op.quad(b0 + j, q);
         _mm_prefetch(reinterpret_cast<const char*>(op.quad(b0 + j, q + 8)), _MM_HINT_T0);
         // w + 128 back to w
@@ -142,7 +143,7 @@ void tile(const Operands& op, int64_t m0, int64_t b0) {
         const float* w_scale = op.w_scale(b0 + j, g);
         for (int64_t i = 0; i < kBlock; ++i) {
           int32_t acc = 0;
-          for (int64_t q = g * kGroupQuads; q < (g + 1) * kGroupQuads; ++q)
+          for (int64_t q = g * op.group_quads(); q < (g + 1) * op.group_quads(); ++q)
             for (int64_t t = 0; t < 4; ++t)
               acc += static_cast<int32_t>(op.x[(m0 + m) * op.kp + 4 * q + t]) * (op.quad(b0 + j, q)[4 * i + t] - 128);
           sums[i] = std::fma(static_cast<float>(acc), w_scale[i] * op.x_scale(m0 + m, g), sums[i]);
@@ -204,27 +205,30 @@ int32_t quantize_group(const scalar_t* x, int64_t count, int8_t* q, float* scale
   return sum;
 }
 
-// one row of k values in groups of 32 into q [kp] (the padding zero), scales and sums [kp / 32]
+// one row of k values in groups into q [kp] (the padding zero), scales and offsets [kp / group]:
+// an offset is 128 times the group's sum of quantized values
 template <typename scalar_t>
-void quantize_row(const scalar_t* x, int64_t k, int64_t kp, int8_t* q, float* scales, int32_t* sums) {
+void quantize_row(const scalar_t* x, int64_t k, int64_t kp, int64_t group, int8_t* q, float* scales,
+                  int32_t* offsets) {
   std::memset(q, 0, kp);
-  for (int64_t g = 0; g < kp / kGroup; ++g) {
+  for (int64_t g = 0; g < kp / group; ++g) {
     scales[g] = 0.f;
-    sums[g] = g * kGroup < k ? quantize_group(x + g * kGroup, std::min(kGroup, k - g * kGroup), q + g * kGroup,
-                                              scales + g) : 0;
+    offsets[g] = g * group < k ? 128 * quantize_group(x + g * group, std::min(group, k - g * group), q + g * group,
+                                                      scales + g) : 0;
   }
 }
 
-// x's rows into q [m, kp], scales and sums [m, kp / 32]; a decode batch on the calling thread, prompt
-// chunks split
-void quantize(const torch::Tensor& x, int64_t kp, int8_t* q, float* scales, int32_t* sums) {
+// x's rows into q [m, kp], scales and offsets [m, kp / group]; a decode batch on the calling thread,
+// prompt chunks split
+void quantize(const torch::Tensor& x, int64_t kp, int64_t group, int8_t* q, float* scales, int32_t* offsets) {
   const int64_t m = x.size(0), k = x.size(1), stride = x.stride(0);
   constexpr int64_t kRowGrain = 64;
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, x.scalar_type(), "quantize_rows", [&] {
     const scalar_t* data = x.data_ptr<scalar_t>();
     formwork::parallel_chunks((m + kRowGrain - 1) / kRowGrain, [&](int64_t chunk) {
       for (int64_t r = chunk * kRowGrain; r < std::min(m, (chunk + 1) * kRowGrain); ++r)
-        quantize_row(data + r * stride, k, kp, q + r * kp, scales + r * (kp / kGroup), sums + r * (kp / kGroup));
+        quantize_row(data + r * stride, k, kp, group, q + r * kp, scales + r * (kp / group),
+                     offsets + r * (kp / group));
     });
   });
 }
@@ -286,13 +290,14 @@ std::vector<torch::Tensor> pack_q8_0_weight(torch::Tensor rows, int64_t k) {
   return packed;
 }
 
-std::vector<torch::Tensor> quantize_rows(torch::Tensor x) {
+std::vector<torch::Tensor> quantize_rows(torch::Tensor x, int64_t group) {
   TORCH_CHECK(x.dim() == 2 && x.stride(1) == 1 && x.is_floating_point(), "x: 2-D float with contiguous rows");
-  const int64_t m = x.size(0), kp = (x.size(1) + kGroup - 1) / kGroup * kGroup;
+  TORCH_CHECK(group == kWeightGroup || group == kMaxGroup, "group: ", kWeightGroup, " or ", kMaxGroup, ", got ", group);
+  const int64_t m = x.size(0), kp = (x.size(1) + group - 1) / group * group;
   auto q = torch::empty({m, kp}, torch::kInt8);
-  auto scales = torch::empty({m, kp / kGroup}, torch::kFloat);
-  std::vector<int32_t> sums(m * (kp / kGroup));
-  if (m > 0) quantize(x, kp, q.data_ptr<int8_t>(), scales.data_ptr<float>(), sums.data());
+  auto scales = torch::empty({m, kp / group}, torch::kFloat);
+  std::vector<int32_t> offsets(m * (kp / group));
+  if (m > 0) quantize(x, kp, group, q.data_ptr<int8_t>(), scales.data_ptr<float>(), offsets.data());
   return {q.narrow(1, 0, x.size(1)), scales};
 }
 
@@ -304,7 +309,7 @@ torch::Tensor int8_gemm(torch::Tensor x, torch::Tensor packed, torch::Tensor sca
               && packed.size(0) == num_blocks && packed.size(1) == kp / 4 && packed.size(2) == kBlock
               && packed.size(3) == 4, "packed: the int8 layout of an [N, K] weight, K = x's columns");
   TORCH_CHECK(scales.dim() == 3 && scales.scalar_type() == torch::kFloat && scales.is_contiguous()
-              && scales.size(0) == num_blocks && (scales.size(1) == 1 || scales.size(1) == kp / kGroup)
+              && scales.size(0) == num_blocks && (scales.size(1) == 1 || scales.size(1) == kp / kWeightGroup)
               && scales.size(2) == kBlock, "scales: fp32 [blocks, 1 or K / 32 (padded), 16]");
   if (bias) {
     TORCH_CHECK(bias->dim() == 1 && bias->size(0) == n && bias->scalar_type() == torch::kFloat && bias->is_contiguous(),
@@ -315,11 +320,13 @@ torch::Tensor int8_gemm(torch::Tensor x, torch::Tensor packed, torch::Tensor sca
   if (m == 0 || n == 0) return y;
   const int64_t rows = (m + 15) / 16 * 16;  // whole AMX tiles of rows, the extra ones zero
   std::vector<int8_t> q(rows * kp, 0);
-  std::vector<float> x_scales(rows * (kp / kGroup), 0.f);
-  std::vector<int32_t> x_sums(rows * (kp / kGroup), 0);
-  quantize(x, kp, q.data(), x_scales.data(), x_sums.data());
-  const Operands op{q.data(), x_scales.data(), x_sums.data(), m, kp, packed.data_ptr<uint8_t>(), scales.data_ptr<float>(),
-                        scales.size(1), bias ? bias->data_ptr<float>() : nullptr, n, y.data_ptr(), y_bf16};
+  const int64_t group = activation_group(scales.size(1));
+  std::vector<float> x_scales(rows * (kp / group), 0.f);
+  std::vector<int32_t> x_offsets(rows * (kp / group), 0);
+  quantize(x, kp, group, q.data(), x_scales.data(), x_offsets.data());
+  const Operands op{q.data(), x_scales.data(), x_offsets.data(), m, kp, group, packed.data_ptr<uint8_t>(),
+                    scales.data_ptr<float>(), scales.size(1), bias ? bias->data_ptr<float>() : nullptr, n,
+                    y.data_ptr(), y_bf16};
   multiply(op);
   return y;
 }

@@ -15,11 +15,12 @@ std::vector<torch::Tensor> pack_int8_weight(torch::Tensor weight);
 // GGUF Q8_0 rows [N, K / 32 * 34] (uint8: per 32 values an fp16 scale, then 32 int8) -> (packed,
 // scales) with one scale per 32 values, the file's own; the int8 values are copied as they are
 std::vector<torch::Tensor> pack_q8_0_weight(torch::Tensor rows, int64_t k);
-// x [M, K] (float, contiguous rows) -> (int8 [M, K], fp32 scales [M, ceil(K / 32)]): per row and
-// group of 32 values, x / scale rounded to nearest even, scale = max|x| / 127 (0 for zeros)
-std::vector<torch::Tensor> quantize_rows(torch::Tensor x);
-// x [M, K] @ W.T (+ bias, fp32 [N]): x quantized as quantize_rows does, int32 sums per group of 32,
-// scaled in fp32; bf16 out for bf16 x, else fp32 (and fp32 always with fp32_out)
+// x [M, K] (float, contiguous rows) -> (int8 [M, K], fp32 scales [M, ceil(K / group)]): per row and
+// group of `group` values (32 or 64), x / scale rounded to nearest even, scale = max|x| / 127 (0 for zeros)
+std::vector<torch::Tensor> quantize_rows(torch::Tensor x, int64_t group);
+// x [M, K] @ W.T (+ bias, fp32 [N]): x quantized as quantize_rows does, per 64 values beside
+// per-channel weights and per 32 beside per-group ones, int32 sums per group, scaled in fp32; bf16
+// out for bf16 x, else fp32 (and fp32 always with fp32_out)
 torch::Tensor int8_gemm(torch::Tensor x, torch::Tensor packed, torch::Tensor scales, int64_t n,
                         c10::optional<torch::Tensor> bias, bool fp32_out);
 // what multiplies: avx512_vnni, avx2 or portable
