@@ -68,20 +68,15 @@ void multiply_group(const Operands& op, int64_t m0, int64_t ma, int64_t b0, int6
   if (ma == 2) _tile_loadd(5, op.x + (m0 + 16) * op.kp + g * op.group, op.kp);
   _tile_loadd(6, op.quad(b0, g * op.group_quads()), 4 * kBlock);
   if (nb == 2) _tile_loadd(7, op.quad(b0 + 1, g * op.group_quads()), 4 * kBlock);
+  // every product before any store: a store waits for its product's latency
   _tile_dpbsud(0, 4, 6);
+  if (nb == 2) _tile_dpbsud(1, 4, 7);
+  if (ma == 2) _tile_dpbsud(2, 5, 6);
+  if (ma == 2 && nb == 2) _tile_dpbsud(3, 5, 7);
   _tile_stored(0, sums[0], 4 * kBlock);
-  if (nb == 2) {
-    _tile_dpbsud(1, 4, 7);
-    _tile_stored(1, sums[1], 4 * kBlock);
-  }
-  if (ma == 2) {
-    _tile_dpbsud(2, 5, 6);
-    _tile_stored(2, sums[2], 4 * kBlock);
-  }
-  if (ma == 2 && nb == 2) {
-    _tile_dpbsud(3, 5, 7);
-    _tile_stored(3, sums[3], 4 * kBlock);
-  }
+  if (nb == 2) _tile_stored(1, sums[1], 4 * kBlock);
+  if (ma == 2) _tile_stored(2, sums[2], 4 * kBlock);
+  if (ma == 2 && nb == 2) _tile_stored(3, sums[3], 4 * kBlock);
 }
 
 // rows [m0, m0 + 16 ma) x blocks [b0, b0 + nb), ma and nb 1 or 2
@@ -96,11 +91,13 @@ void unit(const Operands& op, int64_t m0, int64_t ma, int64_t b0, int64_t nb) {
         __m512 w_scale[kSpan];
         for (int64_t s = 0; s < span; ++s) w_scale[s] = _mm512_loadu_ps(op.w_scale(b0 + j, g0 + s));
         for (int64_t r = 0; r < 16; ++r) {
-          const int64_t row = m0 + 16 * a + r;
+          const int64_t at = (m0 + 16 * a + r) * op.groups() + g0;
+          const int32_t* x_offsets = op.x_offsets + at;
+          const float* x_scales = op.x_scales + at;
           __m512 sum = _mm512_load_ps(scaled[2 * a + j][r]);
           for (int64_t s = 0; s < span; ++s) {
-            const __m512i offset = _mm512_set1_epi32(op.x_offset(row, g0 + s));
-            const __m512 scale = _mm512_mul_ps(w_scale[s], _mm512_set1_ps(op.x_scale(row, g0 + s)));
+            const __m512i offset = _mm512_set1_epi32(x_offsets[s]);
+            const __m512 scale = _mm512_mul_ps(w_scale[s], _mm512_set1_ps(x_scales[s]));
             const __m512i group_sum = _mm512_load_si512(sums[s][2 * a + j][r]);
             sum = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_sub_epi32(group_sum, offset)), scale, sum);
           }
