@@ -2,31 +2,17 @@
 (engine/models/gguf_blocks.py) and the 4-bit linear layers over them."""
 from __future__ import annotations
 
-import numpy as np
 import pytest
 import torch
+from quantized_blocks import random_blocks
 
 from engine.kernels.int4_linear import GROUP, Int4Linear
-from engine.models.gguf_blocks import BLOCK_SHAPES, decode_four_bit, row_bytes
+from engine.models.gguf_blocks import decode_four_bit, row_bytes
 
 # (rows, K, N): rows around every tile edge (4 rows vector, 16 and 32 AMX), K in whole and partial
 # 64-value paddings, N in whole and partial blocks, panels (48 columns) and AMX block pairs
 SHAPES = [(m, 96, 208) for m in (1, 2, 3, 4, 5, 8, 15, 16, 17, 31, 32, 33, 64, 65)] + [
     (1, 576, 960), (3, 32, 17), (9, 160, 49), (40, 1536, 96), (64, 576, 1536), (300, 64, 50), (129, 256, 40)]
-
-
-def random_blocks(tensor_type: str, num_rows: int, in_features: int, seed: int = 0) -> torch.Tensor:
-    """Random bytes of tensor_type's blocks, with finite fp16 scales (d, m, dmin) of a weight's size."""
-    rng = np.random.default_rng(seed)
-    values, size = BLOCK_SHAPES[tensor_type]
-    blocks = rng.integers(0, 256, (num_rows, in_features // values, size), dtype=np.uint8)
-    scales = 2 if tensor_type == "Q4_0" else 4  # d (and m or dmin) in front
-    halves = (rng.standard_normal((num_rows, in_features // values, scales // 2)) * 0.01).astype(np.float16)
-    halves[..., 0] = np.abs(halves[..., 0])  # llama.cpp's d and dmin are positive
-    if tensor_type == "Q4_K":
-        halves[..., 1] = np.abs(halves[..., 1])
-    blocks[..., :scales] = halves.view(np.uint8).reshape(num_rows, in_features // values, scales)
-    return torch.from_numpy(blocks.reshape(num_rows, -1))
 
 
 def random_int4(n: int, k: int, seed: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
