@@ -2,7 +2,7 @@
 
     python -m bench.llama_cpp_decode [--model M] [--gguf FILE] [--settings int8,bf16]
                                      [--modes unconstrained,constrained] [--concurrency 1,8]
-                                     [--threads 1] [--max-tokens 128] [--rounds 2]
+                                     [--threads 1] [--max-tokens 128] [--rounds 2] [--no-llama-cpp]
 
 The 8 person paragraphs of `formwork bench accuracy` (name, age, email, city), greedy, max_tokens
 128, as the same prompt token ids to both. llama.cpp (`make peer-llama-cpp`, bench/peers/
@@ -111,6 +111,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--extra-bufts", action=argparse.BooleanOptionalAction, default=None,
                         help="llama.cpp with its extra buffer types (AMX, repacked layouts); default: off on a CPU "
                              "with AMX-INT8, where they crash (bench/peers/llama_cpp_peer.py)")
+    parser.add_argument("--no-llama-cpp", action="store_true", help="Formwork's settings only")
     parser.add_argument("--max-tokens", type=int, default=128)
     parser.add_argument("--no-speculation", action="store_true", help="Formwork without its prompt-lookup drafts")
     parser.add_argument("--rounds", type=int, default=2)
@@ -125,7 +126,7 @@ def main(argv: list[str] | None = None) -> int:
     settings = args.settings.split(",")
     modes = args.modes.split(",")
     levels = [int(c) for c in args.concurrency.split(",")]
-    ggufs = (args.gguf or str(default_gguf_path())).split(",")
+    ggufs = [] if args.no_llama_cpp else (args.gguf or str(default_gguf_path())).split(",")
     items = _items()
     base = EngineConfig(model=args.model, cache=CacheConfig(enable_prefix_caching=False),
                         speculative=SpeculativeConfig(enabled=False if args.no_speculation else None))
