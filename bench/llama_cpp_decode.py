@@ -3,6 +3,7 @@
     python -m bench.llama_cpp_decode [--model M] [--gguf FILE] [--settings int8,bf16]
                                      [--modes unconstrained,constrained] [--concurrency 1,8]
                                      [--threads 1] [--max-tokens 128] [--rounds 2] [--no-llama-cpp]
+                                     [--widened-model DIR]
 
 The 8 person paragraphs of `formwork bench accuracy` (name, age, email, city), greedy, max_tokens
 128, as the same prompt token ids to both. llama.cpp (`make peer-llama-cpp`, bench/peers/
@@ -112,6 +113,9 @@ def main(argv: list[str] | None = None) -> int:
                         help="llama.cpp with its extra buffer types (AMX, repacked layouts); default: off on a CPU "
                              "with AMX-INT8, where they crash (bench/peers/llama_cpp_peer.py)")
     parser.add_argument("--no-llama-cpp", action="store_true", help="Formwork's settings only")
+    parser.add_argument("--widened-model", default=None,
+                        help="int8-widened's model folder (default: --model dequantized; a random one of the "
+                             "same shape serves the same speed)")
     parser.add_argument("--max-tokens", type=int, default=128)
     parser.add_argument("--no-speculation", action="store_true", help="Formwork without its prompt-lookup drafts")
     parser.add_argument("--rounds", type=int, default=2)
@@ -131,7 +135,8 @@ def main(argv: list[str] | None = None) -> int:
     base = EngineConfig(model=args.model, cache=CacheConfig(enable_prefix_caching=False),
                         speculative=SpeculativeConfig(enabled=False if args.no_speculation else None))
     llms = {s: LLM(config=replace(base, quantization=SETTINGS[s])) if s != "int8-widened" else
-            LLM(config=replace(base, model=_widened_model(args.model), quantization="int8", quantize_lm_head=True))
+            LLM(config=replace(base, model=args.widened_model or _widened_model(args.model), quantization="int8",
+                               quantize_lm_head=True))
             for s in settings}
     prompts = [next(iter(llms.values())).encode_prompt(item.messages["schema"]) for item in items]
     schemas = {"unconstrained": [None] * len(items), "constrained": [item.schema for item in items]}
