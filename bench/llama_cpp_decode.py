@@ -2,13 +2,16 @@
 
     python -m bench.llama_cpp_decode [--model M] [--gguf FILE] [--settings int8,bf16]
                                      [--modes unconstrained,constrained] [--concurrency 1,8]
-                                     [--threads 1] [--max-tokens 128] [--rounds 2]
+                                     [--threads 1] [--max-tokens 128] [--rounds 2] [--no-llama-cpp]
+                                     [--widened-model DIR]
 
 The 8 person paragraphs of `formwork bench accuracy` (name, age, email, city), greedy, max_tokens
 128, as the same prompt token ids to both. llama.cpp (`make peer-llama-cpp`, bench/peers/
 llama_cpp_peer.py) serves --gguf (default: the packaged Q4_1 file) with its JSON-schema grammar
 when constrained; Formwork serves --model (default: the packaged model; a .gguf file is served from
-its own blocks under int8) per setting: "bf16" (no quantization) or "int8". llama-cpp-python runs
+its own blocks under int8: 4-bit weights in 4-bit) per setting: "bf16" (no quantization), "int8", or
+"int8-widened" (the model dequantized, then every matmul and the head quantized per channel to int8:
+how a 4-bit file was served before the 4-bit GEMM). llama-cpp-python runs
 one sequence at a time, so at concurrency c it answers the c requests one after another; Formwork
 takes them in one batch. Formwork's prefix cache is off (every prompt is prefilled, as a new user's
 would be; llama.cpp keeps only the previous prompt's common prefix) and each schema is compiled
@@ -26,7 +29,7 @@ import os
 import time
 from dataclasses import replace
 
-SETTINGS = {"bf16": None, "int8": "int8"}
+SETTINGS = {"bf16": None, "int8": "int8", "int8-widened": "int8"}
 
 
 def _items():
@@ -83,6 +86,16 @@ def llama_cpp_runs(gguf: str, threads: int, prompts: list[list[int]], schemas: l
     return out, result.get("version", "llama-cpp")
 
 
+def _widened_model(model: str | None) -> str:
+    """The folder of the model dequantized (a GGUF file's, the packaged one's), which int8 quantizes per channel."""
+    from pathlib import Path
+
+    from engine.model_files import prepare_default_model, prepare_gguf
+    if model is None:
+        return str(prepare_default_model())
+    return str(prepare_gguf(Path(model))) if model.endswith(".gguf") else model
+
+
 def _load_average() -> str:
     return " ".join(f"{x:.1f}" for x in os.getloadavg())
 
@@ -99,6 +112,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--extra-bufts", action=argparse.BooleanOptionalAction, default=None,
                         help="llama.cpp with its extra buffer types (AMX, repacked layouts); default: off on a CPU "
                              "with AMX-INT8, where they crash (bench/peers/llama_cpp_peer.py)")
+    parser.add_argument("--no-llama-cpp", action="store_true", help="Formwork's settings only")
+    parser.add_argument("--widened-model", default=None,
+                        help="int8-widened's model folder (default: --model dequantized; a random one of the "
+                             "same shape serves the same speed)")
     parser.add_argument("--max-tokens", type=int, default=128)
     parser.add_argument("--no-speculation", action="store_true", help="Formwork without its prompt-lookup drafts")
     parser.add_argument("--rounds", type=int, default=2)
@@ -113,11 +130,14 @@ def main(argv: list[str] | None = None) -> int:
     settings = args.settings.split(",")
     modes = args.modes.split(",")
     levels = [int(c) for c in args.concurrency.split(",")]
-    ggufs = (args.gguf or str(default_gguf_path())).split(",")
+    ggufs = [] if args.no_llama_cpp else (args.gguf or str(default_gguf_path())).split(",")
     items = _items()
     base = EngineConfig(model=args.model, cache=CacheConfig(enable_prefix_caching=False),
                         speculative=SpeculativeConfig(enabled=False if args.no_speculation else None))
-    llms = {s: LLM(config=replace(base, quantization=SETTINGS[s])) for s in settings}
+    llms = {s: LLM(config=replace(base, quantization=SETTINGS[s])) if s != "int8-widened" else
+            LLM(config=replace(base, model=args.widened_model or _widened_model(args.model), quantization="int8",
+                               quantize_lm_head=True))
+            for s in settings}
     prompts = [next(iter(llms.values())).encode_prompt(item.messages["schema"]) for item in items]
     schemas = {"unconstrained": [None] * len(items), "constrained": [item.schema for item in items]}
     for llm in llms.values():  # compile each schema and touch every code path before any clock

@@ -72,22 +72,23 @@ def q8_0_gguf(gguf: Path, dtype) -> None:
     from engine.kernels.loader import load_cpu_kernels
     from engine.model_files import prepare_gguf
     from engine.models import model_class
-    from engine.models.gguf_loader import load_q8_0_gguf
+    from engine.models.gguf_loader import load_quantized_gguf
 
     config = AutoConfig.from_pretrained(prepare_gguf(gguf, "int8"))
     load_cpu_kernels()  # the kernels' library is not the weights'
     base = peak_rss_bytes()
     with torch.device("meta"):
         model = model_class(config)(config, 2048)
-    model = load_q8_0_gguf(model, gguf, dtype)
+    model = load_quantized_gguf(model, gguf, dtype)
     loaded, size, mib = peak_rss_bytes(), gguf.stat().st_size, 1 << 20
     print(f"{gguf.name}: {size / mib:.0f} MiB; process before loading {base / mib:.0f} MiB; resident weights "
           f"{model.resident_weight_bytes() / mib:.0f} MiB")
     print(f"peak RSS after loading {loaded / mib:.0f} MiB: loading added {(loaded - base) / mib:.0f} MiB = "
           f"{(loaded - base) / size:.2f}x the file")
+    from engine.kernels.int4_linear import Int4Linear
     from engine.kernels.int8_linear import Int8Linear
     parameters = sum(p.numel() for p in model.parameters()) + sum(
-        m.out_features * m.in_features for m in model.modules() if isinstance(m, Int8Linear))
+        m.out_features * m.in_features for m in model.modules() if isinstance(m, (Int8Linear, Int4Linear)))
     print(f"resident weights = {model.resident_weight_bytes() / parameters:.3f}x the int8 bytes "
           f"({parameters / mib:.0f} MiB, one a parameter)")
 

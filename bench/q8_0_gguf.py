@@ -1,4 +1,4 @@
-"""`python -m bench.q8_0_gguf OUT.gguf [--source IN.gguf] [--random-shape qwen2.5-1.5b]`: a Q8_0 GGUF model.
+"""`python -m bench.q8_0_gguf OUT.gguf [--source IN.gguf] [--random-shape qwen2.5-1.5b [--type Q4_0]]`: a Q8_0 GGUF model.
 
 The default model ships as Q4_1 (its embedding as Q8_0); this writes the same model with every
 quantized tensor re-quantized to Q8_0 by the `gguf` package (dequantized, then quantized in blocks
@@ -8,7 +8,9 @@ Q8_0 file to serve with `--quantization int8` in tests and benchmarks.
 With --random-shape, the file holds random weights of a bigger model's shape instead (normal,
 std 0.02 as transformers initialises a Llama; norms 1), with the source's tokenizer and chat
 template: one file that Formwork (`--model OUT.gguf --quantization int8`) and llama.cpp both
-serve, so a comparison runs on the same weights. Throughput depends only on the shapes.
+serve, so a comparison runs on the same weights. Throughput depends only on the shapes. --type
+Q4_0 or Q4_1 quantizes those random matrices to that type instead (the embedding stays Q8_0, as
+in llama.cpp's 4-bit files of small models).
 """
 from __future__ import annotations
 
@@ -54,10 +56,11 @@ RANDOM_SHAPES = {
 }
 
 
-def write_random_q8_0(source: Path, target: Path, shape: dict, seed: int = 0) -> Path:
-    """A llama-architecture Q8_0 GGUF of random weights of `shape` (the `llama` keys of RANDOM_SHAPES'
-    entries), the source's tokenizer, template and vocabulary; the embedding is tied (no
-    output.weight), as the source's."""
+def write_random_q8_0(source: Path, target: Path, shape: dict, seed: int = 0, tensor_type: str = "Q8_0") -> Path:
+    """A llama-architecture GGUF of random weights of `shape` (the `llama` keys of RANDOM_SHAPES'
+    entries), its layers' matrices of tensor_type (Q8_0, Q4_0 or Q4_1), its embedding Q8_0, and the
+    source's tokenizer, template and vocabulary; the embedding is tied (no output.weight), as the
+    source's."""
     import gguf
     import numpy as np
 
@@ -70,24 +73,24 @@ def write_random_q8_0(source: Path, target: Path, shape: dict, seed: int = 0) ->
             continue
         value = sizes.get(field.name, field.contents())
         if field.name == gguf.Keys.General.FILE_TYPE:
-            value = gguf.LlamaFileType.MOSTLY_Q8_0
+            value = getattr(gguf.LlamaFileType, f"MOSTLY_{tensor_type}")
         sub_type = field.types[-1] if field.types[0] == gguf.GGUFValueType.ARRAY else None
         writer.add_key_value(field.name, value, field.types[0], sub_type=sub_type)
+    layer_type = getattr(gguf.GGMLQuantizationType, tensor_type)
     hidden, ffn = sizes[f"{arch}.embedding_length"], sizes[f"{arch}.feed_forward_length"]
     head_dim = hidden // sizes[f"{arch}.attention.head_count"]
     kv = head_dim * sizes[f"{arch}.attention.head_count_kv"]
     vocab = int(reader.fields[f"{arch}.vocab_size"].contents())
     rng = np.random.default_rng(seed)
 
-    def matrix(name: str, rows: int, columns: int) -> None:  # rows: output features, as llama.cpp's ne[1]
+    def matrix(name: str, rows: int, columns: int, kind=layer_type) -> None:  # rows: output features, llama.cpp's ne[1]
         values = rng.standard_normal((rows, columns), dtype=np.float32) * np.float32(0.02)
-        writer.add_tensor(name, gguf.quantize(values, gguf.GGMLQuantizationType.Q8_0),
-                          raw_dtype=gguf.GGMLQuantizationType.Q8_0)
+        writer.add_tensor(name, gguf.quantize(values, kind), raw_dtype=kind)
 
     def ones(name: str) -> None:
         writer.add_tensor(name, np.ones(hidden, dtype=np.float32))
 
-    matrix("token_embd.weight", vocab, hidden)
+    matrix("token_embd.weight", vocab, hidden, gguf.GGMLQuantizationType.Q8_0)
     for i in range(sizes[f"{arch}.block_count"]):
         ones(f"blk.{i}.attn_norm.weight")
         ones(f"blk.{i}.ffn_norm.weight")
@@ -112,10 +115,12 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--random-shape", choices=sorted(RANDOM_SHAPES), default=None,
                         help="random weights of this shape, the source's tokenizer")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--type", choices=("Q8_0", "Q4_0", "Q4_1"), default="Q8_0",
+                        help="with --random-shape: the layers' matrices' type")
     args = parser.parse_args(argv)
     source = args.source or default_gguf_path()
     if args.random_shape:
-        print(write_random_q8_0(source, args.out, RANDOM_SHAPES[args.random_shape], args.seed))
+        print(write_random_q8_0(source, args.out, RANDOM_SHAPES[args.random_shape], args.seed, args.type))
     else:
         print(write_q8_0_copy(source, args.out))
 

@@ -60,14 +60,14 @@ def prepare_default_model() -> Path:
 
 def prepare_gguf(gguf: Path, quantization: str | None = None) -> Path:
     """Return the cache folder of a user's GGUF file, dequantizing it on first use (with an int8
-    quantization and Q8_0 matmul weights: its config and tokenizer only). The folder is keyed by
-    the file's path, size and modification time: a replaced file is prepared again."""
+    quantization and Q8_0 or 4-bit matmul weights: its config and tokenizer only). The folder is
+    keyed by the file's path, size and modification time: a replaced file is prepared again."""
     stat = gguf.stat()
     key = hashlib.sha1(f"{gguf.resolve()}:{stat.st_size}:{stat.st_mtime_ns}".encode()).hexdigest()[:10]
     matmul_types = gguf_matmul_types(gguf)
-    if quantization is not None and matmul_types == {"Q8_0"}:
-        logger.info("%s: Q8_0 matmul weights, served as int8 from the file's own blocks", gguf.name)
-        target = cache_dir() / "models" / f"{gguf.stem}-{key}-q8_0"
+    if quantization is not None and _served_from_blocks(gguf, matmul_types):
+        logger.info("%s", _blocks_line(gguf.name, matmul_types))
+        target = cache_dir() / "models" / f"{gguf.stem}-{key}-blocks"
         return target if (target / _READY_MARKER).exists() else _prepare_gguf(gguf, target, weights=False)
     logger.info("%s", _widened_line(gguf.name, matmul_types, quantization))
     target = cache_dir() / "models" / f"{gguf.stem}-{key}"
@@ -76,18 +76,34 @@ def prepare_gguf(gguf: Path, quantization: str | None = None) -> Path:
     return _prepare_gguf(gguf, target)
 
 
-# llama.cpp's 4-bit types: no kernel multiplies them as they are; under int8 they are widened
+# llama.cpp's 4-bit types, multiplied in 4-bit under int8 (engine/models/gguf_blocks.py decodes them)
 _FOUR_BIT_TYPES = ("Q4_0", "Q4_1", "Q4_K")
+_BLOCK_TYPES = ("Q8_0", *_FOUR_BIT_TYPES)
+
+
+def _served_from_blocks(gguf: Path, matmul_types: set[str]) -> bool:
+    """Whether int8 reads the file's own blocks: some matmul weights are Q8_0 or 4-bit, and (for
+    4-bit) the architecture is one the GGUF loader reads; else the file is widened as prepared."""
+    if matmul_types == {"Q8_0"}:
+        return True  # a Q8_0 file of another architecture is refused by the loader, naming it
+    return bool(matmul_types & set(_BLOCK_TYPES)) and gguf_index(gguf)[0] == "llama"
+
+
+def _blocks_line(name: str, matmul_types: set[str]) -> str:
+    """The start-up line of a GGUF file served from its own blocks: which type goes which way."""
+    ways = [f"{t} in 4-bit" for t in sorted(matmul_types & set(_FOUR_BIT_TYPES))]
+    ways += ["Q8_0 as int8 from its blocks"] if "Q8_0" in matmul_types else []
+    ways += [f"{t} widened to int8 per channel" for t in sorted(matmul_types - set(_BLOCK_TYPES))]
+    return f"{name}: matmul weights served from the file: {', '.join(ways)}"
 
 
 def _widened_line(name: str, matmul_types: set[str], quantization: str | None) -> str:
-    """The start-up line of a GGUF file whose matmul weights are dequantized (not read as Q8_0 blocks)."""
+    """The start-up line of a GGUF file whose matmul weights are dequantized (not read as blocks)."""
     types = "/".join(sorted(matmul_types))
     if quantization is None:
         return f"{name}: {types} matmul weights, dequantized once"
-    four_bit = " (no 4-bit kernel: 4-bit weights are widened to int8)" if matmul_types & set(_FOUR_BIT_TYPES) else ""
-    return (f"{name}: {types} matmul weights, dequantized once then quantized per channel to int8{four_bit}; "
-            "only Q8_0 files are read as they are")
+    return (f"{name}: {types} matmul weights, dequantized once then quantized per channel to int8; "
+            "Q8_0 and 4-bit (Q4_0, Q4_1, Q4_K) weights of llama-architecture files are read as they are")
 
 
 def gguf_index(gguf: Path) -> tuple[str, list]:
@@ -164,8 +180,7 @@ def resolve_model(path: str | os.PathLike | None, quantization: str | None = Non
     if path is None:
         if quantization is not None:
             try:
-                gguf = default_gguf_path()
-                logger.info("%s", _widened_line(gguf.name, gguf_matmul_types(gguf), quantization))
+                return prepare_gguf(default_gguf_path(), quantization)  # its 4-bit blocks, as they are
             except ValueError:  # the package is gone; a prepared copy may still be there
                 pass
         return prepare_default_model()

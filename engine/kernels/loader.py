@@ -35,7 +35,8 @@ logger = logging.getLogger(__name__)
 
 _CSRC = Path(__file__).parent / "csrc"
 _SOURCES = ("bindings.cpp", "paged_attention.cpp", "fused_ops.cpp", "gemm.cpp", "amx_gemm.cpp", "worker_pool.cpp",
-            "decoder_layer.cpp", "gemm_fp32.cpp", "int8_gemm.cpp", "amx_int8_gemm.cpp")
+            "decoder_layer.cpp", "gemm_fp32.cpp", "int8_gemm.cpp", "amx_int8_gemm.cpp",
+            "int4_gemm.cpp", "amx_int4_gemm.cpp")
 # FORMWORK_CPU_ISA -> the target flags of the build
 _ISA_FLAGS = {"native": ["-march=native"], "avx2": ["-march=x86-64-v3", "-mtune=native"]}
 _BUILT = "built"  # written once a build has loaded: its module is whole

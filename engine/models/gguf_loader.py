@@ -1,46 +1,56 @@
-"""A GGUF file's Q8_0 weights served as int8 straight from the file (`--quantization int8`).
+"""A GGUF file's quantized weights served straight from the file (`--quantization int8`).
 
 llama.cpp's Q8_0 keeps each 32 values of a row as int8 with one fp16 scale, which is the int8
 GEMM's own arithmetic with a scale per 32 values (engine/kernels/csrc/int8_gemm.cpp): the blocks
 are re-laid into the GEMM's layout as they are, never widened to float on the way, and the scales
-stay per block (a per-channel scale could not hold them exactly). Each tensor is read with plain
-file reads into one temporary buffer and packed: peak memory is the packed weights plus the largest
-tensor, and the file's pages never count in the process's resident memory (as a mapped file's do).
+stay per block (a per-channel scale could not hold them exactly). Q4_0, Q4_1 and Q4_K blocks are
+decoded to nibbles with an fp32 d and m per 32 values (engine/models/gguf_blocks.py) and multiplied
+in 4-bit (Int4Linear): no rounding on the way either. Tensors of the other types a file may mix in
+(Q5_0, Q6_K, ... in llama.cpp's Q4_K_M) are dequantized and quantized per channel to int8, as a 4-bit
+file was served before; the start-up log names which tensors went which way. Each tensor is read
+with plain file reads into one temporary buffer and packed: peak memory is the packed weights plus
+the largest tensor, and the file's pages never count in the process's resident memory (as a mapped
+file's do).
 
 Only llama.cpp's `llama` architecture (Llama, Mistral, SmolLM and the like) is read here; the
 config and tokenizer come from transformers, prepared once (engine/model_files.py). Tensor types:
-Q8_0 matmul weights as they are; F32/F16/BF16 matmul weights quantized per channel; F32/F16/BF16
-norms in the served dtype. The embedding shares its int8 copy with a tied head, and an untied
-head is int8 too when the file holds it as Q8_0: the file's own precision.
+Q8_0 and 4-bit matmul weights as they are; F32/F16/BF16 and the other quantized types quantized
+per channel; F32/F16/BF16 norms in the served dtype. The embedding shares its copy with a tied
+head, and an untied head is read as the file holds it: the file's own precision.
 """
 from __future__ import annotations
 
 import logging
+from collections import defaultdict
 from pathlib import Path
 
 import numpy as np
 import torch
 
 from engine.kernels.cpu_linear import PackedEmbedding
+from engine.kernels.int4_linear import Int4Linear
 from engine.kernels.int8_linear import Int8Linear, int8_unsupported_reason
 from engine.kernels.loader import load_cpu_kernels
-from engine.model_files import gguf_index
+from engine.model_files import GGUF_READABLE_TYPES, gguf_index
+from engine.models.gguf_blocks import FOUR_BIT_TYPES, decode_four_bit
 
 logger = logging.getLogger(__name__)
 
-# GGUF tensor type name -> torch dtype of the values as stored (Q8_0: rows of 34-byte blocks)
+# GGUF tensor type name -> torch dtype of the values as stored (quantized types: rows of blocks, as bytes)
 _FLOAT_TYPES = {"F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16}
-SUPPORTED_TYPES = ("Q8_0", *_FLOAT_TYPES)
-_Q8_0_BLOCK_BYTES = 34  # an fp16 scale, then 32 int8 values
+SUPPORTED_TYPES = GGUF_READABLE_TYPES
+# how a matmul's tensors are served, for the start-up log
+FOUR_BIT, Q8_0_BLOCKS, WIDENED = "in 4-bit", "as int8 from their Q8_0 blocks", "widened to int8 per channel"
 
 # per layer: checkpoint name in the file -> our parameter
 _NORMS = {"attn_norm": "input_layernorm", "ffn_norm": "post_attention_layernorm"}
 
 
-def load_q8_0_gguf(model, path: Path, dtype: torch.dtype):
+def load_quantized_gguf(model, path: Path, dtype: torch.dtype):
     """Fill `model` (a DecoderForCausalLM built on the meta device) from the GGUF file at path: its
-    matmuls become Int8Linear layers, the rest gets storage in dtype and the file's values.
-    ValueError naming the tensor for an architecture, type or name this path does not read."""
+    matmuls become Int4Linear (Q4_0, Q4_1, Q4_K) or Int8Linear layers, the rest gets storage in
+    dtype and the file's values; logs which tensors went which way. ValueError naming the tensor for
+    an architecture, type or name this path does not read."""
     kernels = load_cpu_kernels()
     if kernels is None:
         raise ValueError("--quantization int8 needs Formwork's CPU kernels, which could not be built here")
@@ -50,10 +60,15 @@ def load_q8_0_gguf(model, path: Path, dtype: torch.dtype):
     tensors = {t.name: t for t in index}
     config = model.config
     unread = set(tensors)
+    ways: dict[str, dict[str, list[str]]] = defaultdict(lambda: defaultdict(list))  # way -> type -> tensors
     with open(path, "rb") as f:
-        def linear(*names: str, heads: tuple[int | None, ...] = ()) -> Int8Linear:
+        def linear(*names: str, heads: tuple[int | None, ...] = ()) -> Int4Linear | Int8Linear:
             unread.difference_update(names)
-            return _linear(f, [tensors[n] for n in names], heads, dtype, kernels)
+            parts = [tensors[n] for n in names]
+            way, layer = _linear(f, parts, heads, dtype, kernels)
+            for p in parts:
+                ways[way][p.tensor_type.name].append(p.name)
+            return layer
 
         for i, layer in enumerate(model.layers):
             blk = f"blk.{i}"
@@ -81,38 +96,68 @@ def load_q8_0_gguf(model, path: Path, dtype: torch.dtype):
     if leftover or params:
         raise ValueError(f"{path.name}: the int8 GGUF path reads Llama's tensors only; "
                          f"unread: {leftover[:3]}, unfilled: {sorted(params)[:3]}")
+    logger.info("%s: matmul weights %s", path.name, "; ".join(
+        f"{way}: " + ", ".join(f"{len(names)} {kind} ({_names(names)})" for kind, names in sorted(by_type.items()))
+        for way, by_type in ways.items()))
     return model
 
 
-def _linear(f, parts: list, heads: tuple[int | None, ...], dtype: torch.dtype, kernels) -> Int8Linear:
-    """One Int8Linear from GGUF tensors stacked by rows (q, k, v or gate, up)."""
+def _names(names: list[str]) -> str:
+    """blk.N.attn_q.weight, ... -> attn_q, ... (the layers' share), or the tensor names outside layers"""
+    short = sorted({n.split(".")[2] if n.startswith("blk.") else n.removesuffix(".weight") for n in names})
+    return ", ".join(short)
+
+
+def _linear(f, parts: list, heads: tuple[int | None, ...], dtype: torch.dtype,
+            kernels) -> tuple[str, Int4Linear | Int8Linear]:
+    """(how it is served, the layer) from GGUF tensors stacked by rows (q, k, v or gate, up): in
+    4-bit when every part is a 4-bit type, from the Q8_0 blocks when every part is Q8_0, else the
+    parts dequantized and quantized per channel to int8."""
     types = {p.tensor_type.name for p in parts}
     for p in parts:
         if p.tensor_type.name not in SUPPORTED_TYPES:
             raise ValueError(f"GGUF tensor {p.name} is {p.tensor_type.name}, which the int8 path does not "
                              f"read; supported: {', '.join(SUPPORTED_TYPES)}")
     in_features = int(parts[0].shape[0])  # GGUF lists a matrix's dimensions innermost first
-    if len(types) > 1 or any(len(p.shape) != 2 or int(p.shape[0]) != in_features for p in parts):
-        raise ValueError(f"GGUF tensors {[p.name for p in parts]} cannot be stacked: {sorted(types)}, "
-                         f"shapes {[list(map(int, p.shape)) for p in parts]}")
-    rows = [_unpermute(_read_rows(f, p), n) if n else _read_rows(f, p)
-            for p, n in zip(parts, heads or (None,) * len(parts))]
-    stacked = rows[0] if len(rows) == 1 else torch.cat(rows)
+    if any(len(p.shape) != 2 or int(p.shape[0]) != in_features for p in parts):
+        raise ValueError(f"GGUF tensors {[p.name for p in parts]} cannot be stacked: shapes "
+                         f"{[list(map(int, p.shape)) for p in parts]}")
+    heads = heads or (None,) * len(parts)
+    if types <= set(FOUR_BIT_TYPES):
+        decoded = [decode_four_bit(_read_rows(f, p), p.tensor_type.name, in_features) for p in parts]
+        # the rows of nibbles, d and m reordered alike
+        nibbles, d, m = (torch.cat([_unpermute(t, n) if n else t for t, n in zip(column, heads)])
+                         for column in zip(*decoded))
+        return FOUR_BIT, Int4Linear.from_nibbles(nibbles, d, m, dtype, kernels)
     if types == {"Q8_0"}:
-        return Int8Linear.from_q8_0(stacked, stacked.shape[0], in_features, dtype, kernels)
+        rows = [_unpermute(_read_rows(f, p), n) if n else _read_rows(f, p) for p, n in zip(parts, heads)]
+        stacked = rows[0] if len(rows) == 1 else torch.cat(rows)
+        return Q8_0_BLOCKS, Int8Linear.from_q8_0(stacked, stacked.shape[0], in_features, dtype, kernels)
+    rows = [_unpermute(_read_weight(f, p), n) if n else _read_weight(f, p) for p, n in zip(parts, heads)]
+    stacked = rows[0] if len(rows) == 1 else torch.cat(rows)
     reason = int8_unsupported_reason(stacked)
     if reason is not None:
         raise ValueError(f"--quantization int8: GGUF tensor {parts[0].name} cannot be quantized: {reason}")
-    return Int8Linear.from_weight(stacked, None, kernels)
+    return WIDENED, Int8Linear.from_weight(stacked, None, kernels)
+
+
+def _read_weight(f, tensor) -> torch.Tensor:
+    """The tensor's values as a float matrix [N, K]: a float type as stored, a quantized one dequantized
+    to float32 (by the gguf package, as the file's preparation dequantizes it)."""
+    rows = _read_rows(f, tensor)
+    if tensor.tensor_type.name in _FLOAT_TYPES:
+        return rows
+    from gguf import dequantize
+    return torch.from_numpy(dequantize(rows.numpy(), tensor.tensor_type))
 
 
 def _read_rows(f, tensor) -> torch.Tensor:
-    """The tensor's rows as stored: uint8 [N, bytes per row] for Q8_0, else [N, K] of its float dtype."""
+    """The tensor's rows as stored: uint8 [N, bytes per row] for a quantized type, else [N, K] of its float dtype."""
     num_rows, in_features = int(tensor.shape[1]), int(tensor.shape[0])
-    if tensor.tensor_type.name == "Q8_0":
-        out = torch.empty(num_rows, in_features // 32 * _Q8_0_BLOCK_BYTES, dtype=torch.uint8)
-    else:
+    if tensor.tensor_type.name in _FLOAT_TYPES:
         out = torch.empty(num_rows, in_features, dtype=_FLOAT_TYPES[tensor.tensor_type.name])
+    else:  # whole blocks per row (the kernels' packers and the decoders check their sizes)
+        out = torch.empty(num_rows, int(tensor.n_bytes) // num_rows, dtype=torch.uint8)
     _read_into(f, tensor, out)
     return out
 

@@ -19,7 +19,7 @@ from engine.attention import AttentionInputs, get_attention_backend
 from engine.config import EngineConfig, model_eos_token_ids
 from engine.model_files import gguf_weights_file
 from engine.models import model_class
-from engine.models.gguf_loader import load_q8_0_gguf
+from engine.models.gguf_loader import load_quantized_gguf
 from engine.sched.scheduler_output import ModelRunnerOutput, SchedulerOutput
 from engine.structured_output.grammar_output import GrammarOutput
 from engine.worker.draft_verification import draft_logits_indices, num_accepted
@@ -104,12 +104,13 @@ class ModelRunner:
 
     def _load_weights(self, model, model_dir: Path):
         """The model built on the meta device, with its weights: read from the folder (then packed, or
-        quantized to int8), or from the GGUF file a folder prepared for Q8_0 weights names."""
+        quantized to int8), or from the GGUF file a folder prepared for Q8_0 or 4-bit weights names."""
         config = self.config
         logger.info("dtype %s", config.dtype_choice)
         if (gguf := gguf_weights_file(model_dir)) is not None:
-            logger.info("weights read from %s: Q8_0 matmuls as int8 with the file's per-block scales", gguf.name)
-            return load_q8_0_gguf(model, gguf, self.dtype).eval()
+            logger.info("weights read from %s: Q8_0 matmuls as int8, 4-bit ones in 4-bit, with the file's block scales",
+                        gguf.name)
+            return load_quantized_gguf(model, gguf, self.dtype).eval()
         model = model.to(self.dtype).to_empty(device=self.device)
         model.load_weights(model_dir)
         model.eval()

@@ -126,13 +126,13 @@ def test_an_unsupported_gguf_type_names_itself(tmp_path):
         gguf_matmul_types(path)
 
 
-def test_the_start_up_line_says_a_4_bit_file_is_widened_to_int8(caplog):
+def test_the_start_up_line_says_a_4_bit_file_is_served_in_4_bit(caplog):
     import logging
 
     from engine.model_files import resolve_model
     with caplog.at_level(logging.INFO, logger="engine.model_files"):
         resolve_model(None, "int8")  # the packaged file: Q4_1
-    assert "Q4_1 matmul weights, dequantized once then quantized per channel to int8 (no 4-bit kernel" in caplog.text
+    assert "SmolLM2-135M-Instruct.Q4_1.gguf: matmul weights served from the file: Q4_1 in 4-bit" in caplog.text
     caplog.clear()
     with caplog.at_level(logging.INFO, logger="engine.model_files"):
         resolve_model(None)

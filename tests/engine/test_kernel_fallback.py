@@ -28,7 +28,8 @@ def run_avx2(*args: str, pool: str = "formwork") -> subprocess.CompletedProcess:
 
 def test_the_avx2_build_passes_the_kernel_tests():
     tests = ["tests/engine/test_cpu_linear.py", "tests/engine/test_fp32_gemm.py", "tests/engine/test_cpu_attention.py",
-             "tests/engine/test_decoder_ops.py", "tests/engine/test_int8_linear.py"]
+             "tests/engine/test_decoder_ops.py", "tests/engine/test_int8_linear.py",
+             "tests/engine/test_int4_linear.py"]
     result = run_avx2("-m", "not slow", *tests, pool="openmp")  # the threads' other split too
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-2000:]
     assert " passed" in result.stdout

@@ -3,6 +3,7 @@
 
 #include <string>
 
+#include "int4_gemm.h"
 #include "int8_gemm.h"
 #include "ops.h"
 #include "worker_pool.h"
@@ -70,4 +71,13 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         py::arg("x"), py::arg("packed"), py::arg("scales"), py::arg("n"),
         py::arg("bias") = py::none(), py::arg("fp32_out") = false);
   m.def("int8_gemm_isa", &int8_gemm_isa, "the int8 GEMM's instruction set in this build: avx512_vnni, avx2 or portable");
+  m.def("int4_quantize_rows", &int4_quantize_rows,
+        "x [M, K] -> (int8 [M, K], fp32 scales [M, ceil(K / 32)]), as int4_gemm quantizes x (groups of 32)");
+  m.def("int4_gemm", &int4_gemm, py::call_guard<py::gil_scoped_release>(),
+        "x [M, K] (quantized per row and 32 values) @ W.T (+ fp32 bias), W 4-bit (nib * d + m) in int4_gemm.h's "
+        "layout: [M, N] bf16 for bf16 x, else fp32 (fp32_out: fp32 always)",
+        py::arg("x"), py::arg("packed"), py::arg("scales"), py::arg("n"),
+        py::arg("bias") = py::none(), py::arg("fp32_out") = false);
+  m.def("int4_gemm_isa", &int4_gemm_isa,
+        "the 4-bit GEMM's instruction set in this build: amx_int8 (from 32 rows), avx512_vnni, avx2 or portable");
 }

@@ -1,0 +1,131 @@
+"""GGUF files with 4-bit weights (Q4_0, Q4_1, Q4_K) under `--quantization int8`: multiplied in 4-bit
+from the file's blocks, other types of a mixed file widened to int8, against the widened path."""
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+import pytest
+import torch
+from quantized_blocks import random_blocks
+from test_int8_model import make_llm
+
+from bench.quantization_agreement import agreement, greedy_answers, teacher_forced_choices
+from engine.kernels.int4_linear import Int4Linear
+from engine.kernels.int8_linear import Int8Linear
+from engine.sampling_params import SamplingParams
+
+# a tiny Llama of whole Q4_K super-blocks (256 values), the packaged model's tokenizer
+SHAPE = {"block_count": 2, "embedding_length": 256, "feed_forward_length": 512, "attention.head_count": 2,
+         "attention.head_count_kv": 1, "rope.dimension_count": 128}
+
+
+def random_gguf(path: Path, tensor_type: str) -> Path:
+    from bench.q8_0_gguf import write_random_q8_0
+    from engine.model_files import default_gguf_path
+    return write_random_q8_0(default_gguf_path(), path, SHAPE, tensor_type=tensor_type)
+
+
+def retyped(source: Path, target: Path, types: dict[str, str]) -> Path:
+    """source with its layers' matrices named in types (attn_q, ffn_down, ...) replaced by random blocks
+    of the type given, as llama.cpp's Q4_K_M mixes Q4_K and Q6_K."""
+    import gguf
+    import numpy as np
+    reader = gguf.GGUFReader(source)
+    writer = gguf.GGUFWriter(target, "llama")
+    for field in reader.fields.values():
+        if field.name == gguf.Keys.General.ARCHITECTURE or field.name.startswith("GGUF."):
+            continue
+        sub_type = field.types[-1] if field.types[0] == gguf.GGUFValueType.ARRAY else None
+        writer.add_key_value(field.name, field.contents(), field.types[0], sub_type=sub_type)
+    for seed, tensor in enumerate(reader.tensors):
+        kind = types.get(tensor.name.split(".")[2]) if tensor.name.startswith("blk.") else None
+        if kind is None or len(tensor.shape) != 2:
+            writer.add_tensor(tensor.name, np.array(tensor.data), raw_dtype=tensor.tensor_type)
+            continue
+        in_features, num_rows = map(int, tensor.shape)
+        rows = random_blocks(kind, num_rows, in_features, seed, scale=0.004 if kind == "Q4_K" else 0.0002)
+        writer.add_tensor(tensor.name, rows.numpy(), raw_dtype=getattr(gguf.GGMLQuantizationType, kind))
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return target
+
+
+def file_rows(path: Path, name: str, rows: torch.Tensor) -> torch.Tensor:
+    import gguf
+    tensor = next(t for t in gguf.GGUFReader(path).tensors if t.name == name)
+    return torch.from_numpy(gguf.dequantize(tensor.data, tensor.tensor_type))[rows]
+
+
+def generates(llm) -> bool:
+    out = llm.generate([[{"role": "user", "content": "Hello"}]], SamplingParams(temperature=0, max_tokens=4))[0]
+    return out.num_output_tokens >= 1
+
+
+@pytest.mark.parametrize("tensor_type", ["Q4_0", "Q4_1"])
+def test_a_4_bit_gguf_is_served_in_4_bit(kernels, tmp_path, monkeypatch, caplog, tensor_type):
+    path = random_gguf(tmp_path / "random.gguf", tensor_type)
+    monkeypatch.setenv("FORMWORK_CACHE", str(tmp_path / "cache"))  # the kernels are loaded already
+    with caplog.at_level(logging.INFO):
+        llm = make_llm(str(path), quantization="int8")
+    try:
+        assert f"matmul weights served from the file: {tensor_type} in 4-bit\n" in caplog.text
+        assert f"in 4-bit: 14 {tensor_type} (attn_k, attn_output, attn_q, attn_v, ffn_down, ffn_gate, ffn_up)" in caplog.text
+        model = llm.engine.runner.model
+        for layer in model.layers:
+            assert all(isinstance(p, Int4Linear) for p in (layer.qkv_proj, layer.o_proj, layer.gate_up_proj,
+                                                           layer.down_proj))
+        assert isinstance(model.packed_lm_head, Int8Linear)  # the embedding's Q8_0 blocks, tied
+        rows = torch.tensor([0, 100, 255])
+        torch.testing.assert_close(model.layers[1].down_proj.dequantized_rows(rows),
+                                   file_rows(path, "blk.1.ffn_down.weight", rows), rtol=2 ** -23, atol=0)
+        assert generates(llm)
+    finally:
+        llm.shutdown()
+
+
+def test_a_mixed_file_serves_its_4_bit_tensors_in_4_bit_and_widens_the_rest(kernels, tmp_path, monkeypatch, caplog):
+    """Q4_K beside Q4_0 and Q6_K: q, k and v stack into one matmul, which a Q6_K v widens whole."""
+    path = retyped(random_gguf(tmp_path / "q4_0.gguf", "Q4_0"), tmp_path / "mixed.gguf",
+                   {"attn_q": "Q4_K", "attn_k": "Q4_K", "ffn_gate": "Q4_K", "ffn_up": "Q4_K", "attn_v": "Q6_K",
+                    "ffn_down": "Q6_K"})
+    monkeypatch.setenv("FORMWORK_CACHE", str(tmp_path / "cache"))
+    with caplog.at_level(logging.INFO):
+        llm = make_llm(str(path), quantization="int8")
+    try:
+        assert "Q4_0 in 4-bit, Q4_K in 4-bit, Q6_K widened to int8 per channel" in caplog.text
+        assert "in 4-bit: 2 Q4_0 (attn_output), 4 Q4_K (ffn_gate, ffn_up)" in caplog.text
+        assert "widened to int8 per channel: 4 Q4_K (attn_k, attn_q), 4 Q6_K (attn_v, ffn_down)" in caplog.text
+        layer = llm.engine.runner.model.layers[0]
+        assert isinstance(layer.gate_up_proj, Int4Linear) and isinstance(layer.o_proj, Int4Linear)
+        assert isinstance(layer.qkv_proj, Int8Linear) and isinstance(layer.down_proj, Int8Linear)
+        rows = torch.tensor([0, 200, 511])
+        torch.testing.assert_close(layer.gate_up_proj.dequantized_rows(rows),
+                                   file_rows(path, "blk.0.ffn_gate.weight", rows), rtol=2 ** -22, atol=2 ** -30)
+        assert generates(llm)
+    finally:
+        llm.shutdown()
+
+
+@pytest.mark.slow
+def test_the_packaged_q4_1_model_in_4_bit_picks_the_widened_tokens(kernels, model_dir):
+    """The default model (Q4_1) in 4-bit from its file, against the same model dequantized and
+    quantized per channel to int8 (its folder under --quantization int8 before the 4-bit GEMM)."""
+    from engine.model_files import gguf_weights_file, resolve_model
+    assert gguf_weights_file(resolve_model(None, "int8")) is not None
+    widened = make_llm(str(model_dir), quantization="int8", quantize_lm_head=True)
+    prompts = [widened.encode_prompt([{"role": "user", "content": f"Tell me about {topic}."}])
+               for topic in ("owls", "rivers", "glass", "bees", "the moon", "bread")]
+    try:
+        reference = greedy_answers(widened, prompts, 16)
+    finally:
+        widened.shutdown()
+    llm = make_llm(None, quantization="int8")
+    try:
+        layer = llm.engine.runner.model.layers[0]
+        assert isinstance(layer.down_proj, Int4Linear)
+        assert agreement(reference, teacher_forced_choices(llm, prompts, reference)) >= 0.85
+    finally:
+        llm.shutdown()
