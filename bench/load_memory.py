@@ -85,10 +85,9 @@ def q8_0_gguf(gguf: Path, dtype) -> None:
           f"{model.resident_weight_bytes() / mib:.0f} MiB")
     print(f"peak RSS after loading {loaded / mib:.0f} MiB: loading added {(loaded - base) / mib:.0f} MiB = "
           f"{(loaded - base) / size:.2f}x the file")
-    from engine.kernels.int4_linear import Int4Linear
-    from engine.kernels.int8_linear import Int8Linear
+    from engine.kernels.quantized_linear import QuantizedLinear
     parameters = sum(p.numel() for p in model.parameters()) + sum(
-        m.out_features * m.in_features for m in model.modules() if isinstance(m, (Int8Linear, Int4Linear)))
+        m.out_features * m.in_features for m in model.modules() if isinstance(m, QuantizedLinear))
     print(f"resident weights = {model.resident_weight_bytes() / parameters:.3f}x the int8 bytes "
           f"({parameters / mib:.0f} MiB, one a parameter)")
 

@@ -69,9 +69,9 @@ def matmul_flops_per_token(model, with_head: bool = True) -> int:
     from torch import nn
 
     from engine.kernels.cpu_linear import PackedLinear
-    from engine.kernels.int8_linear import Int8Linear
+    from engine.kernels.quantized_linear import QuantizedLinear
     linears = sum(m.in_features * m.out_features for m in model.layers.modules()
-                  if isinstance(m, (nn.Linear, PackedLinear, Int8Linear)))
+                  if isinstance(m, (nn.Linear, PackedLinear, QuantizedLinear)))
     return 2 * (linears + with_head * model.config.vocab_size * model.config.hidden_size)
 
 

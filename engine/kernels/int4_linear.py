@@ -11,7 +11,8 @@ them by the same fp32 operations, so a row's output does not depend on the other
 from __future__ import annotations
 
 import torch
-from torch import nn
+
+from engine.kernels.quantized_linear import QuantizedLinear, tensor_bytes
 
 BLOCK_COLUMNS = 16  # output columns per block of the layout
 GROUP = 32  # values of K per d, m and per activation scale
@@ -19,20 +20,15 @@ K_ALIGN = 64  # K padded to a multiple of this
 CHUNK_VALUES = 8  # values of K per column in one 64-byte chunk: low nibbles 4, high nibbles the next 4
 
 
-class Int4Linear(nn.Module):
+class Int4Linear(QuantizedLinear):
     """y = x @ W.T + b with W held once as 4-bit nibbles plus fp32 d and m per 32 values."""
 
     def __init__(self, packed: torch.Tensor, scales: torch.Tensor, out_features: int, in_features: int,
                  bias: torch.Tensor | None, dtype: torch.dtype, kernels) -> None:
-        super().__init__()
-        self.out_features, self.in_features = out_features, in_features
-        self.packed_weight, self.scales = packed, scales
-        self.bias = None if bias is None else bias.detach().float().contiguous()  # added to the fp32 sums
-        self.dtype = dtype  # of the activations: rows() hands back this dtype
-        self.kernels = kernels
+        super().__init__(packed, scales, out_features, in_features, bias, dtype, kernels)
         groups = -(-in_features // GROUP)
         # what a forward reads: the nibbles, their d and m, the bias (roofline figures)
-        self.weight_bytes = out_features * (-(-in_features // 2) + 8 * groups) + _bytes(self.bias)
+        self.weight_bytes = out_features * (-(-in_features // 2) + 8 * groups) + tensor_bytes(self.bias)
 
     @classmethod
     def from_nibbles(cls, nibbles: torch.Tensor, d: torch.Tensor, m: torch.Tensor, dtype: torch.dtype,
@@ -56,23 +52,8 @@ class Int4Linear(nn.Module):
         scales = scales.view(2, blocks, BLOCK_COLUMNS, -1).permute(1, 3, 0, 2).contiguous()
         return cls(packed, scales, out_features, in_features, None, dtype, kernels)
 
-    @property
-    def resident_bytes(self) -> int:
-        """Bytes this layer holds (the packed nibbles with their padding, d and m, bias)."""
-        return sum(_bytes(t) for t in (self.packed_weight, self.scales, self.bias))
-
-    @property
-    def shares_rows(self) -> bool:
-        """rows() reads the weight back (dequantized): a tied embedding can look its rows up here."""
-        return True
-
-    def forward(self, x: torch.Tensor, fp32_out: bool = False) -> torch.Tensor:
-        """x @ W.T (+ bias) in x's dtype; fp32_out: in float32, the scaled sums unrounded."""
-        flat = x if x.dim() == 2 and x.stride(1) == 1 else x.reshape(-1, x.shape[-1]).contiguous()
-        y = self.kernels.int4_gemm(flat, self.packed_weight, self.scales, self.out_features, self.bias, fp32_out)
-        if not fp32_out and y.dtype != x.dtype:  # the kernel writes bf16 or fp32
-            y = y.to(x.dtype)
-        return y if x.dim() == 2 else y.view(*x.shape[:-1], self.out_features)
+    def multiply(self, x: torch.Tensor, fp32_out: bool) -> torch.Tensor:
+        return self.kernels.int4_gemm(x, self.packed_weight, self.scales, self.out_features, self.bias, fp32_out)
 
     def dequantized_rows(self, ids: torch.Tensor) -> torch.Tensor:
         """W[ids] as nib * d + m, in float32."""
@@ -84,11 +65,3 @@ class Int4Linear(nn.Module):
         d, m = (scales[..., i].repeat_interleave(GROUP, dim=-1) for i in (0, 1))
         k = self.in_features
         return nibbles[..., :k].float() * d[..., :k] + m[..., :k]
-
-    def rows(self, ids: torch.Tensor) -> torch.Tensor:
-        """W[ids] dequantized, in the activations' dtype (an embedding lookup)."""
-        return self.dequantized_rows(ids).to(self.dtype)
-
-
-def _bytes(t: torch.Tensor | None) -> int:
-    return 0 if t is None else t.numel() * t.element_size()

@@ -18,6 +18,7 @@ import torch
 from torch import nn
 
 from engine.kernels.loader import load_cpu_kernels
+from engine.kernels.quantized_linear import QuantizedLinear, tensor_bytes
 
 logger = logging.getLogger(__name__)
 
@@ -26,19 +27,14 @@ GROUP = 32  # values of K per weight scale in GGUF Q8_0 (and per activation scal
 ACTIVATION_GROUP = 64  # values of K per activation scale beside per-channel weights
 
 
-class Int8Linear(nn.Module):
+class Int8Linear(QuantizedLinear):
     """y = x @ W.T + b with W held once as int8 plus fp32 scales, in the int8 GEMM's layout."""
 
     def __init__(self, packed: tuple[torch.Tensor, torch.Tensor], out_features: int,
                  in_features: int, bias: torch.Tensor | None, dtype: torch.dtype, kernels) -> None:
-        super().__init__()
-        self.out_features, self.in_features = out_features, in_features
-        self.packed_weight, self.scales = packed
-        self.bias = None if bias is None else bias.detach().float().contiguous()  # added to the fp32 sums
-        self.dtype = dtype  # of the activations: rows() hands back this dtype
-        self.kernels = kernels
+        super().__init__(*packed, out_features, in_features, bias, dtype, kernels)
         # what a forward reads: the int8 values, their scales, the bias (roofline figures)
-        self.weight_bytes = out_features * (in_features + 4 * self.scales.shape[1]) + _bytes(self.bias)
+        self.weight_bytes = out_features * (in_features + 4 * self.scales.shape[1]) + tensor_bytes(self.bias)
 
     @classmethod
     def from_weight(cls, weight: torch.Tensor, bias: torch.Tensor | None, kernels) -> Int8Linear:
@@ -55,23 +51,8 @@ class Int8Linear(nn.Module):
         return cls(tuple(kernels.pack_q8_0_weight(rows, in_features)), out_features, in_features, None, dtype,
                    kernels)
 
-    @property
-    def resident_bytes(self) -> int:
-        """Bytes this layer holds (the packed values with their padding, scales, bias)."""
-        return sum(_bytes(t) for t in (self.packed_weight, self.scales, self.bias))
-
-    @property
-    def shares_rows(self) -> bool:
-        """rows() reads the weight back (dequantized): a tied embedding can look its rows up here."""
-        return True
-
-    def forward(self, x: torch.Tensor, fp32_out: bool = False) -> torch.Tensor:
-        """x @ W.T (+ bias) in x's dtype; fp32_out: in float32, the scaled sums unrounded."""
-        flat = x if x.dim() == 2 and x.stride(1) == 1 else x.reshape(-1, x.shape[-1]).contiguous()
-        y = self.kernels.int8_gemm(flat, self.packed_weight, self.scales, self.out_features, self.bias, fp32_out)
-        if not fp32_out and y.dtype != x.dtype:  # the kernel writes bf16 or fp32
-            y = y.to(x.dtype)
-        return y if x.dim() == 2 else y.view(*x.shape[:-1], self.out_features)
+    def multiply(self, x: torch.Tensor, fp32_out: bool) -> torch.Tensor:
+        return self.kernels.int8_gemm(x, self.packed_weight, self.scales, self.out_features, self.bias, fp32_out)
 
     def dequantized_rows(self, ids: torch.Tensor) -> torch.Tensor:
         """W[ids] as the kernel multiplies by it (int8 values times their scales), in float32."""
@@ -82,15 +63,6 @@ class Int8Linear(nn.Module):
         scales = self.scales[blocks, :, columns]  # [*ids, groups]
         group = values.shape[-1] if scales.shape[-1] == 1 else GROUP
         return values * scales.repeat_interleave(group, dim=-1)[..., :self.in_features]
-
-    def rows(self, ids: torch.Tensor) -> torch.Tensor:
-        """W[ids] dequantized, in the activations' dtype (an embedding lookup)."""
-        return self.dequantized_rows(ids).to(self.dtype)
-
-
-def _bytes(t: torch.Tensor | None) -> int:
-    return 0 if t is None else t.numel() * t.element_size()
-
 
 def int8_unsupported_reason(weight: torch.Tensor) -> str | None:
     """Why the int8 GEMM cannot take this weight here, or None when it can."""

@@ -22,8 +22,8 @@ from torch import nn
 from engine.attention import AttentionBackend, AttentionOptions
 from engine.kernels import decoder_ops as ops
 from engine.kernels.cpu_linear import PackedEmbedding, PackedLinear, pack_linear, pack_linears
-from engine.kernels.int4_linear import Int4Linear
-from engine.kernels.int8_linear import Int8Linear, quantize_linear, quantize_linears
+from engine.kernels.int8_linear import quantize_linear, quantize_linears
+from engine.kernels.quantized_linear import QuantizedLinear
 from engine.models.rope import RopeSpec, RotaryTables, rope_spec
 from engine.models.weight_loader import load_safetensors
 
@@ -258,12 +258,12 @@ class DecoderForCausalLM(nn.Module):
         plain = sum(p.numel() * p.element_size() for p in self.parameters())
         shared_head = self.packed_lm_head.weight_bytes if isinstance(self.embed_tokens, PackedEmbedding) else 0
         return plain + shared_head + sum(m.weight_bytes for m in self.layers.modules()
-                                         if isinstance(m, (PackedLinear, Int8Linear, Int4Linear)))
+                                         if isinstance(m, (PackedLinear, QuantizedLinear)))
 
     def resident_weight_bytes(self) -> int:
         """Bytes of weights held in memory: the plain parameters and every packed copy (with its padding)."""
         plain = sum(p.numel() * p.element_size() for p in self.parameters())
-        return plain + sum(m.resident_bytes for m in self.modules() if isinstance(m, (PackedLinear, Int8Linear, Int4Linear)))
+        return plain + sum(m.resident_bytes for m in self.modules() if isinstance(m, (PackedLinear, QuantizedLinear)))
 
     @property
     def lm_head_weight(self) -> torch.Tensor:

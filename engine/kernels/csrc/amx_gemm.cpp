@@ -22,6 +22,7 @@
 #include <cstring>
 #include <vector>
 
+#include "amx_tile_config.h"
 #include "gemm.h"
 #include "worker_pool.h"
 
@@ -41,17 +42,9 @@ constexpr int64_t kRangeBytes = 512 << 10;  // rows of x per unit: about this ma
 constexpr int64_t kMaxPanelBlocks = 8;      // blocks per unit at most (8 x K x 32 bytes of weight)
 constexpr int64_t kMinUnits = 16;           // units per call, at least, where the weight allows
 
-struct alignas(64) TileConfig {
-  uint8_t palette_id = 1;
-  uint8_t start_row = 0;
-  uint8_t reserved[14] = {};
-  uint16_t colsb[16] = {};
-  uint8_t rows[16] = {};
-};
-
 // every tile 16 rows x 64 bytes: C tiles 0-3, A tiles 4-5, B tiles 6-7
 void configure_tiles() {
-  TileConfig config;
+  formwork::TileConfig config;
   for (int t = 0; t < 8; ++t) {
     config.colsb[t] = 64;
     config.rows[t] = 16;

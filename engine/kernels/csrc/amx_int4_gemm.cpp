@@ -12,6 +12,7 @@
 #include <cstdint>
 #include <vector>
 
+#include "amx_tile_config.h"
 #include "gemm.h"
 #include "int4_operands.h"
 #include "worker_pool.h"
@@ -28,17 +29,9 @@ namespace {
 
 constexpr int64_t kQuadBytes = 4 * kBlock;  // one B-tile row: 16 columns x 4 values
 
-struct alignas(64) TileConfig {
-  uint8_t palette_id = 1;
-  uint8_t start_row = 0;
-  uint8_t reserved[14] = {};
-  uint16_t colsb[16] = {};
-  uint8_t rows[16] = {};
-};
-
 // C tiles 0-3: 16 rows x 16 int32; A tiles 4-5: 16 rows x 32 bytes; B tiles 6-7: 8 quads x 64 bytes
 void configure_tiles() {
-  TileConfig config;
+  formwork::TileConfig config;
   for (int t = 0; t < 4; ++t) {
     config.colsb[t] = 64;
     config.rows[t] = 16;

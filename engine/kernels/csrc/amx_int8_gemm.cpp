@@ -14,6 +14,7 @@
 
 #include <cstdint>
 
+#include "amx_tile_config.h"
 #include "gemm.h"
 #include "int8_operands.h"
 #include "worker_pool.h"
@@ -28,20 +29,12 @@ namespace formwork::int8 {
 #if defined(FORMWORK_AMX_INT8)
 namespace {
 
-struct alignas(64) TileConfig {
-  uint8_t palette_id = 1;
-  uint8_t start_row = 0;
-  uint8_t reserved[14] = {};
-  uint16_t colsb[16] = {};
-  uint8_t rows[16] = {};
-};
-
 constexpr int64_t kSpan = 4;  // groups multiplied before their sums are scaled
 
 // C tiles 0-3: 16 rows x 16 int32; A tiles 4-5: 16 rows x one group's bytes; B tiles 6-7: the
 // group's quads x 64 bytes
 void configure_tiles(int64_t group) {
-  TileConfig config;
+  formwork::TileConfig config;
   for (int t = 0; t < 4; ++t) {
     config.colsb[t] = 64;
     config.rows[t] = 16;

@@ -37,9 +37,6 @@
 namespace {
 
 using namespace formwork::int4;
-constexpr int64_t kPanel = 3;       // blocks per register tile and per thread work unit
-constexpr int64_t kRowChunkBytes = 512 << 10;  // rows of x per pass over the weight: about this many bytes
-constexpr int64_t kTileRows = 4;
 
 inline int32_t x_quad(const Operands& op, int64_t row, int64_t q) {
   int32_t quad;
@@ -180,61 +177,19 @@ Tile tile_for(int64_t mr, int64_t nb) {
   }
 }
 
-// Threads split the columns into panels (a panel stays in L2 while a chunk of x's rows passes over
-// it), as the int8 GEMM does (int8_gemm.cpp).
 void multiply(const Operands& op) {
   if (op.m >= kAmxMinRows && amx_int4_ready()) return multiply_amx(op);  // the same sums, the same scaling
-  const int64_t num_blocks = op.num_blocks(), num_panels = (num_blocks + kPanel - 1) / kPanel;
-  const int64_t chunk_rows = std::max<int64_t>(kTileRows, kRowChunkBytes / op.kp / kTileRows * kTileRows);
-  const int64_t work = op.n * op.kp * (1 + op.m / 8);
-  const int64_t chunk_panels = work < (1 << 18) ? num_panels : std::max<int64_t>(1, num_panels / 16);
-  const int64_t num_chunks = (num_panels + chunk_panels - 1) / chunk_panels;
-  for (int64_t m_chunk = 0; m_chunk < op.m; m_chunk += chunk_rows) {
-    const int64_t m_end = std::min(op.m, m_chunk + chunk_rows);
-    formwork::parallel_chunks(num_chunks, [&](int64_t chunk) {
-      for (int64_t panel = chunk * chunk_panels; panel < std::min(num_panels, (chunk + 1) * chunk_panels); ++panel) {
-        const int64_t b0 = panel * kPanel, nb = std::min(kPanel, num_blocks - b0);
-        for (int64_t m0 = m_chunk; m0 < m_end; m0 += kTileRows) tile_for(std::min(kTileRows, m_end - m0), nb)(op, m0, b0);
-      }
-    });
-  }
+  formwork::quantized::multiply_panels(op.m, op.n, op.kp, op.num_blocks(), [&](int64_t m0, int64_t rows, int64_t b0,
+                                                                               int64_t blocks) {
+    tile_for(rows, blocks)(op, m0, b0);
+  });
 }
 
-// One group of values: scale = max|x| / 127, q = x * (127 / max|x|) rounded to nearest even; returns
-// sum(q). The int8 GEMM's quantizer (int8_gemm.cpp) with its group fixed at 32: the 4-bit blocks' own.
-template <typename scalar_t>
-int32_t quantize_group(const scalar_t* x, int64_t count, int8_t* q, float* scale) {
-  float amax = 0.f;
-  for (int64_t i = 0; i < count; ++i) amax = std::max(amax, std::fabs(formwork::to_float(x[i])));
-  const float inverse = amax > 0.f ? 127.f / amax : 0.f;
-  int32_t sum = 0;
-  for (int64_t i = 0; i < count; ++i) {
-    q[i] = static_cast<int8_t>(std::nearbyint(formwork::to_float(x[i]) * inverse));
-    sum += q[i];
-  }
-  *scale = amax / 127.f;
-  return sum;
-}
-
-// x's rows into q [m, kp] (the padding zero), scales and offsets (sum of q times scale) [m, kp / 32];
-// a decode batch on the calling thread, prompt chunks split
+// x's rows into q [m, kp], scales and offsets [m, kp / 32]: an offset is the group's sum of q times
+// its scale, what a column's m multiplies
 void quantize(const torch::Tensor& x, int64_t kp, int8_t* q, float* scales, float* offsets) {
-  const int64_t m = x.size(0), k = x.size(1), stride = x.stride(0), groups = kp / kGroup;
-  constexpr int64_t kRowGrain = 64;
-  AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, x.scalar_type(), "int4_quantize_rows", [&] {
-    const scalar_t* data = x.data_ptr<scalar_t>();
-    formwork::parallel_chunks((m + kRowGrain - 1) / kRowGrain, [&](int64_t chunk) {
-      for (int64_t r = chunk * kRowGrain; r < std::min(m, (chunk + 1) * kRowGrain); ++r) {
-        std::memset(q + r * kp, 0, kp);
-        for (int64_t g = 0; g < groups; ++g) {
-          float* scale = scales + r * groups + g;
-          *scale = 0.f;
-          const int32_t sum = g * kGroup < k ? quantize_group(data + r * stride + g * kGroup, std::min(kGroup, k - g * kGroup),
-                                                              q + r * kp + g * kGroup, scale) : 0;
-          offsets[r * groups + g] = static_cast<float>(sum) * *scale;
-        }
-      }
-    });
+  formwork::quantized::quantize_rows_into(x, kp, kGroup, q, scales, [&](int64_t i, int32_t sum, float scale) {
+    offsets[i] = static_cast<float>(sum) * scale;
   });
 }
 

@@ -5,7 +5,7 @@
 #include <algorithm>
 #include <cstdint>
 
-#include "conversions.h"
+#include "quantized_gemm.h"
 
 namespace formwork::int4 {
 
@@ -47,15 +47,7 @@ struct Operands {
 // the same way, group after group: sum = fma(float(int32), d * x_scale, sum); sum = fma(m, x_offset,
 // sum); and stores through here: the output bits do not depend on the kernel.
 inline void store(const Operands& op, int64_t row, int64_t col, const float* sums) {
-  const int64_t cols = std::min(kBlock, op.n - col);
-  for (int64_t i = 0; i < cols; ++i) {
-    float v = sums[i];
-    if (op.bias != nullptr) v += op.bias[col + i];
-    if (op.y_bf16)
-      static_cast<uint16_t*>(op.y)[row * op.n + col + i] = formwork::float_to_bf16_bits(v);
-    else
-      static_cast<float*>(op.y)[row * op.n + col + i] = v;
-  }
+  formwork::quantized::store_row(op.bias, op.n, op.y, op.y_bf16, row, col, sums);
 }
 
 // whether this build and this process can run AMX-INT8 tiles

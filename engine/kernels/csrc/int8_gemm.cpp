@@ -44,9 +44,6 @@ namespace {
 using namespace formwork::int8;
 constexpr int64_t kQ8Group = kWeightGroup;  // values per scale in GGUF Q8_0
 constexpr int64_t kQ8BlockBytes = 2 + kQ8Group;  // its fp16 scale, then the values
-constexpr int64_t kPanel = 3;       // blocks per register tile and per thread work unit
-constexpr int64_t kChunkBytes = 512 << 10;  // rows of x per pass over the weight: about this many bytes
-constexpr int64_t kTileRows = 4;
 
 inline int32_t x_quad(const Operands& op, int64_t row, int64_t q) {
   int32_t quad;
@@ -170,67 +167,19 @@ Tile tile_for(int64_t mr, int64_t nb) {
   }
 }
 
-// Threads split the columns into panels (a panel stays in L2 while a chunk of x's rows passes over
-// it), as the bf16 GEMM does (gemm.cpp).
 void multiply(const Operands& op) {
   if (op.m >= kAmxMinRows && amx_int8_ready()) return multiply_amx(op);  // the same sums, the same scaling
-  const int64_t num_blocks = op.num_blocks(), num_panels = (num_blocks + kPanel - 1) / kPanel;
-  const int64_t chunk_rows = std::max<int64_t>(kTileRows, kChunkBytes / op.kp / kTileRows * kTileRows);
-  const int64_t work = op.n * op.kp * (1 + op.m / 8);
-  const int64_t chunk_panels = work < (1 << 18) ? num_panels : std::max<int64_t>(1, num_panels / 16);
-  const int64_t num_chunks = (num_panels + chunk_panels - 1) / chunk_panels;
-  for (int64_t m_chunk = 0; m_chunk < op.m; m_chunk += chunk_rows) {
-    const int64_t m_end = std::min(op.m, m_chunk + chunk_rows);
-    formwork::parallel_chunks(num_chunks, [&](int64_t chunk) {
-      for (int64_t panel = chunk * chunk_panels; panel < std::min(num_panels, (chunk + 1) * chunk_panels); ++panel) {
-        const int64_t b0 = panel * kPanel, nb = std::min(kPanel, num_blocks - b0);
-        for (int64_t m0 = m_chunk; m0 < m_end; m0 += kTileRows) tile_for(std::min(kTileRows, m_end - m0), nb)(op, m0, b0);
-      }
-    });
-  }
-}
-
-// one group of values: scale = max|x| / 127, q = x * (127 / max|x|) rounded to nearest even; returns sum(q)
-template <typename scalar_t>
-int32_t quantize_group(const scalar_t* x, int64_t count, int8_t* q, float* scale) {
-  float amax = 0.f;
-  for (int64_t i = 0; i < count; ++i) amax = std::max(amax, std::fabs(formwork::to_float(x[i])));
-  const float inverse = amax > 0.f ? 127.f / amax : 0.f;
-  int32_t sum = 0;
-  for (int64_t i = 0; i < count; ++i) {
-    q[i] = static_cast<int8_t>(std::nearbyint(formwork::to_float(x[i]) * inverse));
-    sum += q[i];
-  }
-  *scale = amax / 127.f;
-  return sum;
-}
-
-// one row of k values in groups into q [kp] (the padding zero), scales and offsets [kp / group]:
-// an offset is 128 times the group's sum of quantized values
-template <typename scalar_t>
-void quantize_row(const scalar_t* x, int64_t k, int64_t kp, int64_t group, int8_t* q, float* scales,
-                  int32_t* offsets) {
-  std::memset(q, 0, kp);
-  for (int64_t g = 0; g < kp / group; ++g) {
-    scales[g] = 0.f;
-    offsets[g] = g * group < k ? 128 * quantize_group(x + g * group, std::min(group, k - g * group), q + g * group,
-                                                      scales + g) : 0;
-  }
-}
-
-// x's rows into q [m, kp], scales and offsets [m, kp / group]; a decode batch on the calling thread,
-// prompt chunks split
-void quantize(const torch::Tensor& x, int64_t kp, int64_t group, int8_t* q, float* scales, int32_t* offsets) {
-  const int64_t m = x.size(0), k = x.size(1), stride = x.stride(0);
-  constexpr int64_t kRowGrain = 64;
-  AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, x.scalar_type(), "quantize_rows", [&] {
-    const scalar_t* data = x.data_ptr<scalar_t>();
-    formwork::parallel_chunks((m + kRowGrain - 1) / kRowGrain, [&](int64_t chunk) {
-      for (int64_t r = chunk * kRowGrain; r < std::min(m, (chunk + 1) * kRowGrain); ++r)
-        quantize_row(data + r * stride, k, kp, group, q + r * kp, scales + r * (kp / group),
-                     offsets + r * (kp / group));
-    });
+  formwork::quantized::multiply_panels(op.m, op.n, op.kp, op.num_blocks(), [&](int64_t m0, int64_t rows, int64_t b0,
+                                                                               int64_t blocks) {
+    tile_for(rows, blocks)(op, m0, b0);
   });
+}
+
+// x's rows into q [m, kp], scales and offsets [m, kp / group]: an offset is what the 128 added to
+// each stored weight adds to the group's int32 sum, 128 times the sum of its quantized values
+void quantize(const torch::Tensor& x, int64_t kp, int64_t group, int8_t* q, float* scales, int32_t* offsets) {
+  formwork::quantized::quantize_rows_into(x, kp, group, q, scales,
+                                          [&](int64_t i, int32_t sum, float) { offsets[i] = 128 * sum; });
 }
 
 // empty (packed, scales) for an [n, k] weight with `groups` scales per column
@@ -257,7 +206,7 @@ std::vector<torch::Tensor> pack_int8_weight(torch::Tensor weight) {
   at::parallel_for(0, n, 64, [&](int64_t begin, int64_t end) {
     std::vector<int8_t> values(k);
     for (int64_t c = begin; c < end; ++c) {
-      quantize_group(w.data_ptr<float>() + c * k, k, values.data(), scales + c);  // [blocks, 1, 16] is [n] padded
+      formwork::quantized::quantize_group(w.data_ptr<float>() + c * k, k, values.data(), scales + c);  // [blocks, 1, 16] is [n] padded
       place_column(packed[0], c, values.data(), k);
     }
   });
