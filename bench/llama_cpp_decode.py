@@ -134,10 +134,14 @@ def main(argv: list[str] | None = None) -> int:
     items = _items()
     base = EngineConfig(model=args.model, cache=CacheConfig(enable_prefix_caching=False),
                         speculative=SpeculativeConfig(enabled=False if args.no_speculation else None))
-    llms = {s: LLM(config=replace(base, quantization=SETTINGS[s])) if s != "int8-widened" else
-            LLM(config=replace(base, model=args.widened_model or _widened_model(args.model), quantization="int8",
-                               quantize_lm_head=True))
-            for s in settings}
+
+    def formwork(setting: str) -> LLM:
+        if setting == "int8-widened":  # the model dequantized; every matmul and the head per channel
+            return LLM(config=replace(base, model=args.widened_model or _widened_model(args.model),
+                                      quantization="int8", quantize_lm_head=True))
+        return LLM(config=replace(base, quantization=SETTINGS[setting]))
+
+    llms = {s: formwork(s) for s in settings}
     prompts = [next(iter(llms.values())).encode_prompt(item.messages["schema"]) for item in items]
     schemas = {"unconstrained": [None] * len(items), "constrained": [item.schema for item in items]}
     for llm in llms.values():  # compile each schema and touch every code path before any clock

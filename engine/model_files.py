@@ -27,6 +27,8 @@ GGUF_SOURCE = "formwork-gguf-weights.txt"  # in a prepared folder without weight
 # GGUF tensor types the preparation dequantizes (through transformers' reader, the gguf package's)
 GGUF_READABLE_TYPES = ("F32", "F16", "BF16", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q2_K", "Q3_K", "Q4_K",
                        "Q5_K", "Q6_K")
+# llama.cpp's 4-bit types, multiplied in 4-bit under int8 (engine/models/gguf_blocks.py decodes them)
+FOUR_BIT_TYPES = ("Q4_0", "Q4_1", "Q4_K")
 
 
 def cache_dir() -> Path:
@@ -76,9 +78,7 @@ def prepare_gguf(gguf: Path, quantization: str | None = None) -> Path:
     return _prepare_gguf(gguf, target)
 
 
-# llama.cpp's 4-bit types, multiplied in 4-bit under int8 (engine/models/gguf_blocks.py decodes them)
-_FOUR_BIT_TYPES = ("Q4_0", "Q4_1", "Q4_K")
-_BLOCK_TYPES = ("Q8_0", *_FOUR_BIT_TYPES)
+_BLOCK_TYPES = ("Q8_0", *FOUR_BIT_TYPES)  # read as they are under int8
 
 
 def _served_from_blocks(gguf: Path, matmul_types: set[str]) -> bool:
@@ -91,7 +91,7 @@ def _served_from_blocks(gguf: Path, matmul_types: set[str]) -> bool:
 
 def _blocks_line(name: str, matmul_types: set[str]) -> str:
     """The start-up line of a GGUF file served from its own blocks: which type goes which way."""
-    ways = [f"{t} in 4-bit" for t in sorted(matmul_types & set(_FOUR_BIT_TYPES))]
+    ways = [f"{t} in 4-bit" for t in sorted(matmul_types & set(FOUR_BIT_TYPES))]
     ways += ["Q8_0 as int8 from its blocks"] if "Q8_0" in matmul_types else []
     ways += [f"{t} widened to int8 per channel" for t in sorted(matmul_types - set(_BLOCK_TYPES))]
     return f"{name}: matmul weights served from the file: {', '.join(ways)}"

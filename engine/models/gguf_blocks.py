@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import torch
 
-FOUR_BIT_TYPES = ("Q4_0", "Q4_1", "Q4_K")
 # GGUF type -> (values per block, bytes per block)
 BLOCK_SHAPES = {"Q4_0": (32, 18), "Q4_1": (32, 20), "Q4_K": (256, 144)}
 

@@ -31,8 +31,8 @@ from engine.kernels.cpu_linear import PackedEmbedding
 from engine.kernels.int4_linear import Int4Linear
 from engine.kernels.int8_linear import Int8Linear, int8_unsupported_reason
 from engine.kernels.loader import load_cpu_kernels
-from engine.model_files import GGUF_READABLE_TYPES, gguf_index
-from engine.models.gguf_blocks import FOUR_BIT_TYPES, decode_four_bit
+from engine.model_files import FOUR_BIT_TYPES, GGUF_READABLE_TYPES, gguf_index
+from engine.models.gguf_blocks import decode_four_bit
 
 logger = logging.getLogger(__name__)
 
@@ -125,20 +125,22 @@ def _linear(f, parts: list, heads: tuple[int | None, ...], dtype: torch.dtype,
     heads = heads or (None,) * len(parts)
     if types <= set(FOUR_BIT_TYPES):
         decoded = [decode_four_bit(_read_rows(f, p), p.tensor_type.name, in_features) for p in parts]
-        # the rows of nibbles, d and m reordered alike
-        nibbles, d, m = (torch.cat([_unpermute(t, n) if n else t for t, n in zip(column, heads)])
-                         for column in zip(*decoded))
+        nibbles, d, m = (_stacked(column, heads) for column in zip(*decoded))  # reordered alike
         return FOUR_BIT, Int4Linear.from_nibbles(nibbles, d, m, dtype, kernels)
     if types == {"Q8_0"}:
-        rows = [_unpermute(_read_rows(f, p), n) if n else _read_rows(f, p) for p, n in zip(parts, heads)]
-        stacked = rows[0] if len(rows) == 1 else torch.cat(rows)
+        stacked = _stacked([_read_rows(f, p) for p in parts], heads)
         return Q8_0_BLOCKS, Int8Linear.from_q8_0(stacked, stacked.shape[0], in_features, dtype, kernels)
-    rows = [_unpermute(_read_weight(f, p), n) if n else _read_weight(f, p) for p, n in zip(parts, heads)]
-    stacked = rows[0] if len(rows) == 1 else torch.cat(rows)
+    stacked = _stacked([_read_weight(f, p) for p in parts], heads)
     reason = int8_unsupported_reason(stacked)
     if reason is not None:
         raise ValueError(f"--quantization int8: GGUF tensor {parts[0].name} cannot be quantized: {reason}")
     return WIDENED, Int8Linear.from_weight(stacked, None, kernels)
+
+
+def _stacked(parts: list[torch.Tensor], heads: tuple[int | None, ...]) -> torch.Tensor:
+    """The parts' rows one under another, those of q and k (heads given) in Hugging Face's order."""
+    rows = [_unpermute(rows, n) if n else rows for rows, n in zip(parts, heads)]
+    return rows[0] if len(rows) == 1 else torch.cat(rows)
 
 
 def _read_weight(f, tensor) -> torch.Tensor:
