@@ -9,6 +9,7 @@ prepared, and the weights are read from the file at every start as int8 (engine/
 """
 from __future__ import annotations
 
+import functools
 import hashlib
 import importlib.util
 import logging
@@ -106,15 +107,22 @@ def _widened_line(name: str, matmul_types: set[str], quantization: str | None) -
             "Q8_0 and 4-bit (Q4_0, Q4_1, Q4_K) weights of llama-architecture files are read as they are")
 
 
-def gguf_index(gguf: Path) -> tuple[str, list]:
-    """(architecture, tensors) of a GGUF file, from its header (the gguf package's ReaderTensors:
-    name, tensor_type, shape innermost first, data_offset, n_bytes); ValueError if it is not one."""
-    from gguf import GGUFReader, Keys
+def gguf_index(gguf: Path) -> tuple[str, tuple]:
+    """(architecture, tensors) of a GGUF file, from its header (engine/gguf_header.py's GGUFTensor:
+    name, tensor_type, shape innermost first, data_offset, n_bytes); ValueError if it is not one.
+    Read once per version of the file: a start asks several times."""
     try:
-        reader = GGUFReader(gguf)
-        return bytes(reader.fields[Keys.General.ARCHITECTURE].parts[-1]).decode(), list(reader.tensors)
-    except (ValueError, KeyError, OSError) as e:
+        stat = gguf.stat()
+    except OSError as e:
         raise ValueError(f"cannot read the GGUF file {str(gguf)!r}: {e}") from None
+    return _gguf_header(Path(gguf).resolve(), stat.st_size, stat.st_mtime_ns)
+
+
+@functools.lru_cache(maxsize=8)
+def _gguf_header(gguf: Path, size: int, mtime_ns: int) -> tuple[str, tuple]:
+    from engine.gguf_header import read_gguf_header  # the gguf package: only where a GGUF file is read
+    architecture, tensors = read_gguf_header(gguf)
+    return architecture, tuple(tensors)
 
 
 def gguf_matmul_types(gguf: Path) -> set[str]:

@@ -7,7 +7,6 @@ from typing import TYPE_CHECKING, Any
 
 import llguidance as llg
 import llguidance.hf as llg_hf
-import llguidance.torch as llg_torch
 from llguidance.gbnf_to_lark import any_to_lark
 
 from grammar.backend import GrammarBackend, GrammarError, UnsupportedError
@@ -22,6 +21,7 @@ from grammar.llguidance.json_options import (ENFORCED_FORMATS, WHITESPACE_OPTION
                                              unimplemented_keywords)
 from grammar.llguidance.matcher import LLGuidanceCompiled, LLGuidanceGrammar
 from grammar.llguidance.structural_lark import structural_lark
+from grammar.llguidance.token_bitmask import allocate_token_bitmask, fill_next_token_bitmask
 from grammar.regex.repeat_counts import find_large_repeat
 from grammar.runtime.char_tokens import CharTokens
 from grammar.runtime.closing_hints import closing_hints
@@ -261,8 +261,8 @@ class LLGuidanceBackend(GrammarBackend):
         """The first mask, here on the compile thread: a grammar llguidance cannot start (its
         parser limits) fails its own compile rather than a step."""
         probe = template.deep_copy()
-        bitmask = llg_torch.allocate_token_bitmask(1, self.vocab_size)
-        llg_torch.fill_next_token_bitmask(probe, bitmask, 0)
+        bitmask = allocate_token_bitmask(1, self.vocab_size)
+        fill_next_token_bitmask(probe, bitmask, 0)
         if probe.is_error():
             raise GrammarError(f"{kind}: its first token mask failed: {_short(probe.get_error())}")
 
@@ -273,7 +273,7 @@ class LLGuidanceBackend(GrammarBackend):
                                  self.config.max_forced_bytes, self.char_tokens, self.llg_tokenizer)
 
     def allocate_bitmask(self, num_rows: int) -> torch.Tensor:
-        return llg_torch.allocate_token_bitmask(num_rows, self.vocab_size)
+        return allocate_token_bitmask(num_rows, self.vocab_size)
 
     def text_encoder(self) -> Callable[[str], list[int]] | None:
         return self.forced_text.encode if self.forced_text.enabled else None

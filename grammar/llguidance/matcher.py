@@ -5,10 +5,10 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 import llguidance as llg
-import llguidance.torch as llg_torch
 import numpy as np
 
 from grammar.backend import CompiledGrammar, Grammar, GrammarError
+from grammar.llguidance.token_bitmask import allocate_token_bitmask, fill_next_token_bitmask
 from grammar.runtime.closing_search import find_closing
 
 if TYPE_CHECKING:
@@ -72,7 +72,7 @@ class LLGuidanceGrammar(Grammar):
     def fill_bitmask(self, bitmask: torch.Tensor, row: int) -> None:
         """llguidance writes 0 for ids past its vocabulary (the padding ids) itself."""
         self._raise_if_broken()
-        llg_torch.fill_next_token_bitmask(self._matcher, bitmask, row)
+        fill_next_token_bitmask(self._matcher, bitmask, row)
 
     def accept_tokens(self, token_ids: list[int]) -> bool:
         if any(not (0 <= t < self._vocab_size) for t in token_ids):
@@ -143,7 +143,7 @@ class LLGuidanceGrammar(Grammar):
 
     def _scratch_row(self) -> torch.Tensor:
         if self._scratch is None:
-            self._scratch = llg_torch.allocate_token_bitmask(1, self._vocab_size)
+            self._scratch = allocate_token_bitmask(1, self._vocab_size)
         return self._scratch
 
 

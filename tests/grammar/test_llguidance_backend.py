@@ -166,3 +166,28 @@ def test_a_matcher_its_parser_limits_break_raises_with_llguidance_s_reason():
         grammar.accept_tokens([token_id])
     with pytest.raises(GrammarError, match="llguidance could not go on"):
         grammar.fill_bitmask(bitmask, 0)
+
+
+def test_loading_the_backend_leaves_torch_compile_unloaded():
+    """llguidance.torch compiles a function when imported (torch._dynamo: seconds of every start);
+    the backend writes masks through its own two helpers instead."""
+    import subprocess
+    import sys
+    code = ("import sys, grammar.llguidance.backend, grammar.llguidance.matcher; "
+            "print('torch._dynamo' in sys.modules, 'llguidance.torch' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.split() == ["False", "False"]
+
+
+def test_a_mask_is_refused_unless_it_is_the_memory_llguidance_writes():
+    import torch
+
+    from grammar.llguidance.token_bitmask import allocate_token_bitmask, fill_next_token_bitmask
+    backend = make_llguidance_backend()
+    matcher = backend.compile(make_constraint(spec=PERSON)).template.deep_copy()
+    mask = allocate_token_bitmask(2, backend.vocab_size)
+    fill_next_token_bitmask(matcher, mask, 1)
+    assert (mask[0] == -1).all() and 0 < int((mask[1] != 0).sum()) < mask.shape[1]  # row 1 only: '{' or space
+    for bad in (mask.to(torch.int64), mask.t(), mask[0]):
+        with pytest.raises(ValueError, match="token bitmask"):
+            fill_next_token_bitmask(matcher, bad, 0)
