@@ -131,6 +131,11 @@ def can_pack(weight: torch.Tensor) -> bool:
         or (torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_reorder_linear_weight")))
 
 
+# what the kernel's output depends on besides the values: checked against F.linear once a process
+# (a model's 100+ layers have five shapes; checking each layer cost seconds of every start)
+_CHECKED_SHAPES: set[tuple] = set()
+
+
 def pack_linear(weight: torch.Tensor, bias: torch.Tensor | None = None,
                 stored_dtype: torch.dtype | None = None) -> PackedLinear | None:
     """A packed copy of the layer, or None where packing is unavailable or disagrees with F.linear.
@@ -140,6 +145,9 @@ def pack_linear(weight: torch.Tensor, bias: torch.Tensor | None = None,
     weight, bias = weight.detach(), None if bias is None else bias.detach()
     try:
         packed = PackedLinear(weight, bias, load_cpu_kernels(), stored_dtype)
+        shape = (*weight.shape, weight.dtype, packed.stored_dtype, bias is not None)
+        if shape in _CHECKED_SHAPES:
+            return packed
         if packed.stored_dtype != weight.dtype:  # what it multiplies by, widened back exactly
             weight = weight.to(packed.stored_dtype).to(weight.dtype)
         for rows in (3, 40):  # a decode-sized and a chunk-sized product: every tile shape of the kernel
@@ -152,6 +160,7 @@ def pack_linear(weight: torch.Tensor, bias: torch.Tensor | None = None,
             tolerance = step * expected.abs().max().item() + 1e-6
             if got.shape != expected.shape or (got - expected).abs().max().item() > tolerance:
                 raise RuntimeError(f"packed output disagrees with F.linear at {rows} rows")
+        _CHECKED_SHAPES.add(shape)
         return packed
     except Exception as e:  # private op missing or changed, a kernel that disagrees: the plain layer works everywhere
         logger.warning("weight packing unavailable, using plain %s matmuls: %s",

@@ -201,6 +201,7 @@ def test_pack_linears_replaces_every_linear_and_keeps_the_outputs():
 
 @needs_packing
 def test_a_packed_layer_that_disagrees_is_not_used(monkeypatch, caplog):
+    monkeypatch.setattr(cpu_linear, "_CHECKED_SHAPES", set())  # a shape checked before is not checked again
     monkeypatch.setattr(PackedLinear, "forward", lambda self, x: torch.zeros(x.shape[0], self.out_features) + 1)
     model = nn.Sequential(nn.Linear(16, 16), nn.Linear(16, 16)).bfloat16()
     assert pack_linears(model) == 0
@@ -209,6 +210,16 @@ def test_a_packed_layer_that_disagrees_is_not_used(monkeypatch, caplog):
     monkeypatch.setattr(cpu_linear, "load_cpu_kernels", lambda: None)  # no kernels, no oneDNN: nothing packs
     monkeypatch.setattr(cpu_linear.torch.backends.mkldnn, "is_available", lambda: False)
     assert pack_linear(torch.zeros(4, 4, dtype=torch.bfloat16)) is None
+
+
+@needs_packing
+def test_each_shape_is_checked_against_f_linear_once(monkeypatch):
+    monkeypatch.setattr(cpu_linear, "_CHECKED_SHAPES", set())
+    calls, linear = [], F.linear
+    monkeypatch.setattr(F, "linear", lambda *args: calls.append(1) or linear(*args))
+    model = nn.Sequential(nn.Linear(16, 32), nn.Linear(32, 16), nn.Linear(16, 32)).bfloat16()
+    assert pack_linears(model) == 3
+    assert len(calls) == 2 * 2  # two probes for each of the two shapes
 
 
 @pytest.mark.slow
