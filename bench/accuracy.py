@@ -4,8 +4,9 @@
                             [--workloads json-extraction,person,function-call] [--peers vllm,transformers]
 
 Three extraction workloads with expected answers (bench/data/): the 60 json-extraction items
-(256 tokens), 8 person paragraphs (name, age, email, city; 128 tokens) and 12 function calls
-(a request and one tool's parameter schema; the expected arguments; 128 tokens). Every setting
+(256 tokens), 100 person paragraphs (name, age, email, city; 128 tokens) and 129 function calls
+(a request and one tool's parameter schema; the expected arguments, optional parameters only when
+the request states them; 128 tokens). Every setting
 runs every prompt greedily in one offline batch, in the same process; a setting is a JSON
 whitespace mode (grammar.backend.JSON_WHITESPACE_MODES), optionally ":no-jf" (jump-forward off),
 ":no-close" (closing early off: answers may be cut at max_tokens) and ":fields" (the prompt the

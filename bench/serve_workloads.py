@@ -5,7 +5,8 @@
   "produce an example" prompt that shows the schema;
 * unconstrained: the json-extraction prompts without a constraint (their answers are still
   checked against the schema, which shows what the constraint buys);
-* tool-calls: the dozen function-calling requests of bench/data/function_calls.jsonl, each offered
+* tool-calls: the first dozen function-calling requests of bench/data/function_calls.jsonl (a dozen
+  distinct tools; the whole file is `formwork bench accuracy`'s set), each offered
   every tool, tool_choice required, or auto (unconstrained: the same tools shown, tool_choice none);
   an answer is valid when it is calls only (Hermes syntax, or the calls a chat stream delivered),
   each of an offered tool whose schema its arguments match (jump-forward is the server's default in
@@ -69,13 +70,16 @@ def mixed_schemas(max_tokens: int, limit: int = 64, max_schema_chars: int = 1500
 
 
 TOOL_CHOICES = ("required", "auto")
+# Every request is offered every tool, so its prompt grows with the item count: the workload takes
+# the first dozen items (a dozen distinct tools), not the whole accuracy set.
+NUM_TOOL_CALL_ITEMS = 12
 
 
 def tool_calls(max_tokens: int, constrained: bool = True, tool_choice: str = "required") -> list[RequestSpec]:
     if tool_choice not in TOOL_CHOICES:
         raise ValueError(f"unknown tool choice {tool_choice!r}; expected one of {', '.join(TOOL_CHOICES)}")
     with open(DATA_DIR / "function_calls.jsonl", encoding="utf-8") as f:
-        items = [json.loads(line) for line in f if line.strip()]
+        items = [json.loads(line) for line in f if line.strip()][:NUM_TOOL_CALL_ITEMS]
     tools = [item["tool"] for item in items]
     return [RequestSpec(request_id=item["id"], messages=[{"role": "user", "content": item["request"]}],
                         max_tokens=max_tokens, tools=tools, tool_choice=tool_choice if constrained else "none",
