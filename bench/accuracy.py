@@ -62,13 +62,15 @@ class Row:
     field_accuracy: list[float] = field(default_factory=list)
     exact: int = 0
     tokens: list[int] = field(default_factory=list)
+    item_ids: list[str] = field(default_factory=list)  # in field_accuracy's order
 
     def as_dict(self) -> dict:
         n = max(self.num_answers, 1)
         return {"system": self.system, "setting": self.setting, "workload": self.workload, "answers": self.num_answers,
                 "field_accuracy": statistics.mean(self.field_accuracy) if self.field_accuracy else 0.0,
                 "exact_match": self.exact / n, "valid": self.num_valid / n, "length": self.num_length / n,
-                "tokens_per_answer": statistics.mean(self.tokens) if self.tokens else 0.0}
+                "tokens_per_answer": statistics.mean(self.tokens) if self.tokens else 0.0,
+                "item_scores": dict(zip(self.item_ids, self.field_accuracy))}
 
 
 def parse_setting(text: str) -> Setting:
@@ -130,6 +132,7 @@ def score_answers(system: str, setting: str, items: list[Item], answers: list[tu
         row = rows.setdefault(item.workload, Row(system, setting, item.workload))
         row.num_answers += 1
         row.tokens.append(num_tokens)
+        row.item_ids.append(item.item_id)
         value = parse_answer(text) if finish_reason != "length" else None
         row.num_length += finish_reason == "length"
         try:
@@ -197,6 +200,35 @@ def print_table(rows: list[dict], throughput: dict[str, dict]) -> None:
         print(f"{name:<36} {t['answers_per_s']:>9.3f} {t['seconds']:>8.1f}")
 
 
+def paired_differences(rows: list[dict], baseline: list[dict]) -> list[dict]:
+    """Each row's field accuracy against the baseline run's row of the same system, setting and
+    workload, item by item: the mean difference, its standard error (a difference under about two
+    of them is what another set of the same size could undo), how many items scored better / worse."""
+    by_key = {(b["system"], b["setting"], b["workload"]): b["item_scores"] for b in baseline}
+    compared = []
+    for r in rows:
+        before = by_key.get((r["system"], r["setting"], r["workload"]))
+        if before is None:
+            continue
+        ids = sorted(set(before) & set(r["item_scores"]))
+        diffs = [r["item_scores"][i] - before[i] for i in ids]
+        if len(diffs) < 2:
+            continue
+        compared.append({"setting": r["setting"], "workload": r["workload"], "items": len(ids),
+                         "difference": statistics.mean(diffs),
+                         "standard_error": statistics.stdev(diffs) / len(diffs) ** 0.5,
+                         "better": sum(d > 0 for d in diffs), "worse": sum(d < 0 for d in diffs)})
+    return compared
+
+
+def print_differences(compared: list[dict], baseline_name: str) -> None:
+    print(f"\nfield accuracy against {baseline_name}, item by item")
+    print(f"{'setting':<22} {'workload':<16} {'n':>3} {'difference':>10} {'std err':>7} {'better':>6} {'worse':>5}")
+    for c in compared:
+        print(f"{c['setting']:<22} {c['workload']:<16} {c['items']:>3} {c['difference']:>+10.4f} "
+              f"{c['standard_error']:>7.4f} {c['better']:>6} {c['worse']:>5}")
+
+
 def main(args, engine_config) -> int:
     from engine.llm import LLM
     settings = [parse_setting(s) for s in args.settings]
@@ -226,6 +258,10 @@ def main(args, engine_config) -> int:
     finally:
         llm.shutdown()
     print_table(rows, throughput)
+    if args.baseline:
+        from pathlib import Path
+        print_differences(paired_differences(rows, json.loads(Path(args.baseline).read_text())["rows"]),
+                          args.baseline)
     if args.output:
         from pathlib import Path
         Path(args.output).parent.mkdir(parents=True, exist_ok=True)

@@ -53,7 +53,10 @@ def add_bench_parser(subparsers, add_engine_args) -> None:
     accuracy.add_argument("--workloads", type=_csv, default=None,
                           help="comma list of json-extraction, person, function-call (default: all)")
     accuracy.add_argument("--peers", type=_csv, default=[], help="comma list of vllm, transformers")
-    accuracy.add_argument("--output", default=None, help="write the rows as JSON here")
+    accuracy.add_argument("--output", default=None, help="write the rows (with each item's score) as JSON here")
+    accuracy.add_argument("--baseline", default=None,
+                          help="an --output of another run (e.g. unquantized): each row's difference from it, "
+                               "item by item, with its standard error")
     add_engine_args(accuracy)
     accuracy.set_defaults(func=_run_accuracy)
 
