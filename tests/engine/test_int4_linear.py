@@ -9,7 +9,7 @@ from quantized_blocks import random_blocks
 from engine.kernels.int4_linear import GROUP, Int4Linear
 from engine.models.gguf_blocks import decode_four_bit, row_bytes
 
-# (rows, K, N): rows around every tile edge (4 rows vector, 32 AMX and its 16-row tiles), K in whole and partial
+# (rows, K, N): rows around every tile edge (4 rows vector, 16 and 32 AMX), K in whole and partial
 # 64-value paddings, N in whole and partial blocks, panels (48 columns) and AMX block pairs
 SHAPES = [(m, 96, 208) for m in (1, 2, 3, 4, 5, 8, 15, 16, 17, 31, 32, 33, 64, 65)] + [
     (1, 576, 960), (3, 32, 17), (9, 160, 49), (40, 1536, 96), (64, 576, 1536), (300, 64, 50), (129, 256, 40)]
@@ -68,14 +68,14 @@ def test_int4_gemm_is_the_4_bit_product_of_quantized_x(kernels, rows, k, n):
 
 
 def test_a_row_does_not_depend_on_its_batch(kernels):
-    """The same row alone and among 3, 17, 64 rows (vector kernels below 32, AMX tiles from 32 where
-    the CPU has them): the same bits."""
+    """The same row alone and among 3, 15, 16, 17, 64 rows (vector kernels below 16, AMX tiles from 16
+    where the CPU has them): the same bits."""
     nibbles, d, m = random_int4(200, 1536, seed=3)
     layer = Int4Linear.from_nibbles(nibbles, d, m, torch.bfloat16, kernels)
     gen = torch.Generator().manual_seed(4)
     row = torch.randn(1, 1536, generator=gen).bfloat16()
     alone = layer(row, fp32_out=True)
-    for size in (1, 3, 17, 64):
+    for size in (1, 3, 15, 16, 17, 64):
         batch = torch.randn(size, 1536, generator=gen).bfloat16()
         batch[size // 2] = row[0]
         assert torch.equal(layer(batch, fp32_out=True)[size // 2], alone[0]), size
@@ -89,6 +89,18 @@ def test_dequantized_rows_are_the_weight(kernels):
     assert torch.equal(layer.dequantized_rows(ids), expected[ids])
     assert layer.rows(ids).dtype == torch.bfloat16
     assert layer.weight_bytes == 40 * (80 + 8 * 5) and layer.resident_bytes == 48 * 192 // 2 + 3 * 6 * 2 * 16 * 4
+
+
+def test_rows_set_a_few_at_a_time_make_the_whole_weight():
+    """A loader fills the layout a chunk of rows at a time, chunks across block edges (16 rows)."""
+    nibbles, d, m = random_int4(70, 96, seed=7)
+    whole = Int4Linear.from_nibbles(nibbles, d, m, torch.bfloat16, None)
+    layer = Int4Linear.zeros(70, 96, torch.bfloat16, None)
+    for start in range(0, 70, 11):
+        layer.set_rows(start, nibbles[start:start + 11], d[start:start + 11], m[start:start + 11])
+    assert torch.equal(layer.packed_weight, whole.packed_weight) and torch.equal(layer.scales, whole.scales)
+    with pytest.raises(ValueError, match=r"rows 66\.\. of nibbles \(11, 96\)"):
+        layer.set_rows(66, nibbles[:11], d[:11], m[:11])
 
 
 def test_zero_rows_and_zero_x(kernels):
