@@ -36,7 +36,7 @@ def main() -> int:
     if kernels is None:
         raise SystemExit("the CPU kernels did not build here")
     print(f"bf16 GEMM {kernels.gemm_isa()}, int8 GEMM {kernels.int8_gemm_isa()}, 4-bit GEMM {kernels.int4_gemm_isa()} "
-          f"(AMX-INT8 from 16 rows, where the "
+          f"(AMX-INT8 from 16 rows for int8, 32 for 4-bit, where the "
           f"CPU has it), {torch.get_num_threads()} threads, load {os.getloadavg()[0]:.1f}")
     print(f"{'shape':>8} {'rows':>5} {'bf16 us':>9} {'int8 us':>9} {'int4 us':>9} {'int8/bf16':>9} {'int4/int8':>9} "
           f"{'quantize us':>11} {'int4 GOP/s':>10}")

@@ -16,7 +16,9 @@ import os
 import shutil
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 logger = logging.getLogger(__name__)
 
@@ -106,15 +108,27 @@ def _widened_line(name: str, matmul_types: set[str], quantization: str | None) -
             "Q8_0 and 4-bit (Q4_0, Q4_1, Q4_K) weights of llama-architecture files are read as they are")
 
 
-def gguf_index(gguf: Path) -> tuple[str, list]:
-    """(architecture, tensors) of a GGUF file, from its header (the gguf package's ReaderTensors:
-    name, tensor_type, shape innermost first, data_offset, n_bytes); ValueError if it is not one."""
+@dataclass(frozen=True)
+class GgufTensor:
+    """Where a GGUF tensor's bytes are and what they hold, with the gguf package's ReaderTensor's names.
+    The reader's own entries keep its parsed header alive (tens of MiB for a tokenizer's vocabulary)."""
+    name: str
+    tensor_type: Any  # gguf.GGMLQuantizationType
+    shape: tuple[int, ...]  # innermost first
+    data_offset: int
+    n_bytes: int
+
+
+def gguf_index(gguf: Path) -> tuple[str, list[GgufTensor]]:
+    """(architecture, tensors) of a GGUF file, from its header; ValueError if it is not one."""
     from gguf import GGUFReader, Keys
     try:
         reader = GGUFReader(gguf)
-        return bytes(reader.fields[Keys.General.ARCHITECTURE].parts[-1]).decode(), list(reader.tensors)
+        arch = bytes(reader.fields[Keys.General.ARCHITECTURE].parts[-1]).decode()
     except (ValueError, KeyError, OSError) as e:
         raise ValueError(f"cannot read the GGUF file {str(gguf)!r}: {e}") from None
+    return arch, [GgufTensor(t.name, t.tensor_type, tuple(int(d) for d in t.shape), int(t.data_offset), int(t.n_bytes))
+                  for t in reader.tensors]
 
 
 def gguf_matmul_types(gguf: Path) -> set[str]:

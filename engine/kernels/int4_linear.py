@@ -5,7 +5,7 @@ Every value of the three types is nib * d + m, nib in 0..15, with one fp32 d and
 channel and group of 32 values of K (engine/models/gguf_blocks.py decodes the blocks): held once in
 the GEMM's layout (int4_gemm.h), 0.75 bytes a value where int8 with per-channel scales takes 1.
 Each call quantizes x per token and group of 32 values, as Int8Linear does; the int32 sums of
-q * nib are exact and every kernel (AVX-512 VNNI, AVX2, portable, AMX tiles from 16 rows) scales
+q * nib are exact and every kernel (AVX-512 VNNI, AVX2, portable, AMX tiles from 32 rows) scales
 them by the same fp32 operations, so a row's output does not depend on the other rows of the batch.
 """
 from __future__ import annotations

@@ -72,6 +72,9 @@ def load_quantized_gguf(model, path: Path, dtype: torch.dtype):
                 ways[way][p.tensor_type.name].append(p.name)
             return layer
 
+        # the embedding (and an untied head) first: their temporaries come and go before the layers are held
+        embedding = linear("token_embd.weight")
+        head = linear("output.weight") if "output.weight" in tensors else embedding
         for i, layer in enumerate(model.layers):
             blk = f"blk.{i}"
             # llama.cpp interleaves the rotary halves of q and k rows: undone row by row, as transformers does
@@ -80,8 +83,6 @@ def load_quantized_gguf(model, path: Path, dtype: torch.dtype):
             layer.o_proj = linear(f"{blk}.attn_output.weight")
             layer.gate_up_proj = linear(f"{blk}.ffn_gate.weight", f"{blk}.ffn_up.weight")
             layer.down_proj = linear(f"{blk}.ffn_down.weight")
-        embedding = linear("token_embd.weight")
-        head = linear("output.weight") if "output.weight" in tensors else embedding
         model.embed_tokens = PackedEmbedding(embedding)
         model.packed_lm_head, model.lm_head = head, None
         model.to(dtype).to_empty(device="cpu")

@@ -9,7 +9,7 @@ from quantized_blocks import random_blocks
 from engine.kernels.int4_linear import GROUP, Int4Linear
 from engine.models.gguf_blocks import decode_four_bit, row_bytes
 
-# (rows, K, N): rows around every tile edge (4 rows vector, 16 and 32 AMX), K in whole and partial
+# (rows, K, N): rows around every tile edge (4 rows vector, 32 AMX and its 16-row tiles), K in whole and partial
 # 64-value paddings, N in whole and partial blocks, panels (48 columns) and AMX block pairs
 SHAPES = [(m, 96, 208) for m in (1, 2, 3, 4, 5, 8, 15, 16, 17, 31, 32, 33, 64, 65)] + [
     (1, 576, 960), (3, 32, 17), (9, 160, 49), (40, 1536, 96), (64, 576, 1536), (300, 64, 50), (129, 256, 40)]
@@ -68,14 +68,14 @@ def test_int4_gemm_is_the_4_bit_product_of_quantized_x(kernels, rows, k, n):
 
 
 def test_a_row_does_not_depend_on_its_batch(kernels):
-    """The same row alone and among 3, 15, 16, 17, 64 rows (vector kernels below 16, AMX tiles from 16
-    where the CPU has them): the same bits."""
+    """The same row alone and among 3, 17, 31, 33, 64 rows (vector kernels below 32, AMX tiles from 32
+    where the CPU has them, 33 with a tile of one row): the same bits."""
     nibbles, d, m = random_int4(200, 1536, seed=3)
     layer = Int4Linear.from_nibbles(nibbles, d, m, torch.bfloat16, kernels)
     gen = torch.Generator().manual_seed(4)
     row = torch.randn(1, 1536, generator=gen).bfloat16()
     alone = layer(row, fp32_out=True)
-    for size in (1, 3, 15, 16, 17, 64):
+    for size in (1, 3, 17, 31, 33, 64):
         batch = torch.randn(size, 1536, generator=gen).bfloat16()
         batch[size // 2] = row[0]
         assert torch.equal(layer(batch, fp32_out=True)[size // 2], alone[0]), size

@@ -1,4 +1,4 @@
-// 4-bit GEMM on AMX tiles (int4_gemm.h's packed layout), for 16 rows and more.
+// 4-bit GEMM on AMX tiles (int4_gemm.h's packed layout), for 32 rows and more.
 //
 // A work unit is one pair of column blocks over all of K: its nibbles are unpacked once into bytes
 // 0..15 in the int8 GEMM's quad layout (each 64-byte chunk into two B-tile rows), in a buffer of the

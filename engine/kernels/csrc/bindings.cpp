@@ -79,5 +79,5 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         py::arg("x"), py::arg("packed"), py::arg("scales"), py::arg("n"),
         py::arg("bias") = py::none(), py::arg("fp32_out") = false);
   m.def("int4_gemm_isa", &int4_gemm_isa,
-        "the 4-bit GEMM's instruction set in this build: amx_int8 (from 16 rows), avx512_vnni, avx2 or portable");
+        "the 4-bit GEMM's instruction set in this build: amx_int8 (from 32 rows), avx512_vnni, avx2 or portable");
 }

@@ -15,7 +15,7 @@
 // * AVX2: `vpmaddubsw` of the unsigned nibbles by signed x (products of at most 15 x 127, two to a
 //   16-bit lane, never saturate; the two quads' pairs add in 16 bits too), `vpmaddwd` by ones to int32.
 // * portable: plain int32 loops.
-// From 16 rows, where the CPU has AMX-INT8, the int32 group sums come from AMX tiles of unpacked
+// From 32 rows, where the CPU has AMX-INT8, the int32 group sums come from AMX tiles of unpacked
 // nibbles (amx_int4_gemm.cpp), scaled by the same fp32 operations: a row's output does not depend on
 // the kernel, the tile, the thread, or the other rows of the batch (each row is quantized alone).
 #include "int4_gemm.h"
@@ -233,7 +233,7 @@ torch::Tensor int4_gemm(torch::Tensor x, torch::Tensor packed, torch::Tensor sca
 }
 
 std::string int4_gemm_isa() {
-  if (amx_int4_ready()) return "amx_int8";  // from 16 rows; avx512_vnni below
+  if (amx_int4_ready()) return "amx_int8";  // from 32 rows; avx512_vnni below
 #if defined(__AVX512VNNI__)
   return "avx512_vnni";
 #elif defined(__AVX2__)

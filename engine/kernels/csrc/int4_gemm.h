@@ -21,5 +21,5 @@ std::vector<torch::Tensor> int4_quantize_rows(torch::Tensor x);
 // sum of q); bf16 out for bf16 x, else fp32 (and fp32 always with fp32_out)
 torch::Tensor int4_gemm(torch::Tensor x, torch::Tensor packed, torch::Tensor scales, int64_t n,
                         c10::optional<torch::Tensor> bias, bool fp32_out);
-// what multiplies: amx_int8 (from 16 rows) with avx512_vnni below, avx512_vnni, avx2 or portable
+// what multiplies: amx_int8 (from 32 rows) with avx512_vnni below, avx512_vnni, avx2 or portable
 std::string int4_gemm_isa();
