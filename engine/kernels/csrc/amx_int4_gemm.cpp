@@ -6,9 +6,10 @@
 // columns: two A tiles (16 rows x one group of 32 values of x, signed), two B tiles (the group's 8
 // quads x 16 columns, unsigned) and four int32 C tiles; one `tdpbsud` is a whole group. The int32
 // sums are the vector kernels' (exact), and each group's are scaled into fp32 by the same operations
-// (int4_operands.h): a row's output is the same bits whichever kernel computed it. The scaling, not
-// the tiles, is most of the time: a span of groups is multiplied, every product issued before any
-// store, and their stored sums scaled together, each fp32 sum loaded and stored once a span.
+// (int4_operands.h): a row's output is the same bits whichever kernel computed it. As in the int8
+// kernel, a span of groups is multiplied, every product issued before any store, and their stored
+// sums are scaled together, each fp32 sum loaded and stored once a span. The files' groups are 32
+// values, int8's 64: a `tdpbsud` does half of int8's, and twice as many sums are stored and scaled.
 #include <torch/extension.h>
 
 #include <cstdint>
