@@ -9,13 +9,15 @@ With --random-shape, the file holds random weights of a bigger model's shape ins
 std 0.02 as transformers initialises a Llama; norms 1), with the source's tokenizer and chat
 template: one file that Formwork (`--model OUT.gguf --quantization int8`) and llama.cpp both
 serve, so a comparison runs on the same weights. Throughput depends only on the shapes. --type
-Q4_0 or Q4_1 quantizes those random matrices to that type instead (the embedding stays Q8_0, as
-in llama.cpp's 4-bit files of small models).
+Q4_0, Q4_1 or Q4_K quantizes those random matrices to that type instead (the embedding stays Q8_0,
+as in llama.cpp's 4-bit files of small models; Q4_K through bench/q4_k_blocks.py).
 """
 from __future__ import annotations
 
 import argparse
 from pathlib import Path
+
+from bench.q4_k_blocks import quantize_q4_k
 
 
 def write_q8_0_copy(source: Path, target: Path) -> Path:
@@ -48,6 +50,8 @@ def write_q8_0_copy(source: Path, target: Path) -> Path:
     return target
 
 
+# --type -> the file's general.file_type where it is not MOSTLY_<type> (a file of Q4_K layers is llama.cpp's Q4_K_S)
+_FILE_TYPES = {"Q4_K": "MOSTLY_Q4_K_S"}
 # llama.cpp `llama` keys of a shape; the vocabulary stays the source's (its tokenizer is copied)
 RANDOM_SHAPES = {
     "qwen2.5-1.5b": {"block_count": 28, "embedding_length": 1536, "feed_forward_length": 8960,
@@ -58,7 +62,7 @@ RANDOM_SHAPES = {
 
 def write_random_q8_0(source: Path, target: Path, shape: dict, seed: int = 0, tensor_type: str = "Q8_0") -> Path:
     """A llama-architecture GGUF of random weights of `shape` (the `llama` keys of RANDOM_SHAPES'
-    entries), its layers' matrices of tensor_type (Q8_0, Q4_0 or Q4_1), its embedding Q8_0, and the
+    entries), its layers' matrices of tensor_type (Q8_0, Q4_0, Q4_1 or Q4_K), its embedding Q8_0, and the
     source's tokenizer, template and vocabulary; the embedding is tied (no output.weight), as the
     source's."""
     import gguf
@@ -73,7 +77,7 @@ def write_random_q8_0(source: Path, target: Path, shape: dict, seed: int = 0, te
             continue
         value = sizes.get(field.name, field.contents())
         if field.name == gguf.Keys.General.FILE_TYPE:
-            value = getattr(gguf.LlamaFileType, f"MOSTLY_{tensor_type}")
+            value = getattr(gguf.LlamaFileType, _FILE_TYPES.get(tensor_type, f"MOSTLY_{tensor_type}"))
         sub_type = field.types[-1] if field.types[0] == gguf.GGUFValueType.ARRAY else None
         writer.add_key_value(field.name, value, field.types[0], sub_type=sub_type)
     layer_type = getattr(gguf.GGMLQuantizationType, tensor_type)
@@ -85,7 +89,8 @@ def write_random_q8_0(source: Path, target: Path, shape: dict, seed: int = 0, te
 
     def matrix(name: str, rows: int, columns: int, kind=layer_type) -> None:  # rows: output features, llama.cpp's ne[1]
         values = rng.standard_normal((rows, columns), dtype=np.float32) * np.float32(0.02)
-        writer.add_tensor(name, gguf.quantize(values, kind), raw_dtype=kind)
+        blocks = quantize_q4_k(values) if kind == gguf.GGMLQuantizationType.Q4_K else gguf.quantize(values, kind)
+        writer.add_tensor(name, blocks, raw_dtype=kind)
 
     def ones(name: str) -> None:
         writer.add_tensor(name, np.ones(hidden, dtype=np.float32))
@@ -115,7 +120,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--random-shape", choices=sorted(RANDOM_SHAPES), default=None,
                         help="random weights of this shape, the source's tokenizer")
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--type", choices=("Q8_0", "Q4_0", "Q4_1"), default="Q8_0",
+    parser.add_argument("--type", choices=("Q8_0", "Q4_0", "Q4_1", "Q4_K"), default="Q8_0",
                         help="with --random-shape: the layers' matrices' type")
     args = parser.parse_args(argv)
     source = args.source or default_gguf_path()

@@ -34,23 +34,41 @@ class Int4Linear(QuantizedLinear):
     def from_nibbles(cls, nibbles: torch.Tensor, d: torch.Tensor, m: torch.Tensor, dtype: torch.dtype,
                      kernels) -> Int4Linear:
         """W = nibbles * d + m: nibbles uint8 [N, K] (0..15), d and m fp32 [N, K / 32], per 32 values."""
-        out_features, in_features = nibbles.shape
-        if in_features % GROUP or d.shape != (out_features, in_features // GROUP) or m.shape != d.shape:
-            raise ValueError(f"4-bit weight: nibbles {tuple(nibbles.shape)} need d and m of "
-                             f"[{out_features}, {in_features // GROUP}], got {tuple(d.shape)}, {tuple(m.shape)}")
+        layer = cls.zeros(nibbles.shape[0], nibbles.shape[1], dtype, kernels)
+        layer.set_rows(0, nibbles, d, m)
+        return layer
+
+    @classmethod
+    def zeros(cls, out_features: int, in_features: int, dtype: torch.dtype, kernels) -> Int4Linear:
+        """W = 0 in the layout, its rows to be filled by set_rows (a loader decodes a few at a time)."""
+        if in_features % GROUP:
+            raise ValueError(f"4-bit weight: K = {in_features} is not a multiple of {GROUP}")
         blocks = -(-out_features // BLOCK_COLUMNS)
         padded_k = -(-in_features // K_ALIGN) * K_ALIGN
-        values = torch.zeros(blocks * BLOCK_COLUMNS, padded_k, dtype=torch.uint8)
-        values[:out_features, :in_features] = nibbles
-        # [block, column, chunk, low / high, 4] -> [block, chunk, column, 4]: low | high << 4
-        values = values.view(blocks, BLOCK_COLUMNS, padded_k // CHUNK_VALUES, 2, 4).permute(0, 2, 1, 3, 4)
-        packed = (values[..., 0, :] | (values[..., 1, :] << 4)).contiguous()
-        scales = torch.zeros(2, blocks * BLOCK_COLUMNS, padded_k // GROUP, dtype=torch.float32)
-        scales[0, :out_features, :d.shape[1]] = d
-        scales[1, :out_features, :d.shape[1]] = m
-        # [d / m, block, column, group] -> [block, group, d / m, column]
-        scales = scales.view(2, blocks, BLOCK_COLUMNS, -1).permute(1, 3, 0, 2).contiguous()
+        packed = torch.zeros(blocks, padded_k // CHUNK_VALUES, BLOCK_COLUMNS, 4, dtype=torch.uint8)
+        scales = torch.zeros(blocks, padded_k // GROUP, 2, BLOCK_COLUMNS, dtype=torch.float32)
         return cls(packed, scales, out_features, in_features, None, dtype, kernels)
+
+    def set_rows(self, start: int, nibbles: torch.Tensor, d: torch.Tensor, m: torch.Tensor) -> None:
+        """Rows [start, start + R) of W = nibbles * d + m: nibbles uint8 [R, K] (0..15), d and m fp32 [R, K / 32]."""
+        count, in_features = nibbles.shape
+        groups = in_features // GROUP
+        if (in_features != self.in_features or d.shape != (count, groups) or m.shape != d.shape
+                or not 0 <= start <= self.out_features - count):
+            raise ValueError(f"4-bit weight [{self.out_features}, {self.in_features}]: rows {start}.. of nibbles "
+                             f"{tuple(nibbles.shape)} need d and m of [{count}, {groups}], got {tuple(d.shape)}, "
+                             f"{tuple(m.shape)}")
+        padded_k = self.packed_weight.shape[1] * CHUNK_VALUES
+        values = torch.zeros(count, padded_k, dtype=torch.uint8)
+        values[:, :in_features] = nibbles
+        # [row, chunk, low / high, 4] -> [row, chunk, 4]: low | high << 4
+        values = values.view(count, padded_k // CHUNK_VALUES, 2, 4)
+        chunks = values[:, :, 0] | (values[:, :, 1] << 4)
+        rows = torch.arange(start, start + count)
+        blocks, columns = rows // BLOCK_COLUMNS, rows % BLOCK_COLUMNS
+        # the layout [block, chunk, column, 4] and [block, group, d / m, column] seen per block and column
+        self.packed_weight.permute(0, 2, 1, 3)[blocks, columns] = chunks
+        self.scales.permute(0, 3, 1, 2)[blocks, columns, :groups] = torch.stack((d.float(), m.float()), dim=-1)
 
     def multiply(self, x: torch.Tensor, fp32_out: bool) -> torch.Tensor:
         return self.kernels.int4_gemm(x, self.packed_weight, self.scales, self.out_features, self.bias, fp32_out)

@@ -8,8 +8,9 @@ decoded to nibbles with an fp32 d and m per 32 values (engine/models/gguf_blocks
 in 4-bit (Int4Linear): no rounding on the way either. Tensors of the other types a file may mix in
 (Q5_0, Q6_K, ... in llama.cpp's Q4_K_M) are dequantized and quantized per channel to int8, as a 4-bit
 file was served before; the start-up log names which tensors went which way. Each tensor is read
-with plain file reads into one temporary buffer and packed: peak memory is the packed weights plus
-the largest tensor, and the file's pages never count in the process's resident memory (as a mapped
+with plain file reads into one temporary buffer and packed (a 4-bit one a few hundred rows at a time,
+decoded straight into its layer's layout): peak memory is the packed weights plus the largest tensor
+(4-bit: one chunk), and the file's pages never count in the process's resident memory (as a mapped
 file's do).
 
 Only llama.cpp's `llama` architecture (Llama, Mistral, SmolLM and the like) is read here; the
@@ -42,6 +43,7 @@ SUPPORTED_TYPES = GGUF_READABLE_TYPES
 # how a matmul's tensors are served, for the start-up log
 FOUR_BIT, Q8_0_BLOCKS, WIDENED = "in 4-bit", "as int8 from their Q8_0 blocks", "widened to int8 per channel"
 
+_DECODE_ROWS = 256  # rows of a 4-bit tensor read and decoded at a time (whole heads of q and k)
 # per layer: checkpoint name in the file -> our parameter
 _NORMS = {"attn_norm": "input_layernorm", "ffn_norm": "post_attention_layernorm"}
 
@@ -70,6 +72,9 @@ def load_quantized_gguf(model, path: Path, dtype: torch.dtype):
                 ways[way][p.tensor_type.name].append(p.name)
             return layer
 
+        # the embedding (and an untied head) first: their temporaries come and go before the layers are held
+        embedding = linear("token_embd.weight")
+        head = linear("output.weight") if "output.weight" in tensors else embedding
         for i, layer in enumerate(model.layers):
             blk = f"blk.{i}"
             # llama.cpp interleaves the rotary halves of q and k rows: undone row by row, as transformers does
@@ -78,8 +83,6 @@ def load_quantized_gguf(model, path: Path, dtype: torch.dtype):
             layer.o_proj = linear(f"{blk}.attn_output.weight")
             layer.gate_up_proj = linear(f"{blk}.ffn_gate.weight", f"{blk}.ffn_up.weight")
             layer.down_proj = linear(f"{blk}.ffn_down.weight")
-        embedding = linear("token_embd.weight")
-        head = linear("output.weight") if "output.weight" in tensors else embedding
         model.embed_tokens = PackedEmbedding(embedding)
         model.packed_lm_head, model.lm_head = head, None
         model.to(dtype).to_empty(device="cpu")
@@ -124,9 +127,7 @@ def _linear(f, parts: list, heads: tuple[int | None, ...], dtype: torch.dtype,
                          f"{[list(map(int, p.shape)) for p in parts]}")
     heads = heads or (None,) * len(parts)
     if types <= set(FOUR_BIT_TYPES):
-        decoded = [decode_four_bit(_read_rows(f, p), p.tensor_type.name, in_features) for p in parts]
-        nibbles, d, m = (_stacked(column, heads) for column in zip(*decoded))  # reordered alike
-        return FOUR_BIT, Int4Linear.from_nibbles(nibbles, d, m, dtype, kernels)
+        return FOUR_BIT, _four_bit_linear(f, parts, heads, in_features, dtype, kernels)
     if types == {"Q8_0"}:
         stacked = _stacked([_read_rows(f, p) for p in parts], heads)
         return Q8_0_BLOCKS, Int8Linear.from_q8_0(stacked, stacked.shape[0], in_features, dtype, kernels)
@@ -135,6 +136,25 @@ def _linear(f, parts: list, heads: tuple[int | None, ...], dtype: torch.dtype,
     if reason is not None:
         raise ValueError(f"--quantization int8: GGUF tensor {parts[0].name} cannot be quantized: {reason}")
     return WIDENED, Int8Linear.from_weight(stacked, None, kernels)
+
+
+def _four_bit_linear(f, parts: list, heads: tuple[int | None, ...], in_features: int, dtype: torch.dtype,
+                     kernels) -> Int4Linear:
+    """The parts' rows one under another in 4-bit, read and decoded a chunk of rows at a time into the
+    layer's own layout: loading holds the layer and one chunk, never a whole tensor decoded."""
+    layer = Int4Linear.zeros(sum(int(p.shape[1]) for p in parts), in_features, dtype, kernels)
+    start = 0
+    for part, num_heads in zip(parts, heads):
+        num_rows = int(part.shape[1])
+        head_rows = num_rows // num_heads if num_heads else 1
+        chunk = max(1, _DECODE_ROWS // head_rows) * head_rows  # whole heads: q and k rows reorder within one
+        for r0 in range(0, num_rows, chunk):
+            rows = _read_rows(f, part, r0, min(num_rows, r0 + chunk))
+            if num_heads:
+                rows = _unpermute(rows, rows.shape[0] // head_rows)
+            layer.set_rows(start + r0, *decode_four_bit(rows, part.tensor_type.name, in_features))
+        start += num_rows
+    return layer
 
 
 def _stacked(parts: list[torch.Tensor], heads: tuple[int | None, ...]) -> torch.Tensor:
@@ -153,14 +173,17 @@ def _read_weight(f, tensor) -> torch.Tensor:
     return torch.from_numpy(dequantize(rows.numpy(), tensor.tensor_type))
 
 
-def _read_rows(f, tensor) -> torch.Tensor:
-    """The tensor's rows as stored: uint8 [N, bytes per row] for a quantized type, else [N, K] of its float dtype."""
+def _read_rows(f, tensor, first: int = 0, end: int | None = None) -> torch.Tensor:
+    """The tensor's rows [first, end) as stored (all by default): uint8 [rows, bytes per row] for a
+    quantized type, else [rows, K] of its float dtype."""
     num_rows, in_features = int(tensor.shape[1]), int(tensor.shape[0])
+    end = num_rows if end is None else end
     if tensor.tensor_type.name in _FLOAT_TYPES:
-        out = torch.empty(num_rows, in_features, dtype=_FLOAT_TYPES[tensor.tensor_type.name])
+        out = torch.empty(end - first, in_features, dtype=_FLOAT_TYPES[tensor.tensor_type.name])
+        _check_size(tensor, num_rows * in_features * out.element_size())
     else:  # whole blocks per row (the kernels' packers and the decoders check their sizes)
-        out = torch.empty(num_rows, int(tensor.n_bytes) // num_rows, dtype=torch.uint8)
-    _read_into(f, tensor, out)
+        out = torch.empty(end - first, int(tensor.n_bytes) // num_rows, dtype=torch.uint8)
+    _read_at(f, tensor, first * out.shape[1] * out.element_size(), out)
     return out
 
 
@@ -169,15 +192,20 @@ def _read_float(f, tensor) -> torch.Tensor:
         raise ValueError(f"GGUF tensor {tensor.name} is {tensor.tensor_type.name}; the int8 path reads "
                          f"norms as {', '.join(_FLOAT_TYPES)}")
     out = torch.empty(int(np.prod([int(d) for d in tensor.shape])), dtype=_FLOAT_TYPES[tensor.tensor_type.name])
-    _read_into(f, tensor, out)
+    _check_size(tensor, out.numel() * out.element_size())
+    _read_at(f, tensor, 0, out)
     return out
 
 
-def _read_into(f, tensor, out: torch.Tensor) -> None:
-    expected = out.numel() * out.element_size()
+def _check_size(tensor, expected: int) -> None:
     if int(tensor.n_bytes) != expected:
         raise ValueError(f"GGUF tensor {tensor.name} holds {int(tensor.n_bytes)} bytes, its shape needs {expected}")
-    f.seek(int(tensor.data_offset))
+
+
+def _read_at(f, tensor, offset: int, out: torch.Tensor) -> None:
+    """out's bytes from the tensor's data, offset bytes in."""
+    expected = out.numel() * out.element_size()
+    f.seek(int(tensor.data_offset) + offset)
     if f.readinto(out.view(-1).view(torch.uint8).numpy()) != expected:
         raise ValueError(f"GGUF tensor {tensor.name} is truncated")
 

@@ -68,14 +68,14 @@ def test_int4_gemm_is_the_4_bit_product_of_quantized_x(kernels, rows, k, n):
 
 
 def test_a_row_does_not_depend_on_its_batch(kernels):
-    """The same row alone and among 3, 17, 64 rows (vector kernels below 32, AMX tiles from 32 where
-    the CPU has them): the same bits."""
+    """The same row alone and among 3, 17, 31, 33, 64 rows (vector kernels below 32, AMX tiles from 32
+    where the CPU has them, 33 with a tile of one row): the same bits."""
     nibbles, d, m = random_int4(200, 1536, seed=3)
     layer = Int4Linear.from_nibbles(nibbles, d, m, torch.bfloat16, kernels)
     gen = torch.Generator().manual_seed(4)
     row = torch.randn(1, 1536, generator=gen).bfloat16()
     alone = layer(row, fp32_out=True)
-    for size in (1, 3, 17, 64):
+    for size in (1, 3, 17, 31, 33, 64):
         batch = torch.randn(size, 1536, generator=gen).bfloat16()
         batch[size // 2] = row[0]
         assert torch.equal(layer(batch, fp32_out=True)[size // 2], alone[0]), size
@@ -89,6 +89,18 @@ def test_dequantized_rows_are_the_weight(kernels):
     assert torch.equal(layer.dequantized_rows(ids), expected[ids])
     assert layer.rows(ids).dtype == torch.bfloat16
     assert layer.weight_bytes == 40 * (80 + 8 * 5) and layer.resident_bytes == 48 * 192 // 2 + 3 * 6 * 2 * 16 * 4
+
+
+def test_rows_set_a_few_at_a_time_make_the_whole_weight():
+    """A loader fills the layout a chunk of rows at a time, chunks across block edges (16 rows)."""
+    nibbles, d, m = random_int4(70, 96, seed=7)
+    whole = Int4Linear.from_nibbles(nibbles, d, m, torch.bfloat16, None)
+    layer = Int4Linear.zeros(70, 96, torch.bfloat16, None)
+    for start in range(0, 70, 11):
+        layer.set_rows(start, nibbles[start:start + 11], d[start:start + 11], m[start:start + 11])
+    assert torch.equal(layer.packed_weight, whole.packed_weight) and torch.equal(layer.scales, whole.scales)
+    with pytest.raises(ValueError, match=r"rows 66\.\. of nibbles \(11, 96\)"):
+        layer.set_rows(66, nibbles[:11], d[:11], m[:11])
 
 
 def test_zero_rows_and_zero_x(kernels):

@@ -64,6 +64,23 @@ def generates(llm) -> bool:
     return out.num_output_tokens >= 1
 
 
+def test_4_bit_rows_are_decoded_a_few_heads_at_a_time(tmp_path, monkeypatch):
+    """The loader reads and decodes a 4-bit tensor in chunks of rows into its layer; q and k rows, put
+    back in Hugging Face's order head by head, land where a whole tensor's reordering puts them."""
+    import gguf
+    from engine.models import gguf_loader
+    path = random_gguf(tmp_path / "q4_k.gguf", "Q4_K")
+    tensors = {t.name: t for t in gguf.GGUFReader(path).tensors}
+    parts = [tensors[f"blk.0.attn_{name}.weight"] for name in ("q", "k", "v")]
+    monkeypatch.setattr(gguf_loader, "_DECODE_ROWS", 100)  # 128-row heads: one head a chunk
+    with open(path, "rb") as f:
+        layer = gguf_loader._four_bit_linear(f, parts, (2, 1, None), 256, torch.bfloat16, None)
+    expected = torch.cat([gguf_loader._unpermute(torch.from_numpy(gguf.dequantize(p.data, p.tensor_type)), heads)
+                          if heads else torch.from_numpy(gguf.dequantize(p.data, p.tensor_type))
+                          for p, heads in zip(parts, (2, 1, None))])
+    torch.testing.assert_close(layer.dequantized_rows(torch.arange(512)), expected, rtol=2 ** -22, atol=2 ** -30)
+
+
 def test_a_4_bit_gguf_is_served_in_4_bit(kernels, tmp_path, monkeypatch, caplog):
     """Q4_1, the packaged model's type (Q4_0 is the mixed file's below; every type's blocks are
     checked against the gguf package's decoding in test_int4_linear.py)."""

@@ -6,7 +6,10 @@
 // columns: two A tiles (16 rows x one group of 32 values of x, signed), two B tiles (the group's 8
 // quads x 16 columns, unsigned) and four int32 C tiles; one `tdpbsud` is a whole group. The int32
 // sums are the vector kernels' (exact), and each group's are scaled into fp32 by the same operations
-// (int4_operands.h): a row's output is the same bits whichever kernel computed it.
+// (int4_operands.h): a row's output is the same bits whichever kernel computed it. As in the int8
+// kernel, a span of groups is multiplied, every product issued before any store, and their stored
+// sums are scaled together, each fp32 sum loaded and stored once a span. The files' groups are 32
+// values, int8's 64: a `tdpbsud` does half of int8's, and twice as many sums are stored and scaled.
 #include <torch/extension.h>
 
 #include <cstdint>
@@ -28,6 +31,7 @@ namespace formwork::int4 {
 namespace {
 
 constexpr int64_t kQuadBytes = 4 * kBlock;  // one B-tile row: 16 columns x 4 values
+constexpr int64_t kSpan = 4;                // groups multiplied before their sums are scaled
 
 // C tiles 0-3: 16 rows x 16 int32; A tiles 4-5: 16 rows x 32 bytes; B tiles 6-7: 8 quads x 64 bytes
 void configure_tiles() {
@@ -57,38 +61,58 @@ void unpack(const Operands& op, int64_t block, uint8_t* out) {
   }
 }
 
-// rows [m0, m0 + 16 ma) x blocks [b0, b0 + nb) from the unpacked blocks; ma and nb 1 or 2
-void rows_unit(const Operands& op, const uint8_t* unpacked, int64_t m0, int64_t ma, int64_t b0, int64_t nb) {
-  alignas(64) int32_t sums[4][16][kBlock];
-  alignas(64) float scaled[4][16][kBlock] = {};
+// group g's int32 sums of rows [m0, m0 + 16 ma) x blocks [b0, b0 + nb) from the unpacked blocks, C tile t's
+// into sums[t]
+void multiply_group(const Operands& op, const uint8_t* unpacked, int64_t m0, int64_t ma, int64_t nb, int64_t g,
+                    int32_t (*sums)[16][kBlock]) {
   const int64_t block_quads = op.kp / 4;
-  for (int64_t g = 0; g < op.groups(); ++g) {
-    _tile_zero(0);
-    _tile_zero(1);
-    _tile_zero(2);
-    _tile_zero(3);
-    _tile_loadd(4, op.x + m0 * op.kp + g * kGroup, op.kp);
-    if (ma == 2) _tile_loadd(5, op.x + (m0 + 16) * op.kp + g * kGroup, op.kp);
-    _tile_loadd(6, unpacked + g * (kGroup / 4) * kQuadBytes, kQuadBytes);
-    if (nb == 2) _tile_loadd(7, unpacked + (block_quads + g * (kGroup / 4)) * kQuadBytes, kQuadBytes);
-    _tile_dpbsud(0, 4, 6);
-    if (nb == 2) _tile_dpbsud(1, 4, 7);
-    if (ma == 2) _tile_dpbsud(2, 5, 6);
-    if (ma == 2 && nb == 2) _tile_dpbsud(3, 5, 7);
-    _tile_stored(0, sums[0], 4 * kBlock);
-    _tile_stored(1, sums[1], 4 * kBlock);
-    _tile_stored(2, sums[2], 4 * kBlock);
-    _tile_stored(3, sums[3], 4 * kBlock);
+  _tile_zero(0);
+  _tile_zero(1);
+  _tile_zero(2);
+  _tile_zero(3);
+  _tile_loadd(4, op.x + m0 * op.kp + g * kGroup, op.kp);
+  if (ma == 2) _tile_loadd(5, op.x + (m0 + 16) * op.kp + g * kGroup, op.kp);
+  _tile_loadd(6, unpacked + g * (kGroup / 4) * kQuadBytes, kQuadBytes);
+  if (nb == 2) _tile_loadd(7, unpacked + (block_quads + g * (kGroup / 4)) * kQuadBytes, kQuadBytes);
+  // every product before any store: a store waits for its product's latency
+  _tile_dpbsud(0, 4, 6);
+  if (nb == 2) _tile_dpbsud(1, 4, 7);
+  if (ma == 2) _tile_dpbsud(2, 5, 6);
+  if (ma == 2 && nb == 2) _tile_dpbsud(3, 5, 7);
+  _tile_stored(0, sums[0], 4 * kBlock);
+  if (nb == 2) _tile_stored(1, sums[1], 4 * kBlock);
+  if (ma == 2) _tile_stored(2, sums[2], 4 * kBlock);
+  if (ma == 2 && nb == 2) _tile_stored(3, sums[3], 4 * kBlock);
+}
+
+// rows [m0, m0 + 16 ma) x blocks [b0, b0 + nb) from the unpacked blocks; ma and nb 1 or 2. The sums of a
+// span of groups are scaled together, each fp32 sum loaded and stored once a span, every group's by the
+// same two fma as the vector kernels', in the same order.
+void rows_unit(const Operands& op, const uint8_t* unpacked, int64_t m0, int64_t ma, int64_t b0, int64_t nb) {
+  alignas(64) int32_t sums[kSpan][4][16][kBlock];
+  alignas(64) float scaled[4][16][kBlock] = {};
+  for (int64_t g0 = 0; g0 < op.groups(); g0 += kSpan) {
+    const int64_t span = std::min(kSpan, op.groups() - g0);
+    for (int64_t s = 0; s < span; ++s) multiply_group(op, unpacked, m0, ma, nb, g0 + s, sums[s]);
     for (int64_t a = 0; a < ma; ++a)
       for (int64_t j = 0; j < nb; ++j) {
-        const __m512 d = _mm512_loadu_ps(op.w_d(b0 + j, g)), mins = _mm512_loadu_ps(op.w_m(b0 + j, g));
+        __m512 d[kSpan], mins[kSpan];
+        for (int64_t s = 0; s < span; ++s) {
+          d[s] = _mm512_loadu_ps(op.w_d(b0 + j, g0 + s));
+          mins[s] = _mm512_loadu_ps(op.w_m(b0 + j, g0 + s));
+        }
         for (int64_t r = 0; r < 16; ++r) {
-          const int64_t row = m0 + 16 * a + r;
-          const __m512 scale = _mm512_mul_ps(d, _mm512_set1_ps(op.x_scale(row, g)));
-          float* out = scaled[2 * a + j][r];
-          __m512 v = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_load_si512(sums[2 * a + j][r])), scale,
-                                     _mm512_load_ps(out));
-          _mm512_store_ps(out, _mm512_fmadd_ps(mins, _mm512_set1_ps(op.x_offset(row, g)), v));
+          const int64_t at = (m0 + 16 * a + r) * op.groups() + g0;
+          const float* x_scales = op.x_scales + at;
+          const float* x_offsets = op.x_offsets + at;
+          __m512 sum = _mm512_load_ps(scaled[2 * a + j][r]);
+          for (int64_t s = 0; s < span; ++s) {
+            const __m512 scale = _mm512_mul_ps(d[s], _mm512_set1_ps(x_scales[s]));
+            const __m512 group_sum = _mm512_cvtepi32_ps(_mm512_load_si512(sums[s][2 * a + j][r]));
+            sum = _mm512_fmadd_ps(group_sum, scale, sum);
+            sum = _mm512_fmadd_ps(mins[s], _mm512_set1_ps(x_offsets[s]), sum);
+          }
+          _mm512_store_ps(scaled[2 * a + j][r], sum);
         }
       }
   }

@@ -16,7 +16,7 @@ constexpr int64_t kChunkValues = 8;  // values of K per column in one 64-byte ch
 constexpr int64_t kGroupChunks = kGroup / kChunkValues;
 constexpr int64_t kChunkBytes = 4 * kBlock;
 // AMX from this many rows (two tiles of rows): at 16 the unpacking and the per-group scaling of half-used
-// tiles cost more than the vector kernel (bench/gemm_int8.py on a 1.5B layer: 0.8-0.96x AMX's time)
+// tiles cost more than the vector kernel's register sums (a 1.5B layer: 1.02-1.1x its time)
 constexpr int64_t kAmxMinRows = 32;
 
 inline int64_t padded_k(int64_t k) { return (k + kKAlign - 1) / kKAlign * kKAlign; }
