@@ -71,6 +71,11 @@ class PackedLinear(nn.Module):
         """Whether rows() can read the weight back (the kernels' layout; not oneDNN's)."""
         return self.kernels is not None
 
+    def kernel_projection(self):
+        """This layer as the kernels' fused decoder layer takes a matmul (their Projection), or None
+        for a oneDNN-packed weight."""
+        return None if self.kernels is None else self.kernels.Projection("float", self.packed_weight, None, self.bias)
+
     def forward(self, x: torch.Tensor, fp32_out: bool = False) -> torch.Tensor:
         """x @ W.T (+ bias) in x's dtype; fp32_out: in float32, from the kernels' fp32 sums unrounded
         (oneDNN's result is only widened; float32 x: what it is anyway)."""

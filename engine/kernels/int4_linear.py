@@ -23,6 +23,8 @@ CHUNK_VALUES = 8  # values of K per column in one 64-byte chunk: low nibbles 4, 
 class Int4Linear(QuantizedLinear):
     """y = x @ W.T + b with W held once as 4-bit nibbles plus fp32 d and m per 32 values."""
 
+    format = "int4"
+
     def __init__(self, packed: torch.Tensor, scales: torch.Tensor, out_features: int, in_features: int,
                  bias: torch.Tensor | None, dtype: torch.dtype, kernels) -> None:
         super().__init__(packed, scales, out_features, in_features, bias, dtype, kernels)

@@ -30,6 +30,8 @@ ACTIVATION_GROUP = 64  # values of K per activation scale beside per-channel wei
 class Int8Linear(QuantizedLinear):
     """y = x @ W.T + b with W held once as int8 plus fp32 scales, in the int8 GEMM's layout."""
 
+    format = "int8"
+
     def __init__(self, packed: tuple[torch.Tensor, torch.Tensor], out_features: int,
                  in_features: int, bias: torch.Tensor | None, dtype: torch.dtype, kernels) -> None:
         super().__init__(*packed, out_features, in_features, bias, dtype, kernels)

@@ -10,6 +10,8 @@ class QuantizedLinear(nn.Module):
     """y = x @ W.T + b through a CPU kernel's quantized GEMM; subclasses name the GEMM (`multiply`)
     and how a row of W reads back (`dequantized_rows`)."""
 
+    format = ""  # the layout's name in the kernels' Projection: "int8" or "int4"
+
     def __init__(self, packed: torch.Tensor, scales: torch.Tensor, out_features: int, in_features: int,
                  bias: torch.Tensor | None, dtype: torch.dtype, kernels) -> None:
         super().__init__()
@@ -22,6 +24,13 @@ class QuantizedLinear(nn.Module):
     def multiply(self, x: torch.Tensor, fp32_out: bool) -> torch.Tensor:
         """The GEMM on 2-D x with contiguous rows: bf16 or fp32 out (fp32 with fp32_out)."""
         raise NotImplementedError
+
+    def kernel_projection(self):
+        """This layer as the kernels' fused decoder layer takes a matmul (their Projection): the GEMM
+        call forward makes. None for float16 activations, whose output forward narrows from fp32."""
+        if self.dtype not in (torch.bfloat16, torch.float32):
+            return None
+        return self.kernels.Projection(self.format, self.packed_weight, self.scales, self.bias)
 
     def dequantized_rows(self, ids: torch.Tensor) -> torch.Tensor:
         """W[ids] as the kernel multiplies by it, in float32."""

@@ -138,6 +138,7 @@ class DecoderLayer(nn.Module):
             self.q_norm = nn.RMSNorm(self.head_dim, eps=self.eps)
             self.k_norm = nn.RMSNorm(self.head_dim, eps=self.eps)
         self.fused_kernels = None  # see use_fused_kernels
+        self.fused_projections: tuple = ()  # the kernels' Projection of qkv, o, gate_up, down, in that order
 
     def forward(self, hidden: torch.Tensor, residual: torch.Tensor | None, cos_sin: tuple[torch.Tensor, torch.Tensor],
                 kv_cache: torch.Tensor, attn_backend: AttentionBackend,
@@ -153,12 +154,12 @@ class DecoderLayer(nn.Module):
                                                                          self.head_dim)
         if attention:
             slot_mapping, query_ids, block_table, seq_lens, scale = attention
+            qkv_proj, o_proj, gate_up_proj, down_proj = self.fused_projections
             return self.fused_kernels.decoder_layer(
                 residual, hidden, self.input_layernorm.weight, self.post_attention_layernorm.weight, self.eps,
-                self.qkv_proj.packed_weight, self.qkv_proj.bias, self.num_heads, self.num_kv_heads, self.head_dim,
-                *cos_sin, kv_cache, slot_mapping, query_ids, block_table, seq_lens, scale,
-                self.o_proj.packed_weight, self.o_proj.bias, self.gate_up_proj.packed_weight, self.intermediate_size,
-                self.down_proj.packed_weight), residual
+                qkv_proj, self.num_heads, self.num_kv_heads, self.head_dim, *cos_sin, kv_cache, slot_mapping,
+                query_ids, block_table, seq_lens, scale, o_proj, gate_up_proj, self.intermediate_size,
+                down_proj), residual
         x = ops.add_rms_norm(residual, hidden, self.input_layernorm.weight, self.eps)
         qkv = self.qkv_proj(x)
         q_size, kv_size, _ = self.qkv_sizes
@@ -181,17 +182,20 @@ class DecoderLayer(nn.Module):
         return ops.add_rms_norm(mlp, None, self.post_feedforward_layernorm.weight, self.eps), residual
 
     def use_fused_kernels(self) -> None:
-        """After packing: where this layer is Llama's (no q/k norms, no sandwich norms, SwiGLU, the whole
-        head rotated) and every projection is packed for the CPU kernels, its steps go through their
-        `decoder_layer`, one call, whenever the attention backend's kernel does the layer's attention
-        alone (else the ops below one by one: the same kernels, the same bits)."""
+        """After packing or quantizing: where this layer is Llama's (no q/k norms, no sandwich norms,
+        SwiGLU, the whole head rotated) and every projection is in a CPU kernels' layout (bf16 or
+        float32 packed, int8, 4-bit: each its own), its steps go through their `decoder_layer`, one
+        call, whenever the attention backend's kernel does the layer's attention alone (else the ops
+        below one by one: the same kernels, the same bits)."""
         features = self.features
-        projections = (self.qkv_proj, self.o_proj, self.gate_up_proj, self.down_proj)
+        layers = (self.qkv_proj, self.o_proj, self.gate_up_proj, self.down_proj)
         if (features.qk_norm or features.sandwich_norms or features.activation != "silu"
                 or features.ropes[self.rope_key].rotary_dim != self.head_dim
-                or not all(isinstance(p, PackedLinear) and p.shares_rows for p in projections)):
+                or not all(isinstance(p, (PackedLinear, QuantizedLinear)) for p in layers)):
             return
-        self.fused_kernels = self.qkv_proj.kernels
+        projections = tuple(p.kernel_projection() for p in layers)
+        if None not in projections:
+            self.fused_kernels, self.fused_projections = self.qkv_proj.kernels, projections
 
     def _norm_heads_(self, heads: torch.Tensor, num_heads: int, weight: torch.Tensor) -> None:
         """RMSNorm over each head_dim slice of [n, num_heads * head_dim], in place."""
@@ -226,8 +230,7 @@ class DecoderForCausalLM(nn.Module):
         float32 on the kernels' fp32 GEMM; stored_dtype bfloat16 holds float32 weights as bf16); elsewhere
         nothing changes. Call after load_weights. Returns how many weights were packed."""
         count = pack_linears(self.layers, stored_dtype)
-        for layer in self.layers:
-            layer.use_fused_kernels()
+        self.use_fused_kernels()
         if count:
             head = self.packed_lm_head = pack_linear(self.lm_head_weight, None, stored_dtype)
             count += head is not None
@@ -236,13 +239,20 @@ class DecoderForCausalLM(nn.Module):
                 self.embed_tokens = PackedEmbedding(head)
         return count
 
+    def use_fused_kernels(self) -> None:
+        """Each layer through the kernels' one-call decoder layer where it can be
+        (DecoderLayer.use_fused_kernels): call once the layers' projections are packed or quantized."""
+        for layer in self.layers:
+            layer.use_fused_kernels()
+
     def quantize_cpu_weights(self, quantize_lm_head: bool, lenient: bool) -> int:
         """--quantization int8: every layer's matmul weights to int8 (engine/kernels/int8_linear.py), the
         head too with quantize_lm_head (else packed in bf16, as pack_cpu_weights does); layers left in
-        float (lenient) are packed as usual. The layers run op by op (the fused layer is bf16's).
+        float (lenient) are packed as usual; the layers run fused (use_fused_kernels).
         Call after load_weights. Returns how many weights are int8."""
         count, _ = quantize_linears(self.layers, lenient, prefix="layers")
         pack_linears(self.layers)
+        self.use_fused_kernels()
         head = quantize_linear("lm_head", self.lm_head_weight, None, lenient) if quantize_lm_head else None
         count += head is not None
         if head is None:

@@ -50,9 +50,9 @@ _NORMS = {"attn_norm": "input_layernorm", "ffn_norm": "post_attention_layernorm"
 
 def load_quantized_gguf(model, path: Path, dtype: torch.dtype):
     """Fill `model` (a DecoderForCausalLM built on the meta device) from the GGUF file at path: its
-    matmuls become Int4Linear (Q4_0, Q4_1, Q4_K) or Int8Linear layers, the rest gets storage in
-    dtype and the file's values; logs which tensors went which way. ValueError naming the tensor for
-    an architecture, type or name this path does not read."""
+    matmuls become Int4Linear (Q4_0, Q4_1, Q4_K) or Int8Linear layers (each layer then runs as the
+    kernels' one call), the rest gets storage in dtype and the file's values; logs which tensors went
+    which way. ValueError naming the tensor for an architecture, type or name this path does not read."""
     kernels = load_cpu_kernels()
     if kernels is None:
         raise ValueError("--quantization int8 needs Formwork's CPU kernels, which could not be built here")
@@ -85,6 +85,7 @@ def load_quantized_gguf(model, path: Path, dtype: torch.dtype):
             layer.down_proj = linear(f"{blk}.ffn_down.weight")
         model.embed_tokens = PackedEmbedding(embedding)
         model.packed_lm_head, model.lm_head = head, None
+        model.use_fused_kernels()
         model.to(dtype).to_empty(device="cpu")
         params = dict(model.named_parameters())
         norms = {f"blk.{i}.{name}.weight": f"layers.{i}.{ours}.weight"

@@ -115,3 +115,7 @@ def test_kernels_reject_bad_shapes(kernels):
         kernels.silu_and_mul(torch.zeros(2, 7))
     with pytest.raises(RuntimeError, match="rotary"):
         kernels.rotary_(torch.zeros(2, 64), torch.zeros(2, 64), torch.zeros(2, 64), 2, 64)
+    with pytest.raises(ValueError, match="int5: expected float, int8 or int4"):
+        kernels.Projection("int5", torch.zeros(1, dtype=torch.uint8), torch.zeros(1), None)
+    with pytest.raises(ValueError, match="int8 needs its scales"):
+        kernels.Projection("int8", torch.zeros(1, dtype=torch.uint8), None, None)

@@ -8,12 +8,11 @@ from pathlib import Path
 import pytest
 import torch
 from quantized_blocks import random_blocks
-from test_int8_model import make_llm
+from test_int8_model import assert_the_fused_layers_give_the_op_by_op_bits, make_llm
 
 from bench.quantization_agreement import agreement, greedy_answers, teacher_forced_choices
 from engine.kernels.int4_linear import Int4Linear
 from engine.kernels.int8_linear import Int8Linear
-from engine.sampling_params import SamplingParams
 
 # a tiny Llama of whole Q4_K super-blocks (256 values), the packaged model's tokenizer
 SHAPE = {"block_count": 2, "embedding_length": 256, "feed_forward_length": 512, "attention.head_count": 2,
@@ -59,11 +58,6 @@ def file_rows(path: Path, name: str, rows: torch.Tensor) -> torch.Tensor:
     return torch.from_numpy(gguf.dequantize(tensor.data, tensor.tensor_type))[rows]
 
 
-def generates(llm) -> bool:
-    out = llm.generate([[{"role": "user", "content": "Hello"}]], SamplingParams(temperature=0, max_tokens=4))[0]
-    return out.num_output_tokens >= 1
-
-
 def test_4_bit_rows_are_decoded_a_few_heads_at_a_time(tmp_path, monkeypatch):
     """The loader reads and decodes a 4-bit tensor in chunks of rows into its layer; q and k rows, put
     back in Hugging Face's order head by head, land where a whole tensor's reordering puts them."""
@@ -100,7 +94,7 @@ def test_a_4_bit_gguf_is_served_in_4_bit(kernels, tmp_path, monkeypatch, caplog)
         rows = torch.tensor([0, 100, 255])
         torch.testing.assert_close(model.layers[1].down_proj.dequantized_rows(rows),
                                    file_rows(path, "blk.1.ffn_down.weight", rows), rtol=2 ** -23, atol=0)
-        assert generates(llm)
+        assert_the_fused_layers_give_the_op_by_op_bits(llm)
     finally:
         llm.shutdown()
 
@@ -123,7 +117,7 @@ def test_a_mixed_file_serves_its_4_bit_tensors_in_4_bit_and_widens_the_rest(kern
         rows = torch.tensor([0, 200, 511])
         torch.testing.assert_close(layer.gate_up_proj.dequantized_rows(rows),
                                    file_rows(path, "blk.0.ffn_gate.weight", rows), rtol=2 ** -22, atol=2 ** -30)
-        assert generates(llm)
+        assert_the_fused_layers_give_the_op_by_op_bits(llm)  # int8 and 4-bit matmuls in one layer
     finally:
         llm.shutdown()
 

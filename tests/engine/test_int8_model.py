@@ -34,6 +34,42 @@ def tiny_llama(tmp_path_factory, model_dir):
     return str(out)
 
 
+class CountedLayerCalls:
+    """The kernels with their decoder_layer calls counted."""
+
+    def __init__(self, kernels) -> None:
+        self.kernels, self.calls = kernels, 0
+
+    def decoder_layer(self, *args):
+        self.calls += 1
+        return self.kernels.decoder_layer(*args)
+
+
+def assert_the_fused_layers_give_the_op_by_op_bits(llm, num_prompts: int = 4) -> None:
+    """Every layer runs as the kernels' one call, and its tokens and logprobs are those of the same
+    model op by op (prompts longer than the 64-token budget: chunked, beside the others' decodes)."""
+    layers = llm.engine.runner.model.layers
+    kernels = layers[0].fused_kernels
+    assert kernels is not None and all(layer.fused_kernels is kernels for layer in layers)
+    params = SamplingParams(max_tokens=8, temperature=0, ignore_eos=True, logprobs=3, speculative=False)
+    prompts = [{"prompt_token_ids": p} for p in random_prompts(num_prompts, seed=2)]
+
+    def answers() -> str:  # as text: a random model's NaN logprobs compare equal too
+        return repr([(o.token_ids, [(lp.token_id, lp.logprob, lp.top) for lp in o.logprobs])
+                     for o in llm.generate(prompts, params)])
+
+    counted = CountedLayerCalls(kernels)
+    for layer in layers:
+        layer.fused_kernels = counted
+    fused = answers()
+    assert counted.calls >= len(layers) * (params.max_tokens - 1)  # at least the last prompt's decode steps
+    for layer in layers:
+        layer.fused_kernels = None
+    assert answers() == fused
+    for layer in layers:
+        layer.fused_kernels = kernels
+
+
 def test_int8_layers_replace_every_matmul(kernels, tiny_llama):
     llm = make_llm(tiny_llama, quantization="int8")
     try:
@@ -41,12 +77,10 @@ def test_int8_layers_replace_every_matmul(kernels, tiny_llama):
         for layer in model.layers:
             assert all(isinstance(p, Int8Linear) for p in (layer.qkv_proj, layer.o_proj, layer.gate_up_proj,
                                                            layer.down_proj))
-            assert layer.fused_kernels is None  # the fused layer is bf16's: op by op
         assert layer.qkv_proj.bias is not None  # the biases join the fp32 sums
         assert isinstance(model.packed_lm_head, PackedLinear)  # the head stays bf16 by default
         assert isinstance(model.embed_tokens, PackedEmbedding)
-        assert len(llm.generate([{"prompt_token_ids": p} for p in random_prompts(2)],
-                                SamplingParams(max_tokens=4, temperature=0))[0].token_ids) == 4
+        assert_the_fused_layers_give_the_op_by_op_bits(llm)
     finally:
         llm.shutdown()
 
@@ -172,8 +206,8 @@ def test_a_random_q8_0_gguf_of_another_shape_is_served(kernels, tmp_path, monkey
         model = llm.engine.runner.model
         assert len(model.layers) == 2 and isinstance(model.layers[1].down_proj, Int8Linear)
         assert model.layers[1].down_proj.in_features == 96
-        out = llm.generate([[{"role": "user", "content": "Hello"}]], SamplingParams(temperature=0, max_tokens=4))[0]
-        assert out.num_output_tokens >= 1
+        assert model.layers[1].down_proj.scales.shape[1] > 1  # a scale per 32 values: Q8_0, fused too
+        assert_the_fused_layers_give_the_op_by_op_bits(llm)
     finally:
         llm.shutdown()
 

@@ -1,6 +1,8 @@
 // The Python module of Formwork's CPU kernels (engine/kernels/loader.py builds and loads it).
 #include <torch/extension.h>
 
+#include <map>
+#include <stdexcept>
 #include <string>
 
 #include "int4_gemm.h"
@@ -36,14 +38,34 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
                     py::arg("same_cpu") = s.same_cpu);
   }, "the kernels' worker pool since start: jobs run with helpers, those a helper joined, chunks, chunks "
      "helpers ran, helper wake-ups from sleep, helper joins on the caller's CPU");
+  py::class_<Projection>(m, "Projection",
+                         "one of decoder_layer's matmuls: a weight packed for gemm (format 'float'), or for int8_gemm "
+                         "/ int4_gemm ('int8' / 'int4', with its scales), and its bias as that GEMM takes it")
+      .def(py::init([](const std::string& format, torch::Tensor packed, c10::optional<torch::Tensor> scales,
+                       c10::optional<torch::Tensor> bias) {
+             static const std::map<std::string, Projection::Format> formats = {
+                 {"float", Projection::Format::float_packed}, {"int8", Projection::Format::int8},
+                 {"int4", Projection::Format::int4}};
+             const auto found = formats.find(format);
+             if (found == formats.end()) {
+               throw std::invalid_argument("Projection format " + format + ": expected float, int8 or int4");
+             }
+             if ((found->second == Projection::Format::float_packed) == scales.has_value()) {
+               throw std::invalid_argument("Projection format " + format +
+                                           (scales ? " takes no scales" : " needs its scales"));
+             }
+             return Projection{found->second, std::move(packed), std::move(scales), std::move(bias)};
+           }),
+           py::arg("format"), py::arg("packed"), py::arg("scales"), py::arg("bias"));
   m.def("decoder_layer", &decoder_layer, py::call_guard<py::gil_scoped_release>(),
         "residual += hidden (if given), then a Llama-style layer (RMSNorm, QKV, rotary, paged attention, o, "
-        "RMSNorm, SwiGLU) through these kernels; returns its output (the residual is updated in place)",
+        "RMSNorm, SwiGLU) through these kernels, each matmul a Projection; returns its output (the residual is "
+        "updated in place)",
         py::arg("residual"), py::arg("hidden"), py::arg("input_norm"), py::arg("post_attention_norm"), py::arg("eps"),
-        py::arg("qkv_packed"), py::arg("qkv_bias"), py::arg("num_heads"), py::arg("num_kv_heads"), py::arg("head_dim"),
-        py::arg("cos"), py::arg("sin"), py::arg("kv_cache"), py::arg("slot_mapping"), py::arg("query_ids"),
-        py::arg("block_table"), py::arg("seq_lens"), py::arg("scale"), py::arg("o_packed"), py::arg("o_bias"),
-        py::arg("gate_up_packed"), py::arg("intermediate_size"), py::arg("down_packed"));
+        py::arg("qkv_proj"), py::arg("num_heads"), py::arg("num_kv_heads"), py::arg("head_dim"), py::arg("cos"),
+        py::arg("sin"), py::arg("kv_cache"), py::arg("slot_mapping"), py::arg("query_ids"), py::arg("block_table"),
+        py::arg("seq_lens"), py::arg("scale"), py::arg("o_proj"), py::arg("gate_up_proj"),
+        py::arg("intermediate_size"), py::arg("down_proj"));
   m.def("gemm_isa", &gemm_isa, "the GEMM's instruction set in this build: avx512_bf16 or portable");
   m.def("gemm_inner_loop_gflops", &gemm_inner_loop_gflops,
         "GFLOP/s of the GEMM's register tile walking an L2-resident weight panel on every pool thread, repeats tiles each");
