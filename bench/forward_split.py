@@ -2,13 +2,14 @@
 
 --batch B requests decode --steps tokens each after ~130-token prompts (their prefill not counted);
 the linears (by shape), the paged attention, the fused elementwise ops and the rest of the forward
-are timed in the engine, in ms a step, with the linears' GFLOP/s against the GEMM's inner-loop peak
-measured in the same process. --prompt-tokens N times instead one N-token prompt's prefill (one
-output token, cold prefix cache, in chunks of the scheduler's token budget), in ms a prefill, the
-fastest of --repeats: the rows each linear saw show that the head reads only the last row. Layers that run as one kernel call (`DecoderLayer.use_fused_kernels`)
-are split back into their ops for the timing: the same kernels, so the split adds up to a step of
-the unfused path; the fused step's median is printed beside it. Set OMP_WAIT_POLICY=PASSIVE as the
-engine runs.
+are timed in the engine, in ms a step, with the linears' GFLOP/s against the inner-loop peak of the
+path they take (bench.roofline.matmul_peak), measured in the same process. --prompt-tokens N times
+instead one N-token prompt's prefill (one output token, cold prefix cache, in chunks of the
+scheduler's token budget), the fastest of --repeats; the rows each linear saw show that the head
+reads only the last row. Layers that run as one kernel call (`DecoderLayer.use_fused_kernels`) are
+split back into their ops for the timing: the same kernels, so the split adds up to a step of the
+unfused path; the fused step's median (or prefill) is printed beside it. Set
+OMP_WAIT_POLICY=PASSIVE as the engine runs.
 """
 from __future__ import annotations
 
@@ -70,7 +71,7 @@ def main() -> int:
     parser.add_argument("--repeats", type=int, default=3, help="prefills timed (--prompt-tokens): the fastest counts")
     args = parser.parse_args()
 
-    from bench.roofline import measure_gemm_peak_gflops
+    from bench.roofline import matmul_peak
     from engine.attention.cpu import CpuAttentionBackend
     from engine.config import EngineConfig, SchedulerConfig
     from engine.kernels import decoder_ops
@@ -132,7 +133,7 @@ def main() -> int:
     type(model).forward = forward
     for layer, kernels in zip(model.layers, fused):
         layer.fused_kernels = kernels
-    peak = measure_gemm_peak_gflops()
+    peak, peak_path = matmul_peak(model)  # of the path this model's linears take
     llm.shutdown()
 
     if args.prompt_tokens:
@@ -140,12 +141,12 @@ def main() -> int:
         print(f"prefill of {args.prompt_tokens} tokens in {num_forwards[0]} forwards, fastest of {args.repeats}: "
               f"{step_ms:.0f} ms op by op ({args.prompt_tokens / step_ms * 1e3:.1f} tok/s), {fused_ms:.0f} ms with "
               f"the fused layers ({args.prompt_tokens / fused_ms * 1e3:.1f} tok/s); forward {1e3 * forward_s[0]:.0f} ms; "
-              f"GEMM inner-loop peak {peak or 0:.0f} GFLOP/s")
+              f"peak {peak:.0f} GFLOP/s ({peak_path})")
     else:
         n = max(1, num_forwards[0])
         print(f"batch {args.batch}: decode step median {step_ms:.1f} ms op by op, {fused_ms:.1f} ms with the fused "
               f"layers ({sum(k is not None for k in fused)} of {len(fused)}); forward {1e3 * forward_s[0] / n:.1f} ms "
-              f"a step over {n}; GEMM inner-loop peak {peak or 0:.0f} GFLOP/s")
+              f"a step over {n}; peak {peak:.0f} GFLOP/s ({peak_path})")
     linear_s = sum(v for k, v in totals.items() if k.startswith("linear"))
     for key, seconds in sorted(totals.items(), key=lambda kv: -kv[1]):
         rate = f"  {flops[key] / seconds / 1e9:6.1f} GFLOP/s, {rows[key]} rows" if key in flops else ""
