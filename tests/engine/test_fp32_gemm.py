@@ -38,7 +38,7 @@ def test_fp32_gemm_matches_the_exact_product(kernels, rows, k, n, stored):
     torch.testing.assert_close(got.double(), exact(x, weight, bias), rtol=1e-5, atol=1e-5 * k ** 0.5)
 
 
-# rows 1-300 past every tile height (6), the bf16 panel's widening (from 13 rows) and the x chunk at this K
+# rows 1-300 past every tile height (6) and the bf16 panel's widening (from 13 rows), each panel down every row
 PROMPT_ROWS = [1, 2, 5, 6, 7, 11, 12, 13, 17, 30, 47, 64, 97, 128, 199, 256, 300]
 
 

@@ -9,9 +9,11 @@
 // * fp32: [ceil(N/16), K, 16], zero padded: K row k of a block is its 16 columns' W[c][k].
 // A register tile is up to 6 rows of x by up to 3 blocks (2 x 8 lanes a block, 12 accumulators at
 // most): for each K value the block's 16 weights are loaded once and multiplied by each row's x
-// value broadcast. Threads split the columns into panels of 3 blocks, x is taken in chunks that
-// fit L2, as gemm.cpp does; where many row tiles pass over a bf16 panel (prompts, large batches) it
-// is widened once into a thread's fp32 copy first, so that no tile widens it again.
+// value broadcast. Threads split the columns into panels of 3 blocks, and each panel is walked down
+// every row of x: the panel stays in L2 while x streams past it (a prompt chunk's x from L2 or L3, at
+// ~1.3 bytes a cycle of fmas). Where many row tiles pass over a bf16 panel (prompts, large batches)
+// it is widened once into a thread's fp32 copy first: no tile widens it again, and the bf16 weight
+// is read from memory once a call (taking x in L2-sized chunks, it was read once a chunk).
 //
 // A row's output never depends on the other rows of the call: every output column is one fma chain
 // over k = 0, 1, ..., K-1 starting from its bias, whatever the tile's height or width, the thread
@@ -41,7 +43,6 @@ namespace {
 using formwork::gemm::kBlock;
 constexpr int64_t kPanel = 3;      // blocks per thread work unit
 constexpr int64_t kTileRows = 6;   // rows of x per register tile
-constexpr int64_t kChunkBytes = 512 << 10;  // rows of x per pass over the weight: about this many bytes
 
 // 8 lanes as one value; GCC lowers them to one AVX register (to narrower vectors elsewhere)
 typedef float F8 __attribute__((vector_size(32)));
@@ -110,14 +111,25 @@ struct Fp32Rows {
 
 // blocks [b0, b0 + nb) of bf16 pairs widened once into Fp32Rows' layout at panel: when many row
 // tiles pass over a panel, each then reads fp32 weights instead of widening them again
-void widen_panel(const Operands& op, int64_t b0, int64_t nb, float* panel) {
+void widen_panel(const Operands& op, int64_t b0, int64_t nb, float* __restrict panel) {
   const Bf16Pairs weights(op);
-  for (int64_t j = 0; j < nb; ++j)
-    for (int64_t k = 0; k < op.k; ++k) {
+  for (int64_t j = 0; j < nb; ++j) {
+    const uint16_t* pairs = weights.w + (b0 + j) * weights.block_stride;
+    float* rows = panel + j * op.k * kBlock;
+    for (int64_t p = 0; p < op.k / 2; ++p)  // one 64-byte row of 16 pairs: K rows 2p and 2p + 1
+      for (int h = 0; h < 2; ++h) {
+        U8 word;
+        std::memcpy(&word, pairs + p * 2 * kBlock + 16 * h, sizeof word);
+        const F8 even = (F8)(word << 16), odd = (F8)(word & 0xFFFF0000u);
+        std::memcpy(rows + 2 * p * kBlock + 8 * h, &even, sizeof even);
+        std::memcpy(rows + (2 * p + 1) * kBlock + 8 * h, &odd, sizeof odd);
+      }
+    if (op.k % 2) {
       F8 column[2];
-      weights.load(b0 + j, k, column);
-      std::memcpy(panel + (j * op.k + k) * kBlock, column, sizeof column);
+      weights.load(b0 + j, op.k - 1, column);
+      std::memcpy(rows + (op.k - 1) * kBlock, column, sizeof column);
     }
+  }
 }
 
 // One K value into a register tile: the 16 weights of each block loaded once, each row's x value
@@ -202,32 +214,26 @@ void multiply(const Operands& op) {
   const Weights weights(op);
   constexpr bool kWidens = std::is_same_v<Weights, Bf16Pairs>;
   const int64_t num_blocks = op.num_blocks(), num_panels = (num_blocks + kPanel - 1) / kPanel;
-  const int64_t chunk_rows = std::max<int64_t>(kTileRows, kChunkBytes / (4 * op.k) / kTileRows * kTileRows);
   // one thread only for the smallest products; above that the helpers share the weight read
   const int64_t work = op.n * op.k * (1 + op.m / 8);
   const int64_t chunk_panels = work < (1 << 17) ? num_panels : std::max<int64_t>(1, num_panels / 16);
   const int64_t num_chunks = (num_panels + chunk_panels - 1) / chunk_panels;
-  for (int64_t m_chunk = 0; m_chunk < op.m; m_chunk += chunk_rows) {
-    const int64_t m_end = std::min(op.m, m_chunk + chunk_rows);
-    // bf16 weights for more than a few row tiles: each panel widened once per pass (the same values)
-    const bool widen = kWidens && m_end - m_chunk > 2 * kTileRows;
-    formwork::parallel_chunks(num_chunks, [&](int64_t chunk) {
-      thread_local std::vector<float> widened;
-      for (int64_t panel = chunk * chunk_panels; panel < std::min(num_panels, (chunk + 1) * chunk_panels); ++panel) {
-        const int64_t b0 = panel * kPanel, nb = std::min(kPanel, num_blocks - b0);
-        if (widen) {
-          widened.resize(kPanel * op.k * kBlock);
-          widen_panel(op, b0, nb, widened.data());
-          const Fp32Rows rows(widened.data(), op.k, b0);
-          for (int64_t m0 = m_chunk; m0 < m_end; m0 += kTileRows)
-            row_tile(op, rows, m0, std::min(kTileRows, m_end - m0), b0, nb);
-          continue;
-        }
-        for (int64_t m0 = m_chunk; m0 < m_end; m0 += kTileRows)
-          row_tile(op, weights, m0, std::min(kTileRows, m_end - m0), b0, nb);
+  // bf16 weights for more than a few row tiles: each panel widened once, then every row tile reads it
+  const bool widen = kWidens && op.m > 2 * kTileRows;
+  formwork::parallel_chunks(num_chunks, [&](int64_t chunk) {
+    thread_local std::vector<float> widened;
+    for (int64_t panel = chunk * chunk_panels; panel < std::min(num_panels, (chunk + 1) * chunk_panels); ++panel) {
+      const int64_t b0 = panel * kPanel, nb = std::min(kPanel, num_blocks - b0);
+      if (widen) {
+        widened.resize(kPanel * op.k * kBlock);
+        widen_panel(op, b0, nb, widened.data());
+        const Fp32Rows rows(widened.data(), op.k, b0);
+        for (int64_t m0 = 0; m0 < op.m; m0 += kTileRows) row_tile(op, rows, m0, std::min(kTileRows, op.m - m0), b0, nb);
+        continue;
       }
-    });
-  }
+      for (int64_t m0 = 0; m0 < op.m; m0 += kTileRows) row_tile(op, weights, m0, std::min(kTileRows, op.m - m0), b0, nb);
+    }
+  });
 }
 
 }  // namespace
