@@ -22,6 +22,8 @@
 
 #if defined(__AMX_TILE__) && defined(__AMX_INT8__) && defined(__AVX512F__)
 #include <immintrin.h>
+
+#include "amx_int8_products.h"
 #define FORMWORK_AMX_INT4 1
 #endif
 
@@ -32,6 +34,7 @@ namespace {
 
 constexpr int64_t kQuadBytes = 4 * kBlock;  // one B-tile row: 16 columns x 4 values
 constexpr int64_t kSpan = 4;                // groups multiplied before their sums are scaled
+static_assert(kBlock == 16, "a block is one C tile's 16 int32 columns");
 
 // C tiles 0-3: 16 rows x 16 int32; A tiles 4-5: 16 rows x 32 bytes; B tiles 6-7: 8 quads x 64 bytes
 void configure_tiles() {
@@ -74,15 +77,7 @@ void multiply_group(const Operands& op, const uint8_t* unpacked, int64_t m0, int
   if (ma == 2) _tile_loadd(5, op.x + (m0 + 16) * op.kp + g * kGroup, op.kp);
   _tile_loadd(6, unpacked + g * (kGroup / 4) * kQuadBytes, kQuadBytes);
   if (nb == 2) _tile_loadd(7, unpacked + (block_quads + g * (kGroup / 4)) * kQuadBytes, kQuadBytes);
-  // every product before any store: a store waits for its product's latency
-  _tile_dpbsud(0, 4, 6);
-  if (nb == 2) _tile_dpbsud(1, 4, 7);
-  if (ma == 2) _tile_dpbsud(2, 5, 6);
-  if (ma == 2 && nb == 2) _tile_dpbsud(3, 5, 7);
-  _tile_stored(0, sums[0], 4 * kBlock);
-  if (nb == 2) _tile_stored(1, sums[1], 4 * kBlock);
-  if (ma == 2) _tile_stored(2, sums[2], 4 * kBlock);
-  if (ma == 2 && nb == 2) _tile_stored(3, sums[3], 4 * kBlock);
+  store_tile_products(ma, nb, sums);
 }
 
 // rows [m0, m0 + 16 ma) x blocks [b0, b0 + nb) from the unpacked blocks; ma and nb 1 or 2. The sums of a
