@@ -1,8 +1,8 @@
 """int8 linear layers on CPU (`--quantization int8`), through the kernels' int8 GEMM.
 
 A weight is quantized once, when the model loads, to int8 with one fp32 scale per output channel
-(max|w| / 127), or taken as it is from a GGUF file's Q8_0 blocks (one scale per 32 values, the
-file's own; `from_q8_0`). It is held once, in the GEMM's layout (engine/kernels/csrc/int8_gemm.h);
+(max|w| / 127), or taken as it is from a GGUF file's Q8_0 blocks (one fp16 scale per 32 values, the
+file's own, widened in the kernels; `from_q8_0`). It is held once, in the GEMM's layout (engine/kernels/csrc/int8_gemm.h);
 the float weight is dropped. Each call quantizes x dynamically, per token and group of 64 values
 (32 beside Q8_0 weights, to match their scales; a scale per token alone lets one outlier channel
 flatten the rest of the row: greedy agreement with the unquantized default model fell under 90%),
@@ -28,7 +28,8 @@ ACTIVATION_GROUP = 64  # values of K per activation scale beside per-channel wei
 
 
 class Int8Linear(QuantizedLinear):
-    """y = x @ W.T + b with W held once as int8 plus fp32 scales, in the int8 GEMM's layout."""
+    """y = x @ W.T + b with W held once as int8 plus its scales (fp32 per channel, or Q8_0's fp16 per 32
+    values), in the int8 GEMM's layout."""
 
     format = "int8"
 
@@ -36,7 +37,8 @@ class Int8Linear(QuantizedLinear):
                  in_features: int, bias: torch.Tensor | None, dtype: torch.dtype, kernels) -> None:
         super().__init__(*packed, out_features, in_features, bias, dtype, kernels)
         # what a forward reads: the int8 values, their scales, the bias (roofline figures)
-        self.weight_bytes = out_features * (in_features + 4 * self.scales.shape[1]) + tensor_bytes(self.bias)
+        self.weight_bytes = (out_features * (in_features + self.scales.element_size() * self.scales.shape[1])
+                             + tensor_bytes(self.bias))
 
     @classmethod
     def from_weight(cls, weight: torch.Tensor, bias: torch.Tensor | None, kernels) -> Int8Linear:
@@ -49,7 +51,7 @@ class Int8Linear(QuantizedLinear):
     def from_q8_0(cls, rows: torch.Tensor, out_features: int, in_features: int, dtype: torch.dtype,
                   kernels) -> Int8Linear:
         """From a GGUF Q8_0 tensor's bytes, [out_features, in_features / 32 * 34]: its int8 values
-        re-laid as they are, its per-block scales kept (never widened to float on the way)."""
+        re-laid as they are, its per-block fp16 scales kept as they are."""
         return cls(tuple(kernels.pack_q8_0_weight(rows, in_features)), out_features, in_features, None, dtype,
                    kernels)
 
@@ -62,7 +64,7 @@ class Int8Linear(QuantizedLinear):
         blocks, columns = ids // BLOCK_COLUMNS, ids % BLOCK_COLUMNS
         values = self.packed_weight[blocks, :, columns, :]  # [*ids, quads, 4], stored as w + 128
         values = values.reshape(*ids.shape, -1)[..., :self.in_features].float() - 128
-        scales = self.scales[blocks, :, columns]  # [*ids, groups]
+        scales = self.scales[blocks, :, columns].float()  # [*ids, groups]
         group = values.shape[-1] if scales.shape[-1] == 1 else GROUP
         return values * scales.repeat_interleave(group, dim=-1)[..., :self.in_features]
 

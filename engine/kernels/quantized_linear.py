@@ -1,5 +1,5 @@
 """What the int8 and 4-bit linear layers share: a weight held once in a GEMM's packed layout with its
-fp32 scales, an fp32 bias added to the sums, and the activations' dtype kept in and out."""
+scales, an fp32 bias added to the sums, and the activations' dtype kept in and out."""
 from __future__ import annotations
 
 import torch

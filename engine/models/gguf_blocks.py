@@ -1,5 +1,6 @@
 """llama.cpp's 4-bit blocks (Q4_0, Q4_1, Q4_K) decoded to one form: W = nibbles * d + m, nibbles
-0..15, one fp32 d and m per row and 32 values (what Int4Linear multiplies by, as it is).
+0..15, one fp32 d and m per row and 32 values (what Int4Linear multiplies by; it holds them as fp16,
+exactly for Q4_0 and Q4_1, Q4_K's products rounded).
 
 * Q4_0, 18 bytes per 32 values: fp16 d, then 16 bytes of nibbles (value j in byte j's low half,
   value 16 + j in its high half); w = (nib - 8) d, so m = -8 d.
@@ -7,7 +8,7 @@
 * Q4_K, 144 bytes per 256 values: fp16 d, fp16 dmin, 12 bytes of 6-bit scales and mins for the 8
   sub-blocks of 32, then 128 bytes of nibbles (per 64 values, 32 bytes: the first sub-block in the
   low halves, the second in the high ones); w = nib (d sc) - dmin mn. d sc and dmin mn are exact in
-  fp32 (an fp16 times a 6-bit integer).
+  fp32 (an fp16 times a 6-bit integer); fp16 rounds them to 11 significant bits.
 """
 from __future__ import annotations
 

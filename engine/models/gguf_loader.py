@@ -4,8 +4,9 @@ llama.cpp's Q8_0 keeps each 32 values of a row as int8 with one fp16 scale, whic
 GEMM's own arithmetic with a scale per 32 values (engine/kernels/csrc/int8_gemm.cpp): the blocks
 are re-laid into the GEMM's layout as they are, never widened to float on the way, and the scales
 stay per block (a per-channel scale could not hold them exactly). Q4_0, Q4_1 and Q4_K blocks are
-decoded to nibbles with an fp32 d and m per 32 values (engine/models/gguf_blocks.py) and multiplied
-in 4-bit (Int4Linear): no rounding on the way either. Tensors of the other types a file may mix in
+decoded to nibbles with a d and m per 32 values (engine/models/gguf_blocks.py) and multiplied in
+4-bit (Int4Linear), d and m held as fp16: the file's own for Q4_0 and Q4_1 (no rounding on the way
+either), Q4_K's d * sub-scale products rounded to fp16. Tensors of the other types a file may mix in
 (Q5_0, Q6_K, ... in llama.cpp's Q4_K_M) are dequantized and quantized per channel to int8, as a 4-bit
 file was served before; the start-up log names which tensors went which way. Each tensor is read
 with plain file reads into one temporary buffer and packed (a 4-bit one a few hundred rows at a time,

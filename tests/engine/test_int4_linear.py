@@ -16,10 +16,11 @@ SHAPES = [(m, 96, 208) for m in (1, 2, 3, 4, 5, 8, 15, 16, 17, 31, 32, 33, 64, 6
 
 
 def random_int4(n: int, k: int, seed: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """nibbles, and d and m in fp32 that fp16 holds exactly, as the files' own are."""
     gen = torch.Generator().manual_seed(seed)
     nibbles = torch.randint(0, 16, (n, k), generator=gen, dtype=torch.uint8)
-    d = torch.rand(n, k // GROUP, generator=gen) * 0.01
-    m = -torch.rand(n, k // GROUP, generator=gen) * 0.08
+    d = (torch.rand(n, k // GROUP, generator=gen) * 0.01).half().float()
+    m = (-torch.rand(n, k // GROUP, generator=gen) * 0.08).half().float()
     return nibbles, d, m
 
 
@@ -32,6 +33,55 @@ def reference(x_q, x_scales, nibbles, d, m, bias=None):
     xs = x_scales[:, :groups].double()[:, None, :]
     y = (sums * d.double()[None] * xs + m.double()[None] * xs * q.sum(-1).double()[:, None, :]).sum(-1)
     return y if bias is None else y + bias.double()
+
+
+def kernel_arithmetic(x_q, x_scales, nibbles, d, m):
+    """The 4-bit GEMM's fp32 operations with fp32 d and m, group after group: sum = fma(float(int32),
+    d * xs, sum), then sum = fma(m, float(sum of q) * xs, sum). Each fma is taken in float64, where its
+    product is exact, and rounded to fp32."""
+    rows, k = x_q.shape
+    groups = k // GROUP
+    q = x_q.long().view(rows, groups, GROUP)
+    sums = torch.einsum("mgk,ngk->mng", q, nibbles.long().view(-1, groups, GROUP)).double()
+    xs = x_scales[:, :groups]
+    offsets = q.sum(-1).float() * xs
+    y = torch.zeros(rows, nibbles.shape[0])
+    for g in range(groups):
+        scale = d[None, :, g] * xs[:, g, None]  # fp32
+        y = (sums[:, :, g] * scale.double() + y.double()).float()
+        y = (m[None, :, g].double() * offsets[:, g, None].double() + y.double()).float()
+    return y
+
+
+@pytest.mark.parametrize("tensor_type", ["Q4_0", "Q4_1"])
+def test_the_files_d_and_m_are_held_as_fp16_and_multiply_as_fp32_would(kernels, tensor_type):
+    """Q4_0 and Q4_1 store d and m as fp16: held so (0.625 bytes a value), widened in the kernels, the
+    product is the bits of the same arithmetic with fp32 d and m, in the vector kernels and AMX tiles."""
+    rows = random_blocks(tensor_type, 70, 512, seed=11)
+    nibbles, d, m = decode_four_bit(rows, tensor_type, 512)
+    layer = Int4Linear.from_nibbles(nibbles, d, m, torch.bfloat16, kernels)
+    assert layer.scales.dtype == torch.float16
+    held = layer.scales.permute(0, 3, 1, 2).reshape(-1, 512 // GROUP, 2)[:70]
+    assert torch.equal(held[..., 0].float(), d) and torch.equal(held[..., 1].float(), m)
+    assert layer.weight_bytes == 70 * (256 + 2 * 16 * 2) < 70 * 512 * 0.63
+    gen = torch.Generator().manual_seed(12)
+    for num_rows in (1, 5, 40):
+        x = torch.randn(num_rows, 512, generator=gen).bfloat16()
+        x_q, x_scales = kernels.int4_quantize_rows(x)
+        assert torch.equal(layer(x, fp32_out=True), kernel_arithmetic(x_q, x_scales, nibbles, d, m)), num_rows
+
+
+def test_q4_k_products_are_rounded_to_fp16(kernels):
+    """Q4_K's d * sub-scale and dmin * sub-min, exact in fp32, are held rounded to fp16 (11 significant bits)."""
+    rows = random_blocks("Q4_K", 20, 512, seed=13)
+    nibbles, d, m = decode_four_bit(rows, "Q4_K", 512)
+    layer = Int4Linear.from_nibbles(nibbles, d, m, torch.bfloat16, kernels)
+    held = layer.scales.permute(0, 3, 1, 2).reshape(-1, 512 // GROUP, 2)[:20]
+    assert torch.equal(held[..., 0], d.half()) and torch.equal(held[..., 1], m.half())
+    x = torch.randn(3, 512, generator=torch.Generator().manual_seed(14)).bfloat16()
+    x_q, x_scales = kernels.int4_quantize_rows(x)
+    assert torch.equal(layer(x, fp32_out=True), kernel_arithmetic(x_q, x_scales, nibbles, d.half().float(),
+                                                                   m.half().float()))
 
 
 @pytest.mark.parametrize("tensor_type", ["Q4_0", "Q4_1", "Q4_K"])
@@ -88,7 +138,7 @@ def test_dequantized_rows_are_the_weight(kernels):
     expected = nibbles.float() * d.repeat_interleave(GROUP, 1) + m.repeat_interleave(GROUP, 1)
     assert torch.equal(layer.dequantized_rows(ids), expected[ids])
     assert layer.rows(ids).dtype == torch.bfloat16
-    assert layer.weight_bytes == 40 * (80 + 8 * 5) and layer.resident_bytes == 48 * 192 // 2 + 3 * 6 * 2 * 16 * 4
+    assert layer.weight_bytes == 40 * (80 + 4 * 5) and layer.resident_bytes == 48 * 192 // 2 + 3 * 6 * 2 * 16 * 2
 
 
 def test_rows_set_a_few_at_a_time_make_the_whole_weight():

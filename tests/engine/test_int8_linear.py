@@ -17,11 +17,11 @@ SHAPES = [(m, 96, 208) for m in (1, 2, 3, 4, 5, 7, 8, 9, 16, 17, 33, 64, 65)] + 
 
 
 def unpack(packed: torch.Tensor, scales: torch.Tensor, n: int, k: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """The packed layout read back: int8 [n, k] and the scales [n, groups]."""
+    """The packed layout read back: int8 [n, k] and the scales [n, groups] (widened to fp32)."""
     blocks, quads = packed.shape[:2]
     assert packed.dtype == torch.uint8  # w + 128
     values = (packed.permute(0, 2, 1, 3).reshape(blocks * 16, quads * 4)[:n, :k].int() - 128).to(torch.int8)
-    return values, scales.permute(0, 2, 1).reshape(blocks * 16, -1)[:n]
+    return values, scales.permute(0, 2, 1).reshape(blocks * 16, -1)[:n].float()
 
 
 def reference(qx, x_scales, qw, w_scales, bias, group=ACTIVATION_GROUP):
@@ -116,7 +116,7 @@ def test_q8_0_blocks_are_served_as_they_are(kernels):
     weight = torch.randn(n, k, generator=gen).numpy()
     rows = quantize(weight, GGMLQuantizationType.Q8_0)
     packed, scales = kernels.pack_q8_0_weight(torch.from_numpy(rows), k)
-    assert scales.shape == (5, 4, 16)  # K padded to 128: 4 groups, the last one empty
+    assert scales.shape == (5, 4, 16) and scales.dtype == torch.float16  # K padded to 128: 4 groups, the last one empty
     blocks = rows.reshape(n, k // 32, 34)
     file_scales = torch.from_numpy(blocks[..., :2].copy().view(np.float16)[..., 0].astype(np.float32))
     qw, w_scales = unpack(packed, scales, n, k)
@@ -182,3 +182,26 @@ def test_layers_the_kernel_cannot_take_are_named(kernels):
     count, left = quantize_linears(model, lenient=True)
     assert (count, left) == (2, ["1.1"])
     assert isinstance(model[0], Int8Linear) and isinstance(model[1][0], Int8Linear) and isinstance(model[1][1], nn.Linear)
+
+
+@pytest.mark.parametrize("num_rows", [1, 5, 40])
+def test_q8_0_scales_held_as_fp16_multiply_as_fp32_would(kernels, num_rows):
+    """The file's fp16 scales, held as they are and widened in the kernels: the product is the bits of
+    the kernels' arithmetic with fp32 scales, sum = fma(float(int32), w_scale * x_scale, sum) group
+    after group (each fma taken in float64, where its product is exact, and rounded to fp32), in the
+    vector kernels and AMX tiles."""
+    from gguf import GGMLQuantizationType, quantize
+    gen = torch.Generator().manual_seed(21)
+    n, k = 40, 256
+    rows = quantize(torch.randn(n, k, generator=gen).numpy(), GGMLQuantizationType.Q8_0)
+    layer = Int8Linear.from_q8_0(torch.from_numpy(rows), n, k, torch.bfloat16, kernels)
+    assert layer.scales.dtype == torch.float16 and layer.weight_bytes == n * (k + 2 * k // GROUP)
+    qw, w_scales = unpack(layer.packed_weight, layer.scales, n, k)
+    x = torch.randn(num_rows, k, generator=gen).bfloat16()
+    qx, x_scales = kernels.quantize_rows(x, GROUP)
+    sums = torch.einsum("mgk,ngk->mng", qx.long().view(num_rows, -1, GROUP), qw.long().view(n, -1, GROUP))
+    expected = torch.zeros(num_rows, n)
+    for g in range(k // GROUP):
+        scale = w_scales[None, :, g] * x_scales[:, g, None]  # fp32
+        expected = (sums[:, :, g].double() * scale.double() + expected.double()).float()
+    assert torch.equal(layer(x, fp32_out=True), expected)

@@ -93,8 +93,8 @@ void rows_unit(const Operands& op, const uint8_t* unpacked, int64_t m0, int64_t 
       for (int64_t j = 0; j < nb; ++j) {
         __m512 d[kSpan], mins[kSpan];
         for (int64_t s = 0; s < span; ++s) {
-          d[s] = _mm512_loadu_ps(op.w_d(b0 + j, g0 + s));
-          mins[s] = _mm512_loadu_ps(op.w_m(b0 + j, g0 + s));
+          d[s] = formwork::widen_half16(op.w_d(b0 + j, g0 + s));
+          mins[s] = formwork::widen_half16(op.w_m(b0 + j, g0 + s));
         }
         for (int64_t r = 0; r < 16; ++r) {
           const int64_t at = (m0 + 16 * a + r) * op.groups() + g0;

@@ -77,7 +77,7 @@ void unit(const Operands& op, int64_t m0, int64_t ma, int64_t b0, int64_t nb) {
     for (int64_t a = 0; a < ma; ++a)
       for (int64_t j = 0; j < nb; ++j) {
         __m512 w_scale[kSpan];
-        for (int64_t s = 0; s < span; ++s) w_scale[s] = _mm512_loadu_ps(op.w_scale(b0 + j, g0 + s));
+        for (int64_t s = 0; s < span; ++s) w_scale[s] = op.w_scales16(b0 + j, g0 + s);
         for (int64_t r = 0; r < 16; ++r) {
           const int64_t at = (m0 + 16 * a + r) * op.groups() + g0;
           const int32_t* x_offsets = op.x_offsets + at;

@@ -82,7 +82,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         py::arg("x"), py::arg("packed"), py::arg("n"), py::arg("bias") = py::none(), py::arg("fp32_out") = false);
   m.def("pack_int8_weight", &pack_int8_weight,
         "[N, K] float weight -> (packed int8, fp32 scales), one scale per output channel");
-  m.def("pack_q8_0_weight", &pack_q8_0_weight, "GGUF Q8_0 rows [N, K / 32 * 34] -> (packed int8, its scales)",
+  m.def("pack_q8_0_weight", &pack_q8_0_weight, "GGUF Q8_0 rows [N, K / 32 * 34] -> (packed int8, its fp16 scales)",
         py::arg("rows"), py::arg("k"));
   m.def("quantize_rows", &quantize_rows,
         "x [M, K] -> (int8 [M, K], fp32 scales [M, ceil(K / group)]), as int8_gemm quantizes x (group 64 beside "

@@ -5,8 +5,11 @@
 
 #include <cstdint>
 #include <cstring>
-#if defined(__AVX512BF16__)
+#if defined(__AVX512F__) || defined(__F16C__)
 #include <immintrin.h>
+#endif
+#if defined(__AVX2__) && !defined(__F16C__)
+#error "the AVX2 kernels widen fp16 scales with F16C: build with -mf16c (every AVX2 CPU has it)"
 #endif
 
 namespace formwork {
@@ -41,6 +44,19 @@ inline float bf16_bits_to_float(uint16_t b) {
   return f;
 }
 inline uint16_t float_to_bf16_bits(float x) { return from_float<c10::BFloat16>(x).x; }
+
+// fp16 bit patterns (the quantized weights' scales, as GGUF files store them) -> fp32, exactly
+inline float half_bits_to_float(uint16_t b) { return static_cast<float>(c10::Half(b, c10::Half::from_bits())); }
+#if defined(__AVX512F__)
+// 16 fp16 values at p -> 16 fp32 lanes
+inline __m512 widen_half16(const uint16_t* p) {
+  return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
+}
+#endif
+#if defined(__F16C__)
+// 8 fp16 values at p -> 8 fp32 lanes
+inline __m256 widen_half8(const uint16_t* p) { return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))); }
+#endif
 
 #if defined(__AVX512BF16__)
 // 16 bf16 values at p -> 16 fp32 lanes

@@ -2,9 +2,10 @@
 // (int4_gemm.h), never widened to int8 in memory.
 //
 // A decode step at a small batch reads every weight once: its time is the weight's bytes over the
-// memory bandwidth, and the nibbles with their fp32 d and m are 0.75 bytes a value (int8 with
-// per-channel scales: 1). Every value is nib * d + m (Q4_0: m = -8 d; Q4_1: the file's d, m; Q4_K:
-// each sub-block's d * scale, -dmin * min). x is quantized per row and group of 32 values, as the
+// memory bandwidth, and the nibbles with their fp16 d and m are 0.625 bytes a value (int8 with
+// per-channel scales: 1); d and m are widened to fp32 as they are loaded, exactly. Every value is
+// nib * d + m (Q4_0: m = -8 d; Q4_1: the file's d, m; Q4_K: each sub-block's d * scale, -dmin * min,
+// rounded to fp16). x is quantized per row and group of 32 values, as the
 // int8 GEMM does (scale xs, int8 q); a group's contribution is
 //   sum (nib * d + m) * q * xs = float(sum q * nib) * (d * xs) + m * (xs * sum q),
 // the int32 sum exact, the fp32 scaling the same operations in every kernel (int4_operands.h).
@@ -75,9 +76,9 @@ void tile(const Operands& op, int64_t m0, int64_t b0) {
       const __m512 x_scale = _mm512_set1_ps(op.x_scale(m0 + m, g));
       const __m512 x_offset = _mm512_set1_ps(op.x_offset(m0 + m, g));
       for (int j = 0; j < NB; ++j) {
-        const __m512 scale = _mm512_mul_ps(_mm512_loadu_ps(op.w_d(b0 + j, g)), x_scale);
+        const __m512 scale = _mm512_mul_ps(formwork::widen_half16(op.w_d(b0 + j, g)), x_scale);
         scaled[m][j] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(acc[m][j]), scale, scaled[m][j]);
-        scaled[m][j] = _mm512_fmadd_ps(_mm512_loadu_ps(op.w_m(b0 + j, g)), x_offset, scaled[m][j]);
+        scaled[m][j] = _mm512_fmadd_ps(formwork::widen_half16(op.w_m(b0 + j, g)), x_offset, scaled[m][j]);
       }
     }
   }
@@ -118,7 +119,8 @@ void tile(const Operands& op, int64_t m0, int64_t b0) {
         }
       }
       for (int h = 0; h < 2; ++h) {
-        const __m256 d = _mm256_loadu_ps(op.w_d(b0 + j, g) + 8 * h), mins = _mm256_loadu_ps(op.w_m(b0 + j, g) + 8 * h);
+        const __m256 d = formwork::widen_half8(op.w_d(b0 + j, g) + 8 * h);
+        const __m256 mins = formwork::widen_half8(op.w_m(b0 + j, g) + 8 * h);
         for (int m = 0; m < MR; ++m) {
           const __m256 scale = _mm256_mul_ps(d, _mm256_set1_ps(op.x_scale(m0 + m, g)));
           scaled[m][h] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(acc[m][h]), scale, scaled[m][h]);
@@ -143,8 +145,8 @@ void tile(const Operands& op, int64_t m0, int64_t b0) {
       const int8_t* x = op.x + (m0 + m) * op.kp;
       float sums[kBlock] = {};
       for (int64_t g = 0; g < op.groups(); ++g) {
-        const float* d = op.w_d(b0 + j, g);
-        const float* mins = op.w_m(b0 + j, g);
+        const uint16_t* d = op.w_d(b0 + j, g);
+        const uint16_t* mins = op.w_m(b0 + j, g);
         for (int64_t i = 0; i < kBlock; ++i) {
           int32_t acc = 0;
           for (int64_t c = g * kGroupChunks; c < (g + 1) * kGroupChunks; ++c)
@@ -152,8 +154,8 @@ void tile(const Operands& op, int64_t m0, int64_t b0) {
               const uint8_t b = op.chunk(b0 + j, c)[4 * i + t];
               acc += x[8 * c + t] * (b & 0x0F) + x[8 * c + 4 + t] * (b >> 4);
             }
-          sums[i] = std::fma(static_cast<float>(acc), d[i] * op.x_scale(m0 + m, g), sums[i]);
-          sums[i] = std::fma(mins[i], op.x_offset(m0 + m, g), sums[i]);
+          sums[i] = std::fma(static_cast<float>(acc), formwork::half_bits_to_float(d[i]) * op.x_scale(m0 + m, g), sums[i]);
+          sums[i] = std::fma(formwork::half_bits_to_float(mins[i]), op.x_offset(m0 + m, g), sums[i]);
         }
       }
       store(op, m0 + m, (b0 + j) * kBlock, sums);
@@ -212,9 +214,9 @@ torch::Tensor int4_gemm(torch::Tensor x, torch::Tensor packed, torch::Tensor sca
   TORCH_CHECK(packed.dim() == 4 && packed.scalar_type() == torch::kUInt8 && packed.is_contiguous()
               && packed.size(0) == num_blocks && packed.size(1) == kp / kChunkValues && packed.size(2) == kBlock
               && packed.size(3) == 4, "packed: the 4-bit layout of an [N, K] weight, K = x's columns");
-  TORCH_CHECK(scales.dim() == 4 && scales.scalar_type() == torch::kFloat && scales.is_contiguous()
+  TORCH_CHECK(scales.dim() == 4 && scales.scalar_type() == torch::kHalf && scales.is_contiguous()
               && scales.size(0) == num_blocks && scales.size(1) == kp / kGroup && scales.size(2) == 2
-              && scales.size(3) == kBlock, "scales: fp32 [blocks, K / 32 (padded), 2, 16]");
+              && scales.size(3) == kBlock, "scales: fp16 [blocks, K / 32 (padded), 2, 16]");
   if (bias) {
     TORCH_CHECK(bias->dim() == 1 && bias->size(0) == n && bias->scalar_type() == torch::kFloat && bias->is_contiguous(),
                 "bias: contiguous fp32 [N]");
@@ -227,7 +229,7 @@ torch::Tensor int4_gemm(torch::Tensor x, torch::Tensor packed, torch::Tensor sca
   std::vector<float> x_scales(rows * (kp / kGroup), 0.f), x_offsets(rows * (kp / kGroup), 0.f);
   quantize(x, kp, q.data(), x_scales.data(), x_offsets.data());
   const Operands op{q.data(), x_scales.data(), x_offsets.data(), m, kp, packed.data_ptr<uint8_t>(),
-                    scales.data_ptr<float>(), bias ? bias->data_ptr<float>() : nullptr, n, y.data_ptr(), y_bf16};
+                    static_cast<const uint16_t*>(scales.data_ptr()), bias ? bias->data_ptr<float>() : nullptr, n, y.data_ptr(), y_bf16};
   multiply(op);
   return y;
 }

@@ -5,8 +5,9 @@
 // [ceil(N/16) blocks, Kp/8 chunks, 16 columns, 4], Kp = K rounded up to a multiple of 64, padding 0.
 // Byte (chunk c, column i, t) holds the nibble of K index 8c + t in its low half and 8c + 4 + t in
 // its high half: one 64-byte load, masked with 0x0F and shifted right by 4, is two quads of the
-// int8 GEMM's shape (16 columns x 4 values), the unsigned operand of `vpdpbusd`. Scales are fp32
-// [blocks, Kp/32 groups, 2, 16]: each column's d, then its m.
+// int8 GEMM's shape (16 columns x 4 values), the unsigned operand of `vpdpbusd`. Scales are fp16
+// [blocks, Kp/32 groups, 2, 16]: each column's d, then its m (as GGUF files store them; the kernels
+// widen them to fp32 as they load them).
 #pragma once
 #include <torch/extension.h>
 

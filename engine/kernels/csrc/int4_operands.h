@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cstdint>
 
+#include "conversions.h"
 #include "quantized_gemm.h"
 
 namespace formwork::int4 {
@@ -27,7 +28,7 @@ struct Operands {
   const float* x_offsets;    // [m rounded up to 16, kp / 32]: float(the group's sum of q) * its scale
   int64_t m, kp;
   const uint8_t* w;          // packed nibbles
-  const float* w_scales;     // [blocks, kp / 32, 2, 16]: d, then m
+  const uint16_t* w_scales;  // fp16 [blocks, kp / 32, 2, 16]: d, then m
   const float* bias;         // [n] or nullptr
   int64_t n;
   void* y;                   // [m, n]: bf16 when y_bf16, else fp32
@@ -36,9 +37,9 @@ struct Operands {
   int64_t groups() const { return kp / kGroup; }
   int64_t block_bytes() const { return kp / kChunkValues * kChunkBytes; }
   const uint8_t* chunk(int64_t block, int64_t c) const { return w + block * block_bytes() + c * kChunkBytes; }
-  // column block's 16 d (and, 16 further on, 16 m) for group g
-  const float* w_d(int64_t block, int64_t g) const { return w_scales + (block * groups() + g) * 2 * kBlock; }
-  const float* w_m(int64_t block, int64_t g) const { return w_d(block, g) + kBlock; }
+  // column block's 16 d (and, 16 further on, 16 m) for group g, as fp16: the kernels widen them (exactly)
+  const uint16_t* w_d(int64_t block, int64_t g) const { return w_scales + (block * groups() + g) * 2 * kBlock; }
+  const uint16_t* w_m(int64_t block, int64_t g) const { return w_d(block, g) + kBlock; }
   float x_scale(int64_t row, int64_t g) const { return x_scales[row * groups() + g]; }
   float x_offset(int64_t row, int64_t g) const { return x_offsets[row * groups() + g]; }
 };

@@ -77,7 +77,7 @@ void tile(const Operands& op, int64_t m0, int64_t b0) {
       const __m512i offset = _mm512_set1_epi32(op.x_offset(m0 + m, g));
       const __m512 x_scale = _mm512_set1_ps(op.x_scale(m0 + m, g));
       for (int j = 0; j < NB; ++j) {
-        const __m512 scale = _mm512_mul_ps(_mm512_loadu_ps(op.w_scale(b0 + j, g)), x_scale);
+        const __m512 scale = _mm512_mul_ps(op.w_scales16(b0 + j, g), x_scale);
         scaled[m][j] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_sub_epi32(acc[m][j], offset)), scale, scaled[m][j]);
       }
     }
@@ -113,8 +113,7 @@ void tile(const Operands& op, int64_t m0, int64_t b0) {
           acc[m][1] = _mm256_add_epi32(acc[m][1], _mm256_madd_epi16(_mm256_maddubs_epi16(magnitude, _mm256_sign_epi8(hi, xv)), ones));
         }
       }
-      const float* w_scale = op.w_scale(b0 + j, g);
-      const __m256 scale_lo = _mm256_loadu_ps(w_scale), scale_hi = _mm256_loadu_ps(w_scale + 8);
+      const __m256 scale_lo = op.w_scales8(b0 + j, g, 0), scale_hi = op.w_scales8(b0 + j, g, 1);
       for (int m = 0; m < MR; ++m) {
         const __m256 x_scale = _mm256_set1_ps(op.x_scale(m0 + m, g));
         scaled[m][0] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(acc[m][0]), _mm256_mul_ps(scale_lo, x_scale), scaled[m][0]);
@@ -137,13 +136,12 @@ void tile(const Operands& op, int64_t m0, int64_t b0) {
     for (int m = 0; m < MR; ++m) {
       float sums[kBlock] = {};
       for (int64_t g = 0; g < op.groups(); ++g) {
-        const float* w_scale = op.w_scale(b0 + j, g);
         for (int64_t i = 0; i < kBlock; ++i) {
           int32_t acc = 0;
           for (int64_t q = g * op.group_quads(); q < (g + 1) * op.group_quads(); ++q)
             for (int64_t t = 0; t < 4; ++t)
               acc += static_cast<int32_t>(op.x[(m0 + m) * op.kp + 4 * q + t]) * (op.quad(b0 + j, q)[4 * i + t] - 128);
-          sums[i] = std::fma(static_cast<float>(acc), w_scale[i] * op.x_scale(m0 + m, g), sums[i]);
+          sums[i] = std::fma(static_cast<float>(acc), op.w_scale(b0 + j, g, i) * op.x_scale(m0 + m, g), sums[i]);
         }
       }
       store(op, m0 + m, (b0 + j) * kBlock, sums);
@@ -182,11 +180,12 @@ void quantize(const torch::Tensor& x, int64_t kp, int64_t group, int8_t* q, floa
                                           [&](int64_t i, int32_t sum, float) { offsets[i] = 128 * sum; });
 }
 
-// empty (packed, scales) for an [n, k] weight with `groups` scales per column
+// empty (packed, scales) for an [n, k] weight with `groups` scales per column: one fp32 per channel,
+// or fp16 per group (the file's own; widened in the kernels)
 std::vector<torch::Tensor> allocate_packed(int64_t n, int64_t k, int64_t groups) {
   const int64_t num_blocks = (n + kBlock - 1) / kBlock;
   return {torch::zeros({num_blocks, padded_k(k) / 4, kBlock, 4}, torch::kUInt8),
-          torch::zeros({num_blocks, groups, kBlock}, torch::kFloat)};
+          torch::zeros({num_blocks, groups, kBlock}, groups == 1 ? torch::kFloat : torch::kHalf)};
 }
 
 // writes column c's k quantized values into the layout, as w + 128 (the padding stays 0 x 0: its x is 0)
@@ -219,16 +218,14 @@ std::vector<torch::Tensor> pack_q8_0_weight(torch::Tensor rows, int64_t k) {
               && rows.size(1) == k / kQ8Group * kQ8BlockBytes, "rows: contiguous uint8 [N, K / 32 * 34]");
   const int64_t n = rows.size(0), groups = padded_k(k) / kQ8Group;
   auto packed = allocate_packed(n, k, groups);
-  float* scales = packed[1].data_ptr<float>();
+  auto* scales = static_cast<uint8_t*>(packed[1].data_ptr());  // fp16, copied as the file stores them
   const uint8_t* data = rows.data_ptr<uint8_t>();
   at::parallel_for(0, n, 64, [&](int64_t begin, int64_t end) {
     std::vector<int8_t> values(k);
     for (int64_t c = begin; c < end; ++c) {
       const uint8_t* row = data + c * rows.size(1);
       for (int64_t g = 0; g < k / kQ8Group; ++g) {
-        c10::Half scale;
-        std::memcpy(&scale, row + g * kQ8BlockBytes, sizeof scale);
-        scales[(c / kBlock * groups + g) * kBlock + c % kBlock] = static_cast<float>(scale);
+        std::memcpy(scales + 2 * ((c / kBlock * groups + g) * kBlock + c % kBlock), row + g * kQ8BlockBytes, 2);
         // -128 (llama.cpp's quantizer never writes it) as -127: |w| <= 127 keeps the AVX2 kernel exact
         for (int64_t v = 0; v < kQ8Group; ++v)
           values[g * kQ8Group + v] = std::max<int8_t>(-127, static_cast<int8_t>(row[g * kQ8BlockBytes + 2 + v]));
@@ -257,9 +254,10 @@ torch::Tensor int8_gemm(torch::Tensor x, torch::Tensor packed, torch::Tensor sca
   TORCH_CHECK(packed.dim() == 4 && packed.scalar_type() == torch::kUInt8 && packed.is_contiguous()
               && packed.size(0) == num_blocks && packed.size(1) == kp / 4 && packed.size(2) == kBlock
               && packed.size(3) == 4, "packed: the int8 layout of an [N, K] weight, K = x's columns");
-  TORCH_CHECK(scales.dim() == 3 && scales.scalar_type() == torch::kFloat && scales.is_contiguous()
-              && scales.size(0) == num_blocks && (scales.size(1) == 1 || scales.size(1) == kp / kWeightGroup)
-              && scales.size(2) == kBlock, "scales: fp32 [blocks, 1 or K / 32 (padded), 16]");
+  TORCH_CHECK(scales.dim() == 3 && scales.is_contiguous() && scales.size(0) == num_blocks && scales.size(2) == kBlock
+              && ((scales.size(1) == 1 && scales.scalar_type() == torch::kFloat)
+                  || (scales.size(1) == kp / kWeightGroup && scales.scalar_type() == torch::kHalf)),
+              "scales: fp32 [blocks, 1, 16] (per channel) or fp16 [blocks, K / 32 (padded), 16] (per group)");
   if (bias) {
     TORCH_CHECK(bias->dim() == 1 && bias->size(0) == n && bias->scalar_type() == torch::kFloat && bias->is_contiguous(),
                 "bias: contiguous fp32 [N]");
@@ -274,7 +272,7 @@ torch::Tensor int8_gemm(torch::Tensor x, torch::Tensor packed, torch::Tensor sca
   std::vector<int32_t> x_offsets(rows * (kp / group), 0);
   quantize(x, kp, group, q.data(), x_scales.data(), x_offsets.data());
   const Operands op{q.data(), x_scales.data(), x_offsets.data(), m, kp, group, packed.data_ptr<uint8_t>(),
-                    scales.data_ptr<float>(), scales.size(1), bias ? bias->data_ptr<float>() : nullptr, n,
+                    scales.data_ptr(), scales.size(1), bias ? bias->data_ptr<float>() : nullptr, n,
                     y.data_ptr(), y_bf16};
   multiply(op);
   return y;

@@ -2,8 +2,9 @@
 //
 // Packed layout of an [N, K] weight: uint8 w + 128 [ceil(N/16) blocks, Kp/4 quads, 16 columns, 4],
 // Kp = K rounded up to a multiple of 64, the padding 0: one 64-byte row per quad of K, the unsigned
-// operand `vpdpbusd` multiplies by 4 broadcast signed bytes of x. Scales are fp32 [blocks, groups,
-// 16]: one per column (groups 1, per-channel weights) or per column and 32 values of K (GGUF Q8_0).
+// operand `vpdpbusd` multiplies by 4 broadcast signed bytes of x. Scales are [blocks, groups,
+// 16]: one fp32 per column (groups 1, per-channel weights) or one fp16 per column and 32 values of K
+// (GGUF Q8_0's own, as the file stores them; the kernels widen them to fp32 as they load them).
 #pragma once
 #include <torch/extension.h>
 
@@ -13,7 +14,7 @@
 // weight [N, K] (any float dtype) -> (packed, scales), per output channel: scale = max|w| / 127
 std::vector<torch::Tensor> pack_int8_weight(torch::Tensor weight);
 // GGUF Q8_0 rows [N, K / 32 * 34] (uint8: per 32 values an fp16 scale, then 32 int8) -> (packed,
-// scales) with one scale per 32 values, the file's own; the int8 values are copied as they are
+// fp16 scales) with one scale per 32 values, the file's own; the values and scales are copied as they are
 std::vector<torch::Tensor> pack_q8_0_weight(torch::Tensor rows, int64_t k);
 // x [M, K] (float, contiguous rows) -> (int8 [M, K], fp32 scales [M, ceil(K / group)]): per row and
 // group of `group` values (32 or 64), x / scale rounded to nearest even, scale = max|x| / 127 (0 for zeros)

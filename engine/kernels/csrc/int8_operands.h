@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cstdint>
 
+#include "conversions.h"
 #include "quantized_gemm.h"
 
 namespace formwork::int8 {
@@ -29,7 +30,7 @@ struct Operands {
   const int32_t* x_offsets;  // [m rounded up to 16, kp / group]: 128 times each group's sum of quantized values
   int64_t m, kp, group;    // group: activation_group(w_groups)
   const uint8_t* w;        // packed: w + 128
-  const float* w_scales;   // [blocks, w_groups, 16]
+  const void* w_scales;    // [blocks, w_groups, 16]: fp32 per channel, fp16 per group (GGUF Q8_0's, as stored)
   int64_t w_groups;        // 1 (per channel) or kp / 32 (per group of kWeightGroup)
   const float* bias;       // [n] or nullptr
   int64_t n;
@@ -40,9 +41,27 @@ struct Operands {
   const uint8_t* quad(int64_t block, int64_t q) const { return w + block * block_bytes() + q * 4 * kBlock; }
   int64_t groups() const { return kp / group; }
   int64_t group_quads() const { return group / 4; }
-  // column block's 16 weight scales for group g
-  const float* w_scale(int64_t block, int64_t g) const {
-    return w_scales + (block * w_groups + (w_groups == 1 ? 0 : g)) * kBlock;
+  // column i of block's weight scale for group g, widened to fp32 (exact) where it is held as fp16
+  float w_scale(int64_t block, int64_t g, int64_t i) const {
+    return w_groups == 1 ? channel_scales(block)[i] : formwork::half_bits_to_float(group_scales(block, g)[i]);
+  }
+#if defined(__AVX512F__)
+  // block's 16 weight scales for group g in fp32
+  __m512 w_scales16(int64_t block, int64_t g) const {
+    return w_groups == 1 ? _mm512_loadu_ps(channel_scales(block)) : formwork::widen_half16(group_scales(block, g));
+  }
+#endif
+#if defined(__AVX2__)
+  // block's 8 weight scales from column 8 * half for group g in fp32
+  __m256 w_scales8(int64_t block, int64_t g, int64_t half) const {
+    return w_groups == 1 ? _mm256_loadu_ps(channel_scales(block) + 8 * half)
+                         : formwork::widen_half8(group_scales(block, g) + 8 * half);
+  }
+#endif
+  // per channel: block's 16 fp32 scales; per group: block's 16 fp16 scales of group g
+  const float* channel_scales(int64_t block) const { return static_cast<const float*>(w_scales) + block * kBlock; }
+  const uint16_t* group_scales(int64_t block, int64_t g) const {
+    return static_cast<const uint16_t*>(w_scales) + (block * w_groups + g) * kBlock;
   }
   float x_scale(int64_t row, int64_t g) const { return x_scales[row * groups() + g]; }
   // what the 128 added to each stored weight adds to a group's int32 sum

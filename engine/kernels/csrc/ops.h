@@ -22,7 +22,7 @@ double gemm_fp32_inner_loop_gflops(int64_t repeats, bool bf16_weights);
 torch::Tensor pack_weight_fp32(torch::Tensor weight);
 torch::Tensor gemm_fp32(torch::Tensor x, torch::Tensor packed, int64_t n, c10::optional<torch::Tensor> bias);
 // One of decoder_layer's matmuls as its GEMM takes it: a weight packed for gemm (bf16 or float32), or
-// int8_gemm's / int4_gemm's packed values with their fp32 scales; the bias as that GEMM takes it
+// int8_gemm's / int4_gemm's packed values with their scales (fp32 per channel, else fp16); the bias as that GEMM takes it
 // (fp32 beside quantized weights). Built once per layer (bindings.cpp), then read on every call.
 struct Projection {
   enum class Format { float_packed, int8, int4 };  // the weight as gemm, int8_gemm or int4_gemm reads it
