@@ -55,7 +55,9 @@ inline __m512 widen_half16(const uint16_t* p) {
 #endif
 #if defined(__F16C__)
 // 8 fp16 values at p -> 8 fp32 lanes
-inline __m256 widen_half8(const uint16_t* p) { return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))); }
+inline __m256 widen_half8(const uint16_t* p) {
+  return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+}
 #endif
 
 #if defined(__AVX512BF16__)

@@ -154,7 +154,8 @@ void tile(const Operands& op, int64_t m0, int64_t b0) {
               const uint8_t b = op.chunk(b0 + j, c)[4 * i + t];
               acc += x[8 * c + t] * (b & 0x0F) + x[8 * c + 4 + t] * (b >> 4);
             }
-          sums[i] = std::fma(static_cast<float>(acc), formwork::half_bits_to_float(d[i]) * op.x_scale(m0 + m, g), sums[i]);
+          const float scale = formwork::half_bits_to_float(d[i]) * op.x_scale(m0 + m, g);
+          sums[i] = std::fma(static_cast<float>(acc), scale, sums[i]);
           sums[i] = std::fma(formwork::half_bits_to_float(mins[i]), op.x_offset(m0 + m, g), sums[i]);
         }
       }
@@ -229,7 +230,8 @@ torch::Tensor int4_gemm(torch::Tensor x, torch::Tensor packed, torch::Tensor sca
   std::vector<float> x_scales(rows * (kp / kGroup), 0.f), x_offsets(rows * (kp / kGroup), 0.f);
   quantize(x, kp, q.data(), x_scales.data(), x_offsets.data());
   const Operands op{q.data(), x_scales.data(), x_offsets.data(), m, kp, packed.data_ptr<uint8_t>(),
-                    static_cast<const uint16_t*>(scales.data_ptr()), bias ? bias->data_ptr<float>() : nullptr, n, y.data_ptr(), y_bf16};
+                    static_cast<const uint16_t*>(scales.data_ptr()), bias ? bias->data_ptr<float>() : nullptr, n,
+                    y.data_ptr(), y_bf16};
   multiply(op);
   return y;
 }
