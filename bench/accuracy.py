@@ -4,7 +4,7 @@
                             [--workloads json-extraction,person,function-call] [--peers vllm,transformers]
 
 Three extraction workloads with expected answers (bench/data/): the 60 json-extraction items
-(256 tokens), 100 person paragraphs (name, age, email, city; 128 tokens) and 129 function calls
+(256 tokens), 400 person paragraphs (name, age, email, city; 128 tokens) and 400 function calls
 (a request and one tool's parameter schema; the expected arguments, optional parameters only when
 the request states them; 128 tokens). Every setting
 runs every prompt greedily in one offline batch, in the same process; a setting is a JSON

@@ -62,6 +62,25 @@ def main() -> None:
         print(f"int8: {count} weights quantized; resident weights {resident / gib:.3f} GiB = "
               f"{resident / parameters:.3f}x the int8 bytes ({parameters / gib:.3f} GiB, one a parameter); "
               f"peak RSS {peak_rss_bytes() / gib:.2f} GiB")
+        served = served_bytes(model)
+        print(f"resident weights = {resident / served:.3f}x the bytes of the formats served ({served / gib:.3f} GiB: "
+              f"one a quantized value, the unquantized tensors (embedding or head, norms) at their dtype)")
+
+
+def served_bytes(model) -> int:
+    """The weights' bytes in the formats the model serves, without scales or padding: what any overhead is
+    counted against."""
+    from engine.kernels.cpu_linear import PackedLinear
+    from engine.kernels.quantized_linear import QuantizedLinear
+
+    total = sum(p.numel() * p.element_size() for p in model.parameters())
+    for module in model.modules():
+        if isinstance(module, PackedLinear):
+            total += module.weight_bytes  # its stored dtype, without padding
+        elif isinstance(module, QuantizedLinear):
+            bias = module.bias
+            total += module.out_features * module.in_features + (0 if bias is None else bias.numel() * bias.element_size())
+    return total
 
 
 def q8_0_gguf(gguf: Path, dtype) -> None:
