@@ -3,7 +3,8 @@
 The path of CPUs without bf16 dot products (gemm_fp32.cpp): fp32 activations, the weight held as fp32
 or as bf16 widened in registers. For each shape and row count, the best of --repeats timings of
 --calls calls (best-of-N: the machine may be shared, and interference only ever adds time), in
-GFLOP/s, torch's F.linear on the same operands beside it. FORMWORK_CPU_ISA=avx2 measures the AVX2
+GFLOP/s, torch's F.linear on the same operands beside it. --copies N cycles each call through N copies
+of the weight, so that it comes from memory as in a forward pass (1: the weight stays in L2). FORMWORK_CPU_ISA=avx2 measures the AVX2
 build on any x86 CPU (torch held to AVX2 too: set before torch is imported, as here).
 """
 from __future__ import annotations
@@ -22,6 +23,7 @@ def main() -> int:
     parser.add_argument("--shapes", default="576x576,576x1536", help=f"of {', '.join(s[0] for s in SHAPES)}")
     parser.add_argument("--calls", type=int, default=10)
     parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--copies", type=int, default=1, help="copies of each weight, called in turn (cold weights)")
     parser.add_argument("--threads", type=int, default=0, help="torch's and the kernels' threads (0: torch's default)")
     args = parser.parse_args()
     from engine.config import cpu_isa, limit_torch_to_cpu_isa
@@ -40,14 +42,20 @@ def main() -> int:
     print(f"{'K x N':>9} {'rows':>5} {'fp32-held':>10} {'bf16-held':>10} {'torch':>8} {'fp32/torch':>11}")
     wanted = set(args.shapes.split(","))
     for name, n, k in (s for s in SHAPES if s[0] in wanted):
-        weight = torch.randn(n, k).bfloat16().float()
-        held_fp32, held_bf16 = kernels.pack_weight(weight), kernels.pack_weight(weight.bfloat16())
+        weights = [torch.randn(n, k).bfloat16().float() for _ in range(args.copies)]
+        held_fp32 = [kernels.pack_weight(w) for w in weights]
+        held_bf16 = [kernels.pack_weight(w.bfloat16()) for w in weights]
+
+        def each(call):  # a round over every copy, timed as one call (its flops counted `copies` times)
+            return lambda: [call(i) for i in range(args.copies)]
         for rows in (int(r) for r in args.rows.split(",")):
             x = torch.randn(rows, k)
-            flops = 2 * rows * n * k
-            fp32 = flops / best_seconds(lambda: kernels.gemm(x, held_fp32, n, None), args.calls, args.repeats) / 1e9
-            bf16 = flops / best_seconds(lambda: kernels.gemm(x, held_bf16, n, None), args.calls, args.repeats) / 1e9
-            ref = flops / best_seconds(lambda: F.linear(x, weight), args.calls, args.repeats) / 1e9
+            flops = 2 * rows * n * k * args.copies
+            fp32 = flops / best_seconds(each(lambda i: kernels.gemm(x, held_fp32[i], n, None)), args.calls,
+                                        args.repeats) / 1e9
+            bf16 = flops / best_seconds(each(lambda i: kernels.gemm(x, held_bf16[i], n, None)), args.calls,
+                                        args.repeats) / 1e9
+            ref = flops / best_seconds(each(lambda i: F.linear(x, weights[i])), args.calls, args.repeats) / 1e9
             print(f"{name:>9} {rows:>5} {fp32:10.1f} {bf16:10.1f} {ref:8.1f} {fp32 / ref:10.2f}x")
     return 0
 

@@ -13,7 +13,10 @@
 // every row of x: the panel stays in L2 while x streams past it (a prompt chunk's x from L2 or L3, at
 // ~1.3 bytes a cycle of fmas). Where many row tiles pass over a bf16 panel (prompts, large batches)
 // it is widened once into a thread's fp32 copy first: no tile widens it again, and the bf16 weight
-// is read from memory once a call (taking x in L2-sized chunks, it was read once a chunk).
+// is read from memory once a call (taking x in L2-sized chunks, it was read once a chunk). A decode
+// step's few rows read the bf16 panels in place, a thread taking runs of panels: while one panel's
+// row tiles compute, the next panel is prefetched into L2, so memory streams beside the arithmetic
+// (at 8 rows a 6-row pass from memory, then a 2-row pass from L2 that left memory idle).
 //
 // A row's output never depends on the other rows of the call: every output column is one fma chain
 // over k = 0, 1, ..., K-1 starting from its bias, whatever the tile's height or width, the thread
@@ -109,6 +112,18 @@ struct Fp32Rows {
   }
 };
 
+// The next panel's bf16 weights pulled toward L2 a few lines a K pair while this panel's tiles
+// compute: the memory stream then runs beside the arithmetic instead of in turns with it (a decode
+// step's tiles otherwise wait on memory for the panel's first pass and leave it idle for the others).
+struct Prefetch {
+  const char* next = nullptr;
+  const char* end = nullptr;
+  int64_t lines_per_pair = 0;
+  void pair() {
+    for (int64_t i = 0; i < lines_per_pair && next < end; ++i, next += 64) __builtin_prefetch(next, 0, 2);  // to L2
+  }
+};
+
 // blocks [b0, b0 + nb) of bf16 pairs widened once into Fp32Rows' layout at panel: when many row
 // tiles pass over a panel, each then reads fp32 weights instead of widening them again
 void widen_panel(const Operands& op, int64_t b0, int64_t nb, float* __restrict panel) {
@@ -152,7 +167,7 @@ __attribute__((always_inline)) inline void step(F8 (&acc)[MR][NB][2], const Weig
 
 // rows [m0, m0 + MR) x blocks [b0, b0 + NB)
 template <typename Weights, int MR, int NB>
-void tile(const Operands& op, const Weights& weights, int64_t m0, int64_t b0) {
+void tile(const Operands& op, const Weights& weights, int64_t m0, int64_t b0, Prefetch& prefetch) {
   F8 acc[MR][NB][2];
   for (int j = 0; j < NB; ++j) {
     float start[kBlock] = {};
@@ -163,6 +178,8 @@ void tile(const Operands& op, const Weights& weights, int64_t m0, int64_t b0) {
   const float* x = op.x + m0 * op.x_stride;
   // k = 0, 1, ..., K - 1: one chain per column; stepped in pairs so that a bf16 pair's half is known
   for (int64_t p = 0; p < op.k / 2; ++p) {
+    // from bf16 weights only: an L2-resident widened panel's tiles keep every register for their sums
+    if constexpr (std::is_same_v<Weights, Bf16Pairs>) prefetch.pair();
     step(acc, weights, x, op.x_stride, b0, 2 * p);
     step(acc, weights, x, op.x_stride, b0, 2 * p + 1);
   }
@@ -186,26 +203,37 @@ void tile(const Operands& op, const Weights& weights, int64_t m0, int64_t b0) {
 
 // rows [m0, m0 + MR) x blocks [b0, b0 + nb): as many blocks per tile as 12 accumulators hold
 template <typename Weights, int MR>
-void tiles(const Operands& op, const Weights& weights, int64_t m0, int64_t b0, int64_t nb) {
+void tiles(const Operands& op, const Weights& weights, int64_t m0, int64_t b0, int64_t nb, Prefetch& prefetch) {
   constexpr int64_t kMaxBlocks = std::min<int64_t>(kPanel, std::max(1, 6 / MR));
   for (int64_t b = b0; b < b0 + nb; b += kMaxBlocks) {
     const int64_t blocks = std::min(kMaxBlocks, b0 + nb - b);
-    if (blocks >= 3) tile<Weights, MR, (kMaxBlocks >= 3 ? 3 : 1)>(op, weights, m0, b);
-    else if (blocks == 2) tile<Weights, MR, (kMaxBlocks >= 2 ? 2 : 1)>(op, weights, m0, b);
-    else tile<Weights, MR, 1>(op, weights, m0, b);
+    if (blocks >= 3) tile<Weights, MR, (kMaxBlocks >= 3 ? 3 : 1)>(op, weights, m0, b, prefetch);
+    else if (blocks == 2) tile<Weights, MR, (kMaxBlocks >= 2 ? 2 : 1)>(op, weights, m0, b, prefetch);
+    else tile<Weights, MR, 1>(op, weights, m0, b, prefetch);
   }
 }
 
 template <typename Weights>
-void row_tile(const Operands& op, const Weights& weights, int64_t m0, int64_t rows, int64_t b0, int64_t nb) {
+void row_tile(const Operands& op, const Weights& weights, int64_t m0, int64_t rows, int64_t b0, int64_t nb,
+              Prefetch& prefetch) {
   switch (rows) {
-    case 1: return tiles<Weights, 1>(op, weights, m0, b0, nb);
-    case 2: return tiles<Weights, 2>(op, weights, m0, b0, nb);
-    case 3: return tiles<Weights, 3>(op, weights, m0, b0, nb);
-    case 4: return tiles<Weights, 4>(op, weights, m0, b0, nb);
-    case 5: return tiles<Weights, 5>(op, weights, m0, b0, nb);
-    default: return tiles<Weights, 6>(op, weights, m0, b0, nb);
+    case 1: return tiles<Weights, 1>(op, weights, m0, b0, nb, prefetch);
+    case 2: return tiles<Weights, 2>(op, weights, m0, b0, nb, prefetch);
+    case 3: return tiles<Weights, 3>(op, weights, m0, b0, nb, prefetch);
+    case 4: return tiles<Weights, 4>(op, weights, m0, b0, nb, prefetch);
+    case 5: return tiles<Weights, 5>(op, weights, m0, b0, nb, prefetch);
+    default: return tiles<Weights, 6>(op, weights, m0, b0, nb, prefetch);
   }
+}
+
+// K pairs the tiles of one panel of nb blocks step through over m rows (Prefetch's pace)
+int64_t panel_pairs(int64_t m, int64_t k, int64_t nb) {
+  int64_t tiles = 0;
+  for (int64_t m0 = 0; m0 < m; m0 += kTileRows) {
+    const int64_t rows = std::min(kTileRows, m - m0), per_tile = std::min<int64_t>(kPanel, std::max<int64_t>(1, 6 / rows));
+    tiles += (nb + per_tile - 1) / per_tile;
+  }
+  return tiles * std::max<int64_t>(1, k / 2);
 }
 
 // Weights: how the packed copy is read (Bf16Pairs or Fp32Rows)
@@ -214,24 +242,37 @@ void multiply(const Operands& op) {
   const Weights weights(op);
   constexpr bool kWidens = std::is_same_v<Weights, Bf16Pairs>;
   const int64_t num_blocks = op.num_blocks(), num_panels = (num_blocks + kPanel - 1) / kPanel;
-  // one thread only for the smallest products; above that the helpers share the weight read
+  // one thread only for the smallest products; above that the helpers share the weight read, in
+  // about 8 runs of panels (each panel prefetches the next of its run), claimed as threads free up
   const int64_t work = op.n * op.k * (1 + op.m / 8);
-  const int64_t chunk_panels = work < (1 << 17) ? num_panels : std::max<int64_t>(1, num_panels / 16);
+  const int64_t chunk_panels = work < (1 << 17) ? num_panels : std::max<int64_t>(1, (num_panels + 7) / 8);
   const int64_t num_chunks = (num_panels + chunk_panels - 1) / chunk_panels;
   // bf16 weights for more than a few row tiles: each panel widened once, then every row tile reads it
   const bool widen = kWidens && op.m > 2 * kTileRows;
   formwork::parallel_chunks(num_chunks, [&](int64_t chunk) {
     thread_local std::vector<float> widened;
-    for (int64_t panel = chunk * chunk_panels; panel < std::min(num_panels, (chunk + 1) * chunk_panels); ++panel) {
+    const int64_t last = std::min(num_panels, (chunk + 1) * chunk_panels);
+    for (int64_t panel = chunk * chunk_panels; panel < last; ++panel) {
       const int64_t b0 = panel * kPanel, nb = std::min(kPanel, num_blocks - b0);
+      Prefetch prefetch;
+      if (kWidens && !widen && panel + 1 < last) {  // bf16 read in place: the next panel of the run
+        const int64_t block_bytes = weights.block_stride * sizeof(uint16_t);
+        const int64_t lines = std::min(kPanel, num_blocks - b0 - nb) * block_bytes / 64;
+        const int64_t pairs = panel_pairs(op.m, op.k, nb);
+        prefetch.next = static_cast<const char*>(op.w) + (b0 + nb) * block_bytes;
+        prefetch.end = prefetch.next + lines * 64;
+        prefetch.lines_per_pair = (lines + pairs - 1) / pairs;
+      }
       if (widen) {
         widened.resize(kPanel * op.k * kBlock);
         widen_panel(op, b0, nb, widened.data());
         const Fp32Rows rows(widened.data(), op.k, b0);
-        for (int64_t m0 = 0; m0 < op.m; m0 += kTileRows) row_tile(op, rows, m0, std::min(kTileRows, op.m - m0), b0, nb);
+        for (int64_t m0 = 0; m0 < op.m; m0 += kTileRows)
+          row_tile(op, rows, m0, std::min(kTileRows, op.m - m0), b0, nb, prefetch);
         continue;
       }
-      for (int64_t m0 = 0; m0 < op.m; m0 += kTileRows) row_tile(op, weights, m0, std::min(kTileRows, op.m - m0), b0, nb);
+      for (int64_t m0 = 0; m0 < op.m; m0 += kTileRows)
+        row_tile(op, weights, m0, std::min(kTileRows, op.m - m0), b0, nb, prefetch);
     }
   });
 }
@@ -258,10 +299,11 @@ double gemm_fp32_inner_loop_gflops(int64_t repeats, bool bf16_weights) {
     std::vector<uint16_t> w16(kPanel * formwork::gemm::padded_pairs(k) * 2 * kBlock, 0x3F80);
     const Operands op{x.data(), k, rows, k, bf16_weights ? static_cast<const void*>(w16.data()) : w32.data(),
                       bf16_weights, nullptr, y.data(), kPanel * kBlock};
+    Prefetch none;
     for (int64_t r = 0; r < walks; ++r)
       for (int64_t m0 = 0; m0 < rows; m0 += kTileRows) {
-        if (bf16_weights) tiles<Bf16Pairs, kTileRows>(op, Bf16Pairs(op), m0, 0, kPanel);
-        else tiles<Fp32Rows, kTileRows>(op, Fp32Rows(op), m0, 0, kPanel);
+        if (bf16_weights) tiles<Bf16Pairs, kTileRows>(op, Bf16Pairs(op), m0, 0, kPanel, none);
+        else tiles<Fp32Rows, kTileRows>(op, Fp32Rows(op), m0, 0, kPanel, none);
       }
   });
   const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
