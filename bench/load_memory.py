@@ -78,8 +78,8 @@ def served_bytes(model) -> int:
         if isinstance(module, PackedLinear):
             total += module.weight_bytes  # its stored dtype, without padding
         elif isinstance(module, QuantizedLinear):
-            bias = module.bias
-            total += module.out_features * module.in_features + (0 if bias is None else bias.numel() * bias.element_size())
+            bias_bytes = 0 if module.bias is None else module.bias.numel() * module.bias.element_size()
+            total += module.out_features * module.in_features + bias_bytes
     return total
 
 

@@ -3,12 +3,13 @@
 A weight is quantized once, when the model loads, to int8 with one fp32 scale per output channel
 (max|w| / 127), or taken as it is from a GGUF file's Q8_0 blocks (one fp16 scale per 32 values, the
 file's own, widened in the kernels; `from_q8_0`). It is held once, in the GEMM's layout
-(engine/kernels/csrc/int8_gemm.h); the float weight is dropped. Each call quantizes x dynamically, per token and group of 64 values
-(32 beside Q8_0 weights, to match their scales; a scale per token alone lets one outlier channel
-flatten the rest of the row: greedy agreement with the unquantized default model fell under 90%),
-sums the products of each group in int32 and scales them back in fp32; the output is in x's dtype (or fp32 for the logits). The int32 sums are
-exact, so a row's output does not depend on the other rows of the batch, nor on which kernel
-(AVX-512 VNNI, AVX2, portable) computed it.
+(engine/kernels/csrc/int8_gemm.h); the float weight is dropped. Each call quantizes x dynamically,
+per token and group of 64 values (32 beside Q8_0 weights, to match their scales; a scale per token
+alone lets one outlier channel flatten the rest of the row: greedy agreement with the unquantized
+default model fell under 90%), sums the products of each group in int32 and scales them back in
+fp32; the output is in x's dtype (or fp32 for the logits). The int32 sums are exact, so a row's
+output does not depend on the other rows of the batch, nor on which kernel (AVX-512 VNNI, AVX2,
+portable) computed it.
 """
 from __future__ import annotations
 
