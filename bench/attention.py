@@ -9,6 +9,7 @@ adds time) in ms a layer and GFLOP/s (2 D FLOPs per key and query head for q.k, 
 with N = 30 a batch of decodes reads its K/V from memory, not from the L3 cache one layer's fits in.
 --shared-prefix T puts the decoding requests' first T tokens (whole blocks) in the same physical
 blocks, as the prefix cache does for a common system prompt.
+--dtype float32 gives q, K/V and outputs in fp32, as a CPU without AVX-512 BF16 runs them.
 --threads sets torch's thread count first (the kernels' helpers are that many minus one): 1 shows
 whether a case gains from the second core at all. With --prefill N, also the engine's whole
 prefill of an N-token prompt (bf16, default model, prefix cache off, best of --repeats) beside 30
@@ -36,16 +37,16 @@ def best_seconds(fn, repeats: int) -> float:
 
 
 def paged_calls(kernels, heads: int, kv_heads: int, head_dim: int, requests: list[tuple[int, int]], budget: int,
-                shared_blocks: int = 0, seed: int = 0):
+                shared_blocks: int = 0, seed: int = 0, dtype: torch.dtype = torch.bfloat16):
     """The calls (closures) of one layer's steps attending `requests` (cached tokens, new tokens) in
-    steps of at most `budget` queries, over a bf16 cache where each request owns scattered blocks
+    steps of at most `budget` queries, over a `dtype` cache where each request owns scattered blocks
     (but for its first `shared_blocks` before the one it writes, the same for all); and the FLOPs."""
     gen = torch.Generator().manual_seed(seed)
     lengths = [c + n for c, n in requests]
     shared = [min(shared_blocks, (n - 1) // BLOCK_SIZE) for n in lengths]  # never the block a step writes
     own = [-(-n // BLOCK_SIZE) - s for n, s in zip(lengths, shared)]
     num_blocks = shared_blocks + sum(own) + 1
-    cache = torch.randn(2, num_blocks, BLOCK_SIZE, kv_heads, head_dim, generator=gen).bfloat16()
+    cache = torch.randn(2, num_blocks, BLOCK_SIZE, kv_heads, head_dim, generator=gen).to(dtype)
     free = torch.randperm(num_blocks, generator=gen).tolist()
     prefix = [free.pop() for _ in range(shared_blocks)]
     rows = [prefix[:s] + [free.pop() for _ in range(m)] for s, m in zip(shared, own)]
@@ -57,13 +58,13 @@ def paged_calls(kernels, heads: int, kv_heads: int, head_dim: int, requests: lis
     for start in range(0, len(queries), budget):
         step = queries[start:start + budget]
         n = len(step)
-        q = torch.randn(n, heads, head_dim, generator=gen).bfloat16()
-        k = torch.randn(n, kv_heads, head_dim, generator=gen).bfloat16()
-        v = torch.randn(n, kv_heads, head_dim, generator=gen).bfloat16()
+        q = torch.randn(n, heads, head_dim, generator=gen).to(dtype)
+        k = torch.randn(n, kv_heads, head_dim, generator=gen).to(dtype)
+        v = torch.randn(n, kv_heads, head_dim, generator=gen).to(dtype)
         slots = torch.tensor([int(table[r, p // BLOCK_SIZE]) * BLOCK_SIZE + p % BLOCK_SIZE for r, p in step])
         block_table = table[torch.tensor([r for r, _ in step])].contiguous()
         seq_lens = torch.tensor([p + 1 for _, p in step], dtype=torch.int32)
-        out = torch.empty(q.shape, dtype=torch.bfloat16)
+        out = torch.empty(q.shape, dtype=dtype)
         args = (out, q, k, v, cache, slots, torch.arange(n), block_table, seq_lens, head_dim ** -0.5)
         calls.append(lambda args=args: kernels.paged_attention(*args))
         flops += int(seq_lens.sum()) * heads * 4 * head_dim
@@ -96,6 +97,7 @@ def main() -> int:
     parser.add_argument("--layers", type=int, default=1, help="caches, one a layer, called in turn")
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--prefill", type=int, default=0, help="also time the engine's prefill of this many tokens")
+    parser.add_argument("--dtype", choices=("bfloat16", "float32"), default="bfloat16", help="q, K/V, out")
     parser.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
     args = parser.parse_args()
     if args.layers < 1 or args.shared_prefix < 0:
@@ -109,7 +111,8 @@ def main() -> int:
     if kernels is None:
         raise SystemExit("the CPU kernels did not build here")
     isa = getattr(kernels, "paged_attention_isa", lambda: "avx512_bf16")()  # older builds: the vector kernel
-    print(f"paged attention, bf16 ({isa}), {torch.get_num_threads()} threads; {args.layers} layers' caches, "
+    dtype = getattr(torch, args.dtype)
+    print(f"paged attention, {args.dtype} ({isa}), {torch.get_num_threads()} threads; {args.layers} layers' caches, "
           f"decodes sharing {args.shared_prefix // BLOCK_SIZE * BLOCK_SIZE} tokens; best of {args.repeats}")
     print(f"{'shape':>6} {'case':>22} {'ms a layer':>11} {'GFLOP/s':>8}")
     for name in args.shapes.split(","):
@@ -119,7 +122,7 @@ def main() -> int:
         cases += [(f"decode {b} x {args.context}", [(args.context - 1, 1)] * b, b, args.shared_prefix // BLOCK_SIZE)
                   for b in (int(x) for x in args.decode_batches.split(","))]
         for case, requests, budget, shared in cases:
-            layers = [paged_calls(kernels, heads, kv_heads, head_dim, requests, budget, shared, seed)
+            layers = [paged_calls(kernels, heads, kv_heads, head_dim, requests, budget, shared, seed, dtype)
                       for seed in range(args.layers)]
             calls, flops = [c for layer_calls, _ in layers for c in layer_calls], layers[0][1]
             seconds = best_seconds(lambda: [call() for call in calls], args.repeats) / args.layers
