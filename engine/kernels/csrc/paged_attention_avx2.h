@@ -262,6 +262,14 @@ void value_tile_upto(const ValueRow* rows, int m, const scalar_t* const* values)
   value_tile<scalar_t, D, M>(rows, values);
 }
 
+// rows[from .. to)'s D values into the L1 cache
+template <typename scalar_t, int D>
+inline void prefetch_rows(const scalar_t* const* rows, int from, int to) {
+  for (int i = from; i < to; ++i)
+    for (int byte = 0; byte < D * static_cast<int>(sizeof(scalar_t)); byte += 64)
+      __builtin_prefetch(reinterpret_cast<const char*>(rows[i]) + byte, 0, 3);
+}
+
 // One run of queries at one kv head, chunk by chunk of 16 keys: the chunk's K rows transposed once,
 // every query head with keys in it scores them into its online softmax, then adds their V rows.
 // buffer and softmax are the thread's to reuse.
@@ -291,17 +299,27 @@ void attend_run(const Step<scalar_t>& st, Run run, int64_t kv_head, std::vector<
     for (int64_t d = 0; d < group * D; d += 8) _mm256_storeu_ps(q_rows + r * group * D + d, load8(q + d));
   }
 
-  KeyRows<scalar_t> keys(st, st.k_cache, longest, kv_head, lo / kKeys * kKeys);
-  KeyRows<scalar_t> values(st, st.v_cache, longest, kv_head, lo / kKeys * kKeys);
-  for (int64_t pos0 = lo / kKeys * kKeys; pos0 < hi; pos0 += kKeys) {
-    const scalar_t* k_rows[kKeys];
-    const scalar_t* v_rows[kKeys];
+  // the K and V rows of this chunk and the next ([chunk & 1]): the next one's are prefetched a few
+  // rows beside each tile of this one's work, never all at once (a burst of prefetches stalls on
+  // the line fill buffers)
+  const int64_t start = lo / kKeys * kKeys;
+  KeyRows<scalar_t> keys(st, st.k_cache, longest, kv_head, start, false);
+  KeyRows<scalar_t> values(st, st.v_cache, longest, kv_head, start, false);
+  const scalar_t* k_rows[2][kKeys];
+  const scalar_t* v_rows[2][kKeys];
+  const auto walk = [&](int64_t pos0, int slot) {
     for (int i = 0; i < kKeys; ++i) {
       const bool key = pos0 + i < hi;
-      k_rows[i] = key ? keys.next() : zero_row;
-      v_rows[i] = key ? values.next() : zero_row;
+      k_rows[slot][i] = key ? keys.next() : zero_row;
+      v_rows[slot][i] = key ? values.next() : zero_row;
     }
-    transpose_chunk<scalar_t, D>(k_rows, tile);
+  };
+  walk(start, 0);
+  for (int64_t pos0 = start, chunk = 0; pos0 < hi; pos0 += kKeys, ++chunk) {
+    const int now = chunk & 1, next = now ^ 1;
+    const bool ahead = pos0 + kKeys < hi;
+    if (ahead) walk(pos0 + kKeys, next);
+    transpose_chunk<scalar_t, D>(k_rows[now], tile);
     // the query heads whose queries have keys in this chunk, kTileHeads at a time
     ScoreRow score_rows[kRunHeads];
     ValueRow value_rows[kRunHeads];
@@ -315,11 +333,17 @@ void attend_run(const Step<scalar_t>& st, Run run, int64_t kv_head, std::vector<
         value_rows[count] = {acc + a * D, &softmax[a], key_first, key_end};
       }
     }
-    for (int t = 0; t < count; t += kTileHeads)
-      score_tile_upto<D, kTileHeads>(score_rows + t, std::min(kTileHeads, count - t), tile, pos0, st.scale,
-                                     st.softcap);
-    for (int t = 0; t < count; t += kTileHeads)
-      value_tile_upto<scalar_t, D, kTileHeads>(value_rows + t, std::min(kTileHeads, count - t), v_rows);
+    const int tiles = (count + kTileHeads - 1) / kTileHeads;
+    for (int t = 0; t < tiles; ++t) {
+      if (ahead) prefetch_rows<scalar_t, D>(k_rows[next], t * kKeys / tiles, (t + 1) * kKeys / tiles);
+      score_tile_upto<D, kTileHeads>(score_rows + t * kTileHeads, std::min(kTileHeads, count - t * kTileHeads), tile,
+                                     pos0, st.scale, st.softcap);
+    }
+    for (int t = 0; t < tiles; ++t) {
+      if (ahead) prefetch_rows<scalar_t, D>(v_rows[next], t * kKeys / tiles, (t + 1) * kKeys / tiles);
+      value_tile_upto<scalar_t, D, kTileHeads>(value_rows + t * kTileHeads, std::min(kTileHeads, count - t * kTileHeads),
+                                               v_rows[now]);
+    }
   }
 
   for (int64_t r = 0; r < num; ++r)
