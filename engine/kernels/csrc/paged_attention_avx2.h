@@ -199,27 +199,32 @@ void score_tile_upto(const ScoreRow* rows, int m, const float* tile, int64_t pos
 }
 
 // One query head of a tile in the weighted sum of the values: its output accumulators (D floats),
-// its softmax, and which of the chunk's 16 keys are its query's ([first, end) of 0 .. 16).
+// its softmax, and its query's keys.
 struct ValueRow {
   float* acc;
   const SoftmaxRow* softmax;
-  int first, end;
+  int64_t first, end;
 };
 
-// The chunk's V rows (values[i]: key i's row, from dims d0) into the 16 accumulated dims d0.. of M
-// query heads, rescaled first: each head whose key it is (kEvery: all of them) adds weight * value,
-// key by key; the others keep their accumulators' bits (a select, not a branch: a non-key's row may
-// hold anything).
+// The V rows of the chunk at pos0 (values[i]: key i's row, from dims d0) into the 16 accumulated
+// dims d0.. of M query heads, rescaled first (skipped where every factor is 1: the same bits): each
+// head whose key it is (kEvery: all of them) adds weight * value, key by key; the others keep their
+// accumulators' bits (a select, not a branch: a non-key's row may hold anything).
 template <typename scalar_t, int M, bool kEvery>
-void add_values(const ValueRow* rows, const scalar_t* const* values, int d0) {
+void add_values(const ValueRow* rows, const scalar_t* const* values, int64_t pos0, bool rescale, int d0) {
   __m256 a[M][2];
   const float* weights[M];
 #pragma GCC unroll 8
   for (int m = 0; m < M; ++m) {
-    const __m256 rescale = _mm256_set1_ps(rows[m].softmax->rescale);
-    a[m][0] = _mm256_mul_ps(_mm256_load_ps(rows[m].acc + d0), rescale);
-    a[m][1] = _mm256_mul_ps(_mm256_load_ps(rows[m].acc + d0 + 8), rescale);
+    a[m][0] = _mm256_load_ps(rows[m].acc + d0), a[m][1] = _mm256_load_ps(rows[m].acc + d0 + 8);
     weights[m] = rows[m].softmax->weights;
+  }
+  if (rescale) {
+#pragma GCC unroll 8
+    for (int m = 0; m < M; ++m) {
+      const __m256 factor = _mm256_set1_ps(rows[m].softmax->rescale);
+      a[m][0] = _mm256_mul_ps(a[m][0], factor), a[m][1] = _mm256_mul_ps(a[m][1], factor);
+    }
   }
   for (int i = 0; i < kKeys; ++i) {
     const __m256 v0 = load8(values[i] + d0), v1 = load8(values[i] + d0 + 8);
@@ -230,7 +235,7 @@ void add_values(const ValueRow* rows, const scalar_t* const* values, int d0) {
         a[m][0] = _mm256_fmadd_ps(p, v0, a[m][0]);
         a[m][1] = _mm256_fmadd_ps(p, v1, a[m][1]);
       } else {
-        const bool mine = i >= rows[m].first && i < rows[m].end;
+        const bool mine = pos0 + i >= rows[m].first && pos0 + i < rows[m].end;
         const __m256 keep = _mm256_castsi256_ps(_mm256_set1_epi32(-static_cast<int32_t>(mine)));
         a[m][0] = _mm256_blendv_ps(a[m][0], _mm256_fmadd_ps(p, v0, a[m][0]), keep);
         a[m][1] = _mm256_blendv_ps(a[m][1], _mm256_fmadd_ps(p, v1, a[m][1]), keep);
@@ -241,25 +246,28 @@ void add_values(const ValueRow* rows, const scalar_t* const* values, int d0) {
   for (int m = 0; m < M; ++m) _mm256_store_ps(rows[m].acc + d0, a[m][0]), _mm256_store_ps(rows[m].acc + d0 + 8, a[m][1]);
 }
 
-// One chunk's values into M query heads' accumulators, 16 output dims at a time: each V row loaded
-// once for all of them.
+// The values of the chunk at pos0 into M query heads' accumulators, 16 output dims at a time: each V
+// row loaded once for all of them.
 template <typename scalar_t, int D, int M>
-void value_tile(const ValueRow* rows, const scalar_t* const* values) {
-  bool every = true;
-  for (int m = 0; m < M; ++m) every = every && rows[m].first == 0 && rows[m].end == kKeys;
+void value_tile(const ValueRow* rows, const scalar_t* const* values, int64_t pos0) {
+  bool every = true, rescale = false;
+  for (int m = 0; m < M; ++m) {
+    every = every && rows[m].first <= pos0 && rows[m].end >= pos0 + kKeys;
+    rescale = rescale || rows[m].softmax->rescale != 1.f;
+  }
   for (int d0 = 0; d0 < D; d0 += 16) {
-    if (every) add_values<scalar_t, M, true>(rows, values, d0);
-    else add_values<scalar_t, M, false>(rows, values, d0);
+    if (every) add_values<scalar_t, M, true>(rows, values, pos0, rescale, d0);
+    else add_values<scalar_t, M, false>(rows, values, pos0, rescale, d0);
   }
 }
 
 // value_tile for a runtime count m <= M
 template <typename scalar_t, int D, int M>
-void value_tile_upto(const ValueRow* rows, int m, const scalar_t* const* values) {
+void value_tile_upto(const ValueRow* rows, int m, const scalar_t* const* values, int64_t pos0) {
   if constexpr (M > 1) {
-    if (m < M) return value_tile_upto<scalar_t, D, M - 1>(rows, m, values);
+    if (m < M) return value_tile_upto<scalar_t, D, M - 1>(rows, m, values, pos0);
   }
-  value_tile<scalar_t, D, M>(rows, values);
+  value_tile<scalar_t, D, M>(rows, values, pos0);
 }
 
 // rows[from .. to)'s D values into the L1 cache
@@ -280,11 +288,12 @@ void attend_run(const Step<scalar_t>& st, Run run, int64_t kv_head, std::vector<
   const auto* zero_row = reinterpret_cast<const scalar_t*>(kZeroRow);
   const int64_t group = st.group(), num = run.end - run.begin, heads = num * group;
   int64_t first[kRunHeads], end[kRunHeads];  // each query's keys [first, end)
-  int64_t lo = INT64_MAX, hi = 0, longest = run.begin;
+  int64_t lo = INT64_MAX, hi = 0, longest = run.begin, last_first = 0, first_end = INT64_MAX;
   for (int64_t r = 0; r < num; ++r) {
     end[r] = st.seq_lens[run.begin + r];
     first[r] = st.first_key(end[r]);
-    lo = std::min(lo, first[r]);
+    lo = std::min(lo, first[r]), last_first = std::max(last_first, first[r]);
+    first_end = std::min(first_end, end[r]);
     if (end[r] > hi) hi = end[r], longest = run.begin + r;
   }
   // the run's q rows [heads][D] in fp32, their output accumulators [heads][D], a transposed K chunk [D][16]
@@ -294,9 +303,16 @@ void attend_run(const Step<scalar_t>& st, Run run, int64_t kv_head, std::vector<
   std::fill(acc, acc + heads * D, 0.f);
   if (static_cast<int64_t>(softmax.size()) < heads) softmax.resize(heads);
   std::fill(softmax.begin(), softmax.begin() + heads, SoftmaxRow{});
+  // every query head's rows; a chunk that is not every query's takes those of the queries it is
+  ScoreRow all_score_rows[kRunHeads], score_rows[kRunHeads];
+  ValueRow all_value_rows[kRunHeads], value_rows[kRunHeads];
   for (int64_t r = 0; r < num; ++r) {
     const scalar_t* q = st.q + st.query_ids[run.begin + r] * st.q_stride + kv_head * group * D;
     for (int64_t d = 0; d < group * D; d += 8) _mm256_storeu_ps(q_rows + r * group * D + d, load8(q + d));
+    for (int64_t a = r * group; a < (r + 1) * group; ++a) {
+      all_score_rows[a] = {q_rows + a * D, &softmax[a], first[r], end[r]};
+      all_value_rows[a] = {acc + a * D, &softmax[a], first[r], end[r]};
+    }
   }
 
   // the K and V rows of this chunk and the next ([chunk & 1]): the next one's are prefetched a few
@@ -321,28 +337,26 @@ void attend_run(const Step<scalar_t>& st, Run run, int64_t kv_head, std::vector<
     if (ahead) walk(pos0 + kKeys, next);
     transpose_chunk<scalar_t, D>(k_rows[now], tile);
     // the query heads whose queries have keys in this chunk, kTileHeads at a time
-    ScoreRow score_rows[kRunHeads];
-    ValueRow value_rows[kRunHeads];
-    int count = 0;
-    for (int64_t r = 0; r < num; ++r) {
-      if (first[r] >= pos0 + kKeys || end[r] <= pos0) continue;
-      const int key_first = static_cast<int>(std::max<int64_t>(first[r] - pos0, 0));
-      const int key_end = static_cast<int>(std::min<int64_t>(end[r] - pos0, kKeys));
-      for (int64_t a = r * group; a < (r + 1) * group; ++a, ++count) {
-        score_rows[count] = {q_rows + a * D, &softmax[a], first[r], end[r]};
-        value_rows[count] = {acc + a * D, &softmax[a], key_first, key_end};
-      }
+    const ScoreRow* chunk_score_rows = all_score_rows;
+    const ValueRow* chunk_value_rows = all_value_rows;
+    int count = static_cast<int>(heads);
+    if (last_first >= pos0 + kKeys || first_end <= pos0) {
+      count = 0;
+      for (int64_t a = 0; a < heads; ++a)
+        if (all_score_rows[a].first < pos0 + kKeys && all_score_rows[a].end > pos0)
+          score_rows[count] = all_score_rows[a], value_rows[count++] = all_value_rows[a];
+      chunk_score_rows = score_rows, chunk_value_rows = value_rows;
     }
     const int tiles = (count + kTileHeads - 1) / kTileHeads;
     for (int t = 0; t < tiles; ++t) {
       if (ahead) prefetch_rows<scalar_t, D>(k_rows[next], t * kKeys / tiles, (t + 1) * kKeys / tiles);
-      score_tile_upto<D, kTileHeads>(score_rows + t * kTileHeads, std::min(kTileHeads, count - t * kTileHeads), tile,
-                                     pos0, st.scale, st.softcap);
+      score_tile_upto<D, kTileHeads>(chunk_score_rows + t * kTileHeads, std::min(kTileHeads, count - t * kTileHeads),
+                                     tile, pos0, st.scale, st.softcap);
     }
     for (int t = 0; t < tiles; ++t) {
       if (ahead) prefetch_rows<scalar_t, D>(v_rows[next], t * kKeys / tiles, (t + 1) * kKeys / tiles);
-      value_tile_upto<scalar_t, D, kTileHeads>(value_rows + t * kTileHeads, std::min(kTileHeads, count - t * kTileHeads),
-                                               v_rows[now]);
+      value_tile_upto<scalar_t, D, kTileHeads>(chunk_value_rows + t * kTileHeads,
+                                               std::min(kTileHeads, count - t * kTileHeads), v_rows[now], pos0);
     }
   }
 
