@@ -177,12 +177,21 @@ void score_tile(const ScoreRow* rows, const float* __restrict tile, int64_t pos0
     }
   }
   const __m256 pad = _mm256_set1_ps(kPadScore), s = _mm256_set1_ps(scale);
+  bool every = true;  // the chunk's keys are all every head's: no lane to pad
+  for (int m = 0; m < M; ++m) every = every && rows[m].first <= pos0 && rows[m].end >= pos0 + kKeys;
+  // unrolled: the accumulators stay registers, never an array in memory
+  if (every) {
 #pragma GCC unroll 8
-  for (int m = 0; m < M; ++m)  // unrolled: the accumulators stay registers, never an array in memory
-    for (int j = 0; j < 2; ++j)
-      _mm256_store_ps(rows[m].softmax->weights + 8 * j,
-                      _mm256_blendv_ps(pad, _mm256_mul_ps(acc[m][j], s),
-                                       keys_between(pos0 + 8 * j, rows[m].first, rows[m].end)));
+    for (int m = 0; m < M; ++m)
+      for (int j = 0; j < 2; ++j) _mm256_store_ps(rows[m].softmax->weights + 8 * j, _mm256_mul_ps(acc[m][j], s));
+  } else {
+#pragma GCC unroll 8
+    for (int m = 0; m < M; ++m)
+      for (int j = 0; j < 2; ++j)
+        _mm256_store_ps(rows[m].softmax->weights + 8 * j,
+                        _mm256_blendv_ps(pad, _mm256_mul_ps(acc[m][j], s),
+                                         keys_between(pos0 + 8 * j, rows[m].first, rows[m].end)));
+  }
   for (int m = 0; m < M; ++m) {
     if (softcap > 0.f) cap_scores(rows[m].softmax->weights, softcap);
     add_chunk_scores(*rows[m].softmax);
@@ -206,27 +215,14 @@ struct ValueRow {
   int64_t first, end;
 };
 
-// The V rows of the chunk at pos0 (values[i]: key i's row, from dims d0) into the 16 accumulated
-// dims d0.. of M query heads, rescaled first (skipped where every factor is 1: the same bits): each
-// head whose key it is (kEvery: all of them) adds weight * value, key by key; the others keep their
-// accumulators' bits (a select, not a branch: a non-key's row may hold anything).
+// Keys [from, to) of a chunk (values[i]: key i's row, from dims d0) into the accumulators a of M
+// query heads: each head whose key it is (kEvery: all of them) adds weight * value, key by key; the
+// others keep their accumulators' bits (a select, not a branch: a non-key's row may hold anything).
 template <typename scalar_t, int M, bool kEvery>
-void add_values(const ValueRow* rows, const scalar_t* const* values, int64_t pos0, bool rescale, int d0) {
-  __m256 a[M][2];
-  const float* weights[M];
-#pragma GCC unroll 8
-  for (int m = 0; m < M; ++m) {
-    a[m][0] = _mm256_load_ps(rows[m].acc + d0), a[m][1] = _mm256_load_ps(rows[m].acc + d0 + 8);
-    weights[m] = rows[m].softmax->weights;
-  }
-  if (rescale) {
-#pragma GCC unroll 8
-    for (int m = 0; m < M; ++m) {
-      const __m256 factor = _mm256_set1_ps(rows[m].softmax->rescale);
-      a[m][0] = _mm256_mul_ps(a[m][0], factor), a[m][1] = _mm256_mul_ps(a[m][1], factor);
-    }
-  }
-  for (int i = 0; i < kKeys; ++i) {
+__attribute__((always_inline)) inline void add_keys(__m256 (&a)[M][2], const ValueRow* rows, const float* const* weights,
+                                                    const scalar_t* const* values, int64_t pos0, int from, int to,
+                                                    int d0) {
+  for (int i = from; i < to; ++i) {
     const __m256 v0 = load8(values[i] + d0), v1 = load8(values[i] + d0 + 8);
 #pragma GCC unroll 8
     for (int m = 0; m < M; ++m) {
@@ -242,6 +238,31 @@ void add_values(const ValueRow* rows, const scalar_t* const* values, int64_t pos
       }
     }
   }
+}
+
+// The V rows of the chunk at pos0 (values[i]: key i's row) into the 16 accumulated dims d0.. of M
+// query heads, rescaled first (skipped where every factor is 1: the same bits). keys: the chunk's
+// keys [keys[0], keys[3]) are some of the heads', [keys[1], keys[2]) every head's.
+template <typename scalar_t, int M>
+void add_values(const ValueRow* rows, const scalar_t* const* values, int64_t pos0, const int keys[4], bool rescale,
+                int d0) {
+  __m256 a[M][2];
+  const float* weights[M];
+#pragma GCC unroll 8
+  for (int m = 0; m < M; ++m) {
+    a[m][0] = _mm256_load_ps(rows[m].acc + d0), a[m][1] = _mm256_load_ps(rows[m].acc + d0 + 8);
+    weights[m] = rows[m].softmax->weights;
+  }
+  if (rescale) {
+#pragma GCC unroll 8
+    for (int m = 0; m < M; ++m) {
+      const __m256 factor = _mm256_set1_ps(rows[m].softmax->rescale);
+      a[m][0] = _mm256_mul_ps(a[m][0], factor), a[m][1] = _mm256_mul_ps(a[m][1], factor);
+    }
+  }
+  add_keys<scalar_t, M, false>(a, rows, weights, values, pos0, keys[0], keys[1], d0);
+  add_keys<scalar_t, M, true>(a, rows, weights, values, pos0, keys[1], keys[2], d0);
+  add_keys<scalar_t, M, false>(a, rows, weights, values, pos0, keys[2], keys[3], d0);
 #pragma GCC unroll 8
   for (int m = 0; m < M; ++m) _mm256_store_ps(rows[m].acc + d0, a[m][0]), _mm256_store_ps(rows[m].acc + d0 + 8, a[m][1]);
 }
@@ -250,15 +271,17 @@ void add_values(const ValueRow* rows, const scalar_t* const* values, int64_t pos
 // row loaded once for all of them.
 template <typename scalar_t, int D, int M>
 void value_tile(const ValueRow* rows, const scalar_t* const* values, int64_t pos0) {
-  bool every = true, rescale = false;
+  int64_t lo = rows[0].first, all_lo = lo, hi = rows[0].end, all_hi = hi;
+  bool rescale = false;
   for (int m = 0; m < M; ++m) {
-    every = every && rows[m].first <= pos0 && rows[m].end >= pos0 + kKeys;
+    lo = std::min(lo, rows[m].first), all_lo = std::max(all_lo, rows[m].first);
+    hi = std::max(hi, rows[m].end), all_hi = std::min(all_hi, rows[m].end);
     rescale = rescale || rows[m].softmax->rescale != 1.f;
   }
-  for (int d0 = 0; d0 < D; d0 += 16) {
-    if (every) add_values<scalar_t, M, true>(rows, values, pos0, rescale, d0);
-    else add_values<scalar_t, M, false>(rows, values, pos0, rescale, d0);
-  }
+  const auto lane = [pos0](int64_t position) { return static_cast<int>(std::clamp<int64_t>(position - pos0, 0, kKeys)); };
+  int keys[4] = {lane(lo), lane(all_lo), lane(all_hi), lane(hi)};
+  if (keys[1] >= keys[2]) keys[1] = keys[2] = keys[3];  // no key common to all: each key checked per head
+  for (int d0 = 0; d0 < D; d0 += 16) add_values<scalar_t, M>(rows, values, pos0, keys, rescale, d0);
 }
 
 // value_tile for a runtime count m <= M
