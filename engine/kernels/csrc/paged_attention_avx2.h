@@ -1,17 +1,23 @@
 // Paged attention with AVX2 and FMA: fp32 caches (a CPU without AVX-512 BF16 runs fp32), and fp16 or
 // bf16 ones widened to fp32 as they are read; head_dim D a multiple of 16 known at compile time. By
 // runs, as paged_attention_bf16.h: consecutive listed queries of one request (a prompt's rows, a
-// chunk's; a decode is a run of one) make one work item per kv head, which transposes each chunk of
-// K rows once and reads each V row once for all of the run's query heads. Scores and values are then
-// two small matrix products, each in register tiles of up to 6 query heads by 16 lanes (keys for
-// q.k, output dims for p.v): per step two loads feed twelve fmas, so arithmetic sets the pace.
+// chunk's; a decode is a run of one) make one work item per kv head, which walks the keys in chunks
+// of 16 at absolute positions (16c .. 16c + 15): each chunk's K rows are transposed once, every query
+// head with keys in it scores them, then adds their V rows, each row read once for all the heads.
+// The softmax is online (flash attention): a query head keeps its largest score so far and its sum,
+// and rescales what the earlier chunks added when the max grows, so no row of scores is stored and
+// no pass over one follows. Scores and values are small matrix products in register tiles of up to
+// 6 query heads by 16 lanes (keys for q.k, output dims for p.v): per step two loads feed twelve fmas.
 //
 // A query's output is the same bits in a run of any length as alone, and on any thread:
 // - a score is one fma chain over d = 0 .. D-1, times the scale; the lanes of its chunk that are not
 //   the query's keys (before its window, from its position on) hold kPadScore;
-// - the softmax reads the query head's row of whole chunks of 16 keys at absolute positions, one
-//   fixed sequence of vector instructions (an 8-lane sum, folded in a fixed tree);
-// - an output value is one fma chain over the query's own keys in position order, times 1 / the sum.
+// - its softmax takes the query's chunks in position order whatever the run, each through one fixed
+//   sequence of vector instructions on the head's own 16 scores (the chunk's max, the rescale factor,
+//   exactly 1 while the max stays, e^(s - max), exactly 0 for padding, an 8-lane sum) and at the end
+//   folds the sum in a fixed tree;
+// - an output value is one fma chain over the query's own keys in position order, rescaled between
+//   chunks, times 1 / the sum.
 // Which tile computes an element, and beside which others, changes none of these chains.
 #pragma once
 #if defined(__AVX2__) && defined(__FMA__)
