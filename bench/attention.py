@@ -11,7 +11,9 @@ with N = 30 a batch of decodes reads its K/V from memory, not from the L3 cache 
 blocks, as the prefix cache does for a common system prompt.
 --dtype float32 gives q, K/V and outputs in fp32, as a CPU without AVX-512 BF16 runs them.
 --threads sets torch's thread count first (the kernels' helpers are that many minus one): 1 shows
-whether a case gains from the second core at all. With --prefill N, also the engine's whole
+whether a case gains from the second core at all; with it, --cpu-time times the CPU of the calling thread
+(which then does all of the kernel's work) instead of the wall clock: on a loaded machine the other
+processes' turns on the core then add nothing. With --prefill N, also the engine's whole
 prefill of an N-token prompt (bf16, default model, prefix cache off, best of --repeats) beside 30
 layers of the kernel on the same chunks: attention's share.
 Set OMP_WAIT_POLICY=PASSIVE as the engine runs.
@@ -27,12 +29,12 @@ SHAPES = {"135m": (9, 3, 64), "1.5b": (12, 2, 128)}  # name -> (query heads, kv 
 BLOCK_SIZE = 16
 
 
-def best_seconds(fn, repeats: int) -> float:
+def best_seconds(fn, repeats: int, clock=time.perf_counter) -> float:
     best = float("inf")
     for _ in range(repeats):
-        start = time.perf_counter()
+        start = clock()
         fn()
-        best = min(best, time.perf_counter() - start)
+        best = min(best, clock() - start)
     return best
 
 
@@ -99,11 +101,15 @@ def main() -> int:
     parser.add_argument("--prefill", type=int, default=0, help="also time the engine's prefill of this many tokens")
     parser.add_argument("--dtype", choices=("bfloat16", "float32"), default="bfloat16", help="q, K/V, out")
     parser.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
+    parser.add_argument("--cpu-time", action="store_true", help="with --threads 1: this thread's CPU time")
     args = parser.parse_args()
     if args.layers < 1 or args.shared_prefix < 0:
         raise SystemExit(f"--layers: 1 or more, --shared-prefix: 0 or more, got {args.layers}, {args.shared_prefix}")
     if args.threads < 0:
         raise SystemExit(f"--threads: 0 (torch's default) or a positive count, got {args.threads}")
+    if args.cpu_time and args.threads != 1:
+        raise SystemExit("--cpu-time: only with --threads 1 (the calling thread then does all of the work)")
+    clock = time.thread_time if args.cpu_time else time.perf_counter
     if args.threads:
         torch.set_num_threads(args.threads)  # before the kernels' pool is sized from it
     from engine.kernels.loader import load_cpu_kernels
@@ -125,11 +131,12 @@ def main() -> int:
             layers = [paged_calls(kernels, heads, kv_heads, head_dim, requests, budget, shared, seed, dtype)
                       for seed in range(args.layers)]
             calls, flops = [c for layer_calls, _ in layers for c in layer_calls], layers[0][1]
-            seconds = best_seconds(lambda: [call() for call in calls], args.repeats) / args.layers
+            seconds = best_seconds(lambda: [call() for call in calls], args.repeats, clock) / args.layers
             print(f"{name:>6} {case:>22} {seconds * 1e3:11.2f} {flops / seconds / 1e9:8.1f}")
     if args.prefill:
         heads, kv_heads, head_dim = SHAPES["135m"]
         calls, _ = paged_calls(kernels, heads, kv_heads, head_dim, [(0, args.prefill)], args.budget)
+        # on the wall clock, as the engine's prefill is
         attention = 30 * best_seconds(lambda: [call() for call in calls], args.repeats)
         total = prefill_seconds(args.prefill, args.budget, args.repeats)
         print(f"engine prefill of {args.prefill} tokens: {total * 1e3:.0f} ms ({args.prefill / total:.0f} tok/s); "

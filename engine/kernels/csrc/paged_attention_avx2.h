@@ -157,7 +157,8 @@ inline void add_chunk_scores(SoftmaxRow& row) {
   const __m256 p0 = exp_nonpositive(_mm256_sub_ps(s0, max)), p1 = exp_nonpositive(_mm256_sub_ps(s1, max));
   _mm256_store_ps(row.weights, p0);
   _mm256_store_ps(row.weights + 8, p1);
-  _mm256_store_ps(row.sum, _mm256_fmadd_ps(_mm256_load_ps(row.sum), _mm256_set1_ps(row.rescale), _mm256_add_ps(p0, p1)));
+  const __m256 sum = _mm256_fmadd_ps(_mm256_load_ps(row.sum), _mm256_set1_ps(row.rescale), _mm256_add_ps(p0, p1));
+  _mm256_store_ps(row.sum, sum);
 }
 
 // One query head of a tile: its q row (D floats), its softmax, and its query's keys.
@@ -225,9 +226,9 @@ struct ValueRow {
 // query heads: each head whose key it is (kEvery: all of them) adds weight * value, key by key; the
 // others keep their accumulators' bits (a select, not a branch: a non-key's row may hold anything).
 template <typename scalar_t, int M, bool kEvery>
-__attribute__((always_inline)) inline void add_keys(__m256 (&a)[M][2], const ValueRow* rows, const float* const* weights,
-                                                    const scalar_t* const* values, int64_t pos0, int from, int to,
-                                                    int d0) {
+__attribute__((always_inline)) inline void add_keys(__m256 (&a)[M][2], const ValueRow* rows,
+                                                    const float* const* weights, const scalar_t* const* values,
+                                                    int64_t pos0, int from, int to, int d0) {
   for (int i = from; i < to; ++i) {
     const __m256 v0 = load8(values[i] + d0), v1 = load8(values[i] + d0 + 8);
 #pragma GCC unroll 8
@@ -284,7 +285,9 @@ void value_tile(const ValueRow* rows, const scalar_t* const* values, int64_t pos
     hi = std::max(hi, rows[m].end), all_hi = std::min(all_hi, rows[m].end);
     rescale = rescale || rows[m].softmax->rescale != 1.f;
   }
-  const auto lane = [pos0](int64_t position) { return static_cast<int>(std::clamp<int64_t>(position - pos0, 0, kKeys)); };
+  const auto lane = [pos0](int64_t position) {
+    return static_cast<int>(std::clamp<int64_t>(position - pos0, 0, kKeys));
+  };
   int keys[4] = {lane(lo), lane(all_lo), lane(all_hi), lane(hi)};
   if (keys[1] >= keys[2]) keys[1] = keys[2] = keys[3];  // no key common to all: each key checked per head
   for (int d0 = 0; d0 < D; d0 += 16) add_values<scalar_t, M>(rows, values, pos0, keys, rescale, d0);
