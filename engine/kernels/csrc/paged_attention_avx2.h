@@ -304,7 +304,7 @@ void value_tile_upto(const ValueRow* rows, int m, const scalar_t* const* values,
 
 // rows[from .. to)'s D values into the L1 cache, or only into L2 (to_l2): a run of one query (a
 // decode) does too little work a chunk to hide L1 prefetches behind, which then stall waiting for
-// line fill buffers (decodes of 160 keys 5-10 % slower than with L2 prefetches; prompts, with
+// line fill buffers (decodes of 160 keys 3-9 % slower than with L2 prefetches; prompts, with
 // many heads' work a chunk, gain nothing from L2)
 template <typename scalar_t, int D>
 inline void prefetch_rows(const scalar_t* const* rows, int from, int to, bool to_l2) {
