@@ -90,6 +90,46 @@ def test_a_run_of_queries_equals_each_query_alone(kernels, dtype, head_dim, grou
     torch.testing.assert_close(together[:run_length].double(), expected, atol=tolerance, rtol=tolerance)
 
 
+@pytest.mark.parametrize("dtype,head_dim,group,kv_heads,block_size",
+                         [(torch.float32, 64, 3, 3, 16), (torch.float32, 128, 6, 2, 7), (torch.bfloat16, 64, 3, 3, 16)])
+@pytest.mark.parametrize("peak", ["last", "first"])
+def test_a_max_that_moves_every_chunk(kernels, dtype, head_dim, group, kv_heads, block_size, peak):
+    """Scores rising along 1,200 keys to the last ones (each chunk of 16 brings a new max: a softmax
+    kept online rescales what came before at every chunk) or falling from the first ones (the last
+    chunks, under e^-86, weigh exactly 0): a run of the last 48 queries equals each alone, and float64."""
+    gen = torch.Generator().manual_seed(head_dim + group)
+    heads, length, run_length = group * kv_heads, 1200, 48
+    q, k, v = request_tokens(gen, length, heads, kv_heads, head_dim, torch.float32)
+    direction = torch.nn.functional.normalize(torch.randn(kv_heads, head_dim, generator=gen), dim=-1)
+    # q.k falls by about 2 / sqrt(head_dim) a key away from the peak: hundreds over the request, and the
+    # keys near it small (their fp32 scores as exact as the others')
+    distance = (torch.arange(length, dtype=torch.float32) - (length - 1 if peak == "last" else 0)).abs()
+    k = (k - 0.25 * distance[:, None, None] * direction).to(dtype)
+    q = (q.view(length, kv_heads, group, head_dim) + 8 * direction[:, None]).view(length, heads, head_dim).to(dtype)
+    v = v.to(dtype)
+    num_blocks = -(-length // block_size) + 4
+    table = scattered_blocks(gen, num_blocks, [length], block_size)
+    cache = torch.zeros(2, num_blocks, block_size, kv_heads, head_dim, dtype=dtype)
+    slots = slots_of(table[0], range(length), block_size)
+    cache.view(2, -1, kv_heads, head_dim)[0, slots] = k
+    cache.view(2, -1, kv_heads, head_dim)[1, slots] = v
+    new = range(length - run_length, length)
+    seq_lens = torch.tensor([p + 1 for p in new], dtype=torch.int32)
+
+    def attend(query_ids):
+        out = torch.zeros(run_length, heads, head_dim, dtype=dtype)
+        kernels.paged_attention(out, q[new], k[new], v[new], cache, slots[new], torch.tensor(query_ids),
+                                table.expand(len(query_ids), -1).contiguous(), seq_lens[query_ids], head_dim ** -0.5)
+        return out
+
+    together = attend(list(range(run_length)))
+    for i in range(run_length):
+        assert torch.equal(together[i], attend([i])[i]), f"query {i} of the run differs from itself alone"
+    expected = paged_reference(q[new], cache, table.expand(run_length, -1), seq_lens)
+    tolerance = 1e-5 if dtype == torch.float32 else 2e-2  # bf16: the output's own rounding
+    torch.testing.assert_close(together.double(), expected, atol=tolerance, rtol=tolerance)
+
+
 @pytest.mark.slow
 def test_the_vector_path_of_a_machine_with_amx(kernels):
     """Where q.k goes to AMX tiles, the AVX-512 BF16 vector path a CPU without AMX takes passes the
@@ -101,7 +141,8 @@ def test_the_vector_path_of_a_machine_with_amx(kernels):
                           "print(load().paged_attention_isa())"], cwd=ROOT, env=env, capture_output=True, text=True,
                          timeout=1800)
     assert isa.stdout.split()[-1:] == ["avx512_bf16"], isa.stdout + isa.stderr[-2000:]
-    tests = [f"{Path(__file__).name}::test_a_run_of_queries_equals_each_query_alone", "test_cpu_attention.py"]
+    tests = [f"{Path(__file__).name}::test_a_run_of_queries_equals_each_query_alone",
+             f"{Path(__file__).name}::test_a_max_that_moves_every_chunk", "test_cpu_attention.py"]
     result = subprocess.run([sys.executable, "-m", "pytest", "-q", "-x", "-m", "not slow", "-p", "no:cacheprovider",
                              *(f"tests/engine/{t}" for t in tests)], cwd=ROOT, env=env, capture_output=True, text=True,
                             timeout=1800)
@@ -118,7 +159,8 @@ def test_the_avx2_build(kernels):
                           "print(load().paged_attention_isa())"], cwd=ROOT, env=env, capture_output=True, text=True,
                          timeout=1800)
     assert isa.stdout.split()[-1:] == ["avx2"], isa.stdout + isa.stderr[-2000:]
-    tests = [f"{Path(__file__).name}::test_a_run_of_queries_equals_each_query_alone", "test_cpu_attention.py"]
+    tests = [f"{Path(__file__).name}::test_a_run_of_queries_equals_each_query_alone",
+             f"{Path(__file__).name}::test_a_max_that_moves_every_chunk", "test_cpu_attention.py"]
     result = subprocess.run([sys.executable, "-m", "pytest", "-q", "-x", "-m", "not slow", "-p", "no:cacheprovider",
                              *(f"tests/engine/{t}" for t in tests)], cwd=ROOT, env=env, capture_output=True, text=True,
                             timeout=1800)

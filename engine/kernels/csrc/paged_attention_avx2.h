@@ -1,17 +1,23 @@
 // Paged attention with AVX2 and FMA: fp32 caches (a CPU without AVX-512 BF16 runs fp32), and fp16 or
 // bf16 ones widened to fp32 as they are read; head_dim D a multiple of 16 known at compile time. By
 // runs, as paged_attention_bf16.h: consecutive listed queries of one request (a prompt's rows, a
-// chunk's; a decode is a run of one) make one work item per kv head, which transposes each chunk of
-// K rows once and reads each V row once for all of the run's query heads. Scores and values are then
-// two small matrix products, each in register tiles of up to 6 query heads by 16 lanes (keys for
-// q.k, output dims for p.v): per step two loads feed twelve fmas, so arithmetic sets the pace.
+// chunk's; a decode is a run of one) make one work item per kv head, which walks the keys in chunks
+// of 16 at absolute positions (16c .. 16c + 15): each chunk's K rows are transposed once, every query
+// head with keys in it scores them, then adds their V rows, each row read once for all the heads.
+// The softmax is online (flash attention): a query head keeps its largest score so far and its sum,
+// and rescales what the earlier chunks added when the max grows, so no row of scores is stored and
+// no pass over one follows. Scores and values are small matrix products in register tiles of up to
+// 6 query heads by 16 lanes (keys for q.k, output dims for p.v): per step two loads feed twelve fmas.
 //
 // A query's output is the same bits in a run of any length as alone, and on any thread:
 // - a score is one fma chain over d = 0 .. D-1, times the scale; the lanes of its chunk that are not
 //   the query's keys (before its window, from its position on) hold kPadScore;
-// - the softmax reads the query head's row of whole chunks of 16 keys at absolute positions, one
-//   fixed sequence of vector instructions (an 8-lane sum, folded in a fixed tree);
-// - an output value is one fma chain over the query's own keys in position order, times 1 / the sum.
+// - its softmax takes the query's chunks in position order whatever the run, each through one fixed
+//   sequence of vector instructions on the head's own 16 scores (the chunk's max, the rescale factor,
+//   exactly 1 while the max stays, e^(s - max), exactly 0 for padding, an 8-lane sum) and at the end
+//   folds the sum in a fixed tree;
+// - an output value is one fma chain over the query's own keys in position order, rescaled between
+//   chunks, times 1 / the sum.
 // Which tile computes an element, and beside which others, changes none of these chains.
 #pragma once
 #if defined(__AVX2__) && defined(__FMA__)
@@ -90,16 +96,82 @@ inline __m256 keys_between(int64_t pos0, int64_t first, int64_t end) {
   return _mm256_castsi256_ps(_mm256_and_si256(after_first, before_end));
 }
 
-// One query head of a tile: its q row (D floats), where its 16 scores go, and its query's keys.
+// e^x for x <= 0 to about 1 ulp: a degree-6 polynomial of r = x - n ln 2 (|r| <= ln 2 / 2), its
+// exponent raised by n. Exactly 1 at 0 and exactly 0 at or below -86 (padding scores weigh
+// nothing); above it n >= -124, so the result is a normal float.
+inline __m256 exp_nonpositive(__m256 x) {
+  const __m256 lowest = _mm256_set1_ps(-86.f);
+  const __m256 normal = _mm256_cmp_ps(x, lowest, _CMP_GT_OQ);
+  x = _mm256_max_ps(x, lowest);
+  // x / ln 2 + 1.5 * 2^23: rounded to an integer n, which lies in the low mantissa bits
+  const __m256 shifter = _mm256_set1_ps(12582912.f);
+  const __m256 shifted = _mm256_fmadd_ps(x, _mm256_set1_ps(1.44269504088896341f), shifter);
+  const __m256 n = _mm256_sub_ps(shifted, shifter);
+  __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693359375f), x);  // ln 2 in two parts: r is exact
+  r = _mm256_fnmadd_ps(n, _mm256_set1_ps(-2.12194440e-4f), r);
+  __m256 p = _mm256_set1_ps(1.3843651395e-3f);
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(8.3741564304e-3f));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(4.1668001562e-2f));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.6666431725e-1f));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(4.9999994040e-1f));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.f));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.f));
+  const __m256i n_bits = _mm256_slli_epi32(_mm256_castps_si256(shifted), 23);  // n << 23: p times 2^n
+  return _mm256_and_ps(normal, _mm256_castsi256_ps(_mm256_add_epi32(_mm256_castps_si256(p), n_bits)));
+}
+
+// the 16 scores at s capped to softcap * tanh(s / softcap), padding lanes left as they are. One
+// compiled function for every row (never inlined, so never vectorized differently): its results
+// depend on the scores alone.
+__attribute__((noinline)) inline void cap_scores(float* __restrict s, float softcap) {
+  const float inv = 1.f / softcap;
+  for (int i = 0; i < kKeys; ++i)
+    if (s[i] > kPadScore) s[i] = softcap * std::tanh(s[i] * inv);
+}
+
+// One query head's softmax, kept online over its chunks of keys in position order (flash attention):
+// the largest score so far, the sum of e^(s - max) in 8 lanes, and per chunk the weights e^(s - max)
+// of its 16 keys (the query's non-keys 0) and the factor e^(old max - max) that rescales what the
+// earlier chunks added (exactly 1 while the max stays).
+struct SoftmaxRow {
+  float max = kPadScore;
+  float rescale = 1.f;
+  alignas(32) float sum[8] = {};
+  alignas(32) float weights[kKeys];
+};
+
+// The next chunk's 16 scores of a query head, in row.weights (non-keys kPadScore), into its softmax
+// and their weights: each step an instruction on lanes or a max, the same whichever tile the head is in.
+inline void add_chunk_scores(SoftmaxRow& row) {
+  const __m256 s0 = _mm256_load_ps(row.weights), s1 = _mm256_load_ps(row.weights + 8);
+  __m256 top = _mm256_max_ps(s0, s1);  // a max is the same in any order
+  top = _mm256_max_ps(top, _mm256_permute2f128_ps(top, top, 1));
+  top = _mm256_max_ps(top, _mm256_permute_ps(top, _MM_SHUFFLE(1, 0, 3, 2)));
+  top = _mm256_max_ps(top, _mm256_permute_ps(top, _MM_SHUFFLE(2, 3, 0, 1)));
+  row.rescale = 1.f;
+  if (_mm256_cvtss_f32(top) > row.max) {
+    row.rescale = _mm256_cvtss_f32(exp_nonpositive(_mm256_sub_ps(_mm256_set1_ps(row.max), top)));
+    row.max = _mm256_cvtss_f32(top);
+  }
+  const __m256 max = _mm256_set1_ps(row.max);
+  const __m256 p0 = exp_nonpositive(_mm256_sub_ps(s0, max)), p1 = exp_nonpositive(_mm256_sub_ps(s1, max));
+  _mm256_store_ps(row.weights, p0);
+  _mm256_store_ps(row.weights + 8, p1);
+  const __m256 sum = _mm256_fmadd_ps(_mm256_load_ps(row.sum), _mm256_set1_ps(row.rescale), _mm256_add_ps(p0, p1));
+  _mm256_store_ps(row.sum, sum);
+}
+
+// One query head of a tile: its q row (D floats), its softmax, and its query's keys.
 struct ScoreRow {
   const float* q;
-  float* scores;
+  SoftmaxRow* softmax;
   int64_t first, end;
 };
 
-// The 16 scores of M query heads over one transposed chunk whose first key is at position pos0.
+// The 16 scores of M query heads over one transposed chunk whose first key is at position pos0, into
+// their softmaxes (softcap > 0: capped first).
 template <int D, int M>
-void score_tile(const ScoreRow* rows, const float* __restrict tile, int64_t pos0, float scale) {
+void score_tile(const ScoreRow* rows, const float* __restrict tile, int64_t pos0, float scale, float softcap) {
   __m256 acc[M][2];
   for (int m = 0; m < M; ++m) acc[m][0] = acc[m][1] = _mm256_setzero_ps();
   for (int d = 0; d < D; ++d) {
@@ -112,217 +184,234 @@ void score_tile(const ScoreRow* rows, const float* __restrict tile, int64_t pos0
     }
   }
   const __m256 pad = _mm256_set1_ps(kPadScore), s = _mm256_set1_ps(scale);
-  for (int m = 0; m < M; ++m)
-    for (int j = 0; j < 2; ++j)
-      _mm256_store_ps(rows[m].scores + 8 * j,
-                      _mm256_blendv_ps(pad, _mm256_mul_ps(acc[m][j], s),
-                                       keys_between(pos0 + 8 * j, rows[m].first, rows[m].end)));
+  bool every = true;  // the chunk's keys are all every head's: no lane to pad
+  for (int m = 0; m < M; ++m) every = every && rows[m].first <= pos0 && rows[m].end >= pos0 + kKeys;
+  // unrolled: the accumulators stay registers, never an array in memory
+  if (every) {
+#pragma GCC unroll 8
+    for (int m = 0; m < M; ++m)
+      for (int j = 0; j < 2; ++j) _mm256_store_ps(rows[m].softmax->weights + 8 * j, _mm256_mul_ps(acc[m][j], s));
+  } else {
+#pragma GCC unroll 8
+    for (int m = 0; m < M; ++m)
+      for (int j = 0; j < 2; ++j)
+        _mm256_store_ps(rows[m].softmax->weights + 8 * j,
+                        _mm256_blendv_ps(pad, _mm256_mul_ps(acc[m][j], s),
+                                         keys_between(pos0 + 8 * j, rows[m].first, rows[m].end)));
+  }
+  for (int m = 0; m < M; ++m) {
+    if (softcap > 0.f) cap_scores(rows[m].softmax->weights, softcap);
+    add_chunk_scores(*rows[m].softmax);
+  }
 }
 
 // score_tile for a runtime count m <= M
 template <int D, int M>
-void score_tile_upto(const ScoreRow* rows, int m, const float* tile, int64_t pos0, float scale) {
+void score_tile_upto(const ScoreRow* rows, int m, const float* tile, int64_t pos0, float scale, float softcap) {
   if constexpr (M > 1) {
-    if (m < M) return score_tile_upto<D, M - 1>(rows, m, tile, pos0, scale);
+    if (m < M) return score_tile_upto<D, M - 1>(rows, m, tile, pos0, scale, softcap);
   }
-  score_tile<D, M>(rows, tile, pos0, scale);
+  score_tile<D, M>(rows, tile, pos0, scale, softcap);
 }
 
-// e^x for x <= 0 to about 1 ulp (Cephes' polynomial of x - n ln 2, times 2^n); exactly 0 below -87,
-// where e^x leaves the normal floats (so padding scores weigh nothing)
-inline __m256 exp_nonpositive(__m256 x) {
-  const __m256 lowest = _mm256_set1_ps(-87.f);
-  const __m256 normal = _mm256_cmp_ps(x, lowest, _CMP_GT_OQ);
-  x = _mm256_max_ps(x, lowest);
-  const __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)),
-                                   _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-  __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693359375f), x);  // ln 2 in two parts: r is exact
-  r = _mm256_fnmadd_ps(n, _mm256_set1_ps(-2.12194440e-4f), r);
-  __m256 p = _mm256_set1_ps(1.9875691500e-4f);
-  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.3981999507e-3f));
-  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(8.3334519073e-3f));
-  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(4.1665795894e-2f));
-  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.6666665459e-1f));
-  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(5.0000001201e-1f));
-  p = _mm256_fmadd_ps(p, _mm256_mul_ps(r, r), _mm256_add_ps(r, _mm256_set1_ps(1.f)));
-  // 2^n from its exponent bits: n >= -126 here, a normal float
-  const __m256i two_n = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
-  return _mm256_and_ps(normal, _mm256_mul_ps(p, _mm256_castsi256_ps(two_n)));
-}
-
-// One query head's row of num_chunks whole chunks of scores (its non-keys kPadScore), capped first
-// to softcap * tanh(s / softcap) when softcap > 0, into the softmax's unnormalized weights
-// e^(s - max) in place; returns 1 / their sum. One compiled function for every row (never inlined
-// into differently scheduled copies): its results depend on the row alone.
-__attribute__((noinline)) inline float softmax_weights(float* __restrict row, int64_t num_chunks, float softcap) {
-  const int64_t n = num_chunks * kKeys;
-  if (softcap > 0.f) {
-    const float inv = 1.f / softcap;
-    for (int64_t t = 0; t < n; ++t)
-      if (row[t] > kPadScore) row[t] = softcap * std::tanh(row[t] * inv);
-  }
-  __m256 max = _mm256_set1_ps(kPadScore);
-  for (int64_t t = 0; t < n; t += 8) max = _mm256_max_ps(max, _mm256_load_ps(row + t));
-  alignas(32) float lanes[8];
-  _mm256_store_ps(lanes, max);
-  float top = lanes[0];  // a max is the same in any order
-  for (int i = 1; i < 8; ++i) top = std::max(top, lanes[i]);
-  const __m256 top8 = _mm256_set1_ps(top);
-  __m256 sum = _mm256_setzero_ps();
-  for (int64_t t = 0; t < n; t += 8) {
-    const __m256 e = exp_nonpositive(_mm256_sub_ps(_mm256_load_ps(row + t), top8));
-    _mm256_store_ps(row + t, e);
-    sum = _mm256_add_ps(sum, e);
-  }
-  _mm256_store_ps(lanes, sum);
-  for (int width = 4; width > 0; width /= 2)  // a fixed tree over the 8 partial sums
-    for (int i = 0; i < width; ++i) lanes[i] += lanes[i + width];
-  return 1.f / lanes[0];
-}
-
-// One query head of a tile in the weighted sum of the values: its weights by key position
-// (weights[t] for key t), its query's keys [first, end), 1 / its sum, its output row (D values).
-template <typename scalar_t>
+// One query head of a tile in the weighted sum of the values: its output accumulators (D floats),
+// its softmax, and its query's keys.
 struct ValueRow {
-  const float* weights;
+  float* acc;
+  const SoftmaxRow* softmax;
   int64_t first, end;
-  float inv_sum;
-  scalar_t* out;
 };
 
-// Keys [t0, t1)'s V rows (values[t]: key t's row, from dims d0) into the 16 accumulated dims of M
-// query heads (acc: M x 16 floats): each head whose key it is (kEvery: all of them) adds weight *
-// value, key by key; the others keep their accumulators' bits (a select, not a branch). The
-// accumulators live in registers for the loop: its own local copy, that nothing else can see.
+// Keys [from, to) of a chunk (values[i]: key i's row, from dims d0) into the accumulators a of M
+// query heads: each head whose key it is (kEvery: all of them) adds weight * value, key by key; the
+// others keep their accumulators' bits (a select, not a branch: a non-key's row may hold anything).
 template <typename scalar_t, int M, bool kEvery>
-void add_keys(float* __restrict acc, const ValueRow<scalar_t>* rows, const scalar_t* const* values, int d0,
-              int64_t t0, int64_t t1) {
-  __m256 a[M][2];
-  const float* weights[M];
-#pragma GCC unroll 8
-  for (int m = 0; m < M; ++m) {
-    a[m][0] = _mm256_load_ps(acc + 16 * m), a[m][1] = _mm256_load_ps(acc + 16 * m + 8);
-    weights[m] = rows[m].weights;
-  }
-  for (int64_t t = t0; t < t1; ++t) {
-    const __m256 v0 = load8(values[t] + d0), v1 = load8(values[t] + d0 + 8);
+__attribute__((always_inline)) inline void add_keys(__m256 (&a)[M][2], const ValueRow* rows,
+                                                    const float* const* weights, const scalar_t* const* values,
+                                                    int64_t pos0, int from, int to, int d0) {
+  for (int i = from; i < to; ++i) {
+    const __m256 v0 = load8(values[i] + d0), v1 = load8(values[i] + d0 + 8);
 #pragma GCC unroll 8
     for (int m = 0; m < M; ++m) {
+      const __m256 p = _mm256_broadcast_ss(weights[m] + i);
       if constexpr (kEvery) {
-        const __m256 p = _mm256_broadcast_ss(weights[m] + t);
         a[m][0] = _mm256_fmadd_ps(p, v0, a[m][0]);
         a[m][1] = _mm256_fmadd_ps(p, v1, a[m][1]);
       } else {
-        const bool mine = t >= rows[m].first && t < rows[m].end;
-        const __m256 p = _mm256_broadcast_ss(weights[m] + std::clamp(t, rows[m].first, rows[m].end - 1));
+        const bool mine = pos0 + i >= rows[m].first && pos0 + i < rows[m].end;
         const __m256 keep = _mm256_castsi256_ps(_mm256_set1_epi32(-static_cast<int32_t>(mine)));
         a[m][0] = _mm256_blendv_ps(a[m][0], _mm256_fmadd_ps(p, v0, a[m][0]), keep);
         a[m][1] = _mm256_blendv_ps(a[m][1], _mm256_fmadd_ps(p, v1, a[m][1]), keep);
       }
     }
   }
-#pragma GCC unroll 8
-  for (int m = 0; m < M; ++m) _mm256_store_ps(acc + 16 * m, a[m][0]), _mm256_store_ps(acc + 16 * m + 8, a[m][1]);
 }
 
-// Output dims [d0, d0 + 16) of M query heads: each V row loaded once for all of them, weights added
-// key by key in position order, each head its own keys only.
+// The V rows of the chunk at pos0 (values[i]: key i's row) into the 16 accumulated dims d0.. of M
+// query heads, rescaled first (skipped where every factor is 1: the same bits). keys: the chunk's
+// keys [keys[0], keys[3]) are some of the heads', [keys[1], keys[2]) every head's.
 template <typename scalar_t, int M>
-void value_tile(const ValueRow<scalar_t>* rows, const scalar_t* const* values, int d0) {
-  int64_t lo = rows[0].first, hi = rows[0].end, all_lo = rows[0].first, all_hi = rows[0].end;
-  for (int m = 1; m < M; ++m) {
-    lo = std::min(lo, rows[m].first), hi = std::max(hi, rows[m].end);
-    all_lo = std::max(all_lo, rows[m].first), all_hi = std::min(all_hi, rows[m].end);
-  }
-  if (all_lo >= all_hi) all_lo = all_hi = hi;  // no key common to all: each key checked per head
-  alignas(32) float acc[M * 16] = {};
-  add_keys<scalar_t, M, false>(acc, rows, values, d0, lo, all_lo);  // keys of only some of the heads
-  add_keys<scalar_t, M, true>(acc, rows, values, d0, all_lo, all_hi);
-  add_keys<scalar_t, M, false>(acc, rows, values, d0, all_hi, hi);
+void add_values(const ValueRow* rows, const scalar_t* const* values, int64_t pos0, const int keys[4], bool rescale,
+                int d0) {
+  __m256 a[M][2];
+  const float* weights[M];
+#pragma GCC unroll 8
   for (int m = 0; m < M; ++m) {
-    const __m256 inv = _mm256_set1_ps(rows[m].inv_sum);
-    store8(rows[m].out + d0, _mm256_mul_ps(_mm256_load_ps(acc + 16 * m), inv));
-    store8(rows[m].out + d0 + 8, _mm256_mul_ps(_mm256_load_ps(acc + 16 * m + 8), inv));
+    a[m][0] = _mm256_load_ps(rows[m].acc + d0), a[m][1] = _mm256_load_ps(rows[m].acc + d0 + 8);
+    weights[m] = rows[m].softmax->weights;
   }
+  if (rescale) {
+#pragma GCC unroll 8
+    for (int m = 0; m < M; ++m) {
+      const __m256 factor = _mm256_set1_ps(rows[m].softmax->rescale);
+      a[m][0] = _mm256_mul_ps(a[m][0], factor), a[m][1] = _mm256_mul_ps(a[m][1], factor);
+    }
+  }
+  add_keys<scalar_t, M, false>(a, rows, weights, values, pos0, keys[0], keys[1], d0);
+  add_keys<scalar_t, M, true>(a, rows, weights, values, pos0, keys[1], keys[2], d0);
+  add_keys<scalar_t, M, false>(a, rows, weights, values, pos0, keys[2], keys[3], d0);
+#pragma GCC unroll 8
+  for (int m = 0; m < M; ++m) _mm256_store_ps(rows[m].acc + d0, a[m][0]), _mm256_store_ps(rows[m].acc + d0 + 8, a[m][1]);
+}
+
+// The values of the chunk at pos0 into M query heads' accumulators, 16 output dims at a time: each V
+// row loaded once for all of them.
+template <typename scalar_t, int D, int M>
+void value_tile(const ValueRow* rows, const scalar_t* const* values, int64_t pos0) {
+  int64_t lo = rows[0].first, all_lo = lo, hi = rows[0].end, all_hi = hi;
+  bool rescale = false;
+  for (int m = 0; m < M; ++m) {
+    lo = std::min(lo, rows[m].first), all_lo = std::max(all_lo, rows[m].first);
+    hi = std::max(hi, rows[m].end), all_hi = std::min(all_hi, rows[m].end);
+    rescale = rescale || rows[m].softmax->rescale != 1.f;
+  }
+  const auto lane = [pos0](int64_t position) {
+    return static_cast<int>(std::clamp<int64_t>(position - pos0, 0, kKeys));
+  };
+  int keys[4] = {lane(lo), lane(all_lo), lane(all_hi), lane(hi)};
+  if (keys[1] >= keys[2]) keys[1] = keys[2] = keys[3];  // no key common to all: each key checked per head
+  for (int d0 = 0; d0 < D; d0 += 16) add_values<scalar_t, M>(rows, values, pos0, keys, rescale, d0);
 }
 
 // value_tile for a runtime count m <= M
-template <typename scalar_t, int M>
-void value_tile_upto(const ValueRow<scalar_t>* rows, int m, const scalar_t* const* values, int d0) {
+template <typename scalar_t, int D, int M>
+void value_tile_upto(const ValueRow* rows, int m, const scalar_t* const* values, int64_t pos0) {
   if constexpr (M > 1) {
-    if (m < M) return value_tile_upto<scalar_t, M - 1>(rows, m, values, d0);
+    if (m < M) return value_tile_upto<scalar_t, D, M - 1>(rows, m, values, pos0);
   }
-  value_tile<scalar_t, M>(rows, values, d0);
+  value_tile<scalar_t, D, M>(rows, values, pos0);
 }
 
-// One run of queries at one kv head: scores, softmax, values. buffer and value_rows are the thread's
-// to reuse.
+// rows[from .. to)'s D values into the L1 cache, or only into L2 (to_l2): a run of one query (a
+// decode) does too little work a chunk to hide L1 prefetches behind, which then stall waiting for
+// line fill buffers (decodes of 160 keys 3-9 % slower than with L2 prefetches; prompts, with
+// many heads' work a chunk, gain nothing from L2)
+template <typename scalar_t, int D>
+inline void prefetch_rows(const scalar_t* const* rows, int from, int to, bool to_l2) {
+  for (int i = from; i < to; ++i)
+    for (int byte = 0; byte < D * static_cast<int>(sizeof(scalar_t)); byte += 64) {
+      const char* line = reinterpret_cast<const char*>(rows[i]) + byte;
+      if (to_l2)
+        __builtin_prefetch(line, 0, 1);
+      else
+        __builtin_prefetch(line, 0, 3);
+    }
+}
+
+// One run of queries at one kv head, chunk by chunk of 16 keys: the chunk's K rows transposed once,
+// every query head with keys in it scores them into its online softmax, then adds their V rows.
+// buffer and softmax are the thread's to reuse.
 template <typename scalar_t, int D>
 void attend_run(const Step<scalar_t>& st, Run run, int64_t kv_head, std::vector<float>& buffer,
-                std::vector<const scalar_t*>& value_rows) {
+                std::vector<SoftmaxRow>& softmax) {
   alignas(64) static const float kZeroRow[D] = {};  // zero bits: 0 in every dtype
   const auto* zero_row = reinterpret_cast<const scalar_t*>(kZeroRow);
   const int64_t group = st.group(), num = run.end - run.begin, heads = num * group;
-  int64_t first[kRunHeads], end[kRunHeads], chunk0[kRunHeads];  // each query's keys [first, end), first chunk
-  int64_t lo = INT64_MAX, hi = 0, longest = run.begin, max_chunks = 0;
+  int64_t first[kRunHeads], end[kRunHeads];  // each query's keys [first, end)
+  int64_t lo = INT64_MAX, hi = 0, longest = run.begin, last_first = 0, first_end = INT64_MAX;
   for (int64_t r = 0; r < num; ++r) {
     end[r] = st.seq_lens[run.begin + r];
     first[r] = st.first_key(end[r]);
-    chunk0[r] = first[r] / kKeys;
-    max_chunks = std::max(max_chunks, (end[r] + kKeys - 1) / kKeys - chunk0[r]);
-    lo = std::min(lo, first[r]);
+    lo = std::min(lo, first[r]), last_first = std::max(last_first, first[r]);
+    first_end = std::min(first_end, end[r]);
     if (end[r] > hi) hi = end[r], longest = run.begin + r;
   }
-  // score rows [heads][row_stride] (query r's from its first chunk on), the run's q rows [heads][D]
-  // in fp32, a transposed K chunk [D][16]
-  const int64_t row_stride = max_chunks * kKeys;
-  float* scores = aligned_floats(buffer, heads * row_stride + heads * D + D * kKeys);
-  float* q_rows = scores + heads * row_stride;
-  float* tile = q_rows + heads * D;
+  // the run's q rows [heads][D] in fp32, their output accumulators [heads][D], a transposed K chunk [D][16]
+  float* q_rows = aligned_floats(buffer, 2 * heads * D + D * kKeys);
+  float* acc = q_rows + heads * D;
+  float* tile = acc + heads * D;
+  std::fill(acc, acc + heads * D, 0.f);
+  if (static_cast<int64_t>(softmax.size()) < heads) softmax.resize(heads);
+  std::fill(softmax.begin(), softmax.begin() + heads, SoftmaxRow{});
+  // every query head's rows; a chunk that is not every query's takes those of the queries it is
+  ScoreRow all_score_rows[kRunHeads], score_rows[kRunHeads];
+  ValueRow all_value_rows[kRunHeads], value_rows[kRunHeads];
   for (int64_t r = 0; r < num; ++r) {
     const scalar_t* q = st.q + st.query_ids[run.begin + r] * st.q_stride + kv_head * group * D;
     for (int64_t d = 0; d < group * D; d += 8) _mm256_storeu_ps(q_rows + r * group * D + d, load8(q + d));
-  }
-
-  // pass 1: scores, chunk by chunk, of the query heads whose queries have keys in it
-  KeyRows<scalar_t> keys(st, st.k_cache, longest, kv_head, lo / kKeys * kKeys);
-  for (int64_t c = lo / kKeys; c < (hi + kKeys - 1) / kKeys; ++c) {
-    const scalar_t* rows[kKeys];
-    for (int i = 0; i < kKeys; ++i) rows[i] = c * kKeys + i < hi ? keys.next() : zero_row;
-    transpose_chunk<scalar_t, D>(rows, tile);
-    ScoreRow tile_rows[kTileHeads];
-    int count = 0;
-    for (int64_t a = 0; a < heads; ++a) {
-      const int64_t r = a / group;
-      if (c < chunk0[r] || c * kKeys >= end[r]) continue;
-      tile_rows[count++] = {q_rows + a * D, scores + a * row_stride + (c - chunk0[r]) * kKeys, first[r], end[r]};
-      if (count == kTileHeads) score_tile<D, kTileHeads>(tile_rows, tile, c * kKeys, st.scale), count = 0;
+    for (int64_t a = r * group; a < (r + 1) * group; ++a) {
+      all_score_rows[a] = {q_rows + a * D, &softmax[a], first[r], end[r]};
+      all_value_rows[a] = {acc + a * D, &softmax[a], first[r], end[r]};
     }
-    if (count > 0) score_tile_upto<D, kTileHeads>(tile_rows, count, tile, c * kKeys, st.scale);
   }
 
-  // the softmax of every query head's row, and the V rows of the run's keys by position
-  float inv_sums[kRunHeads];
-  for (int64_t a = 0; a < heads; ++a) {
-    const int64_t r = a / group;
-    inv_sums[a] = softmax_weights(scores + a * row_stride, (end[r] + kKeys - 1) / kKeys - chunk0[r], st.softcap);
-  }
-  value_rows.resize(hi);
-  KeyRows<scalar_t> values(st, st.v_cache, longest, kv_head, lo);
-  for (int64_t t = lo; t < hi; ++t) value_rows[t] = values.next();
-
-  // pass 2: the values, kTileHeads query heads and 16 output dims at a time
-  ValueRow<scalar_t> tile_rows[kTileHeads];
-  for (int64_t a0 = 0; a0 < heads; a0 += kTileHeads) {
-    const int count = static_cast<int>(std::min<int64_t>(kTileHeads, heads - a0));
-    for (int m = 0; m < count; ++m) {
-      const int64_t a = a0 + m, r = a / group;
-      tile_rows[m] = {scores + a * row_stride - chunk0[r] * kKeys, first[r], end[r], inv_sums[a],
-                      st.out + st.query_ids[run.begin + r] * st.out_stride + kv_head * group * D + (a % group) * D};
+  // the K and V rows of this chunk and the next ([chunk & 1]): the next one's are prefetched a few
+  // rows beside each tile of this one's work, never all at once (a burst of prefetches stalls on
+  // the line fill buffers)
+  const int64_t start = lo / kKeys * kKeys;
+  KeyRows<scalar_t> keys(st, st.k_cache, longest, kv_head, start, false);
+  KeyRows<scalar_t> values(st, st.v_cache, longest, kv_head, start, false);
+  const scalar_t* k_rows[2][kKeys];
+  const scalar_t* v_rows[2][kKeys];
+  const auto walk = [&](int64_t pos0, int slot) {
+    for (int i = 0; i < kKeys; ++i) {
+      const bool key = pos0 + i < hi;
+      k_rows[slot][i] = key ? keys.next() : zero_row;
+      v_rows[slot][i] = key ? values.next() : zero_row;
     }
-    for (int d0 = 0; d0 < D; d0 += 16)
-      value_tile_upto<scalar_t, kTileHeads>(tile_rows, count, value_rows.data(), d0);
+  };
+  walk(start, 0);
+  const bool to_l2 = num == 1;
+  for (int64_t pos0 = start, chunk = 0; pos0 < hi; pos0 += kKeys, ++chunk) {
+    const int now = chunk & 1, next = now ^ 1;
+    const bool ahead = pos0 + kKeys < hi;
+    if (ahead) walk(pos0 + kKeys, next);
+    transpose_chunk<scalar_t, D>(k_rows[now], tile);
+    // the query heads whose queries have keys in this chunk, kTileHeads at a time
+    const ScoreRow* chunk_score_rows = all_score_rows;
+    const ValueRow* chunk_value_rows = all_value_rows;
+    int count = static_cast<int>(heads);
+    if (last_first >= pos0 + kKeys || first_end <= pos0) {
+      count = 0;
+      for (int64_t a = 0; a < heads; ++a)
+        if (all_score_rows[a].first < pos0 + kKeys && all_score_rows[a].end > pos0)
+          score_rows[count] = all_score_rows[a], value_rows[count++] = all_value_rows[a];
+      chunk_score_rows = score_rows, chunk_value_rows = value_rows;
+    }
+    const int tiles = (count + kTileHeads - 1) / kTileHeads;
+    for (int t = 0; t < tiles; ++t) {
+      if (ahead) prefetch_rows<scalar_t, D>(k_rows[next], t * kKeys / tiles, (t + 1) * kKeys / tiles, to_l2);
+      score_tile_upto<D, kTileHeads>(chunk_score_rows + t * kTileHeads, std::min(kTileHeads, count - t * kTileHeads),
+                                     tile, pos0, st.scale, st.softcap);
+    }
+    for (int t = 0; t < tiles; ++t) {
+      if (ahead) prefetch_rows<scalar_t, D>(v_rows[next], t * kKeys / tiles, (t + 1) * kKeys / tiles, to_l2);
+      value_tile_upto<scalar_t, D, kTileHeads>(chunk_value_rows + t * kTileHeads,
+                                               std::min(kTileHeads, count - t * kTileHeads), v_rows[now], pos0);
+    }
   }
+
+  for (int64_t r = 0; r < num; ++r)
+    for (int64_t h = 0; h < group; ++h) {
+      const int64_t a = r * group + h;
+      alignas(32) float lanes[8];
+      std::copy(softmax[a].sum, softmax[a].sum + 8, lanes);
+      for (int width = 4; width > 0; width /= 2)  // a fixed tree over the 8 partial sums
+        for (int i = 0; i < width; ++i) lanes[i] += lanes[i + width];
+      const __m256 inv = _mm256_set1_ps(1.f / lanes[0]);
+      scalar_t* out = st.out + st.query_ids[run.begin + r] * st.out_stride + (kv_head * group + h) * D;
+      for (int d = 0; d < D; d += 8) store8(out + d, _mm256_mul_ps(_mm256_load_ps(acc + a * D + d), inv));
+    }
 }
 
 // Every listed query, run by run: a work item is a run at one kv head, claimed by whichever thread
@@ -337,11 +426,11 @@ void attend_runs(const Step<scalar_t>& st) {
                                                             : std::max<int64_t>(1, items / 32);
   formwork::parallel_chunks((items + chunk_items - 1) / chunk_items, [&](int64_t chunk) {
     thread_local std::vector<float> buffer;
-    thread_local std::vector<const scalar_t*> value_rows;
+    thread_local std::vector<SoftmaxRow> softmax;
     for (int64_t item = chunk * chunk_items; item < std::min(items, (chunk + 1) * chunk_items); ++item) {
       // a prompt's later runs see more keys: claimed first, the last items claimed are the short ones
       const int64_t backwards = items - 1 - item;
-      attend_run<scalar_t, D>(st, runs[backwards / st.num_kv_heads], backwards % st.num_kv_heads, buffer, value_rows);
+      attend_run<scalar_t, D>(st, runs[backwards / st.num_kv_heads], backwards % st.num_kv_heads, buffer, softmax);
     }
   });
 }

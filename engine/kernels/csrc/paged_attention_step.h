@@ -85,14 +85,16 @@ std::vector<Run> query_runs(const Step<scalar_t>& st, int64_t max_run) {
 
 // One request's K or V rows at one kv head, in position order from `first`; the next block's rows
 // are prefetched on entering a block (blocks lie anywhere in the cache, so the hardware prefetcher
-// loses the stream at every block edge: 5-30% faster with cold caches). `query` names the block-table
-// row, and its seq_len bounds the prefetch.
+// loses the stream at every block edge: 5-30% faster with cold caches), unless the caller prefetches
+// rows itself (prefetch_blocks false). `query` names the block-table row, and its seq_len bounds the
+// prefetch.
 template <typename scalar_t>
 class KeyRows {
  public:
-  KeyRows(const Step<scalar_t>& st, const scalar_t* cache, int64_t query, int64_t kv_head, int64_t first)
+  KeyRows(const Step<scalar_t>& st, const scalar_t* cache, int64_t query, int64_t kv_head, int64_t first,
+          bool prefetch_blocks = true)
       : st_(st), cache_(cache + kv_head * st.head_dim), blocks_(st.block_table + query * st.max_blocks),
-        num_blocks_((st.seq_lens[query] + st.block_size - 1) / st.block_size),
+        num_blocks_(prefetch_blocks ? (st.seq_lens[query] + st.block_size - 1) / st.block_size : 0),
         block_(first / st.block_size), offset_(first % st.block_size) {
     enter_block();
   }
