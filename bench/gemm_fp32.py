@@ -4,8 +4,9 @@ The path of CPUs without bf16 dot products (gemm_fp32.cpp): fp32 activations, th
 or as bf16 widened in registers. For each shape and row count, the best of --repeats timings of
 --calls calls (best-of-N: the machine may be shared, and interference only ever adds time), in
 GFLOP/s, torch's F.linear on the same operands beside it. --copies N cycles each call through N copies
-of the weight, so that it comes from memory as in a forward pass (1: the weight stays in L2). FORMWORK_CPU_ISA=avx2 measures the AVX2
-build on any x86 CPU (torch held to AVX2 too: set before torch is imported, as here).
+of the weight, so that it comes from memory as in a forward pass (1: the weight stays in L2).
+FORMWORK_CPU_ISA=avx2 measures the AVX2 build on any x86 CPU (torch held to AVX2 too: set before torch
+is imported, as here).
 """
 from __future__ import annotations
 
